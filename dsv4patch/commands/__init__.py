@@ -1,0 +1,1 @@
+"""One module per subcommand; each exposes ``add_parser`` and ``run``."""

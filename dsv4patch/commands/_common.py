@@ -1,0 +1,47 @@
+"""Options and setup shared by the subcommands (lock, cache, output format)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dsv4patch.lock import Lock, load
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+DEFAULT_LOCK = Path("locks/vllm.toml")
+
+
+def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True) -> None:
+    p.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="lock file (default: %(default)s)")
+    if pins:
+        if many:
+            p.add_argument("--pin", action="append", help="pin name (repeatable; default: all)")
+        else:
+            p.add_argument("--pin", help="pin name (default: the lock's default_pin)")
+
+
+def add_output(p: argparse.ArgumentParser, markdown: bool = False) -> None:
+    choices = ["text", "json"] + (["markdown"] if markdown else [])
+    p.add_argument("--format", choices=choices, default="text", help="output format")
+
+
+def add_cache(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="cache root (default: $DSV4PATCH_CACHE, else $XDG_CACHE_HOME/dsv4patch)",
+    )
+
+
+def open_lock(args: argparse.Namespace) -> Lock:
+    return load(args.lock)
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    return Store.open(args.cache_dir)
+
+
+def progress(args: argparse.Namespace) -> Progress:
+    return Progress.for_output(getattr(args, "format", "text"))

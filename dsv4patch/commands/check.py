@@ -1,0 +1,85 @@
+"""``dsv4patch check``: every pin x every patch, compared with what the lock expects."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dsv4patch import engine, report, tree
+from dsv4patch.commands import _common
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.lock import Lock, Pin
+from dsv4patch.series import Series, series_for_pin
+from dsv4patch.store import Store
+from dsv4patch.progress import Progress
+
+HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("check", help=HELP, description=HELP)
+    _common.add_lock(p)
+    _common.add_output(p, markdown=True)
+    _common.add_cache(p)
+
+
+def check_pin(
+    lock: Lock, pin: Pin, store: Store, progress: Progress
+) -> tuple[tree.PinRepo, Series, engine.SeriesResult]:
+    repo = tree.materialize(pin, store, progress)
+    series = series_for_pin(lock, pin)
+    return repo, series, engine.run_series(repo.repo, repo.base_commit, series)
+
+
+def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dict[str, Any]:
+    patches: dict[str, Any] = {}
+    ok = True
+    for r in result.patches:
+        expected = pin.expected_status(r.patch)
+        cell = r.to_json()
+        cell.pop("patch")
+        cell["expected"] = expected
+        cell["ok"] = r.status.value == expected
+        ok &= cell["ok"]
+        patches[r.patch] = cell
+    notes = []
+    final = result.final_tree
+    if pin.base_tree and repo.base_tree != pin.base_tree:
+        ok = False
+        notes.append(f"base tree {repo.base_tree} differs from the lock's {pin.base_tree}")
+    if pin.patched_tree and final and final != pin.patched_tree:
+        ok = False
+        notes.append(f"patched tree {final} differs from the lock's {pin.patched_tree}")
+    return {
+        "vllm_version": pin.vllm_version,
+        "commit": pin.commit,
+        "source": pin.source.kind,
+        "series": list(pin.series),
+        "base_commit": repo.base_commit,
+        "base_tree": repo.base_tree,
+        "patched_tree": final,
+        "expected_patched_tree": pin.patched_tree,
+        "ok": ok,
+        "notes": notes,
+        "patches": patches,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    lock = _common.open_lock(args)
+    store = _common.open_store(args)
+    prog = _common.progress(args)
+    out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
+    for pin in lock.select(args.pin):
+        repo, _series, result = check_pin(lock, pin, store, prog)
+        pr = pin_report(pin, repo, result)
+        out["pins"][pin.name] = pr
+        out["ok"] &= pr["ok"]
+        for r in result.patches:
+            cell = pr["patches"][r.patch]
+            if not cell["ok"] or r.status is not engine.Status.CLEAN:
+                out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}")
+        out["notes"] += [f"{pin.name}: {n}" for n in pr["notes"]]
+    table, md = report.matrix_table(out)
+    report.emit(args.format, out, table, md)
+    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

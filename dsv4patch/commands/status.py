@@ -1,0 +1,92 @@
+"""``dsv4patch status``: which patches a tree carries (read from commit trailers)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import git, report
+from dsv4patch.commands import _common
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
+from dsv4patch.lock import load
+from dsv4patch.series import series_for_pin
+
+HELP = "show which patches a tree carries, and whether they match the lock's series"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help=HELP, description=HELP)
+    p.add_argument("--tree", type=Path, required=True, help="a tree made by dsv4patch apply")
+    p.add_argument("--lock", type=Path, default=None, help="compare with this lock's series")
+    p.add_argument("--pin", default=None, help="pin to compare with (default: the lock's default)")
+    _common.add_output(p)
+
+
+def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
+    """(root commit, [{patch, sha256, series, commit}]) for a dsv4patch tree."""
+    if not git.is_repo_root(path):
+        raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
+    head = git.head(path)
+    if head is None:
+        raise TreeError(f"{path} has no commits")
+    root = git.out(path, "rev-list", "--max-parents=0", "HEAD").splitlines()[0]
+    applied = []
+    for sha, trailers in git.log_trailers(path, f"{root}..HEAD"):
+        if "Dsv4patch-Patch" in trailers:
+            applied.append(
+                {
+                    "patch": trailers["Dsv4patch-Patch"][0],
+                    "sha256": trailers.get("Dsv4patch-Sha256", [""])[0],
+                    "series": trailers.get("Dsv4patch-Series", [""])[0],
+                    "commit": sha,
+                }
+            )
+    return root, applied
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path = args.tree
+    root, applied = tree_patches(path)
+    dirty = git.dirty_paths(path)
+    out: dict[str, Any] = {
+        "tree": str(path), "base_commit": root, "head": git.head(path),
+        "tree_id": git.out(path, "rev-parse", "HEAD^{tree}"), "dirty": dirty,
+        "patches": {a["patch"]: {**a, "state": "applied"} for a in applied}, "ok": not dirty,
+    }
+    if args.lock:
+        lock = load(args.lock)
+        pin = lock.pin(args.pin)
+        series = series_for_pin(lock, pin)
+        have = {a["patch"]: a for a in applied}
+        patches: dict[str, Any] = {}
+        for p in series.patches:
+            a = have.get(p.name)
+            if a is None:
+                state = "missing"
+            elif a["sha256"] != p.sha256:
+                state = "stale"  # applied from an older version of the patch file
+            else:
+                state = "applied"
+            patches[p.name] = {**(a or {}), "patch": p.name, "state": state}
+        for name, a in have.items():
+            if name not in patches:
+                patches[name] = {**a, "state": "not-in-series"}
+        out["pin"] = pin.name
+        out["patches"] = patches
+        expected_missing = {
+            p for p in patches
+            if pin.expected_status(p) in ("upstream", "already-applied")
+        }
+        out["ok"] = not dirty and all(
+            v["state"] == "applied" or (k in expected_missing and v["state"] == "missing")
+            for k, v in patches.items()
+        )
+        out["expected_tree_id"] = pin.patched_tree
+        if pin.patched_tree and out["tree_id"] != pin.patched_tree:
+            out["ok"] = False
+    rows = [[name, v["state"], v.get("commit", "")[:12]] for name, v in out["patches"].items()]
+    table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], rows)
+    out["notes"] = [f"tree id {out['tree_id']}"] + ([f"dirty: {', '.join(dirty[:10])}"] if dirty else [])
+    report.emit(args.format, out, table, md)
+    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

@@ -1,0 +1,19 @@
+"""pytest plugin loaded into a patched vLLM tree's test run on a CPU-only host.
+
+vLLM's ``tests/conftest.py`` releases accelerator memory after every test with
+``torch.accelerator.empty_cache()``, which raises on a CPU-only torch build
+("Cannot access accelerator device when none is available").  The regression
+tests the patches carry exercise index/metadata logic that runs on CPU tensors
+(Triton kernels under ``TRITON_INTERPRET=1``), so on such a host the cleanup is
+made a no-op.  Nothing else in vLLM is touched.
+"""
+
+from __future__ import annotations
+
+
+def pytest_configure(config: object) -> None:
+    import torch
+
+    if torch.accelerator.is_available():
+        return
+    torch.accelerator.empty_cache = lambda: None  # type: ignore[assignment]

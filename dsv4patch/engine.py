@@ -1,0 +1,252 @@
+"""Run a patch series against a pin: the one code path behind check and apply.
+
+The series is applied patch by patch to a *scratch index* loaded with the
+pin's base commit (``git apply --cached``), never to a work tree.  Each patch
+gets a status; git's exit code is never trusted alone: the verbose output is
+parsed for offsets and ``Skipped patch``, and the index must really change.
+
+``check`` reports the statuses.  ``apply`` (commands/apply.py) takes the same
+:class:`SeriesResult` and turns each patch's resulting tree into a commit, so
+the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import git
+from dsv4patch.series import Patch, Series, check_paths
+
+
+class Status(str, Enum):
+    CLEAN = "clean"
+    OFFSET = "offset"
+    CONFLICT = "conflict"
+    MISSING_FILE = "missing-file"
+    ALREADY_APPLIED = "already-applied"
+    UPSTREAM = "upstream"
+    NOT_CHECKED = "not-checked"
+
+    @property
+    def applies(self) -> bool:
+        return self in (Status.CLEAN, Status.OFFSET)
+
+    @property
+    def blocks(self) -> bool:
+        """The series cannot go on past a patch with this status."""
+        return self in (Status.CONFLICT, Status.MISSING_FILE, Status.NOT_CHECKED)
+
+
+@dataclass
+class HunkNote:
+    file: str
+    hunk: int
+    detail: str  # "offset +3 lines", or the first line that differs
+    line: int | None = None
+    expected: str | None = None
+    actual: str | None = None
+
+
+@dataclass
+class PatchResult:
+    patch: str
+    series: str
+    sha256: str
+    status: Status
+    message: str = ""
+    hunks: list[HunkNote] = field(default_factory=list)
+    tree: str | None = None  # index tree after this patch (when it applied)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+@dataclass
+class SeriesResult:
+    pin: str
+    base_commit: str
+    base_tree: str
+    patches: list[PatchResult]
+
+    @property
+    def final_tree(self) -> str | None:
+        """Tree after the whole series (patches found upstream are skipped)."""
+        tree = self.base_tree
+        for p in self.patches:
+            if p.status.blocks:
+                return None
+            if p.status.applies:
+                tree = p.tree or tree
+        return tree
+
+
+_OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
+_CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
+_FAILED_AT = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
+_NO_FILE = re.compile(r"^error: (.+): (?:does not exist in index|No such file or directory)$", re.M)
+
+
+def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
+    base_tree = git.out(repo, "rev-parse", f"{base_commit}^{{tree}}")
+    results: list[PatchResult] = []
+    with git.scratch_index(repo, base_commit) as env:
+        failed: str | None = None
+        for patch in series.patches:
+            if failed:
+                results.append(
+                    PatchResult(
+                        patch.name, patch.series, patch.sha256, Status.NOT_CHECKED,
+                        f"not checked: earlier patch {failed} does not apply",
+                    )
+                )
+                continue
+            res = check_one(repo, env, patch)
+            results.append(res)
+            if res.status.blocks:
+                failed = patch.name
+    return SeriesResult(series.pin, base_commit, base_tree, results)
+
+
+def check_one(repo: Path, env: dict[str, str], patch: Patch) -> PatchResult:
+    """Apply one patch to the scratch index in ``env`` and classify the outcome."""
+    check_paths(patch, git.symlinks_in_index(repo, env))
+    result = PatchResult(patch.name, patch.series, patch.sha256, Status.CLEAN)
+    markers = markers_present(repo, env, patch)
+    if markers:
+        # The code the fix adds is already there: a forward apply could still
+        # "succeed" (an addition-only hunk re-adds it), so markers win.
+        rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
+        result.status = Status.UPSTREAM
+        result.evidence = {
+            "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
+            "markers": markers,
+        }
+        result.message = "fix already in the tree: " + "; ".join(
+            f"{m['path']} has {m['text']!r}" for m in markers
+        )
+        return result
+    before = git.write_tree(repo, env)
+    fwd = git.apply(repo, patch.path, env=env)
+    text = fwd.stdout + fwd.stderr
+    if "Skipped patch" in text:
+        raise AssertionError(f"git skipped {patch.name} in {repo}; refusing to trust it")
+    if fwd.ok:
+        after = git.write_tree(repo, env)
+        if after == before:
+            result.status = Status.CONFLICT
+            result.message = "git apply reported success but changed nothing"
+            return result
+        result.tree = after
+        for m in _OFFSET.finditer(text):
+            off = int(m.group(3) or 0)
+            if off:
+                starts = [c for c in _CHECKING.finditer(text) if c.start() < m.start()]
+                name = starts[-1].group(1) if starts else "?"
+                result.hunks.append(
+                    HunkNote(name, int(m.group(1)), f"offset {off:+d} lines", line=int(m.group(2)))
+                )
+        if result.hunks:
+            result.status = Status.OFFSET
+            result.message = "; ".join(f"{h.file} hunk #{h.hunk}: {h.detail}" for h in result.hunks)
+        return result
+    # It does not apply forward.  Already applied?
+    rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
+    if rev.ok and "Skipped patch" not in rev.stdout + rev.stderr:
+        result.status = Status.ALREADY_APPLIED
+        result.message = "the reverse of the patch applies: its change is already in the tree"
+        result.evidence = {"decided_by": ["reverse-apply"]}
+        return result
+    missing = [
+        f.source_path
+        for f in patch.files
+        if f.source_path and git.index_blob(repo, env, f.source_path) is None
+    ]
+    if missing:
+        result.status = Status.MISSING_FILE
+        result.message = f"file(s) not in the tree: {', '.join(missing)}"
+        result.hunks = [HunkNote(m, 0, "file does not exist") for m in missing]
+        return result
+    result.status = Status.CONFLICT
+    result.hunks = _conflicts(repo, env, patch, text)
+    first = result.hunks[0] if result.hunks else None
+    result.message = (
+        f"{first.file} hunk #{first.hunk}: {first.detail}" if first else text.strip()[-400:]
+    )
+    return result
+
+
+def _conflicts(repo: Path, env: dict[str, str], patch: Patch, git_text: str) -> list[HunkNote]:
+    """For each hunk that does not match its file, the first line that differs."""
+    notes: list[HunkNote] = []
+    failed_files = {m.group(1) for m in _FAILED_AT.finditer(git_text)}
+    for f in patch.files:
+        if f.source_path is None:
+            if git.index_blob(repo, env, f.path) is not None:
+                notes.append(HunkNote(f.path, 0, "the patch creates this file but it exists"))
+            continue
+        if failed_files and f.source_path not in failed_files:
+            continue
+        blob = git.index_blob(repo, env, f.source_path)
+        lines = (blob or b"").decode("utf-8", errors="replace").split("\n")
+        for h in f.hunks:
+            note = _first_difference(f.source_path, h.index, h.source_start, h.source_lines, lines)
+            if note:
+                notes.append(note)
+    return notes
+
+
+def _first_difference(
+    path: str, index: int, start: int, expected: tuple[str, ...], lines: list[str]
+) -> HunkNote | None:
+    """Where the hunk's context/removed lines stop matching, searching near ``start``."""
+    n = len(expected)
+    if not n:
+        return None
+    # Exact match anywhere means the hunk itself is fine (an offset at most).
+    for s in range(0, max(0, len(lines) - n) + 1):
+        if tuple(lines[s : s + n]) == expected:
+            return None
+    # Report against the best-aligned position: longest matching prefix near start.
+    best_pos, best_len = start - 1, -1
+    for s in range(max(0, start - 1 - 200), min(len(lines), start - 1 + 200) + 1):
+        k = 0
+        while k < n and s + k < len(lines) and lines[s + k] == expected[k]:
+            k += 1
+        if k > best_len or (k == best_len and abs(s - (start - 1)) < abs(best_pos - (start - 1))):
+            best_pos, best_len = s, k
+    k = max(best_len, 0)
+    lineno = best_pos + k + 1
+    actual = lines[best_pos + k] if best_pos + k < len(lines) else "<end of file>"
+    return HunkNote(
+        path,
+        index,
+        f"line {lineno}: expected {expected[k]!r}, found {actual!r}",
+        line=lineno,
+        expected=expected[k],
+        actual=actual,
+    )
+
+
+def markers_present(repo: Path, env: dict[str, str], patch: Patch) -> list[dict[str, str]]:
+    """The patch's declared upstream markers, if *all* of them are in the tree.
+
+    A marker is ``path: text``; the path may be a glob-free file path or a
+    directory prefix ending in ``/`` (searched with ``git grep``), so a marker
+    survives upstream moving a file (e.g. csrc/libtorch_stable/ -> csrc/).
+    """
+    found: list[dict[str, str]] = []
+    if not patch.markers:
+        return found
+    for path, text in patch.markers:
+        hit = git.grep_index(repo, env, text, path)
+        if not hit:
+            return []
+        found.append({"path": hit, "text": text})
+    return found

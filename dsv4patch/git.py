@@ -1,0 +1,319 @@
+"""The only module that runs git.
+
+Everything else asks this module for plumbing operations on a repository
+directory.  Commands run through GitPython's ``Git.execute`` with a fixed,
+hermetic environment: no user/system config, no pager, no fuzz-altering
+settings, deterministic identities for the commits we make.  ``GIT_DIR`` and
+``GIT_WORK_TREE`` from the caller's environment are dropped so an enclosing
+repository can never be picked up.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import git as gitpython
+
+from dsv4patch.errors import GitError
+
+# Identity and date used for every commit dsv4patch makes: same inputs, same ids.
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "dsv4patch",
+    "GIT_AUTHOR_EMAIL": "dsv4patch@localhost",
+    "GIT_COMMITTER_NAME": "dsv4patch",
+    "GIT_COMMITTER_EMAIL": "dsv4patch@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+_CONFIG = [
+    "-c", "core.autocrlf=false",
+    "-c", "core.filemode=true",
+    "-c", "core.symlinks=true",
+    "-c", "core.safecrlf=false",
+    "-c", "apply.whitespace=nowarn",
+    "-c", "gc.auto=0",
+    "-c", "init.defaultBranch=main",
+    "-c", "advice.detachedHead=false",
+]
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_PAGER="cat",
+        LC_ALL="C",
+        LANG="C",
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run(
+    cwd: Path,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    input: str | bytes | None = None,
+    check: bool = True,
+) -> Result:
+    """Run ``git <args>`` in ``cwd``; raise GitError on failure if ``check``."""
+    cmd = ["git", *_CONFIG, *args]
+    istream = None
+    if input is not None:
+        data = input.encode() if isinstance(input, str) else input
+        istream = tempfile.TemporaryFile()
+        istream.write(data)
+        istream.seek(0)
+    try:
+        status, out, err = gitpython.Git(str(cwd)).execute(
+            cmd,
+            with_extended_output=True,
+            with_exceptions=False,
+            env=_env(env),
+            istream=istream,
+            strip_newline_in_stdout=False,
+        )
+    finally:
+        if istream is not None:
+            istream.close()
+    res = Result(int(status), out, err)
+    if check and not res.ok:
+        raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{err.strip()}")
+    return res
+
+
+def out(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    return run(cwd, args, env=env).stdout.strip()
+
+
+def init(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    run(path, ["init", "-q"])
+
+
+def is_repo_root(path: Path) -> bool:
+    if not (path / ".git").exists():
+        return False
+    res = run(path, ["rev-parse", "--show-toplevel"], check=False)
+    return res.ok and Path(res.stdout.strip()).resolve() == path.resolve()
+
+
+def head(path: Path) -> str | None:
+    res = run(path, ["rev-parse", "--verify", "-q", "HEAD^{commit}"], check=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def rev_parse(path: Path, rev: str) -> str | None:
+    res = run(path, ["rev-parse", "--verify", "-q", rev], check=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def has_object(path: Path, oid: str) -> bool:
+    return run(path, ["cat-file", "-e", oid], check=False).ok
+
+
+def dirty_paths(path: Path) -> list[str]:
+    """Tracked changes and untracked, non-ignored files."""
+    res = run(path, ["status", "--porcelain=v1", "--untracked-files=all"])
+    return [line[3:] for line in res.stdout.splitlines() if line.strip()]
+
+
+def add_all_and_commit_root(path: Path, message: str) -> str:
+    """Commit every file under ``path`` (ignored ones too) as a root commit."""
+    run(path, ["add", "-A", "-f", "."])
+    tree = out(path, "write-tree")
+    commit = out(path, "commit-tree", tree, "-m", message, env=IDENTITY)
+    run(path, ["update-ref", "HEAD", commit])
+    return commit
+
+
+def commit_tree(
+    path: Path, tree: str, parent: str | None, message: str, author: Mapping[str, str] | None = None
+) -> str:
+    env = dict(IDENTITY)
+    if author:
+        env.update(author)
+    args = ["commit-tree", tree]
+    if parent:
+        args += ["-p", parent]
+    return run(path, args, env=env, input=message).stdout.strip()
+
+
+@contextmanager
+def scratch_index(repo: Path, treeish: str) -> Iterator[dict[str, str]]:
+    """A temporary index loaded with ``treeish``; yields the env to use it."""
+    gitdir = Path(out(repo, "rev-parse", "--absolute-git-dir"))
+    fd, name = tempfile.mkstemp(prefix="dsv4patch-index-", dir=gitdir)
+    os.close(fd)
+    os.unlink(name)
+    env = {"GIT_INDEX_FILE": name}
+    try:
+        run(repo, ["read-tree", treeish], env=env)
+        yield env
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+
+
+def apply(
+    repo: Path,
+    patch: Path,
+    *,
+    env: Mapping[str, str],
+    reverse: bool = False,
+    check_only: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> Result:
+    """``git apply --cached -v`` against the index in ``env``; never touches a work tree."""
+    args = ["apply", "--cached", "-v", "--whitespace=nowarn"]
+    if reverse:
+        args.append("-R")
+    if check_only:
+        args.append("--check")
+    args += [f"--include={p}" for p in include]
+    args += [f"--exclude={p}" for p in exclude]
+    args.append(str(patch))
+    return run(repo, args, env=env, check=False)
+
+
+def write_tree(repo: Path, env: Mapping[str, str]) -> str:
+    return out(repo, "write-tree", env=env)
+
+
+def ls_tree_entry(repo: Path, treeish: str, path: str) -> tuple[str, str, str] | None:
+    """(mode, type, oid) of ``path`` in ``treeish`` or None."""
+    res = run(repo, ["ls-tree", treeish, "--", path], check=False)
+    line = res.stdout.strip()
+    if not res.ok or not line:
+        return None
+    meta, _name = line.split("\t", 1)
+    mode, typ, oid = meta.split()
+    return mode, typ, oid
+
+
+def index_blob(repo: Path, env: Mapping[str, str], path: str) -> bytes | None:
+    res = run(repo, ["ls-files", "-s", "--", path], env=env, check=False)
+    line = res.stdout.strip()
+    if not line:
+        return None
+    oid = line.split()[1]
+    return cat_blob(repo, oid)
+
+
+def cat_blob(repo: Path, oid: str) -> bytes:
+    g = gitpython.Git(str(repo))
+    status, data, err = g.execute(
+        ["git", "cat-file", "blob", oid],
+        with_extended_output=True,
+        with_exceptions=False,
+        env=_env(None),
+        as_process=False,
+        stdout_as_string=False,
+    )
+    if status != 0:
+        raise GitError(f"git cat-file blob {oid} failed in {repo}: {err}")
+    return data
+
+
+def checkout_to(repo: Path, old: str, new: str) -> None:
+    """Move a clean work tree and HEAD from ``old`` to ``new``."""
+    run(repo, ["read-tree", "-m", "-u", old, new])
+    run(repo, ["update-ref", "-m", "dsv4patch apply", "HEAD", new, old])
+
+
+def reset_hard(repo: Path, commit: str) -> None:
+    run(repo, ["reset", "-q", "--hard", commit])
+
+
+def log_trailers(repo: Path, rev_range: str) -> list[tuple[str, dict[str, list[str]]]]:
+    """(commit, trailers) for each commit in ``rev_range``, oldest first."""
+    res = run(
+        repo,
+        ["log", "--reverse", "--format=%H%x00%(trailers:unfold,only)%x01", rev_range],
+        check=False,
+    )
+    items: list[tuple[str, dict[str, list[str]]]] = []
+    if not res.ok:
+        return items
+    for chunk in res.stdout.split("\x01"):
+        chunk = chunk.strip("\n")
+        if not chunk:
+            continue
+        sha, _, trailers = chunk.partition("\x00")
+        parsed: dict[str, list[str]] = {}
+        for line in trailers.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                parsed.setdefault(key.strip(), []).append(value.strip())
+        items.append((sha.strip(), parsed))
+    return items
+
+
+def fetch_commit(repo: Path, url: str, commit: str) -> Result:
+    return run(repo, ["fetch", "-q", "--no-tags", "--depth=1", url, commit], check=False)
+
+
+def fetch_all(repo: Path, url: str) -> Result:
+    return run(repo, ["fetch", "-q", "--no-tags", url, "+refs/*:refs/remotes/src/*"], check=False)
+
+
+def clone_local(src: Path, dest: Path) -> None:
+    run(dest.parent, ["clone", "-q", "--no-checkout", str(src), str(dest)])
+
+
+def worktree_add(repo: Path, dest: Path, commit: str) -> None:
+    run(repo, ["worktree", "add", "-q", "--detach", str(dest), commit])
+
+
+def worktree_remove(repo: Path, dest: Path) -> None:
+    run(repo, ["worktree", "remove", "--force", str(dest)], check=False)
+    run(repo, ["worktree", "prune"], check=False)
+
+
+def symlinks_in_index(repo: Path, env: Mapping[str, str]) -> set[str]:
+    res = run(repo, ["ls-files", "-s"], env=env)
+    return {
+        line.split("\t", 1)[1]
+        for line in res.stdout.splitlines()
+        if line.startswith("120000 ")
+    }
+
+
+def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> str | None:
+    """First indexed file matching ``pathspec`` (a path or a directory) that contains ``text``.
+
+    The scratch index holds no work tree, so files are read from their blobs.
+    """
+    res = run(repo, ["ls-files", "-s", "--", pathspec], env=env, check=False)
+    if not res.stdout.strip() and "/" in pathspec and not pathspec.endswith("/"):
+        # The file moved upstream: look for it by name anywhere in the tree.
+        base = pathspec.rsplit("/", 1)[1]
+        res = run(repo, ["ls-files", "-s", "--", f":(glob)**/{base}"], env=env, check=False)
+    needle = text.encode()
+    for line in res.stdout.splitlines():
+        meta, name = line.split("\t", 1)
+        oid = meta.split()[1]
+        if needle in cat_blob(repo, oid):
+            return name
+    return None

@@ -1,0 +1,283 @@
+"""The lock file: pinned vLLM trees, where each comes from, and what is expected.
+
+``locks/vllm.toml`` is the single source of truth for a build.  This module
+turns it into frozen dataclasses and refuses anything it does not understand
+(unknown keys, wrong types, a commit that is not 40 hex digits...), naming the
+file, the pin and the key.  Derived fields (download URL and size, base and
+patched tree ids) are written back only by ``dsv4patch lock --update``
+through :func:`update_derived`, which keeps comments and layout.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from dsv4patch.errors import LockFileError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+SOURCE_KINDS = ("pypi-sdist", "git", "local")
+# What a lock may expect of a patch on a pin (see engine.Status).
+EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
+DEFAULT_ARCH_LIST = ("9.0a", "12.0a")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    # pypi-sdist
+    name: str = ""
+    version: str = ""
+    sha256: str = ""
+    size: int | None = None
+    url: str = ""
+    # git / local
+    path: Path | None = None
+
+    @property
+    def cache_key(self) -> str:
+        if self.kind == "pypi-sdist":
+            return f"sdist-{self.sha256}"
+        return f"{self.kind}-{re.sub(r'[^A-Za-z0-9._-]+', '_', self.url or str(self.path))[-60:]}"
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    max_jobs: int = 2
+    nvcc_threads: int = 1
+
+
+@dataclass(frozen=True)
+class SeriesDef:
+    name: str
+    path: Path  # the series file
+    description: str = ""
+    default: bool = True  # enabled on a pin unless the pin lists its series explicitly
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    vllm_version: str
+    commit: str
+    source: Source
+    cuda_arch_list: tuple[str, ...]
+    series: tuple[str, ...]
+    expect: str
+    expect_patches: dict[str, str] = field(default_factory=dict)
+    variants: dict[str, Path] = field(default_factory=dict)
+    base_tree: str | None = None
+    patched_tree: str | None = None
+    build: BuildSettings = BuildSettings()
+
+    def expected_status(self, patch_name: str) -> str:
+        return self.expect_patches.get(patch_name, self.expect)
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    default_pin: str
+    series: dict[str, SeriesDef]
+    pins: dict[str, Pin]
+
+    def pin(self, name: str | None) -> Pin:
+        name = name or self.default_pin
+        if name not in self.pins:
+            raise LockFileError(
+                f"{self.path}: no pin named {name!r}; pins are: {', '.join(self.pins)}"
+            )
+        return self.pins[name]
+
+    def select(self, names: list[str] | None) -> list[Pin]:
+        if not names:
+            return list(self.pins.values())
+        return [self.pin(n) for n in names]
+
+
+class _Table:
+    """Typed access to one TOML table with the error context for messages."""
+
+    def __init__(self, lock_path: Path, where: str, data: Any, allowed: set[str]) -> None:
+        if not isinstance(data, dict):
+            raise LockFileError(f"{lock_path}: {where} must be a table")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise LockFileError(
+                f"{lock_path}: unknown key(s) {', '.join(unknown)} in {where}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
+        self.lock_path, self.where, self.data = lock_path, where, data
+
+    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise LockFileError(f"{self.lock_path}: missing key {key!r} in {self.where}")
+            return default
+        value = self.data[key]
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            raise LockFileError(
+                f"{self.lock_path}: {self.where}.{key} must be {names}, got {value!r}"
+            )
+        return value
+
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str, default: Any = ...) -> Any:
+        value = self.get(key, str, default)
+        if value is None or value is default and default is not ...:
+            return value
+        if not pattern.match(value):
+            raise LockFileError(
+                f"{self.lock_path}: {self.where}.{key} = {value!r} is not {what} "
+                "(lowercase hex); copy the full value, or run `dsv4patch lock --update` "
+                "for derived fields"
+            )
+        return value
+
+
+def load(path: Path) -> Lock:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LockFileError(f"{path}: lock file not found (pass --lock PATH)") from None
+    except OSError as exc:
+        raise LockFileError(f"{path}: cannot read lock file: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # The message carries "(at line L, column C)".
+        raise LockFileError(f"{path}: malformed TOML: {exc}") from None
+    return parse(path, data)
+
+
+def parse(path: Path, data: dict[str, Any]) -> Lock:
+    base = path.parent
+    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins"})
+    schema = top.get("schema", int)
+    if schema != 1:
+        raise LockFileError(f"{path}: schema = {schema} is not supported (this dsv4patch reads 1)")
+    series_tab = top.get("series", dict)
+    series: dict[str, SeriesDef] = {}
+    for name, raw in series_tab.items():
+        t = _Table(path, f"[series.{name}]", raw, {"path", "description", "default"})
+        series[name] = SeriesDef(
+            name=name,
+            path=(base / t.get("path", str)).resolve(),
+            description=t.get("description", str, ""),
+            default=t.get("default", bool, True),
+        )
+    pins_tab = top.get("pins", dict)
+    if not pins_tab:
+        raise LockFileError(f"{path}: [pins] is empty; add at least one pin")
+    pins = {name: _parse_pin(path, name, raw, series) for name, raw in pins_tab.items()}
+    default_pin = top.get("default_pin", str, next(iter(pins)))
+    if default_pin not in pins:
+        raise LockFileError(f"{path}: default_pin = {default_pin!r} is not a pin of this lock")
+    return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins)
+
+
+def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) -> Pin:
+    where = f'[pins."{name}"]'
+    t = _Table(
+        path,
+        where,
+        raw,
+        {
+            "vllm_version", "commit", "source", "cuda_arch_list", "series", "expect",
+            "expect_patches", "variants", "base_tree", "patched_tree", "build",
+        },
+    )
+    commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
+    src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
+    arch = t.get("cuda_arch_list", list, list(DEFAULT_ARCH_LIST))
+    if not arch or not all(isinstance(a, str) and re.match(r"^\d+\.\d+[af]?$", a) for a in arch):
+        raise LockFileError(f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"12.0a\"]")
+    default_series = [s.name for s in series.values() if s.default]
+    series_names = t.get("series", list, default_series)
+    for s in series_names:
+        if s not in series:
+            raise LockFileError(
+                f"{path}: {where}.series names {s!r}, which is not a [series.*] table"
+            )
+    expect = t.get("expect", str, "clean")
+    if expect not in EXPECTABLE:
+        raise LockFileError(f"{path}: {where}.expect = {expect!r}; one of {', '.join(EXPECTABLE)}")
+    expect_patches = dict(t.get("expect_patches", dict, {}))
+    for patch, status in expect_patches.items():
+        if status not in EXPECTABLE:
+            raise LockFileError(
+                f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
+            )
+    variants = {k: (path.parent / v).resolve() for k, v in t.get("variants", dict, {}).items()}
+    bt = _Table(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
+    return Pin(
+        name=name,
+        vllm_version=t.get("vllm_version", str),
+        commit=commit,
+        source=src,
+        cuda_arch_list=tuple(arch),
+        series=tuple(series_names),
+        expect=expect,
+        expect_patches=expect_patches,
+        variants=variants,
+        base_tree=t.hexid("base_tree", HEX40, "a 40-hex tree id", None),
+        patched_tree=t.hexid("patched_tree", HEX40, "a 40-hex tree id", None),
+        build=BuildSettings(
+            max_jobs=bt.get("max_jobs", int, 2), nvcc_threads=bt.get("nvcc_threads", int, 1)
+        ),
+    )
+
+
+def _parse_source(path: Path, where: str, raw: Any) -> Source:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if kind not in SOURCE_KINDS:
+        raise LockFileError(f"{path}: {where}.kind = {kind!r}; one of {', '.join(SOURCE_KINDS)}")
+    if kind == "pypi-sdist":
+        t = _Table(path, where, raw, {"kind", "name", "version", "sha256", "size", "url"})
+        return Source(
+            kind=kind,
+            name=t.get("name", str),
+            version=t.get("version", str),
+            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"),
+            size=t.get("size", int, None),
+            url=t.get("url", str, ""),
+        )
+    if kind == "git":
+        t = _Table(path, where, raw, {"kind", "url"})
+        url = t.get("url", str)
+        if "://" not in url and not url.startswith("/") and ":" not in url:
+            url = str((path.parent / url).resolve())
+        return Source(kind=kind, url=url)
+    t = _Table(path, where, raw, {"kind", "path"})
+    return Source(kind=kind, path=(path.parent / t.get("path", str)).resolve())
+
+
+def update_derived(path: Path, pin: str, values: dict[str, Any], source_values: dict[str, Any]) -> bool:
+    """Write derived fields of one pin back into the lock, keeping its layout."""
+    doc = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
+    table = doc["pins"][pin]
+    changed = False
+    for key, value in values.items():
+        if value is not None and table.get(key) != value:
+            table[key] = value
+            changed = True
+    src = table["source"]
+    for key, value in source_values.items():
+        if value is not None and src.get(key) != value:
+            src[key] = value
+            changed = True
+    if changed:
+        Path(path).write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return changed

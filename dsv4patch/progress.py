@@ -1,0 +1,63 @@
+"""Progress display for long steps (download, extract, build).
+
+A person at a terminal sees a rich progress bar; ``--format json`` runs and
+non-TTY output (CI logs, pipes) see nothing, so machine-readable output stays
+clean.  Code that does long work takes a :class:`Progress` and never checks
+the terminal itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+
+class Task(Protocol):
+    def advance(self, n: int) -> None: ...
+
+
+class _NullTask:
+    def advance(self, n: int) -> None:
+        pass
+
+
+class Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @classmethod
+    def for_output(cls, fmt: str) -> Progress:
+        return cls(fmt != "json" and sys.stderr.isatty())
+
+    @contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Task]:
+        if not self.enabled:
+            yield _NullTask()
+            return
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as RichProgress
+
+        from rich.console import Console
+
+        columns = [TextColumn("{task.description}"), BarColumn()]
+        if total:
+            columns += [DownloadColumn(), TimeRemainingColumn()]
+        with RichProgress(*columns, console=Console(stderr=True), transient=True) as bar:
+            tid = bar.add_task(description, total=total)
+
+            class _T:
+                def advance(self, n: int) -> None:
+                    bar.advance(tid, n)
+
+            yield _T()
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stderr)

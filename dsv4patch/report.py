@@ -1,0 +1,77 @@
+"""Results of a command as one JSON object, a Markdown table or a terminal table.
+
+Every command builds a plain dict (``pins -> patches -> status`` with
+hunk-level detail) and hands it here; ``--format`` only changes how it is
+printed, never what was decided.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+OK_MARK = {True: "ok", False: "UNEXPECTED"}
+
+
+def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
+    if fmt == "json":
+        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
+        sys.stdout.write("\n")
+    elif fmt == "markdown":
+        sys.stdout.write((markdown or "") + "\n")
+    else:
+        console = Console(soft_wrap=False, width=max(120, Console().width))
+        if table is not None:
+            console.print(table)
+        for line in report.get("notes", []):
+            console.print(line, markup=False, highlight=False)
+
+
+def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
+    """pin x patch matrix for check (terminal and Markdown)."""
+    pins = report["pins"]
+    patch_names: list[str] = []
+    for p in pins.values():
+        for name in p["patches"]:
+            if name not in patch_names:
+                patch_names.append(name)
+    short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
+    table = Table(title=f"dsv4patch check: {report['lock']}")
+    table.add_column("pin")
+    for s in short:
+        table.add_column(s)
+    table.add_column("patched tree")
+    table.add_column("result")
+    md = ["| pin | " + " | ".join(short) + " | patched tree | result |",
+          "|---" * (len(short) + 3) + "|"]
+    for pin_name, p in pins.items():
+        cells = []
+        for name in patch_names:
+            c = p["patches"].get(name)
+            if c is None:
+                cells.append("-")
+            else:
+                mark = "" if c["ok"] else f" (want {c['expected']})"
+                cells.append(c["status"] + mark)
+        tree = (p.get("patched_tree") or "-")[:12]
+        result = OK_MARK[p["ok"]]
+        table.add_row(pin_name, *cells, tree, result)
+        md.append(f"| {pin_name} | " + " | ".join(cells) + f" | {tree} | {result} |")
+    md.append("")
+    md.append("Patches: " + ", ".join(f"`{s}` = {n}" for s, n in zip(short, patch_names)))
+    return table, "\n".join(md)
+
+
+def simple_table(title: str, columns: list[str], rows: list[list[str]]) -> tuple[Table, str]:
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*r)
+    md = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    return table, "\n".join(md)

@@ -1,0 +1,188 @@
+"""Content-addressed cache for downloads and materialized pins, with file locks.
+
+Layout under the cache root (``$DSV4PATCH_CACHE``, else
+``$XDG_CACHE_HOME/dsv4patch``, else ``~/.cache/dsv4patch``)::
+
+    blobs/sha256/<hex>     verified downloads, named by their content hash
+    trees/<key>.git        a pin as a bare git repository (see tree.py)
+    venvs/<key>/           test environments (see testenv.py)
+    kernels/<key>/         compiled kernel objects (see kernels/)
+    locks/<name>.lock      flock files; two runs on one entry wait for each other
+    tmp/                   partial downloads, never read as cache entries
+
+A download is streamed into ``tmp/``, hashed, and moved into ``blobs/`` only
+when its size and sha256 match the lock, so a bad or truncated download never
+enters the cache.  With a warm cache nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4patch.errors import BusyError, CacheError, FetchError, IntegrityError
+from dsv4patch.progress import Progress
+
+CHUNK = 1 << 20
+
+
+def default_root() -> Path:
+    env = os.environ.get("DSV4PATCH_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "dsv4patch"
+
+
+def lock_timeout() -> float:
+    return float(os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600"))
+
+
+@contextmanager
+def file_lock(path: Path, what: str, timeout: float | None = None) -> Iterator[None]:
+    """Exclusive flock on ``path``; waits up to ``timeout`` s, then BusyError."""
+    timeout = lock_timeout() if timeout is None else timeout
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    raise BusyError(
+                        f"{what} is locked by another dsv4patch run (pid {holder}, lock file "
+                        f"{path}); wait for it to finish, or raise DSV4PATCH_LOCK_TIMEOUT "
+                        f"(now {timeout:g} s)"
+                    ) from None
+                time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@dataclass(frozen=True)
+class Store:
+    root: Path
+
+    @classmethod
+    def open(cls, root: Path | None = None) -> Store:
+        root = Path(root) if root else default_root()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for sub in ("blobs/sha256", "trees", "locks", "tmp"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=root / "tmp", delete=True)
+            probe.close()
+        except OSError as exc:
+            raise CacheError(
+                f"cache directory {root} is not writable ({exc.strerror}); "
+                "point DSV4PATCH_CACHE (or --cache-dir) at a writable directory"
+            ) from None
+        return cls(root)
+
+    def lock(self, name: str) -> Iterator[None]:
+        return file_lock(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.root / "blobs" / "sha256" / sha256
+
+    def tmpdir(self, prefix: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp"))
+
+    def fetch_blob(
+        self, url: str, sha256: str, size: int | None, what: str, progress: Progress
+    ) -> Path:
+        """The verified file for ``sha256``, downloading it from ``url`` if needed."""
+        dest = self.blob_path(sha256)
+        with self.lock(f"blob-{sha256}"):
+            if dest.exists():
+                if hash_file(dest) == sha256:
+                    return dest
+                dest.unlink()  # corrupted cache entry: fetch it again
+            if not url:
+                raise FetchError(
+                    f"{what}: not in the cache ({dest}) and the lock has no url; "
+                    "run `dsv4patch lock --update` with network access"
+                )
+            fd, tmp_name = tempfile.mkstemp(prefix="dl-", dir=self.root / "tmp")
+            tmp = Path(tmp_name)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    got, digest, expected_len = _download(url, fh, what, progress, size)
+                if expected_len is not None and got < expected_len:
+                    raise IntegrityError(
+                        f"{what}: truncated download from {url}: got {got} of {expected_len} "
+                        "bytes; nothing was cached, run the command again"
+                    )
+                if size is not None and got != size:
+                    raise IntegrityError(
+                        f"{what}: download from {url} is {got} bytes, the lock says {size}; "
+                        "nothing was cached. If the lock is wrong, fix it; else retry"
+                    )
+                if digest != sha256:
+                    raise IntegrityError(
+                        f"{what}: sha256 mismatch for {url}: got {digest}, the lock says "
+                        f"{sha256}; nothing was cached. Do not edit the lock to match unless "
+                        "you trust the new file"
+                    )
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+            return dest
+
+
+def _download(
+    url: str, fh: object, what: str, progress: Progress, size: int | None
+) -> tuple[int, str, int | None]:
+    h = hashlib.sha256()
+    got = 0
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 (url from lock)
+            length = resp.headers.get("Content-Length")
+            expected = int(length) if length and length.isdigit() else None
+            with progress.task(f"download {what}", expected or size) as task:
+                while True:
+                    try:
+                        chunk = resp.read(CHUNK)
+                    except Exception as exc:  # connection cut mid-body
+                        raise IntegrityError(
+                            f"{what}: download from {url} broke off after {got} bytes ({exc}); "
+                            "nothing was cached, run the command again"
+                        ) from None
+                    if not chunk:
+                        break
+                    fh.write(chunk)  # type: ignore[attr-defined]
+                    h.update(chunk)
+                    got += len(chunk)
+                    task.advance(len(chunk))
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise FetchError(
+            f"{what}: cannot download {url} ({reason}) and it is not in the cache. "
+            "Check network access to the package index, or copy the file into the cache "
+            "with `dsv4patch fetch --sdist FILE`"
+        ) from None
+    return got, h.hexdigest(), expected
+
+
+def hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()

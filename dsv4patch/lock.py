@@ -45,11 +45,6 @@ class Source:
     # git / local
     path: Path | None = None
 
-    @property
-    def cache_key(self) -> str:
-        if self.kind == "pypi-sdist":
-            return f"sdist-{self.sha256}"
-        return f"{self.kind}-{re.sub(r'[^A-Za-z0-9._-]+', '_', self.url or str(self.path))[-60:]}"
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,17 @@ class PinRepo:
     base_tree: str
 
 
+def cache_key(pin: Pin) -> str:
+    """Content identity of a pin's files: the sdist hash, or the git commit."""
+    if pin.source.kind == "pypi-sdist":
+        return f"sdist-{pin.source.sha256}"
+    return f"git-{pin.commit}"
+
+
 def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
-    dest = store.root / "trees" / f"{pin.source.cache_key}.git"
-    with store.lock(f"tree-{pin.source.cache_key}"):
+    key = cache_key(pin)
+    dest = store.root / "trees" / f"{key}.git"
+    with store.lock(f"tree-{key}"):
         if not (dest / READY).exists():
             if dest.exists():
                 shutil.rmtree(dest)  # left by a killed run: build it again

@@ -1,0 +1,143 @@
+"""Shared fixtures: a real git "vLLM-like" upstream, lock builders, CLI runner.
+
+Tests use real git and, for the sdist pins, the real vLLM sdists from PyPI,
+downloaded once into a shared cache (``$DSV4PATCH_TEST_CACHE``, default
+``.cache/test-store`` in the checkout) so a warm machine never re-downloads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dsv4patch.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "locks" / "vllm.toml"
+
+
+def sh(cwd: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", GIT_AUTHOR_DATE="2001-01-01T00:00:00Z",
+               GIT_COMMITTER_DATE="2001-01-01T00:00:00Z")
+    return subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", *args], cwd=cwd, env=env, check=True,
+        capture_output=True, text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def shared_cache() -> Path:
+    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE", ROOT / ".cache" / "test-store"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class CliResult:
+    rc: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):
+    def run(*args: str | Path) -> CliResult:
+        capsys.readouterr()
+        rc = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return CliResult(rc, captured.out, captured.err)
+
+    return run
+
+
+MINI_FILES = {
+    "vllm/__init__.py": "",
+    "vllm/envs.py": "".join(f"VAR_{i} = {i}\n" for i in range(40)),
+    "vllm/worker.py": textwrap.dedent(
+        """\
+        def step(x):
+            y = x + 1
+            z = y * 2
+            return z
+
+
+        def other():
+            return 0
+        """
+    ),
+    "csrc/kernel.cuh": "int length = row_len;\nint k = 4;\n",
+}
+
+
+@dataclass
+class Upstream:
+    """A small real git repository standing in for a vLLM remote."""
+
+    path: Path
+    commit: str
+
+    def patch(self, out: Path, name: str, edits: dict[str, str | None], message: str) -> Path:
+        """A git format-patch file for ``edits`` (path -> new content, None = delete)."""
+        work = out.parent / f"work-{name}"
+        sh(out.parent, "clone", "-q", str(self.path), str(work))
+        for p, content in edits.items():
+            f = work / p
+            if content is None:
+                f.unlink()
+            else:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(content)
+        sh(work, "add", "-A")
+        sh(work, "commit", "-qm", message)
+        produced = sh(work, "format-patch", "-1", "-o", str(out.parent))
+        Path(produced).rename(out)
+        return out
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Upstream:
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    sh(repo, "init", "-q")
+    for p, content in MINI_FILES.items():
+        (repo / p).parent.mkdir(parents=True, exist_ok=True)
+        (repo / p).write_text(content)
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "upstream")
+    return Upstream(repo, sh(repo, "rev-parse", "HEAD"))
+
+
+def write_lock(path: Path, pins: dict[str, str], series: dict[str, list[str]] | None = None,
+               extra_top: str = "") -> Path:
+    """A lock at ``path`` with series files next to it (names of patch files)."""
+    series = series or {"main": []}
+    parts = ["schema = 1", extra_top]
+    for name, files in series.items():
+        sfile = path.parent / f"{name}.series"
+        sfile.write_text("".join(f"{f}\n" for f in files))
+        parts.append(f'[series.{name}]\npath = "{sfile.name}"\n')
+    for name, body in pins.items():
+        parts.append(textwrap.dedent(body).strip() + "\n")
+    path.write_text("\n".join(parts))
+    return path
+
+
+def git_pin(name: str, upstream: Upstream, extra: str = "", kind: str = "git") -> str:
+    key = "url" if kind == "git" else "path"
+    return f'''
+        [pins."{name}"]
+        vllm_version = "{name}"
+        commit = "{upstream.commit}"
+        {extra}
+        [pins."{name}".source]
+        kind = "{kind}"
+        {key} = "{upstream.path}"
+    '''

@@ -1,0 +1,142 @@
+"""apply and status on real git trees: atomic, idempotent, refuses unsafe states."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MINI_FILES, ROOT, git_pin, sh, write_lock
+from dsv4patch.errors import EXIT_TREE, EXIT_UNEXPECTED
+
+
+@pytest.fixture
+def two_patch_lock(tmp_path, upstream):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"},
+                   "first\n\nFix: 1\nTest: tests/x.py::test_a")
+    upstream.patch(d / "0002-b.patch", "b", {"vllm/worker.py": MINI_FILES["vllm/worker.py"] + "B = 2\n"}, "second")
+    return write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch", "0002-b.patch"]})
+
+
+def snapshot(tree: Path) -> tuple[str, str, str]:
+    return (sh(tree, "rev-parse", "HEAD"), sh(tree, "status", "--porcelain", "--ignored"),
+            sh(tree, "rev-parse", "HEAD^{tree}"))
+
+
+def test_apply_creates_commits_with_trailers_and_is_idempotent(tmp_path, cli, two_patch_lock):
+    tree = tmp_path / "vllm-src"
+    args = ("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c")
+    first = cli(*args, "--format", "json")
+    assert first.rc == 0, first.err
+    head = json.loads(first.out)["head"]
+    log = sh(tree, "log", "--format=%s%n%(trailers:only)", "-2")
+    assert "Dsv4patch-Patch: 0002-b.patch" in log and "Dsv4patch-Patch: 0001-a.patch" in log
+    assert "Test: tests/x.py::test_a" in log
+    assert (tree / "vllm/envs.py").read_text().endswith("A = 1\n")
+    before = snapshot(tree)
+    second = cli(*args, "--format", "json")
+    assert second.rc == 0 and json.loads(second.out)["head"] == head
+    assert "nothing to do" in " ".join(json.loads(second.out)["notes"])
+    assert snapshot(tree) == before
+    st = cli("status", "--tree", tree, "--lock", two_patch_lock, "--pin", "p", "--format", "json")
+    rep = json.loads(st.out)
+    assert st.rc == 0 and {k: v["state"] for k, v in rep["patches"].items()} == {
+        "0001-a.patch": "applied", "0002-b.patch": "applied"}
+    # git revert works on the commits.
+    sh(tree, "revert", "--no-edit", "HEAD")
+    assert "B = 2" not in (tree / "vllm/worker.py").read_text()
+
+
+def test_same_inputs_same_commit_ids(tmp_path, cli, two_patch_lock):
+    heads = []
+    for name in ("one", "two"):
+        res = cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tmp_path / name,
+                  "--cache-dir", tmp_path / f"c-{name}", "--format", "json")
+        heads.append(json.loads(res.out)["head"])
+    assert heads[0] == heads[1]
+
+
+def test_failure_leaves_tree_exactly_as_before(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    upstream.patch(d / "0002-bad.patch", "b", {"vllm/worker.py": "B\n"}, "b")
+    (d / "0002-bad.patch").write_text((d / "0002-bad.patch").read_text().replace("-def step(x):", "-def stop(x):"))
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch", "0002-bad.patch"]})
+    tree = tmp_path / "t"
+    # Create the tree with the good patch first, then try the failing series on top.
+    ok_lock = write_lock(d / "ok.toml", {"p": git_pin("p", upstream)}, {"ok": ["0001-a.patch"]})
+    assert cli("apply", "--lock", ok_lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c").rc == 0
+    before = snapshot(tree)
+    res = cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_UNEXPECTED
+    assert "0002-bad.patch" in res.out and "left unchanged" in res.out
+    # and from the unpatched base as well
+    tree2 = tmp_path / "t2"
+    base_lock = write_lock(d / "b.toml", {"p": git_pin("p", upstream)}, {"b": ["0001-a.patch"]})
+    assert cli("apply", "--lock", base_lock, "--pin", "p", "--tree", tree2, "--cache-dir", tmp_path / "c").rc == 0
+    sh(tree2, "reset", "-q", "--hard", "HEAD~1")
+    before2 = snapshot(tree2)
+    assert cli("apply", "--lock", lock, "--pin", "p", "--tree", tree2, "--cache-dir", tmp_path / "c").rc == EXIT_UNEXPECTED
+    assert snapshot(tree2) == before2
+    assert snapshot(tree) == before
+
+
+def test_refuses_dirty_tree_and_other_commit(tmp_path, cli, two_patch_lock):
+    tree = tmp_path / "t"
+    base = ("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c")
+    assert cli(*base).rc == 0
+    (tree / "vllm/worker.py").write_text("local edit\n")
+    res = cli(*base)
+    assert res.rc == EXIT_TREE and "uncommitted changes" in res.err and "vllm/worker.py" in res.err
+    sh(tree, "checkout", "vllm/worker.py")
+    (tree / "new.txt").write_text("x")
+    sh(tree, "add", "new.txt")
+    sh(tree, "commit", "-qm", "mine")
+    res = cli(*base)
+    assert res.rc == EXIT_TREE and "neither pin p's base commit" in res.err
+
+
+def test_refuses_a_foreign_repository(tmp_path, cli, two_patch_lock):
+    tree = tmp_path / "foreign"
+    tree.mkdir()
+    sh(tree, "init", "-q")
+    (tree / "f").write_text("x")
+    sh(tree, "add", "f")
+    sh(tree, "commit", "-qm", "x")
+    res = cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE and "lacks the pin's base commit" in res.err
+
+
+def test_sigkill_mid_apply_is_finished_by_next_run(tmp_path, cli, two_patch_lock):
+    """Kill apply at several points; the next run always ends at the same final state."""
+    cache = tmp_path / "c"
+    ref = tmp_path / "ref"
+    assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", ref, "--cache-dir", cache).rc == 0
+    final = snapshot(ref)[0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for i, delay in enumerate([0.05, 0.15, 0.3, 0.45, 0.6, 0.8]):
+        tree = tmp_path / f"k{i}"
+        assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree,
+                   "--cache-dir", cache).rc == 0
+        sh(tree, "reset", "-q", "--hard", "HEAD~2")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsv4patch", "apply", "--lock", str(two_patch_lock), "--pin", "p",
+             "--tree", str(tree), "--cache-dir", str(cache)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        res = cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache)
+        assert res.rc == 0, (delay, res.err)
+        head, status, _ = snapshot(tree)
+        assert head == final and status == "", delay

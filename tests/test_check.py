@@ -1,0 +1,116 @@
+"""check: every status of a patch, on a real git pin, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import MINI_FILES, git_pin, sh, write_lock
+
+
+def run_check(cli, lock: Path, cache: Path):
+    res = cli("check", "--lock", lock, "--cache-dir", cache, "--format", "json")
+    return res, json.loads(res.out) if res.out.strip().startswith("{") else None
+
+
+def statuses(report: dict, pin: str = "p") -> dict[str, str]:
+    return {k: v["status"] for k, v in report["pins"][pin]["patches"].items()}
+
+
+def test_clean_offset_conflict_not_checked(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    worker = MINI_FILES["vllm/worker.py"]
+    upstream.patch(d / "0001-clean.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "NEW = 1\n"}, "clean one")
+    # A patch made against a tree with 3 extra lines at the top of worker.py: applies with offset -3.
+    shifted = "# a\n# b\n# c\n# d\n# e\n# f\n" + worker
+    upstream_shift = tmp_path / "shift"
+    sh(tmp_path, "clone", "-q", str(upstream.path), str(upstream_shift))
+    (upstream_shift / "vllm/worker.py").write_text(shifted)
+    sh(upstream_shift, "commit", "-qam", "shift")
+    (upstream_shift / "vllm/worker.py").write_text(shifted.replace("return 0", "return 2"))
+    sh(upstream_shift, "commit", "-qam", "offset one")
+    Path(sh(upstream_shift, "format-patch", "-1", "-o", str(tmp_path))).rename(d / "0002-offset.patch")
+    upstream.patch(d / "0003-conflict.patch", "c", {"vllm/worker.py": worker.replace("return z", "return z + 1")}, "base")
+    # Make 0003 conflict: rewrite its context line "    z = y * 2" -> "    z = y * 5"
+    text = (d / "0003-conflict.patch").read_text().replace(" def step(x):", " def step(x, y):")
+    (d / "0003-conflict.patch").write_text(text)
+    upstream.patch(d / "0004-after.patch", "d", {"csrc/kernel.cuh": "int length = max(row_len, 0);\nint k = 4;\n"}, "after")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)},
+                      {"main": ["0001-clean.patch", "0002-offset.patch", "0003-conflict.patch", "0004-after.patch"]})
+    res, rep = run_check(cli, lock, tmp_path / "cache")
+    assert res.rc == 1, res.err
+    st = statuses(rep)
+    assert st == {"0001-clean.patch": "clean", "0002-offset.patch": "offset",
+                  "0003-conflict.patch": "conflict", "0004-after.patch": "not-checked"}
+    cells = rep["pins"]["p"]["patches"]
+    off = cells["0002-offset.patch"]["hunks"][0]
+    assert off["file"] == "vllm/worker.py" and off["hunk"] == 1 and off["detail"] == "offset -6 lines"
+    conflict = cells["0003-conflict.patch"]["hunks"][0]
+    assert conflict["file"] == "vllm/worker.py" and conflict["hunk"] == 1
+    assert conflict["expected"] == "def step(x, y):" and conflict["actual"] == "def step(x):"
+    assert conflict["line"] == 1
+    assert "0003-conflict.patch" in cells["0004-after.patch"]["message"]
+    assert rep["pins"]["p"]["patched_tree"] is None
+
+
+def test_expectations_make_exit_zero_and_table(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache")
+    assert res.rc == 0, res.err
+    assert "clean" in res.out and "ok" in res.out
+    md = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", "markdown")
+    assert md.out.startswith("| pin | 0001 |")
+
+
+def test_missing_file_and_already_applied(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-gone.patch", "a", {"vllm/worker.py": "changed\n"}, "a")
+    text = (d / "0001-gone.patch").read_text().replace("vllm/worker.py", "vllm/removed.py")
+    (d / "0001-gone.patch").write_text(text)
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, 'expect = "missing-file"')},
+                      {"main": ["0001-gone.patch"]})
+    res, rep = run_check(cli, lock, tmp_path / "cache")
+    assert statuses(rep) == {"0001-gone.patch": "missing-file"}
+    assert res.rc == 0
+    assert rep["pins"]["p"]["patches"]["0001-gone.patch"]["hunks"][0]["file"] == "vllm/removed.py"
+
+    # A pin whose tree already has the change: the reverse applies.
+    d2 = tmp_path / "lock2"
+    d2.mkdir()
+    p = upstream.patch(d2 / "0001-x.patch", "b", {"vllm/envs.py": "X = 2\n"}, "x")
+    sh(upstream.path, "apply", str(p))
+    sh(upstream.path, "commit", "-qam", "carry it")
+    upstream.commit = sh(upstream.path, "rev-parse", "HEAD")
+    lock2 = write_lock(d2 / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-x.patch"]})
+    res, rep = run_check(cli, lock2, tmp_path / "cache")
+    assert res.rc == 1
+    cell = rep["pins"]["p"]["patches"]["0001-x.patch"]
+    assert cell["status"] == "already-applied" and cell["evidence"]["decided_by"] == ["reverse-apply"]
+
+
+def test_upstream_by_markers_beats_forward_apply(tmp_path, upstream, cli):
+    """An addition-only hunk applies forward to a tree that already has the fix."""
+    d = tmp_path / "lock"
+    d.mkdir()
+    new_fn = "\n\ndef clamp_len(n):\n    return max(n, 0)\n"
+    upstream.patch(
+        d / "0001-add.patch", "a", {"vllm/worker.py": MINI_FILES["vllm/worker.py"] + new_fn},
+        "add clamp\n\nFix: 1\nUpstream-Marker: vllm/worker.py: def clamp_len",
+    )
+    # Upstream wrote the same function elsewhere in the file (independently).
+    (upstream.path / "vllm/worker.py").write_text("def clamp_len(n):\n    return n if n > 0 else 0\n\n\n" + MINI_FILES["vllm/worker.py"])
+    sh(upstream.path, "commit", "-qam", "upstream fix")
+    upstream.commit = sh(upstream.path, "rev-parse", "HEAD")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, 'expect = "upstream"')}, {"main": ["0001-add.patch"]})
+    # Sanity: a forward apply alone would succeed (and duplicate the function).
+    assert sh(upstream.path, "apply", "--check", str(d / "0001-add.patch")) == ""
+    res, rep = run_check(cli, lock, tmp_path / "cache")
+    cell = rep["pins"]["p"]["patches"]["0001-add.patch"]
+    assert cell["status"] == "upstream", cell
+    assert cell["evidence"]["decided_by"] == ["markers"]
+    assert res.rc == 0

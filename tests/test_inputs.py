@@ -1,0 +1,208 @@
+"""Bad input: each case gives an error that names the file/pin/patch and an exit code."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import git_pin, sh, write_lock
+from dsv4patch.errors import EXIT_BUSY, EXIT_FETCH, EXIT_INPUT
+from dsv4patch.store import file_lock
+
+SDIST_PIN = '''
+    [pins."s"]
+    vllm_version = "0.0.1"
+    commit = "{commit}"
+    [pins."s".source]
+    kind = "pypi-sdist"
+    name = "vllm"
+    version = "0.0.1"
+    sha256 = "{sha}"
+    url = "{url}"
+'''
+
+
+def lock_text(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "s.series").write_text("x.patch\n")
+    p = tmp_path / "l.toml"
+    p.write_text('schema = 1\n[series.s]\npath = "s.series"\n' + body)
+    return p
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('[pins."a"\nvllm_version = 1', "malformed TOML"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\nsurprise = 1\n'
+         '[pins."a".source]\nkind = "git"\nurl = "/x"\n', "unknown key(s) surprise in [pins.\"a\"]"),
+        ('[pins."a"]\nvllm_version = "1"\n[pins."a".source]\nkind = "git"\nurl = "/x"\n',
+         "missing key 'commit' in [pins.\"a\"]"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "6e448d0ea"\n[pins."a".source]\nkind = "git"\nurl = "/x"\n',
+         "is not a full 40-hex commit id"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "ftp"\n',
+         "kind = 'ftp'"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\nseries = ["nope"]\n'
+         '[pins."a".source]\nkind = "git"\nurl = "/x"\n', "names 'nope'"),
+    ],
+    ids=["toml", "unknown-key", "missing-key", "short-commit", "bad-kind", "unknown-series"],
+)
+def test_bad_lock(tmp_path, cli, body, needle):
+    lock = lock_text(tmp_path, body)
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT
+    assert needle in res.err and str(lock) in res.err
+
+
+def test_malformed_toml_reports_line_and_column(tmp_path, cli):
+    lock = lock_text(tmp_path, '[pins."a"]\nvllm_version = = "1"\n')
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert "line 5, column" in res.err
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "malformed", "no-hunks"])
+def test_bad_patch_file(tmp_path, upstream, cli, kind):
+    d = tmp_path / "l"
+    d.mkdir()
+    patch = d / "0001-x.patch"
+    if kind == "empty":
+        patch.write_text("\n")
+    elif kind == "malformed":
+        patch.write_text("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n+b\n")
+    elif kind == "no-hunks":
+        patch.write_text("From 123\nSubject: hi\n\nno diff at all\n")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-x.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT, res
+    assert "0001-x.patch" in res.err
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("/etc/evil", "absolute path"),
+    ("vllm/../../evil", "'..'"),
+    ("link/evil.py", "is a symlink"),
+])
+def test_patch_writing_outside_tree_is_refused(tmp_path, upstream, cli, path, needle):
+    os.symlink("/tmp", upstream.path / "link")
+    sh(upstream.path, "add", "link")
+    sh(upstream.path, "commit", "-qm", "link")
+    upstream.commit = sh(upstream.path, "rev-parse", "HEAD")
+    d = tmp_path / "l"
+    d.mkdir()
+    (d / "0001-evil.patch").write_text(
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+pwned\n"
+    )
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-evil.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT
+    assert needle in res.err and "0001-evil.patch" in res.err
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = b""
+    declared: int | None = None
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.declared or len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    servers = []
+
+    def serve(body: bytes, declared: int | None = None) -> str:
+        handler = type("H", (_Handler,), {"body": body, "declared": declared})
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_port}/vllm-0.0.1.tar.gz"
+
+    yield serve
+    for s in servers:
+        s.shutdown()
+
+
+def sdist_lock(tmp_path: Path, url: str, sha: str) -> Path:
+    return lock_text(tmp_path, SDIST_PIN.format(commit="a" * 40, sha=sha, url=url))
+
+
+def test_sha256_mismatch_never_enters_cache(tmp_path, cli, http_server):
+    url = http_server(b"not the sdist")
+    lock = sdist_lock(tmp_path, url, "0" * 64)
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_FETCH and "sha256 mismatch" in res.err and "pin s" in res.err
+    assert not (tmp_path / "c/blobs/sha256" / ("0" * 64)).exists()
+    assert list((tmp_path / "c/tmp").iterdir()) == []
+
+
+def test_truncated_download(tmp_path, cli, http_server):
+    url = http_server(b"x" * 100, declared=1000)
+    lock = sdist_lock(tmp_path, url, "0" * 64)
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_FETCH
+    assert "truncated" in res.err or "broke off" in res.err
+    assert list((tmp_path / "c/blobs/sha256").iterdir()) == []
+
+
+def test_network_unreachable_with_cold_cache(tmp_path, cli):
+    lock = sdist_lock(tmp_path, "http://127.0.0.1:9/vllm-0.0.1.tar.gz", "0" * 64)
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_FETCH
+    assert "cannot download" in res.err and "not in the cache" in res.err
+
+
+def test_read_only_cache(tmp_path, upstream):
+    d = tmp_path / "l"
+    d.mkdir()
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    cmd = [sys.executable, "-m", "dsv4patch", "fetch", "--lock", str(lock), "--cache-dir", str(cache)]
+    if os.geteuid() == 0:
+        # root ignores permission bits: make the directory a read-only bind mount instead.
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without unshare(1): cannot make a read-only directory")
+        q = " ".join(shlex.quote(c) for c in cmd)
+        c = shlex.quote(str(cache))
+        cmd = ["unshare", "-m", "sh", "-c",
+               f"mount --bind {c} {c} && mount -o remount,ro,bind {c} && exec {q}"]
+    else:
+        cache.chmod(0o555)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    if "mount" in res.stderr and "permission denied" in res.stderr.lower():
+        pytest.skip(f"cannot create a read-only mount here: {res.stderr.strip()}")
+    assert res.returncode == EXIT_FETCH, res.stderr
+    assert "is not writable" in res.stderr and str(cache) in res.stderr
+
+
+def test_second_run_waits_then_fails_clearly(tmp_path, upstream, cli, monkeypatch):
+    d = tmp_path / "l"
+    d.mkdir()
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
+    cache = tmp_path / "c"
+    from dsv4patch.tree import cache_key
+    from dsv4patch.lock import load
+
+    key = cache_key(load(lock).pin("p"))
+    monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")
+    (cache / "locks").mkdir(parents=True)
+    with file_lock(cache / "locks" / f"tree-{key}.lock", "x", timeout=0):
+        res = cli("fetch", "--lock", lock, "--cache-dir", cache)
+    assert res.rc == EXIT_BUSY
+    assert "locked by another dsv4patch run" in res.err and f"pid {os.getpid()}" in res.err
+    assert cli("fetch", "--lock", lock, "--cache-dir", cache).rc == 0

@@ -317,3 +317,14 @@ def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> 
         if needle in cat_blob(repo, oid):
             return name
     return None
+
+
+def changed_paths(repo: Path, base: str, head: str = "HEAD") -> list[str]:
+    """Paths that differ between ``base`` and ``head`` (added, modified or deleted)."""
+    res = run(repo, ["diff", "--name-only", "--no-renames", "-z", f"{base}..{head}", "--"])
+    return [p for p in res.stdout.split("\0") if p]
+
+
+def root_commit(repo: Path, rev: str = "HEAD") -> str:
+    """The first root commit reachable from ``rev`` (a dsv4patch tree's pristine pin)."""
+    return out(repo, "rev-list", "--max-parents=0", rev).splitlines()[0]

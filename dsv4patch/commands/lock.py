@@ -13,7 +13,7 @@ from typing import Any
 from dsv4patch import index, report
 from dsv4patch.commands import _common
 from dsv4patch.commands.check import check_pin
-from dsv4patch.errors import EXIT_OK, FetchError, LockFileError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError
 from dsv4patch.lock import load, update_derived
 
 HELP = "recompute derived lock fields (sdist url/size, base and patched tree ids)"
@@ -47,18 +47,19 @@ def run(args: argparse.Namespace) -> int:
             pin = lock.pin(pin.name)
         repo, _series, result = check_pin(lock, pin, store, prog)
         final = result.final_tree
-        if final is None:
-            raise LockFileError(
-                f"pin {pin.name}: the series does not apply "
-                f"({'; '.join(f'{r.patch}: {r.status.value}' for r in result.patches if r.status.blocks)}); "
-                "fix the patches or the pin's variants before updating the lock"
-            )
         values = {"base_tree": repo.base_tree, "patched_tree": final}
         changed = update_derived(lock.path, pin.name, values, {})
         out["pins"][pin.name] = {**values, **src_values, "changed": changed}
-        rows.append([pin.name, repo.base_tree[:12], final[:12], "updated" if changed else "unchanged"])
+        state = "updated" if changed else "unchanged"
+        if final is None:
+            out["ok"] = False
+            blocked = "; ".join(
+                f"{r.patch}: {r.status.value}" for r in result.patches if r.status.blocks
+            )
+            state += f", patched_tree not set: the series does not apply ({blocked})"
+        rows.append([pin.name, repo.base_tree[:12], (final or "-")[:12], state])
     table, md = report.simple_table(
         f"dsv4patch lock --update: {lock.path}", ["pin", "base tree", "patched tree", "lock"], rows
     )
     report.emit(args.format, out, table, md)
-    return EXIT_OK
+    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

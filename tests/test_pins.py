@@ -1,0 +1,118 @@
+"""The real lock on the real vLLM sdists from PyPI (downloaded once, then cached).
+
+These are the product's acceptance checks: the seven patches are clean on
+0.27.1 and 0.27.0, every fix is found upstream in 0.28.0, apply twice gives
+the locked tree id, and a warm cache never touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCK, sh
+from dsv4patch.lock import load
+from dsv4patch.series import series_for_pin
+
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def check_report(shared_cache: Path):
+    from dsv4patch.main import main
+    import io
+    import contextlib
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["check", "--lock", str(LOCK), "--cache-dir", str(shared_cache), "--format", "json"])
+    return rc, json.loads(buf.getvalue())
+
+
+def test_check_matches_lock_for_every_pin(check_report):
+    rc, rep = check_report
+    assert rc == 0, json.dumps(rep["notes"], indent=1)
+    lock = load(LOCK)
+    assert set(rep["pins"]) == set(lock.pins)
+    for name, pin in rep["pins"].items():
+        assert pin["ok"], (name, pin["notes"])
+        assert pin["base_tree"] == lock.pins[name].base_tree
+        assert pin["patched_tree"] == lock.pins[name].patched_tree
+
+
+@pytest.mark.parametrize("pin", ["0.27.1", "0.27.0"])
+def test_all_seven_clean_with_zero_offset(check_report, pin):
+    _, rep = check_report
+    cells = rep["pins"][pin]["patches"]
+    assert len(cells) == 7
+    assert all(c["status"] == "clean" and c["hunks"] == [] for c in cells.values()), cells
+
+
+def test_028_has_every_fix_upstream(check_report):
+    _, rep = check_report
+    if "0.28.0" not in rep["pins"]:
+        pytest.skip("0.28.0 not in the lock")
+    cells = rep["pins"]["0.28.0"]["patches"]
+    assert len(cells) == 7
+    for name, c in cells.items():
+        assert c["status"] == "upstream", (name, c)
+        assert "markers" in c["evidence"]["decided_by"]
+
+
+def test_sdist_materializes_deterministically(shared_cache, tmp_path, cli):
+    """Same sdist, fresh cache: same base tree and commit as the shared cache."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    lock = load(LOCK)
+    pin = lock.pin("0.27.1")
+    blob = shared_cache / "blobs" / "sha256" / pin.source.sha256
+    (fresh / "blobs" / "sha256").mkdir(parents=True)
+    shutil.copyfile(blob, fresh / "blobs" / "sha256" / pin.source.sha256)
+    a = json.loads(cli("fetch", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", fresh, "--format", "json").out)
+    b = json.loads(cli("fetch", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--format", "json").out)
+    assert a["pins"]["0.27.1"]["base_commit"] == b["pins"]["0.27.1"]["base_commit"]
+    assert a["pins"]["0.27.1"]["base_tree"] == pin.base_tree
+
+
+def test_warm_cache_needs_no_network(shared_cache, tmp_path, cli):
+    """A lock whose URLs point nowhere still checks from a warm cache (and from the blob alone)."""
+    text = re.sub(r'url = "[^"]+"', 'url = "http://127.0.0.1:9/unreachable.tar.gz"', LOCK.read_text())
+    text = text.replace('path = "../patches/', f'path = "{LOCK.parent.parent}/patches/')
+    lock = tmp_path / "offline.toml"
+    lock.write_text(text)
+    assert cli("check", "--lock", lock, "--pin", "0.27.1", "--cache-dir", shared_cache).rc == 0
+    # Only the verified blob, no materialized tree: extraction happens offline too.
+    blob_only = tmp_path / "blob-only"
+    pin = load(LOCK).pin("0.27.1")
+    (blob_only / "blobs" / "sha256").mkdir(parents=True)
+    shutil.copyfile(shared_cache / "blobs" / "sha256" / pin.source.sha256,
+                    blob_only / "blobs" / "sha256" / pin.source.sha256)
+    assert cli("check", "--lock", lock, "--pin", "0.27.1", "--cache-dir", blob_only).rc == 0
+
+
+def test_apply_twice_gives_locked_tree_and_second_is_noop(shared_cache, tmp_path, cli):
+    tree = tmp_path / "vllm-src"
+    args = ("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", shared_cache, "--format", "json")
+    first = cli(*args)
+    assert first.rc == 0, first.err
+    locked = load(LOCK).pin("0.27.1").patched_tree
+    assert sh(tree, "rev-parse", "HEAD^{tree}") == locked
+    head = sh(tree, "rev-parse", "HEAD")
+    second = cli(*args)
+    assert second.rc == 0 and json.loads(second.out)["head"] == head
+    assert sh(tree, "status", "--porcelain") == ""
+    st = json.loads(cli("status", "--tree", tree, "--lock", LOCK, "--pin", "0.27.1", "--format", "json").out)
+    assert st["ok"] and st["tree_id"] == locked
+    assert [v["state"] for v in st["patches"].values()] == ["applied"] * 7
+    # `git am` of the series works on a plain checkout of the pin, without the tool.
+    plain = tmp_path / "plain"
+    sh(tmp_path, "clone", "-q", str(tree), str(plain))
+    base = sh(plain, "rev-list", "--max-parents=0", "HEAD")
+    sh(plain, "checkout", "-q", "-b", "am", base)
+    series = series_for_pin(load(LOCK), load(LOCK).pin("0.27.1"))
+    sh(plain, "am", "-q", *[str(p.path) for p in series.patches])
+    assert sh(plain, "rev-parse", "HEAD^{tree}") == locked

@@ -123,10 +123,13 @@ def check_one(repo: Path, env: dict[str, str], patch: Patch) -> PatchResult:
         # The code the fix adds is already there: a forward apply could still
         # "succeed" (an addition-only hunk re-adds it), so markers win.
         rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
+        fwd = git.apply(repo, patch.path, env=env, check_only=True)
         result.status = Status.UPSTREAM
         result.evidence = {
             "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
             "markers": markers,
+            # What a naive tool would have concluded from the forward apply alone.
+            "forward_apply": "applies" if fwd.ok else _first_error(fwd.stderr),
         }
         result.message = "fix already in the tree: " + "; ".join(
             f"{m['path']} has {m['text']!r}" for m in markers
@@ -250,3 +253,11 @@ def markers_present(repo: Path, env: dict[str, str], patch: Patch) -> list[dict[
             return []
         found.append({"path": hit, "text": text})
     return found
+
+
+def _first_error(stderr: str) -> str:
+    errors = [
+        line for line in stderr.splitlines()
+        if line.startswith("error:") and not line.startswith("error: while searching")
+    ]
+    return errors[0] if errors else "fails"

@@ -27,6 +27,7 @@ else:  # pragma: no cover
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
 SOURCE_KINDS = ("pypi-sdist", "git", "local")
 # What a lock may expect of a patch on a pin (see engine.Status).
 EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
@@ -65,7 +66,7 @@ class SeriesDef:
 class Pin:
     name: str
     vllm_version: str
-    commit: str
+    commit: str  # 40 hex, or a prefix for sdist pins locked with commit_abbrev
     source: Source
     cuda_arch_list: tuple[str, ...]
     series: tuple[str, ...]
@@ -190,12 +191,17 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
         where,
         raw,
         {
-            "vllm_version", "commit", "source", "cuda_arch_list", "series", "expect",
+            "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
             "expect_patches", "variants", "base_tree", "patched_tree", "build",
         },
     )
-    commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
     src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
+    if "commit" not in t.data and "commit_abbrev" in t.data and src.kind == "pypi-sdist":
+        # Only the sdist's 9-hex prefix is known (no access to the git host to
+        # resolve it); the sdist sha256 stays the trust anchor.
+        commit = t.hexid("commit_abbrev", HEXABBREV, "a 7..39-hex commit prefix")
+    else:
+        commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
     arch = t.get("cuda_arch_list", list, list(DEFAULT_ARCH_LIST))
     if not arch or not all(isinstance(a, str) and re.match(r"^\d+\.\d+[af]?$", a) for a in arch):
         raise LockFileError(f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"12.0a\"]")

@@ -101,9 +101,27 @@ def _extract_sdist(pin: Pin, store: Store, dest: Path, progress: Progress) -> No
                     raise FetchError(f"pin {pin.name}: {filename} has unexpected member {m.name}")
                 m.name = m.name[len(prefix):]
                 if m.name:
-                    tar.extract(m, dest, filter="data")
+                    _extract_member(tar, m, dest)
                 task.advance(1)
     check_version_file(pin, dest)
+
+
+def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+    """Extract refusing links and paths outside ``dest`` (the "data" filter).
+
+    Python < 3.11.4 (e.g. Debian bookworm's 3.11.2) has no extraction filters,
+    so the same checks are made by hand there.
+    """
+    if hasattr(tarfile, "data_filter"):
+        tar.extract(member, dest, filter="data")
+        return
+    target = (dest / member.name).resolve()
+    if not str(target).startswith(str(dest.resolve()) + os.sep) or member.issym() or member.islnk():
+        raise FetchError(f"refusing unsafe sdist member {member.name}")
+    if not (member.isfile() or member.isdir()):
+        return
+    member.mode = (member.mode | 0o644) & 0o755
+    tar.extract(member, dest)
 
 
 def check_version_file(pin: Pin, root: Path) -> None:

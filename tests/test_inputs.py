@@ -61,6 +61,36 @@ def test_bad_lock(tmp_path, cli, body, needle):
     assert needle in res.err and str(lock) in res.err
 
 
+def test_commit_abbrev_only_for_sdist_pins(tmp_path, cli):
+    lock = lock_text(tmp_path, '[pins."a"]\nvllm_version = "1"\ncommit_abbrev = "4ba787ec9"\n'
+                     '[pins."a".source]\nkind = "git"\nurl = "/x"\n')
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT and "missing key 'commit'" in res.err
+    from dsv4patch.lock import load
+
+    ok = lock_text(tmp_path, '[pins."a"]\nvllm_version = "1"\ncommit_abbrev = "4ba787ec9"\n'
+                   '[pins."a".source]\nkind = "pypi-sdist"\nname = "vllm"\nversion = "1"\n'
+                   f'sha256 = "{"0" * 64}"\n')
+    assert load(ok).pin("a").commit == "4ba787ec9"
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('[pins."a"]\nvllm_version = "1"\ncommit_abbrev = "xyz"\n[pins."a".source]\nkind = "pypi-sdist"\n'
+         'name = "vllm"\nversion = "1"\nsha256 = "' + "0" * 64 + '"\n', "is not a 7..39-hex commit prefix"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "pypi-sdist"\n'
+         'name = "vllm"\nversion = "1"\nsha256 = "abc"\n', "is not a 64-hex sha256"),
+    ],
+    ids=["bad-abbrev", "bad-sha256"],
+)
+def test_bad_hex_fields(tmp_path, cli, body, needle):
+    lock = lock_text(tmp_path, body)
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT
+    assert needle in res.err
+
+
 def test_malformed_toml_reports_line_and_column(tmp_path, cli):
     lock = lock_text(tmp_path, '[pins."a"]\nvllm_version = = "1"\n')
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")

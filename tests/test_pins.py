@@ -44,7 +44,7 @@ def test_check_matches_lock_for_every_pin(check_report):
         assert pin["patched_tree"] == lock.pins[name].patched_tree
 
 
-@pytest.mark.parametrize("pin", ["0.27.1", "0.27.0"])
+@pytest.mark.parametrize("pin", ["0.27.1", "0.27.0", "0.26.0"])
 def test_all_seven_clean_with_zero_offset(check_report, pin):
     _, rep = check_report
     cells = rep["pins"][pin]["patches"]
@@ -52,15 +52,34 @@ def test_all_seven_clean_with_zero_offset(check_report, pin):
     assert all(c["status"] == "clean" and c["hunks"] == [] for c in cells.values()), cells
 
 
-def test_028_has_every_fix_upstream(check_report):
+def test_026_uses_its_variants_only_where_needed():
+    lock = load(LOCK)
+    pin = lock.pin("0.26.0")
+    names = [p.name for p in series_for_pin(lock, pin).patches]
+    assert sorted(n[:4] for n in pin.variants) == ["0001", "0002", "0003", "0005", "0006"]
+    assert all(v.exists() and "variants/0.26.0" in str(v) for v in pin.variants.values())
+    assert set(pin.variants) <= set(names)
+
+
+@pytest.mark.parametrize("pin", ["0.28.0", "0.33.0"])
+def test_newer_pins_have_every_fix_upstream(check_report, pin):
     _, rep = check_report
-    if "0.28.0" not in rep["pins"]:
-        pytest.skip("0.28.0 not in the lock")
-    cells = rep["pins"]["0.28.0"]["patches"]
+    cells = rep["pins"][pin]["patches"]
     assert len(cells) == 7
     for name, c in cells.items():
         assert c["status"] == "upstream", (name, c)
         assert "markers" in c["evidence"]["decided_by"]
+        # A forward apply alone would not have told: it fails on drifted context.
+        assert c["evidence"]["forward_apply"] != "applies"
+    # Nothing to apply: the "patched" tree is the pin itself.
+    assert rep["pins"][pin]["patched_tree"] == rep["pins"][pin]["base_tree"]
+
+
+def test_033_kernel_fix_found_at_its_new_path(check_report):
+    _, rep = check_report
+    cell = next(c for n, c in rep["pins"]["0.33.0"]["patches"].items() if n.startswith("0007"))
+    assert cell["evidence"]["markers"][0]["path"] == "csrc/persistent_topk.cuh"
+    assert "cooperative_topk.cuh: does not exist" in cell["evidence"]["forward_apply"]
 
 
 def test_sdist_materializes_deterministically(shared_cache, tmp_path, cli):

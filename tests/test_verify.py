@@ -29,3 +29,28 @@ def test_verify_0271_proves_fixes_1_to_6_on_cpu(shared_cache, cli):
             assert "failed" in v["before"] and "passed" not in v["before"], (name, v)
             assert "passed" in v["after"] and "failed" not in v["after"], (name, v)
     assert res.rc == 0
+
+
+def test_verify_026_with_variants(shared_cache, cli):
+    """0.26.0 pins torch 2.11 (CUDA); the CPU proof uses the 2.13 CPU build available here."""
+    res = cli("verify", "--lock", LOCK, "--pin", "0.26.0", "--torch", "2.13.0",
+              "--cache-dir", shared_cache, "--format", "json")
+    rep = json.loads(res.out)
+    verdicts = {name.split("-")[0]: v["verdict"] for name, v in rep["patches"].items()}
+    assert [verdicts[f"000{i}"] for i in range(1, 7)] == ["proven"] * 6, json.dumps(rep, indent=1)
+    assert verdicts["0007"] == "skipped here"
+    assert res.rc == 0
+
+
+def test_verify_028_runs_the_tests_signal_on_the_unpatched_pin(shared_cache, cli):
+    """Upstream detection's strongest signal: the patches' own tests on unpatched 0.28.0."""
+    res = cli("verify", "--lock", LOCK, "--pin", "0.28.0", "--cache-dir", shared_cache, "--format", "json")
+    rep = json.loads(res.out)
+    cells = {name.split("-")[0]: v for name, v in rep["patches"].items()}
+    assert all(c["status"] == "upstream" for c in cells.values())
+    # Fix 3's tests run unchanged on 0.28.0 and pass: the fix is there.
+    assert cells["0003"]["verdict"] == "upstream: tests pass unpatched", cells["0003"]
+    # Every test either passes or is reported with why it could not judge.
+    for c in cells.values():
+        assert c["verdict"].startswith(("upstream", "skipped here")), c
+    assert res.rc == 0

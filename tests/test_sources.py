@@ -1,0 +1,110 @@
+"""Source kinds: git remote at an exact commit, local checkout, progress output."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, git_pin, sh, write_lock
+from dsv4patch.errors import EXIT_FETCH, EXIT_TREE
+
+
+def test_git_remote_fetches_exact_commit_from_bare_repo(tmp_path, upstream, cli):
+    bare = tmp_path / "remote.git"
+    sh(tmp_path, "clone", "-q", "--bare", str(upstream.path), str(bare))
+    pinned = upstream.commit
+    # The remote moves on after the pin: the pin must still get its commit.
+    (upstream.path / "vllm/envs.py").write_text("MOVED = 1\n")
+    sh(upstream.path, "commit", "-qam", "later")
+    sh(upstream.path, "push", "-q", str(bare), "HEAD:main")
+    d = tmp_path / "l"
+    d.mkdir()
+    upstream.path, upstream.commit = bare, pinned
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 0, res.err
+    repo = Path(json.loads(res.out)["pins"]["p"]["repo"])
+    assert "MOVED" not in sh(repo, "show", "HEAD:vllm/envs.py")
+    tree = json.loads(res.out)["pins"]["p"]["base_tree"]
+    assert tree == sh(bare, "rev-parse", f"{pinned}^{{tree}}")
+
+
+def test_git_remote_missing_commit(tmp_path, upstream, cli):
+    d = tmp_path / "l"
+    d.mkdir()
+    upstream.commit = "1" * 40
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_FETCH and "1111111111" in res.err and "pin p" in res.err
+
+
+def test_local_checkout_must_be_clean_and_at_commit(tmp_path, upstream, cli):
+    d = tmp_path / "l"
+    d.mkdir()
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, kind="local")}, {"main": []})
+    (upstream.path / "vllm/envs.py").write_text("dirty\n")
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE and "uncommitted changes" in res.err and "vllm/envs.py" in res.err
+    sh(upstream.path, "commit", "-qam", "moved on")
+    res = cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE and "check out that commit" in res.err
+    sh(upstream.path, "checkout", "-q", upstream.commit)
+    assert cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c").rc == 0
+
+
+def _served_lock(tmp_path: Path, http_body: bytes) -> tuple[Path, str]:
+    import hashlib
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(http_body)))
+            self.end_headers()
+            self.wfile.write(http_body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    (tmp_path / "s.series").write_text("x.patch\n")
+    lock = tmp_path / "l.toml"
+    lock.write_text(
+        'schema = 1\n[series.s]\npath = "s.series"\n[pins."s"]\nvllm_version = "0"\n'
+        f'commit = "{"a" * 40}"\n[pins."s".source]\nkind = "pypi-sdist"\nname = "vllm"\n'
+        f'version = "0"\nsha256 = "{"0" * 64}"\n'
+        f'url = "http://127.0.0.1:{srv.server_port}/x.tar.gz"\n'
+    )
+    return lock, hashlib.sha256(http_body).hexdigest()
+
+
+def test_progress_visible_on_a_tty_quiet_otherwise(tmp_path):
+    lock, _ = _served_lock(tmp_path, b"y" * (3 << 20))
+    cmd = [sys.executable, "-m", "dsv4patch", "fetch", "--lock", str(lock), "--cache-dir"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
+    # Not a TTY: nothing but the error on stderr.
+    plain = subprocess.run(cmd + [str(tmp_path / "c1")], capture_output=True, text=True, env=env)
+    assert "download" not in plain.stderr.replace("cannot download", "")
+    # A TTY: the download shows a progress bar.
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(cmd[0], cmd + [str(tmp_path / "c2")], env)
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "download pin s: vllm-0.tar.gz" in text
+    assert "sha256 mismatch" in text  # and it still fails safely afterwards

@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     if args.build:
         from dsv4patch.commands import build
 
-        rc = build.build_tree(path, pin, store, args)
+        rc, out["build"] = build.build_tree(path, pin, store, args, emit=False)
+        out["notes"] += out["build"].get("notes", [])
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
     return rc

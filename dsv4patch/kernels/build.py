@@ -1,0 +1,541 @@
+"""Compile the changed kernel units and package them as a vLLM plugin wheel.
+
+The stock vLLM wheel already ships ``_C_stable_libtorch`` with the op schemas;
+only the patched kernels need to be rebuilt.  We compile the units found by
+:mod:`sources` with nvcc (flags as vLLM's CMake uses them), plus a generated
+bindings unit that re-registers just the changed ops' CUDA kernels with
+``STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m)``.  The dispatcher keeps the last
+kernel registered for a key, so loading our library *after*
+``vllm._C_stable_libtorch`` makes ``torch.ops._C.<op>`` run the patched code.
+The wheel's ``vllm.general_plugins`` entry point does exactly that, after
+checking that the installed vLLM is the version it was built for.
+
+Objects are cached in ``<store>/kernels/<key>/``; the key hashes the unit and
+every local header it includes, the arch list, flags, ``nvcc --version`` and
+the torch version, so an unchanged second build compiles nothing.
+
+``cublas_v2.h`` (included by vLLM's ``torch_utils.h``) is not in every CUDA
+toolkit: it is looked up in the toolkit, in ``--extra-include`` dirs and in the
+``nvidia`` wheels next to torch; failing that, the ``nvidia-cublas`` wheel for
+the toolkit's CUDA version is downloaded once with ``pip download`` and only its
+``include/`` directory is unpacked into ``<store>/kernels/cublas-headers/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4patch.errors import BuildError
+from dsv4patch.kernels import sources
+from dsv4patch.kernels.sources import KernelPlan, TranslationUnit
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+# What vLLM's CMake passes for _C_stable_libtorch CUDA sources (RelWithDebInfo, without -g).
+BASE_FLAGS = (
+    "-std=c++20", "--expt-relaxed-constexpr", "-O2", "-DNDEBUG", "-DUSE_CUDA", "-DENABLE_FP8",
+    "-Xcompiler", "-fPIC",
+)
+CACHE_VERSION = "1"
+PLUGIN_GROUP = "vllm.general_plugins"
+
+
+def gencode(arch: str) -> list[str]:
+    """``9.0a`` -> ``-gencode arch=compute_90a,code=sm_90a``."""
+    m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+    if not m:
+        raise BuildError(f"bad CUDA arch {arch!r}; use the form 9.0a or 12.0")
+    sm = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+    return ["-gencode", f"arch=compute_{sm},code=sm_{sm}"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: Path
+    nvcc_version: str  # full `nvcc --version` output
+    cuda_version: str  # "13.0"
+    python: str
+    torch_version: str
+    torch_include: Path
+    torch_lib: Path
+    include_dirs: tuple[Path, ...]  # extra dirs for cublas_v2.h etc.
+
+    def includes(self) -> list[str]:
+        args = ["-I", str(self.torch_include), "-I", str(self.torch_include / "torch/csrc/api/include")]
+        for d in self.include_dirs:
+            args += ["-I", str(d)]
+        return args
+
+
+def find_nvcc(nvcc: str | None = None) -> Path:
+    cands = [nvcc] if nvcc else []
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands.append(str(Path(os.environ[env]) / "bin" / "nvcc"))
+    cands += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
+    for c in cands:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return Path(c)
+    raise BuildError("nvcc not found: install the CUDA toolkit, put nvcc on PATH or set CUDA_HOME")
+
+
+def _torch_info(python: str) -> dict[str, str]:
+    code = (
+        "import json, os, site, sys, torch\n"
+        "d = os.path.dirname(torch.__file__)\n"
+        "print(json.dumps({'version': torch.__version__, 'include': os.path.join(d, 'include'),"
+        " 'lib': os.path.join(d, 'lib'), 'site': os.path.dirname(d)}))\n"
+    )
+    try:
+        res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        raise BuildError(f"cannot run {python}: {exc}") from None
+    if res.returncode != 0:
+        raise BuildError(
+            f"{python} cannot import torch ({res.stderr.strip().splitlines()[-1:] or ['?']}); "
+            "pass --python with the interpreter of the environment vLLM runs in "
+            "(or set DSV4PATCH_TORCH_PYTHON)"
+        )
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _has_cublas(d: Path) -> bool:
+    return (d / "cublas_v2.h").is_file()
+
+
+def cublas_candidates(nvcc: Path, site: Path | None) -> list[Path]:
+    root = nvcc.resolve().parent.parent
+    cands = [root / "include", *sorted(root.glob("targets/*/include"))]
+    if site is not None:
+        cands += sorted((site / "nvidia").glob("*/include")) + sorted((site / "nvidia").glob("*/*/include"))
+    return cands
+
+
+def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.executable) -> Path:
+    """``include/`` of the nvidia-cublas wheel for ``cuda_version``, cached in the store."""
+    major, minor = (int(x) for x in cuda_version.split(".")[:2])
+    pkg = "nvidia-cublas" if major >= 13 else f"nvidia-cublas-cu{major}"
+    spec = f"{pkg}>={major}.{minor},<{major}.{minor + 1}"
+    dest = store.root / "kernels" / "cublas-headers" / f"{pkg}-{major}.{minor}"
+    with store.lock(f"cublas-{pkg}-{major}.{minor}"):
+        if (dest / "include" / "cublas_v2.h").is_file():
+            return dest / "include"
+        tmp = store.tmpdir("cublas-")
+        try:
+            res = subprocess.run(
+                [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                 "-d", str(tmp), spec],
+                capture_output=True, text=True, timeout=900,
+            )
+            wheels = sorted(tmp.glob("*.whl"))
+            if res.returncode != 0 or not wheels:
+                raise BuildError(
+                    f"cublas_v2.h is not in the CUDA toolkit and `pip download {spec}` failed "
+                    f"({res.stderr.strip()[-300:]}); pass --extra-include DIR with a directory "
+                    "that holds cublas_v2.h"
+                )
+            unpack = tmp / "include"
+            with zipfile.ZipFile(wheels[0]) as zf:
+                for name in zf.namelist():
+                    parts = name.split("/")
+                    if "include" in parts[:-1] and not name.endswith("/"):
+                        rel = parts[parts.index("include") + 1:]
+                        if ".." in rel:
+                            continue
+                        target = unpack.joinpath(*rel)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.write_bytes(zf.read(name))
+            if not (unpack / "cublas_v2.h").is_file():
+                raise BuildError(f"{wheels[0].name} has no include/cublas_v2.h")
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            os.replace(unpack, dest / "include")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest / "include"
+
+
+def detect_toolchain(
+    store: Store,
+    *,
+    nvcc: str | None = None,
+    python: str | None = None,
+    extra_includes: Sequence[Path] = (),
+) -> Toolchain:
+    nvcc_path = find_nvcc(nvcc)
+    ver = subprocess.run([str(nvcc_path), "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", ver)
+    if not m:
+        raise BuildError(f"cannot read the CUDA version from `{nvcc_path} --version`")
+    py = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or sys.executable
+    info = _torch_info(py)
+    includes = [Path(p) for p in extra_includes]
+    if not any(_has_cublas(d) for d in includes):
+        found = next((d for d in cublas_candidates(nvcc_path, Path(info["site"])) if _has_cublas(d)), None)
+        if found is None:
+            found = fetch_cublas_headers(store, m.group(1))
+        if found != nvcc_path.resolve().parent.parent / "include":
+            includes.append(found)
+    return Toolchain(
+        nvcc=nvcc_path, nvcc_version=ver.strip(), cuda_version=m.group(1), python=py,
+        torch_version=info["version"], torch_include=Path(info["include"]),
+        torch_lib=Path(info["lib"]), include_dirs=tuple(includes),
+    )
+
+
+def generate_bindings(ops: Sequence[sources.Op], namespace: str = "_C", define: bool = False) -> str:
+    """A bindings unit for ``ops``: IMPL override of ``namespace`` or, with ``define``, DEF+IMPL."""
+    lines = [
+        "// Generated by dsv4patch: registers only the rebuilt ops' CUDA kernels.",
+        '#include "ops.h"',
+        "#include <torch/csrc/stable/library.h>",
+        "",
+    ]
+    if define:
+        lines.append(f"STABLE_TORCH_LIBRARY({namespace}, m) {{")
+        lines += [f"  m.def({json.dumps(op.schema)});" for op in ops]
+        lines += ["}", ""]
+    lines.append(f"STABLE_TORCH_LIBRARY_IMPL({namespace}, CUDA, m) {{")
+    lines += [f'  m.impl("{op.name}", TORCH_BOX(&{op.function}));' for op in ops]
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+@dataclass
+class UnitBuild:
+    name: str
+    source: str
+    archs: tuple[str, ...]
+    key: str
+    obj: Path
+    command: list[str]
+    text: str = ""  # source text of a generated unit
+    cached: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class BuildResult:
+    plan: KernelPlan
+    archs: tuple[str, ...]
+    units: list[UnitBuild]
+    ops: list[str]
+    library: Path | None = None
+    wheel: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compiled(self) -> list[str]:
+        return [u.name for u in self.units if not u.cached]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tree": str(self.plan.tree), "tree_id": self.plan.tree_id, "head": self.plan.head,
+            "changed": list(self.plan.changed), "archs": list(self.archs), "ops": self.ops,
+            "units": [
+                {"unit": u.source, "archs": list(u.archs), "key": u.key, "cached": u.cached,
+                 "seconds": round(u.seconds, 1), "object": str(u.obj)}
+                for u in self.units
+            ],
+            "compiled": self.compiled, "library": str(self.library) if self.library else None,
+            "wheel": str(self.wheel) if self.wheel else None, "notes": self.notes,
+        }
+
+
+def _closure_hashes(tree: Path, rel: str) -> list[tuple[str, str]]:
+    files = [rel, *sources.include_closure(tree, rel)]
+    return [(f, sha256_bytes((tree / f).read_bytes())) for f in files]
+
+
+def _key(parts: dict[str, object]) -> str:
+    return sha256_bytes(json.dumps(parts, sort_keys=True).encode())
+
+
+def dist_name(pin_name: str) -> str:
+    return "dsv4patch_kernels_" + re.sub(r"[^A-Za-z0-9]+", "_", pin_name)
+
+
+def plan_build(
+    plan: KernelPlan, archs: Sequence[str], tc: Toolchain, store: Store, nvcc_threads: int = 1
+) -> tuple[list[UnitBuild], list[sources.Op], list[str]]:
+    """Per-unit compile commands and cache keys (nothing runs)."""
+    cmake = sources.cmake_target(plan.tree)
+    archs = tuple(archs)
+    notes: list[str] = []
+    defines: list[str] = []
+    unit_arch: dict[str, tuple[str, ...]] = {}
+    for u in plan.units:
+        unit_arch[u.path] = sources.unit_archs(u, archs, tc.cuda_version, cmake)
+    for var, flags in sorted(plan.defines.items()):
+        opts = cmake.arch_lists.get(var, [])
+        if opts and sources.loose_intersection(sources.select_arch_list(opts, tc.cuda_version), archs):
+            defines += list(flags)
+    common = [*BASE_FLAGS, *defines]
+    if plan.torch_target_version:
+        common.append(f"-DTORCH_TARGET_VERSION={plan.torch_target_version}")
+    if nvcc_threads > 1:
+        common.append(f"--threads={nvcc_threads}")
+    ident = {"v": CACHE_VERSION, "nvcc": tc.nvcc_version, "torch": tc.torch_version,
+             "flags": common}
+    cublas = next((d / "cublas_v2.h" for d in tc.include_dirs if _has_cublas(d)), None)
+    if cublas is not None:
+        ident["cublas_v2.h"] = sha256_bytes(cublas.read_bytes())
+    builds: list[UnitBuild] = []
+    for u in plan.units:
+        ua = unit_arch[u.path]
+        if not ua:
+            notes.append(f"{u.path}: CMake builds it for none of {', '.join(archs)}; skipped")
+            continue
+        key = _key({**ident, "unit": u.path, "files": _closure_hashes(plan.tree, u.path), "archs": ua})
+        obj = store.root / "kernels" / key / (Path(u.path).stem + ".o")
+        cmd = [str(tc.nvcc), *common]
+        for a in ua:
+            cmd += gencode(a)
+        cmd += ["-I", "csrc", *tc.includes(), "-c", u.path, "-o", str(obj)]
+        builds.append(UnitBuild(Path(u.path).stem, u.path, ua, key, obj, cmd))
+    built = {b.source for b in builds}
+    ops = [o for o in plan.ops if o.unit in built]
+    if ops:
+        text = generate_bindings(ops, ops[0].namespace)
+        ops_h = (Path(plan.bindings).parent / "ops.h").as_posix() if plan.bindings else "csrc/ops.h"
+        key = _key({**ident, "bindings": text, "files": _closure_hashes(plan.tree, ops_h)})
+        obj = store.root / "kernels" / key / "dsv4patch_bindings.o"
+        src = obj.with_suffix(".cpp")
+        cmd = [str(tc.nvcc), *common, "-I", str(plan.tree / Path(ops_h).parent), "-I", "csrc",
+               *tc.includes(), "-c", str(src), "-o", str(obj)]
+        builds.append(UnitBuild("dsv4patch_bindings", "<generated bindings>", (), key, obj, cmd, text))
+    return builds, ops, notes
+
+
+def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:
+    with store.lock(f"kernel-{u.key}"):
+        if u.obj.is_file():
+            u.cached = True
+            return
+        u.obj.parent.mkdir(parents=True, exist_ok=True)
+        if u.name == "dsv4patch_bindings":
+            u.obj.with_suffix(".cpp").write_text(u.text)
+        tmp = u.obj.with_name(u.obj.name + f".tmp{os.getpid()}")
+        cmd = [*u.command[:-1], str(tmp)]
+        t0 = time.monotonic()
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        u.seconds = time.monotonic() - t0
+        if res.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise BuildError(
+                f"nvcc failed for {u.source}"
+                f" ({', '.join(u.archs) or 'host'}):\n{(res.stderr or res.stdout).strip()[-4000:]}\n"
+                f"command: {' '.join(cmd)}"
+            )
+        os.replace(tmp, u.obj)
+
+
+def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int) -> None:
+    todo = [u for u in units if not u.obj.is_file()]
+    for u in units:
+        if u.obj.is_file():
+            u.cached = True
+    with ThreadPoolExecutor(max_workers=max(1, max_jobs)) as pool:
+        for f in [pool.submit(_compile, u, cwd, store) for u in todo]:
+            f.result()
+
+
+def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
+    key = _key({"objs": [u.key for u in units], "nvcc": tc.nvcc_version, "torch_lib": str(tc.torch_lib)})
+    out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
+    with store.lock(f"kernel-{key}"):
+        if out.is_file():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        cmd = [str(tc.nvcc), "-shared", "-cudart", "shared", "-o", str(tmp),
+               *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
+               "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BuildError(f"linking the kernel library failed:\n{res.stderr.strip()[-4000:]}")
+        os.replace(tmp, out)
+    return out
+
+
+PLUGIN_INIT = '''\
+"""vLLM general plugin: load the dsv4patch-rebuilt kernels over vLLM's own.
+
+Generated by dsv4patch.  Built from a patched vLLM tree (see build_info.json);
+it refuses to load into any other vLLM version.  Set DSV4PATCH_KERNELS=0 to
+disable it, DSV4PATCH_KERNELS_STRICT=1 to turn a version mismatch into an error.
+"""
+
+import json
+import logging
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LOG = logging.getLogger(__name__)
+_loaded = False
+
+with open(os.path.join(_HERE, "build_info.json"), encoding="utf-8") as _fh:
+    BUILD_INFO = json.load(_fh)
+
+
+def register():
+    global _loaded
+    if _loaded or os.environ.get("DSV4PATCH_KERNELS", "1") == "0":
+        return
+    import vllm
+
+    want = BUILD_INFO["vllm_version"]
+    if vllm.__version__ != want:
+        msg = (
+            f"dsv4patch kernels were built for vLLM {want} (tree {BUILD_INFO['tree_id']}), "
+            f"this is vLLM {vllm.__version__}: not loading them"
+        )
+        if os.environ.get("DSV4PATCH_KERNELS_STRICT") == "1":
+            raise RuntimeError(msg)
+        _LOG.warning(msg)
+        return
+    import torch
+
+    # The stock library must register first: the last CUDA kernel registered wins.
+    import vllm._C_stable_libtorch  # noqa: F401
+
+    torch.ops.load_library(os.path.join(_HERE, BUILD_INFO["library"]))
+    _loaded = True
+    _LOG.info(
+        "dsv4patch kernels loaded for ops %s (patched tree %s)",
+        ", ".join(BUILD_INFO["ops"]), BUILD_INFO["tree_id"],
+    )
+'''
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
+                entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "") -> Path:
+    """A wheel (zip + .dist-info) with ``files``; deterministic bytes for the same input."""
+    info = f"{name}-{version}.dist-info"
+    meta = {
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
+        ).encode(),
+        f"{info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: dsv4patch\nRoot-Is-Purelib: false\nTag: {tag}\n"
+        ).encode(),
+        f"{info}/entry_points.txt": entry_points.encode(),
+    }
+    allf = {**files, **meta}
+    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in allf.items()) + f"{info}/RECORD,,\n"
+    allf[f"{info}/RECORD"] = record.encode()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{version}-{tag}.whl"
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in allf.items():
+            zi = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
+            zi.external_attr = (0o755 if arc.endswith(".so") else 0o644) << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(zi, data)
+    os.replace(tmp, path)
+    return path
+
+
+def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain, out_dir: Path) -> Path:
+    assert result.library is not None
+    name = dist_name(pin_name)
+    version = f"{vllm_version}+tree{result.plan.tree_id[:12]}"
+    lib = "libdsv4patch_kernels.so"
+    info = {
+        "vllm_version": vllm_version, "pin": pin_name, "tree_id": result.plan.tree_id,
+        "head": result.plan.head, "base": result.plan.base, "archs": list(result.archs),
+        "ops": result.ops, "units": [u.source for u in result.units if u.name != "dsv4patch_bindings"],
+        "torch_version": tc.torch_version, "cuda_version": tc.cuda_version, "library": lib,
+    }
+    files = {
+        f"{name}/__init__.py": PLUGIN_INIT.encode(),
+        f"{name}/build_info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
+        f"{name}/{lib}": result.library.read_bytes(),
+    }
+    eps = f"[{PLUGIN_GROUP}]\n{name} = {name}:register\n"
+    return write_wheel(out_dir, name, version, files, eps,
+                       summary=f"dsv4patch-rebuilt vLLM {vllm_version} kernels: {', '.join(result.ops)}")
+
+
+def build(
+    plan: KernelPlan,
+    *,
+    pin_name: str,
+    vllm_version: str,
+    archs: Sequence[str],
+    store: Store,
+    toolchain: Toolchain,
+    out_dir: Path,
+    max_jobs: int = 2,
+    nvcc_threads: int = 1,
+    progress: Progress | None = None,
+    dry_run: bool = False,
+) -> BuildResult:
+    units, ops, notes = plan_build(plan, archs, toolchain, store, nvcc_threads)
+    result = BuildResult(plan, tuple(archs), units, [o.name for o in ops], notes=notes)
+    if plan.unmapped:
+        notes.append(
+            "changed kernel sources that no unit of the target includes (not rebuilt): "
+            + ", ".join(plan.unmapped)
+        )
+    if not units:
+        notes.append("the patches change no kernel unit: nothing to build")
+        return result
+    if dry_run:
+        for u in units:
+            u.cached = u.obj.is_file()
+        return result
+    if progress is not None:
+        progress.note(f"compiling {sum(not u.obj.is_file() for u in units)} of {len(units)} unit(s)")
+    compile_units(units, plan.tree, store, max_jobs)
+    result.library = link(units, toolchain, store)
+    result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir)
+    return result
+
+
+def full_build_env(arch_list: Sequence[str], max_jobs: int, nvcc_threads: int) -> dict[str, str]:
+    """Environment for vLLM's own build (setup.py/CMake read these)."""
+    return {
+        "VLLM_TARGET_DEVICE": "cuda",
+        # Space separated, as vLLM's Dockerfile sets it; torch's CMake also accepts ';'.
+        "TORCH_CUDA_ARCH_LIST": " ".join(arch_list),
+        "MAX_JOBS": str(max_jobs),
+        "NVCC_THREADS": str(nvcc_threads),
+    }
+
+
+def full_build_command(tree: Path, arch_list: Sequence[str], max_jobs: int, nvcc_threads: int,
+                       docker: bool = False, python: str = sys.executable,
+                       image: str = "vllm-dsv4patch") -> tuple[list[str], dict[str, str]]:
+    env = full_build_env(arch_list, max_jobs, nvcc_threads)
+    if docker:
+        cmd = [
+            "docker", "build", "-f", "docker/Dockerfile", "--target", "vllm-openai",
+            "--build-arg", f"torch_cuda_arch_list={env['TORCH_CUDA_ARCH_LIST']}",
+            "--build-arg", f"max_jobs={max_jobs}", "--build-arg", f"nvcc_threads={nvcc_threads}",
+            "-t", image, ".",
+        ]
+        return cmd, {}
+    return [python, "-m", "pip", "install", "-v", "."], env

@@ -1,0 +1,365 @@
+"""Which kernel translation units and ops the applied patches change.
+
+vLLM builds ``_C_stable_libtorch`` from the source lists in ``CMakeLists.txt``
+(``VLLM_STABLE_EXT_SRC`` plus sources appended under an arch condition, such as
+``cooperative_topk.cu``).  This module reads those lists instead of knowing
+file names: it takes the files a tree's patches changed (``git diff
+base..HEAD``), keeps the kernel sources under ``csrc/``, follows ``#include``
+transitively from every ``.cu`` of the target to find the units that include
+them, and reads the bindings file to name the ops whose implementations those
+units define.  Everything is read from the work tree of a clean dsv4patch tree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4patch import git
+from dsv4patch.errors import BuildError
+
+TARGET = "_C_stable_libtorch"
+SRC_VAR = "VLLM_STABLE_EXT_SRC"
+KERNEL_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc")
+INCLUDE_ROOTS = ("csrc",)
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class TranslationUnit:
+    """One ``.cu`` of the target, the local headers it includes, the archs it builds for."""
+
+    path: str
+    target: str
+    headers: tuple[str, ...]
+    changed: tuple[str, ...]  # the changed files among itself and its headers
+    # CMake variable that restricts this unit's archs (e.g. COOPERATIVE_TOPK_ARCHS), if any
+    arch_var: str | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """A registered op whose CUDA implementation lives in a changed unit."""
+
+    name: str
+    function: str
+    schema: str
+    unit: str
+    namespace: str
+    guard: str | None = None  # #ifdef macro around its registration
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    tree: Path
+    base: str
+    head: str
+    tree_id: str
+    changed: tuple[str, ...]  # kernel sources changed by the patches
+    units: tuple[TranslationUnit, ...]
+    ops: tuple[Op, ...]
+    bindings: str | None
+    defines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # arch var -> -D flags
+    torch_target_version: str | None = None
+    unmapped: tuple[str, ...] = ()  # changed kernel sources no unit of the target includes
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tree": str(self.tree),
+            "base": self.base,
+            "head": self.head,
+            "tree_id": self.tree_id,
+            "changed": list(self.changed),
+            "units": [
+                {"path": u.path, "target": u.target, "changed": list(u.changed),
+                 "arch_var": u.arch_var}
+                for u in self.units
+            ],
+            "ops": [{"name": o.name, "function": o.function, "unit": o.unit} for o in self.ops],
+            "bindings": self.bindings,
+            "unmapped": list(self.unmapped),
+        }
+
+
+def is_kernel_source(path: str) -> bool:
+    return path.startswith("csrc/") and path.endswith(KERNEL_SUFFIXES)
+
+
+def _strip_cmake_comments(text: str) -> str:
+    return "\n".join(re.sub(r"(^|\s)#.*$", "", line) for line in text.splitlines())
+
+
+def _calls(text: str, name: str) -> list[tuple[int, str]]:
+    """(offset, argument text) of every ``name(...)`` call in CMake ``text``."""
+    out = []
+    for m in re.finditer(rf"\b{name}\s*\(", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        out.append((m.start(), text[m.end():i - 1]))
+    return out
+
+
+@dataclass(frozen=True)
+class CMakeTarget:
+    sources: tuple[str, ...]  # literal source paths, in list order
+    arch_var: dict[str, str]  # source -> arch variable it is restricted to
+    arch_lists: dict[str, list[tuple[str | None, tuple[str, ...]]]]  # var -> [(min cuda, archs)]
+    defines: dict[str, tuple[str, ...]]  # arch var -> flags added when it is non-empty
+    torch_target_version: str | None
+
+
+def parse_cmake(text: str) -> CMakeTarget:
+    """The literal sources of ``VLLM_STABLE_EXT_SRC`` and their arch restrictions."""
+    text = _strip_cmake_comments(text)
+    sources: list[str] = []
+    for fn in ("set", "list"):
+        for _off, args in _calls(text, fn):
+            words = args.split()
+            if fn == "set" and words[:1] == [SRC_VAR]:
+                items = _STRING.findall(args)
+            elif fn == "list" and words[:2] == ["APPEND", SRC_VAR]:
+                items = _STRING.findall(args)
+            else:
+                continue
+            sources += [s for s in items if "${" not in s and s not in sources]
+    arch_var: dict[str, str] = {}
+    for _off, args in _calls(text, "set_gencode_flags_for_srcs"):
+        m = re.search(r'SRCS\s+"([^"$]+)"\s+CUDA_ARCHS\s+"\$\{(\w+)\}"', args)
+        if m and m.group(2) != "CUDA_ARCHS":
+            arch_var[m.group(1)] = m.group(2)
+    arch_lists: dict[str, list[tuple[str | None, tuple[str, ...]]]] = {}
+    for off, args in _calls(text, "cuda_archs_loose_intersection"):
+        m = re.match(r'\s*(\w+)\s+"([^"]*)"', args)
+        if not m:
+            continue
+        # The closest enclosing if()/else() decides the nvcc version this list is for.
+        before = text[:off]
+        cond = [(c.start(), c.group(0)) for c in re.finditer(r"\b(?:if|else|elseif)\s*\([^\n]*", before)]
+        min_cuda = None
+        if cond:
+            last = cond[-1][1]
+            v = re.search(r"CMAKE_CUDA_COMPILER_VERSION\}?\s+VERSION_GREATER_EQUAL\s+([\d.]+)", last)
+            if v and last.startswith("if"):
+                min_cuda = v.group(1)
+        archs = tuple(a for a in m.group(2).split(";") if a)
+        arch_lists.setdefault(m.group(1), []).append((min_cuda, archs))
+    defines: dict[str, tuple[str, ...]] = {}
+    for m in re.finditer(r"\bif\s*\(\s*(\w+)\s*\)\s*list\s*\(\s*APPEND\s+VLLM_GPU_FLAGS\s+([^)]*)\)", text):
+        defines[m.group(1)] = tuple(_STRING.findall(m.group(2)))
+    ttv = re.search(r"TORCH_TARGET_VERSION=(0x[0-9A-Fa-f]+ULL)", text)
+    return CMakeTarget(tuple(sources), arch_var, arch_lists, defines, ttv.group(1) if ttv else None)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def select_arch_list(
+    options: list[tuple[str | None, tuple[str, ...]]], cuda_version: str
+) -> tuple[str, ...]:
+    """The source arch list CMake uses for ``cuda_version`` (its if/else on the version)."""
+    for min_cuda, archs in options:
+        if min_cuda is not None and _version_tuple(cuda_version) >= _version_tuple(min_cuda):
+            return archs
+    for min_cuda, archs in options:
+        if min_cuda is None:
+            return archs
+    return options[-1][1] if options else ()
+
+
+def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str, ...]:
+    """vLLM's ``cuda_archs_loose_intersection`` (cmake/utils.cmake), for plain arch lists."""
+    src_l, tgt_l, out = list(src), list(tgt), []
+    for a in list(src_l):
+        if a[-1] in "af" and a[:-1] in tgt_l:
+            src_l.remove(a)
+            tgt_l.remove(a[:-1])
+            out.append(a)
+    for a in list(src_l):
+        if a[-1] not in "af":
+            continue
+        src_l.remove(a)
+        base = a[:-1]
+        if base + "a" in tgt_l:
+            tgt_l.remove(base + "a")
+            out.append(base + "a")
+        elif base + "f" in tgt_l:
+            tgt_l.remove(base + "f")
+            out.append(base + "f")
+        elif a.endswith("f"):
+            major = base.split(".")[0]
+            for t in tgt_l:
+                if t.rstrip("af").split(".")[0] == major:
+                    tgt_l.remove(t)
+                    out.append(t)
+                    break
+    for t in list(tgt_l):
+        if t[-1] in "af" and t[:-1] in src_l:
+            tgt_l.remove(t)
+            src_l.remove(t[:-1])
+            out.append(t)
+    out += [a for a in src_l if a in tgt_l]
+    return tuple(sorted(set(out), key=_version_tuple))
+
+
+def unit_archs(unit: TranslationUnit, archs: tuple[str, ...], cuda_version: str,
+               cmake: CMakeTarget | None = None) -> tuple[str, ...]:
+    """The archs CMake builds ``unit`` for, given the requested list."""
+    if unit.arch_var is None or cmake is None:
+        return archs
+    return loose_intersection(select_arch_list(cmake.arch_lists.get(unit.arch_var, []), cuda_version), archs)
+
+
+def includes_of(root: Path, rel: str) -> list[str]:
+    """Local files (relative to ``root``) that ``rel`` includes directly."""
+    path = root / rel
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found = []
+    for name in _INCLUDE.findall(text):
+        for base in (path.parent, *(root / r for r in INCLUDE_ROOTS)):
+            cand = (base / name).resolve()
+            try:
+                relc = cand.relative_to(root.resolve()).as_posix()
+            except ValueError:
+                continue
+            if cand.is_file():
+                found.append(relc)
+                break
+    return found
+
+
+def include_closure(root: Path, rel: str) -> tuple[str, ...]:
+    """Every local header ``rel`` includes, transitively (sorted, without ``rel``)."""
+    seen: set[str] = set()
+    todo = [rel]
+    while todo:
+        cur = todo.pop()
+        for inc in includes_of(root, cur):
+            if inc not in seen and inc != rel:
+                seen.add(inc)
+                todo.append(inc)
+    return tuple(sorted(seen))
+
+
+def _blocks(text: str, macro: str) -> list[tuple[tuple[str, ...], str]]:
+    """(macro args, body) of every ``MACRO(args) { body }`` in C++ ``text``."""
+    out = []
+    for m in re.finditer(rf"\b{macro}\s*\(([^)]*)\)\s*\{{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out.append((tuple(a.strip() for a in m.group(1).split(",")), text[m.end():i - 1]))
+    return out
+
+
+def _guards(body: str) -> list[tuple[int, str | None]]:
+    """(offset, innermost #ifdef macro) at each preprocessor line of ``body``."""
+    stack: list[str | None] = []
+    marks: list[tuple[int, str | None]] = [(0, None)]
+    for m in re.finditer(r"^\s*#\s*(ifdef|ifndef|if|endif|else)\b\s*(\w*)", body, re.M):
+        kind, name = m.group(1), m.group(2)
+        if kind in ("ifdef",):
+            stack.append(name)
+        elif kind in ("ifndef", "if"):
+            stack.append(None)
+        elif kind == "endif" and stack:
+            stack.pop()
+        marks.append((m.start(), next((g for g in reversed(stack) if g), None)))
+    return marks
+
+
+def _guard_at(marks: list[tuple[int, str | None]], off: int) -> str | None:
+    g = None
+    for pos, guard in marks:
+        if pos <= off:
+            g = guard
+    return g
+
+
+def defines_function(text: str, func: str) -> bool:
+    """Whether C++ ``text`` defines ``func`` at top level (not just declares it)."""
+    return re.search(rf"^[A-Za-z_][\w:<>,\s\*&]*\b{re.escape(func)}\s*\([^;{{}}]*\)\s*\{{", text, re.M) is not None
+
+
+def parse_bindings(text: str) -> tuple[dict[str, str], list[tuple[str, str, str, str | None]]]:
+    """(op name -> schema, [(namespace, op, function, guard)]) for the CUDA impls."""
+    schemas: dict[str, str] = {}
+    for macro in ("STABLE_TORCH_LIBRARY_FRAGMENT", "STABLE_TORCH_LIBRARY"):
+        for args, body in _blocks(text, macro):
+            var = args[1] if len(args) > 1 else "m"
+            for m in re.finditer(rf"\b{re.escape(var)}\.def\(\s*((?:\"(?:[^\"\\]|\\.)*\"\s*)+)", body):
+                schema = "".join(_STRING.findall(m.group(1)))
+                schemas.setdefault(schema.split("(", 1)[0].strip(), schema)
+    impls = []
+    for args, body in _blocks(text, "STABLE_TORCH_LIBRARY_IMPL"):
+        if len(args) < 3 or args[1] != "CUDA":
+            continue
+        marks = _guards(body)
+        for m in re.finditer(
+            rf"\b{re.escape(args[2])}\.impl\(\s*\"([^\"]+)\"\s*,\s*TORCH_BOX\(\s*&?\s*([\w:]+)\s*\)", body
+        ):
+            impls.append((args[0], m.group(1), m.group(2), _guard_at(marks, m.start())))
+    return schemas, impls
+
+
+def plan(tree: Path, base: str | None = None) -> KernelPlan:
+    """What the patches between ``base`` (default: the root commit) and HEAD change."""
+    tree = Path(tree)
+    if not git.is_repo_root(tree):
+        raise BuildError(f"{tree} is not a git repository made by `dsv4patch apply`")
+    head = git.head(tree)
+    if head is None:
+        raise BuildError(f"{tree} has no commits")
+    base = base or git.root_commit(tree)
+    tree_id = git.out(tree, "rev-parse", "HEAD^{tree}")
+    changed = tuple(p for p in git.changed_paths(tree, base) if is_kernel_source(p))
+    cmake_file = tree / "CMakeLists.txt"
+    if not cmake_file.is_file():
+        raise BuildError(f"{tree} has no CMakeLists.txt; is it a vLLM source tree?")
+    cmake = parse_cmake(cmake_file.read_text(encoding="utf-8"))
+    if not cmake.sources:
+        raise BuildError(f"{cmake_file}: found no literal sources in {SRC_VAR}")
+    units: list[TranslationUnit] = []
+    covered: set[str] = set()
+    for src in cmake.sources:
+        if not src.endswith(".cu") or not (tree / src).is_file():
+            continue
+        headers = include_closure(tree, src)
+        hit = tuple(p for p in (src, *headers) if p in changed)
+        if hit:
+            covered.update(hit)
+            var = cmake.arch_var.get(src)
+            units.append(TranslationUnit(src, TARGET, headers, hit, var))
+    bindings = next(
+        (s for s in cmake.sources if s.endswith(".cpp") and (tree / s).is_file()
+         and "STABLE_TORCH_LIBRARY_IMPL" in (tree / s).read_text(encoding="utf-8", errors="replace")
+         and ".impl(" in (tree / s).read_text(encoding="utf-8", errors="replace")),
+        None,
+    )
+    ops: list[Op] = []
+    if bindings and units:
+        schemas, impls = parse_bindings((tree / bindings).read_text(encoding="utf-8"))
+        texts = {u.path: (tree / u.path).read_text(encoding="utf-8", errors="replace") for u in units}
+        for ns, name, func, guard in impls:
+            for u in units:
+                if defines_function(texts[u.path], func.split("::")[-1]) and name in schemas:
+                    ops.append(Op(name, func, schemas[name], u.path, ns, guard))
+    unmapped = tuple(p for p in changed if p not in covered)
+    return KernelPlan(
+        tree=tree, base=base, head=head, tree_id=tree_id, changed=changed, units=tuple(units),
+        ops=tuple(ops), bindings=bindings, defines=cmake.defines,
+        torch_target_version=cmake.torch_target_version, unmapped=unmapped,
+    )
+
+
+def cmake_target(tree: Path) -> CMakeTarget:
+    return parse_cmake((Path(tree) / "CMakeLists.txt").read_text(encoding="utf-8"))

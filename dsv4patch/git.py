@@ -230,6 +230,7 @@ def cat_blob(repo: Path, oid: str) -> bytes:
         env=_env(None),
         as_process=False,
         stdout_as_string=False,
+        strip_newline_in_stdout=False,
     )
     if status != 0:
         raise GitError(f"git cat-file blob {oid} failed in {repo}: {err}")
@@ -328,3 +329,46 @@ def changed_paths(repo: Path, base: str, head: str = "HEAD") -> list[str]:
 def root_commit(repo: Path, rev: str = "HEAD") -> str:
     """The first root commit reachable from ``rev`` (a dsv4patch tree's pristine pin)."""
     return out(repo, "rev-list", "--max-parents=0", rev).splitlines()[0]
+
+
+def merge_file(repo: Path, ours: bytes, base: bytes, theirs: bytes) -> tuple[bool, bytes]:
+    """3-way merge of one file's contents; (clean, merged text with diff3 markers)."""
+    import tempfile as _tf
+
+    with _tf.TemporaryDirectory(prefix="dsv4patch-merge-") as d:
+        paths = []
+        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            p = Path(d) / name
+            p.write_bytes(data)
+            paths.append(str(p))
+        g = gitpython.Git(str(repo))
+        status, merged, _err = g.execute(
+            ["git", "merge-file", "-p", "--diff3", "-L", "target", "-L", "base", "-L", "patch",
+             *paths],
+            with_extended_output=True, with_exceptions=False, env=_env(None),
+            stdout_as_string=False, strip_newline_in_stdout=False,
+        )
+    if int(status) < 0:
+        raise GitError(f"git merge-file failed in {repo}")
+    return int(status) == 0, merged
+
+
+def hash_object(repo: Path, data: bytes) -> str:
+    return run(repo, ["hash-object", "-w", "--stdin"], input=data).stdout.strip()
+
+
+def update_index_blob(repo: Path, env: Mapping[str, str], path: str, oid: str, mode: str = "100644") -> None:
+    run(repo, ["update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}"], env=env)
+
+
+def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
+    """``git format-patch`` text of one commit, numbered ``number``/``total``."""
+    text = run(repo, ["format-patch", "-1", "--stdout", "--no-signature", commit]).stdout
+    return text.replace("Subject: [PATCH] ", f"Subject: [PATCH {number}/{total}] ", 1)
+
+
+def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
+    """A bare repository that can read the objects of ``others`` (one object store view)."""
+    run(path.parent, ["init", "-q", "--bare", str(path)])
+    alt = path / "objects" / "info" / "alternates"
+    alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))

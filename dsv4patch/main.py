@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dsv4patch import __version__
 from dsv4patch.errors import Dsv4Error
 
-COMMANDS = ("check", "apply", "status", "verify", "lock", "fetch", "build")
+COMMANDS = ("check", "apply", "status", "verify", "build", "lock", "fetch", "port")
 
 EPILOG = """\
 exit codes:

@@ -1,0 +1,349 @@
+"""``dsv4patch port``: carry a pin's series to a new vLLM pin, as one reviewable change.
+
+For each patch, in order, against the new pin (scratch index, nothing else
+touched):
+
+1. found upstream (markers, reverse-apply): dropped, with the evidence;
+2. applies exactly (zero offset): kept as is, no variant;
+3. applies with offsets: refreshed, written as a variant so it is ``clean``;
+4. does not apply: a 3-way merge per file, with the old pin's pre- and
+   post-patch contents as base and "theirs" (both pins' objects are read
+   through one repository with alternates, so every blob is at hand).  A clean
+   merge becomes a variant; a conflict is reported per hunk with both sides,
+   unless ``--resolutions DIR`` holds a maintainer's resolution of that patch
+   that applies exactly.
+
+Only when every patch is settled are the variants, the report and the new lock
+entry written (all or nothing).  ``--verify`` then runs ``dsv4patch verify``
+on the new pin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from dsv4patch import engine, git, index, report, tree
+from dsv4patch.commands import _common
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError
+from dsv4patch.lock import Lock, Pin, Source, load
+from dsv4patch.series import Patch, Series, load_patch, series_for_pin
+
+HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("port", help=HELP, description=HELP)
+    _common.add_lock(p, pins=False)
+    p.add_argument("--to", required=True, help="vLLM version on PyPI (or a 40-hex commit with --git)")
+    p.add_argument("--git", default=None, help="git URL for --to COMMIT (instead of a PyPI sdist)")
+    p.add_argument("--from", dest="from_pin", default=None, help="pin to port from (default: the lock's default)")
+    p.add_argument("--name", default=None, help="name of the new pin (default: the version/commit)")
+    p.add_argument(
+        "--resolutions", type=Path, default=None,
+        help="directory of hand-resolved patches (same file names) to use where a 3-way merge conflicts",
+    )
+    p.add_argument("--verify", action="store_true", help="run dsv4patch verify on the new pin")
+    p.add_argument("--torch", default=None, help="torch version for --verify's test venv")
+    _common.add_output(p, markdown=True)
+    _common.add_cache(p)
+
+
+@dataclass
+class Ported:
+    patch: Patch
+    action: str  # keep | refresh | merge | drop | conflict
+    detail: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    text: str | None = None  # the variant's format-patch text
+
+
+def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: Any) -> Pin:
+    name = args.name or args.to
+    if name in lock.pins:
+        raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name")
+    if args.git:
+        if not re.fullmatch(r"[0-9a-f]{40}", args.to):
+            raise LockFileError("--git needs --to to be a full 40-hex commit id")
+        return Pin(name=name, vllm_version=name, commit=args.to, source=Source(kind="git", url=args.git),
+                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+    info = index.find_sdist("vllm", args.to)
+    blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {args.to} sdist", prog)
+    with tarfile.open(blob, "r:gz") as tar:
+        member = tar.extractfile(f"vllm-{args.to}/vllm/_version.py")
+        text = member.read().decode() if member else ""
+    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", text)
+    if not m:
+        raise FetchError(f"vllm {args.to}: the sdist records no commit id")
+    source = Source(kind="pypi-sdist", name="vllm", version=args.to, sha256=info.sha256,
+                    size=info.size, url=info.url)
+    return Pin(name=name, vllm_version=args.to, commit=m.group(1), source=source,
+               cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+
+
+def port_series(
+    work_repo: Path,
+    old: tree.PinRepo,
+    new: tree.PinRepo,
+    series: Series,
+    new_name: str,
+    resolutions: Path | None = None,
+) -> list[Ported]:
+    old_result = engine.run_series(work_repo, old.base_commit, series)
+    if old_result.final_tree is None:
+        raise LockFileError(f"the series does not apply to its own pin {old.pin.name}; run check")
+    before_tree = {}
+    prev = old.base_tree
+    for r in old_result.patches:
+        before_tree[r.patch] = prev
+        if r.status.applies and r.tree:
+            prev = r.tree
+    after_tree = {r.patch: r.tree for r in old_result.patches}
+    out: list[Ported] = []
+    total = len(series.patches)
+    with git.scratch_index(work_repo, new.base_commit) as env:
+        parent = new.base_commit
+        for number, patch in enumerate(series.patches, start=1):
+            tree_before = git.write_tree(work_repo, env)
+            res = engine.check_one(work_repo, env, patch)
+            if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
+                out.append(Ported(patch, "drop", res.message, res.evidence))
+                continue
+            if res.status is engine.Status.CLEAN:
+                out.append(Ported(patch, "keep", "applies with zero offset"))
+            elif res.status is engine.Status.OFFSET:
+                out.append(Ported(patch, "refresh", res.message))
+            else:
+                conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
+                                   after_tree[patch.name] or "")
+                hand = resolutions / patch.name if resolutions else None
+                if conflicts and hand and hand.exists():
+                    # A maintainer resolved this one: it must apply exactly here.
+                    res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
+                    if res2.status is engine.Status.CLEAN:
+                        out.append(Ported(patch, "resolved", f"3-way merge conflicted; using {hand}"))
+                        out[-1].text = hand.read_text()
+                        parent = git.commit_tree(work_repo, git.write_tree(work_repo, env), parent,
+                                                 patch.message, patch.author)
+                        continue
+                    conflicts.append({"file": str(hand), "hunk": 0, "target": "",
+                                      "patch": f"hand resolution does not apply: {res2.status.value}"})
+                if conflicts:
+                    out.append(Ported(patch, "conflict", res.message, conflicts=conflicts))
+                    return out + [Ported(p, "not-ported", "after a conflict")
+                                  for p in series.patches[number:]]
+                out.append(Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})"))
+            tree_after = git.write_tree(work_repo, env)
+            message = patch.message
+            if out[-1].action != "keep":
+                message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
+                                         f"{out[-1].action} ({out[-1].detail[:200]}).")
+            commit = git.commit_tree(work_repo, tree_after, parent, message, patch.author)
+            if out[-1].action != "keep":
+                out[-1].text = git.format_patch(work_repo, commit, number, total)
+            parent = commit
+            del tree_before
+    return out
+
+
+def _note(message: str, line: str) -> str:
+    paras = message.rstrip("\n").split("\n\n")
+    if len(paras) > 1:
+        return "\n\n".join(paras[:-1] + [line, paras[-1]]) + "\n"
+    return message.rstrip("\n") + "\n\n" + line + "\n"
+
+
+def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs_tree: str) -> list[dict[str, Any]]:
+    """3-way merge each file of ``patch`` into the scratch index; conflicts per hunk."""
+    conflicts: list[dict[str, Any]] = []
+    staged: list[tuple[str, str]] = []
+    for f in patch.files:
+        theirs = git.ls_tree_entry(repo, theirs_tree, f.path)
+        base = git.ls_tree_entry(repo, base_tree, f.source_path) if f.source_path else None
+        ours = git.index_blob(repo, env, f.source_path or f.path)
+        if f.is_removed:
+            conflicts.append({"file": f.path, "hunk": 0, "target": "", "patch": "(deletes the file)"})
+            continue
+        if ours is None and base is not None:
+            conflicts.append({"file": f.path, "hunk": 0, "target": "(file missing in the new pin)",
+                              "patch": f"(modifies {f.source_path})"})
+            continue
+        base_data = git.cat_blob(repo, base[2]) if base else b""
+        theirs_data = git.cat_blob(repo, theirs[2]) if theirs else b""
+        clean, merged = git.merge_file(repo, ours or b"", base_data, theirs_data)
+        if not clean:
+            conflicts += _conflict_hunks(f.path, merged)
+            continue
+        staged.append((f.path, git.hash_object(repo, merged)))
+    if not conflicts:
+        for path, oid in staged:
+            git.update_index_blob(repo, env, path, oid)
+    return conflicts
+
+
+def _conflict_hunks(path: str, merged: bytes) -> list[dict[str, Any]]:
+    hunks = []
+    state, ours, theirs, start = None, [], [], 0
+    for n, line in enumerate(merged.decode("utf-8", errors="replace").splitlines(), start=1):
+        if line.startswith("<<<<<<< "):
+            state, ours, theirs, start = "ours", [], [], n
+        elif line.startswith("||||||| ") and state:
+            state = "base"
+        elif line.startswith("=======") and state:
+            state = "theirs"
+        elif line.startswith(">>>>>>> ") and state:
+            hunks.append({"file": path, "hunk": len(hunks) + 1, "line": start,
+                          "target": "\n".join(ours), "patch": "\n".join(theirs)})
+            state = None
+        elif state == "ours":
+            ours.append(line)
+        elif state == "theirs":
+            theirs.append(line)
+    return hunks
+
+
+def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, final_tree: str) -> list[Path]:
+    """Variants, report and lock entry, staged then moved into place."""
+    vdir = lock.path.parent.parent / "patches" / "variants" / pin.name
+    stage = vdir.with_name(f".{pin.name}.port-tmp")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    written: list[Path] = []
+    variants = {}
+    for p in ported:
+        if p.text:
+            (stage / p.patch.name).write_text(p.text)
+            variants[p.patch.name] = os.path.relpath(vdir / p.patch.name, lock.path.parent)
+            written.append(vdir / p.patch.name)
+    (stage / "PORT.md").write_text(port_report(lock, pin, ported))
+    written.append(vdir / "PORT.md")
+    doc = tomlkit.parse(lock.path.read_text())
+    entry = tomlkit.table()
+    entry["vllm_version"] = pin.vllm_version
+    entry["commit" if len(pin.commit) == 40 else "commit_abbrev"] = pin.commit
+    entry["cuda_arch_list"] = list(pin.cuda_arch_list)
+    entry["series"] = list(pin.series)
+    dropped = [p.patch.name for p in ported if p.action == "drop"]
+    all_dropped = len(dropped) == len(ported)
+    entry["expect"] = "upstream" if all_dropped else "clean"
+    if dropped and not all_dropped:
+        entry["expect_patches"] = {n: "upstream" for n in dropped}
+    if variants:
+        entry["variants"] = variants
+    entry["base_tree"] = new.base_tree
+    entry["patched_tree"] = final_tree
+    src = tomlkit.table()
+    src["kind"] = pin.source.kind
+    if pin.source.kind == "pypi-sdist":
+        src["name"], src["version"], src["sha256"] = "vllm", pin.source.version, pin.source.sha256
+        src["url"] = pin.source.url
+        if pin.source.size is not None:
+            src["size"] = pin.source.size
+    else:
+        src["url"] = pin.source.url
+    entry["source"] = src
+    doc["pins"][pin.name] = entry
+    text = tomlkit.dumps(doc)
+    if vdir.exists():
+        shutil.rmtree(vdir)
+    os.replace(stage, vdir)
+    tmp = lock.path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, lock.path)
+    return written
+
+
+def port_report(lock: Lock, pin: Pin, ported: list[Ported]) -> str:
+    lines = [f"# Port of the series to vLLM {pin.vllm_version} (pin {pin.name})", "",
+             f"Source: {pin.source.kind} {pin.source.url or pin.source.path}, commit {pin.commit}.", "",
+             "| patch | action | detail |", "|---|---|---|"]
+    for p in ported:
+        lines.append(f"| {p.patch.name} | {p.action} | {p.detail.replace('|', '/')[:300]} |")
+    for p in ported:
+        if p.evidence:
+            lines += ["", f"## {p.patch.name}: dropped, evidence", "", "```",
+                      str(p.evidence), "```"]
+    lines += ["", "Re-check with `dsv4patch check --pin " + pin.name + "`; prove with "
+              "`dsv4patch verify --pin " + pin.name + "`.", ""]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    lock = _common.open_lock(args)
+    src = lock.pin(args.from_pin)
+    store = _common.open_store(args)
+    prog = _common.progress(args)
+    pin = new_pin(args, lock, src, store, prog)
+    old = tree.materialize(src, store, prog)
+    new = tree.materialize(pin, store, prog)
+    series = series_for_pin(lock, src)
+    work = store.tmpdir(f"port-{pin.name}-")
+    try:
+        repo = work / "port.git"
+        git.init_with_alternates(repo, [old.repo, new.repo])
+        ported = port_series(repo, old, new, series, pin.name, args.resolutions)
+        ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
+        out: dict[str, Any] = {"from": src.name, "to": pin.name, "ok": ok, "patches": {
+            p.patch.name: {"action": p.action, "detail": p.detail, "evidence": p.evidence,
+                           "conflicts": p.conflicts} for p in ported}}
+        notes = []
+        if ok:
+            # The written series must check clean: run it exactly as check would.
+            written_lock = None
+            final = _final_tree(repo, new, ported)
+            files = write_result(lock, pin, ported, new, final)
+            written_lock = load(lock.path)
+            res = engine.run_series(new.repo, new.base_commit, series_for_pin(written_lock, written_lock.pin(pin.name)))
+            bad = [r for r in res.patches if r.status.value != written_lock.pin(pin.name).expected_status(r.patch)]
+            out["check"] = {r.patch: r.status.value for r in res.patches}
+            out["written"] = [str(f) for f in files]
+            notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")
+            if bad:
+                out["ok"] = ok = False
+                notes.append("the written series does not check as expected: " +
+                             ", ".join(f"{r.patch}: {r.status.value}" for r in bad))
+        else:
+            for p in ported:
+                for c in p.conflicts:
+                    notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
+                                 f"{c['target']!r}, the patch wants {c['patch']!r}")
+            notes.append("nothing was written")
+        out["notes"] = notes
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [[n, v["action"], v["detail"][:90]] for n, v in out["patches"].items()]
+    table, md = report.simple_table(f"dsv4patch port {src.name} -> {pin.name}", ["patch", "action", "detail"], rows)
+    report.emit(args.format, out, table, md)
+    if ok and args.verify:
+        from dsv4patch.commands import verify
+
+        vargs = argparse.Namespace(lock=lock.path, pin=pin.name, patch=None, torch=args.torch,
+                                   keep=False, format=args.format, cache_dir=args.cache_dir)
+        return verify.run(vargs)
+    return EXIT_OK if ok else EXIT_UNEXPECTED
+
+
+def _final_tree(repo: Path, new: tree.PinRepo, ported: list[Ported]) -> str:
+    """Tree after the ported series, recomputed from the written patch texts."""
+    with git.scratch_index(repo, new.base_commit) as env:
+        for p in ported:
+            if p.action == "drop":
+                continue
+            path = p.patch.path
+            if p.text:
+                tmp = repo / f"port-{p.patch.name}"
+                tmp.write_text(p.text)
+                path = tmp
+            res = git.apply(repo, path, env=env)
+            if not res.ok:
+                raise LockFileError(f"{p.patch.name}: the ported patch does not apply: {res.stderr}")
+        return git.write_tree(repo, env)

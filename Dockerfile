@@ -81,7 +81,7 @@ RUN python3 docker/patch_stage.py preflight
 # Fails the build (exit 1) unless every patch has the status the lock expects
 # and the result is the lock's patched_tree.
 RUN dsv4patch apply --lock locks/vllm.toml --pin "${VLLM_PIN}" --tree /opt/vllm-src \
-        --format json > /opt/dsv4patch-apply.json \
+        --no-build --format json > /opt/dsv4patch-apply.json \
     || { cat /opt/dsv4patch-apply.json >&2; exit 1; }
 
 # Cross-check the result, stage the changed vllm/ files (git diff base..HEAD -- vllm/)

@@ -98,6 +98,8 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
     results: list[PatchResult] = []
     with git.scratch_index(repo, base_commit) as env:
         failed: str | None = None
+        symlinks = git.symlinks_in_index(repo, env)
+        current = base_tree
         for patch in series.patches:
             if failed:
                 results.append(
@@ -107,16 +109,29 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
                     )
                 )
                 continue
-            res = check_one(repo, env, patch)
+            res = check_one(repo, env, patch, symlinks, current)
             results.append(res)
+            current = res.tree or current
             if res.status.blocks:
                 failed = patch.name
+            if patch.adds_symlink:
+                symlinks = git.symlinks_in_index(repo, env)
     return SeriesResult(series.pin, base_commit, base_tree, results)
 
 
-def check_one(repo: Path, env: dict[str, str], patch: Patch) -> PatchResult:
-    """Apply one patch to the scratch index in ``env`` and classify the outcome."""
-    check_paths(patch, git.symlinks_in_index(repo, env))
+def check_one(
+    repo: Path,
+    env: dict[str, str],
+    patch: Patch,
+    symlinks: set[str] | None = None,
+    tree: str | None = None,
+) -> PatchResult:
+    """Apply one patch to the scratch index in ``env`` and classify the outcome.
+
+    ``symlinks`` (paths of symlinks in the index) and ``tree`` (the index's
+    tree id) may be passed in when the caller knows them, saving git calls.
+    """
+    check_paths(patch, git.symlinks_in_index(repo, env) if symlinks is None else symlinks)
     result = PatchResult(patch.name, patch.series, patch.sha256, Status.CLEAN)
     markers = markers_present(repo, env, patch)
     if markers:
@@ -135,7 +150,7 @@ def check_one(repo: Path, env: dict[str, str], patch: Patch) -> PatchResult:
             f"{m['path']} has {m['text']!r}" for m in markers
         )
         return result
-    before = git.write_tree(repo, env)
+    before = tree or git.write_tree(repo, env)
     fwd = git.apply(repo, patch.path, env=env)
     text = fwd.stdout + fwd.stderr
     if "Skipped patch" in text:

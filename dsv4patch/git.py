@@ -304,19 +304,18 @@ def symlinks_in_index(repo: Path, env: Mapping[str, str]) -> set[str]:
 def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> str | None:
     """First indexed file matching ``pathspec`` (a path or a directory) that contains ``text``.
 
-    The scratch index holds no work tree, so files are read from their blobs.
+    Reads the blobs of the scratch index (there is no work tree).  A file path
+    that is not in the index is also looked up by its name anywhere in the
+    tree, so a marker survives upstream moving a file.
     """
-    res = run(repo, ["ls-files", "-s", "--", pathspec], env=env, check=False)
-    if not res.stdout.strip() and "/" in pathspec and not pathspec.endswith("/"):
-        # The file moved upstream: look for it by name anywhere in the tree.
-        base = pathspec.rsplit("/", 1)[1]
-        res = run(repo, ["ls-files", "-s", "--", f":(glob)**/{base}"], env=env, check=False)
-    needle = text.encode()
-    for line in res.stdout.splitlines():
-        meta, name = line.split("\t", 1)
-        oid = meta.split()[1]
-        if needle in cat_blob(repo, oid):
-            return name
+    specs = [pathspec]
+    if "/" in pathspec and not pathspec.endswith("/"):
+        specs.append(f":(glob)**/{pathspec.rsplit('/', 1)[1]}")
+    for spec in specs:
+        res = run(repo, ["grep", "--cached", "-F", "-l", "-e", text, "--", spec], env=env, check=False)
+        hits = res.stdout.split()
+        if hits:
+            return hits[0]
     return None
 
 

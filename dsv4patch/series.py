@@ -52,6 +52,7 @@ class Patch:
     author: dict[str, str]
     trailers: dict[str, list[str]]
     files: tuple[FileDiff, ...]
+    adds_symlink: bool = False
 
     @property
     def tests(self) -> list[str]:
@@ -173,6 +174,7 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
         author=author,
         trailers=_trailers(message),
         files=tuple(files),
+        adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
     )
 
 

@@ -33,7 +33,7 @@ def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -
 
     tree = tmp_path_factory.mktemp("kt") / "vllm"
     rc = main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(tree),
-               "--cache-dir", str(shared_cache), "--format", "json"])
+               "--cache-dir", str(shared_cache), "--format", "json", "--no-build"])
     assert rc == 0
     return tree
 

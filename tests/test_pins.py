@@ -115,7 +115,7 @@ def test_warm_cache_needs_no_network(shared_cache, tmp_path, cli):
 
 def test_apply_twice_gives_locked_tree_and_second_is_noop(shared_cache, tmp_path, cli):
     tree = tmp_path / "vllm-src"
-    args = ("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", shared_cache, "--format", "json")
+    args = ("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", shared_cache, "--format", "json", "--no-build")
     first = cli(*args)
     assert first.rc == 0, first.err
     locked = load(LOCK).pin("0.27.1").patched_tree
@@ -135,3 +135,17 @@ def test_apply_twice_gives_locked_tree_and_second_is_noop(shared_cache, tmp_path
     series = series_for_pin(load(LOCK), load(LOCK).pin("0.27.1"))
     sh(plain, "am", "-q", *[str(p.path) for p in series.patches])
     assert sh(plain, "rev-parse", "HEAD^{tree}") == locked
+
+
+def test_apply_rebuilds_kernels_by_default_or_fails_loudly(shared_cache, tmp_path, cli, monkeypatch):
+    """Without a toolchain, apply must not pass silently with stale kernels."""
+    import sys
+
+    # The test venv has no torch: the kernel build cannot find torch's headers.
+    monkeypatch.setenv("DSV4PATCH_TORCH_PYTHON", sys.executable)
+    tree = tmp_path / "vllm-src"
+    res = cli("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", shared_cache,
+              "--out", tmp_path / "dist")
+    assert res.rc == 7, res.err
+    assert "were not rebuilt" in res.err and "--no-build" in res.err
+    assert sh(tree, "rev-parse", "HEAD^{tree}") == load(LOCK).pin("0.27.1").patched_tree

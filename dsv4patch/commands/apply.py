@@ -22,7 +22,7 @@ from typing import Any
 from dsv4patch import engine, git, report, tree
 from dsv4patch.commands import _common
 from dsv4patch.commands.check import pin_report
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, BuildError, TreeError
 from dsv4patch.lock import Pin
 from dsv4patch.series import Patch, Series, series_for_pin
 from dsv4patch.store import Store, file_lock
@@ -36,9 +36,11 @@ def add_parser(sub: Any) -> None:
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, required=True, help="the vLLM source tree to patch")
     p.add_argument(
-        "--build", action="store_true",
-        help="rebuild the CUDA kernels the patches touch afterwards (dsv4patch build)",
+        "--no-build", dest="build", action="store_false",
+        help="do not rebuild the CUDA kernels the patches touch (then run `dsv4patch build` "
+        "before shipping: without it the kernel fixes are not in effect)",
     )
+    p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -168,10 +170,25 @@ def run(args: argparse.Namespace) -> int:
         out["notes"] = notes
     rc = EXIT_OK
     if args.build:
+        # The last step of apply: kernels the patches touch are rebuilt, or the
+        # command fails (a patched tree with stale kernels is half-patched).
         from dsv4patch.commands import build
+        from dsv4patch.kernels import sources
 
-        rc, out["build"] = build.build_tree(path, pin, store, args, emit=False)
-        out["notes"] += out["build"].get("notes", [])
+        changed = git.changed_paths(path, pinrepo.base_commit)
+        if any(sources.is_kernel_source(p) for p in changed) and sources.plan(path).units:
+            try:
+                rc, out["build"] = build.build_tree(path, pin, store, args, emit=False)
+            except BuildError as exc:
+                raise BuildError(
+                    f"{path} is patched (HEAD {out['head'][:12]}), but the CUDA kernels the "
+                    f"patches change were not rebuilt: {exc}\nRun `dsv4patch build --tree {path}` "
+                    "on a machine with nvcc and torch, or pass --no-build to apply without it "
+                    "(the kernel fixes are then not in effect)"
+                ) from None
+            out["notes"] += out["build"].get("notes", [])
+        else:
+            out["notes"].append("no kernel sources changed: nothing to build")
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
     return rc

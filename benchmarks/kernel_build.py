@@ -108,7 +108,7 @@ def first_error(text: str) -> str:
     """The first line of compiler output that reports an error (else the first line)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in lines:
-        if re.search(r"\berror\b|fatal", ln, re.I):
+        if re.search(r"\berror\b|fatal", ln, re.IGNORECASE):
             return ln[:400]
     return (lines[0] if lines else "(no output)")[:400]
 
@@ -126,7 +126,7 @@ def find_python(seed_cache: Path) -> str:
     cands += sorted(glob.glob(str(seed_cache / "venvs" / "*" / "bin" / "python")))
     cands.append(sys.executable)
     for c in cands:
-        if c and subprocess.run([c, "-c", "import torch"], capture_output=True).returncode == 0:
+        if c and subprocess.run([c, "-c", "import torch"], capture_output=True, check=False).returncode == 0:
             return c
     raise SystemExit("no interpreter with torch found: pass --python")
 
@@ -135,7 +135,7 @@ def cli(args: list[str], cache: Path) -> tuple[float, dict[str, Any]]:
     """Run ``dsv4patch ARGS --format json --cache-dir CACHE``; (wall seconds, parsed JSON)."""
     cmd = [sys.executable, "-m", "dsv4patch", *args, "--format", "json", "--cache-dir", str(cache)]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     if res.returncode != 0:
         raise SystemExit(f"`{' '.join(cmd)}` failed (exit {res.returncode}):\n{res.stderr[-4000:]}")
@@ -156,7 +156,12 @@ def make_tree(pin: str, lock: Path, seed_cache: Path, dest: Path) -> None:
     log(f"creating patched tree {dest} (dsv4patch apply --pin {pin}, cache {seed_cache})")
     cmd = [sys.executable, "-m", "dsv4patch", "apply", "--lock", str(lock), "--pin", pin,
            "--tree", str(dest), "--cache-dir", str(seed_cache)]
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    # Newer `apply` also builds the kernels; the benchmark must start from an unbuilt tree.
+    helptext = subprocess.run([*cmd[:4], "--help"], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout
+    if "--no-build" in helptext:
+        cmd.append("--no-build")
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise SystemExit(f"`{' '.join(cmd)}` failed:\n{res.stderr[-4000:]}")
 
@@ -191,7 +196,7 @@ def targeted(tree: Path, lock: Path, pin: str, python: str, seed_cache: Path, wo
 
 def _run(cmd: list[str], cwd: Path) -> tuple[int, str, float]:
     t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     return res.returncode, (res.stderr or "") + (res.stdout or ""), time.monotonic() - t0
 
 
@@ -226,16 +231,16 @@ def baseline(tree: Path, arch: str, python: str, work: Path, seed_cache: Path, m
     # Python's include dir (csrc/core/registration.h includes Python.h) and torch's
     # Caffe2/public/cuda.cmake `--expt-extended-lambda` (__device__ lambdas).
     pyinc = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
-                           capture_output=True, text=True).stdout.strip()
+                           capture_output=True, text=True, check=False).stdout.strip()
     extra = ([*(["-I", pyinc] if pyinc else []), *CMAKE_EXTRA_FLAGS] if cmake_extras else [])
     for b in builds:
         b.command[-4:-4] = extra
     by_src = {b.source: b for b in builds}
     results: dict[str, TUResult] = {}
     for s in cmake.sources:
-        b = by_src.get(s)
-        results[s] = TUResult(s, list(b.archs) if b else [], "ok" if b else "skipped",
-                              None if b else ("missing from tree" if s in missing else "no arch for it"))
+        ub = by_src.get(s)
+        results[s] = TUResult(s, list(ub.archs) if ub else [], "ok" if ub else "skipped",
+                              None if ub else ("missing from tree" if s in missing else "no arch for it"))
 
     def pre(b: kbuild.UnitBuild) -> None:
         assert b.command[-4] == "-c"  # [..., "-c", source, "-o", object]
@@ -430,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         if not tree.exists():
             make_tree(a.pin, lock_path, seed, tree)
         nvcc = kbuild.find_nvcc()
-        nvcc_v = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+        nvcc_v = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False).stdout
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), platform.processor())
         data: dict[str, Any] = {

@@ -46,7 +46,8 @@ from dsv4patch.store import Store
 
 # What vLLM's CMake passes for _C_stable_libtorch CUDA sources (RelWithDebInfo, without -g).
 BASE_FLAGS = (
-    "-std=c++20", "--expt-relaxed-constexpr", "-O2", "-DNDEBUG", "-DUSE_CUDA", "-DENABLE_FP8",
+    "-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-O2", "-DNDEBUG",
+    "-DUSE_CUDA", "-DENABLE_FP8",
     "-Xcompiler", "-fPIC",
 )
 CACHE_VERSION = "1"
@@ -368,6 +369,10 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
         cmd = [str(tc.nvcc), "-shared", "-cudart", "shared", "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
+        if (tc.torch_lib / "libtorch_cuda.so").exists():
+            # The stable ABI's CUDA entry points (aoti_torch_get_current_cuda_stream, ...)
+            # live in libtorch_cuda, which torch loads RTLD_LOCAL: the library must need it.
+            cmd += ["-ltorch_cuda"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise BuildError(f"linking the kernel library failed:\n{res.stderr.strip()[-4000:]}")
@@ -411,8 +416,15 @@ def register():
             raise RuntimeError(msg)
         _LOG.warning(msg)
         return
+    import ctypes
+
     import torch
 
+    # The stable ABI's CUDA entry points live in libtorch_cuda, which torch loads
+    # RTLD_LOCAL; a library built against a CPU-only torch does not name it.
+    _cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    if os.path.exists(_cuda):
+        ctypes.CDLL(_cuda, mode=ctypes.RTLD_GLOBAL)
     # The stock library must register first: the last CUDA kernel registered wins.
     import vllm._C_stable_libtorch  # noqa: F401
 

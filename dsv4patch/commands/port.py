@@ -9,9 +9,12 @@ touched):
 4. does not apply: a 3-way merge per file, with the old pin's pre- and
    post-patch contents as base and "theirs" (both pins' objects are read
    through one repository with alternates, so every blob is at hand).  A clean
-   merge becomes a variant; a conflict is reported per hunk with both sides,
-   unless ``--resolutions DIR`` holds a maintainer's resolution of that patch
-   that applies exactly.
+   merge becomes a variant; a conflict is reported per hunk with both sides.
+
+``--resolutions DIR`` holds a maintainer's earlier port (same file names):
+where it has a patch that applies exactly, it wins, and the report says
+whether the automatic port gives the same tree (and if not, which files
+differ), so a re-port shows what the maintainer had to change by hand.
 
 Only when every patch is settled are the variants, the report and the new lock
 entry written (all or nothing).  ``--verify`` then runs ``dsv4patch verify``
@@ -49,7 +52,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--name", default=None, help="name of the new pin (default: the version/commit)")
     p.add_argument(
         "--resolutions", type=Path, default=None,
-        help="directory of hand-resolved patches (same file names) to use where a 3-way merge conflicts",
+        help="a maintainer's earlier port (same file names): used where present, compared with the automatic port",
     )
     p.add_argument("--verify", action="store_true", help="run dsv4patch verify on the new pin")
     p.add_argument("--torch", default=None, help="torch version for --verify's test venv")
@@ -118,40 +121,50 @@ def port_series(
             if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
                 out.append(Ported(patch, "drop", res.message, res.evidence))
                 continue
+            conflicts: list[dict[str, Any]] = []
             if res.status is engine.Status.CLEAN:
-                out.append(Ported(patch, "keep", "applies with zero offset"))
+                auto = Ported(patch, "keep", "applies with zero offset")
             elif res.status is engine.Status.OFFSET:
-                out.append(Ported(patch, "refresh", res.message))
+                auto = Ported(patch, "refresh", res.message)
             else:
                 conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
                                    after_tree[patch.name] or "")
-                hand = resolutions / patch.name if resolutions else None
-                if conflicts and hand and hand.exists():
-                    # A maintainer resolved this one: it must apply exactly here.
-                    res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
-                    if res2.status is engine.Status.CLEAN:
-                        out.append(Ported(patch, "resolved", f"3-way merge conflicted; using {hand}"))
-                        out[-1].text = hand.read_text()
-                        parent = git.commit_tree(work_repo, git.write_tree(work_repo, env), parent,
-                                                 patch.message, patch.author)
-                        continue
+                auto = Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})")
+            auto_tree = None if conflicts else git.write_tree(work_repo, env)
+            hand = resolutions / patch.name if resolutions else None
+            if hand is not None and hand.exists():
+                # A maintainer's resolution wins; say whether the automatic port agrees.
+                git.run(work_repo, ["read-tree", tree_before], env=env)
+                res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
+                if res2.status is not engine.Status.CLEAN:
                     conflicts.append({"file": str(hand), "hunk": 0, "target": "",
-                                      "patch": f"hand resolution does not apply: {res2.status.value}"})
-                if conflicts:
-                    out.append(Ported(patch, "conflict", res.message, conflicts=conflicts))
-                    return out + [Ported(p, "not-ported", "after a conflict")
-                                  for p in series.patches[number:]]
-                out.append(Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})"))
-            tree_after = git.write_tree(work_repo, env)
+                                      "patch": f"the resolution does not apply: {res2.status.value}"})
+                else:
+                    hand_tree = git.write_tree(work_repo, env)
+                    if auto_tree is None:
+                        verdict = f"automatic 3-way merge conflicted ({len(conflicts)} hunk(s))"
+                    elif auto_tree == hand_tree:
+                        verdict = f"automatic {auto.action} gives the same tree"
+                    else:
+                        differ = git.out(work_repo, "diff", "--name-only", auto_tree, hand_tree)
+                        verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
+                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})"))
+                    out[-1].text = hand.read_text()
+                    parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
+                    continue
+            if conflicts:
+                out.append(Ported(patch, "conflict", res.message, conflicts=conflicts))
+                return out + [Ported(p, "not-ported", "after a conflict")
+                              for p in series.patches[number:]]
+            out.append(auto)
             message = patch.message
-            if out[-1].action != "keep":
+            if auto.action != "keep":
                 message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
-                                         f"{out[-1].action} ({out[-1].detail[:200]}).")
-            commit = git.commit_tree(work_repo, tree_after, parent, message, patch.author)
-            if out[-1].action != "keep":
-                out[-1].text = git.format_patch(work_repo, commit, number, total)
+                                         f"{auto.action} ({auto.detail[:200]}).")
+            commit = git.commit_tree(work_repo, auto_tree or "", parent, message, patch.author)
+            if auto.action != "keep":
+                auto.text = git.format_patch(work_repo, commit, number, total)
             parent = commit
-            del tree_before
     return out
 
 

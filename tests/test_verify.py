@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 def test_verify_0271_proves_fixes_1_to_6_on_cpu(shared_cache, cli):
     res = cli("verify", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--format", "json")
+    assert res.out.strip().startswith("{"), (res.rc, res.err[-3000:])
     rep = json.loads(res.out)
     verdicts = {name.split("-")[0]: v["verdict"] for name, v in rep["patches"].items()}
     assert verdicts == {
@@ -35,6 +36,7 @@ def test_verify_026_with_variants(shared_cache, cli):
     """0.26.0 pins torch 2.11 (CUDA); the CPU proof uses the 2.13 CPU build available here."""
     res = cli("verify", "--lock", LOCK, "--pin", "0.26.0", "--torch", "2.13.0",
               "--cache-dir", shared_cache, "--format", "json")
+    assert res.out.strip().startswith("{"), (res.rc, res.err[-3000:])
     rep = json.loads(res.out)
     verdicts = {name.split("-")[0]: v["verdict"] for name, v in rep["patches"].items()}
     assert [verdicts[f"000{i}"] for i in range(1, 7)] == ["proven"] * 6, json.dumps(rep, indent=1)
@@ -45,6 +47,7 @@ def test_verify_026_with_variants(shared_cache, cli):
 def test_verify_028_runs_the_tests_signal_on_the_unpatched_pin(shared_cache, cli):
     """Upstream detection's strongest signal: the patches' own tests on unpatched 0.28.0."""
     res = cli("verify", "--lock", LOCK, "--pin", "0.28.0", "--cache-dir", shared_cache, "--format", "json")
+    assert res.out.strip().startswith("{"), (res.rc, res.err[-3000:])
     rep = json.loads(res.out)
     cells = {name.split("-")[0]: v for name, v in rep["patches"].items()}
     assert all(c["status"] == "upstream" for c in cells.values())

@@ -90,7 +90,6 @@ class SeriesResult:
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
 _CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
 _FAILED_AT = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
-_NO_FILE = re.compile(r"^error: (.+): (?:does not exist in index|No such file or directory)$", re.M)
 
 
 def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:

@@ -131,8 +131,8 @@ class _Table:
 
     def hexid(self, key: str, pattern: re.Pattern[str], what: str, default: Any = ...) -> Any:
         value = self.get(key, str, default)
-        if value is None or value is default and default is not ...:
-            return value
+        if key not in self.data:
+            return value  # optional and absent: the default
         if not pattern.match(value):
             raise LockFileError(
                 f"{self.lock_path}: {self.where}.{key} = {value!r} is not {what} "

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from dsv4patch.errors import BuildError
 from dsv4patch.kernels import sources
-from dsv4patch.kernels.sources import KernelPlan, TranslationUnit
+from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

@@ -123,11 +123,6 @@ def head(path: Path) -> str | None:
     return res.stdout.strip() if res.ok else None
 
 
-def rev_parse(path: Path, rev: str) -> str | None:
-    res = run(path, ["rev-parse", "--verify", "-q", rev], check=False)
-    return res.stdout.strip() if res.ok else None
-
-
 def has_object(path: Path, oid: str) -> bool:
     return run(path, ["cat-file", "-e", oid], check=False).ok
 
@@ -182,8 +177,6 @@ def apply(
     env: Mapping[str, str],
     reverse: bool = False,
     check_only: bool = False,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
 ) -> Result:
     """``git apply --cached -v`` against the index in ``env``; never touches a work tree."""
     args = ["apply", "--cached", "-v", "--whitespace=nowarn"]
@@ -191,8 +184,6 @@ def apply(
         args.append("-R")
     if check_only:
         args.append("--check")
-    args += [f"--include={p}" for p in include]
-    args += [f"--exclude={p}" for p in exclude]
     args.append(str(patch))
     return run(repo, args, env=env, check=False)
 

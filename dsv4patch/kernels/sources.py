@@ -92,16 +92,19 @@ def _strip_cmake_comments(text: str) -> str:
     return "\n".join(re.sub(r"(^|\s)#.*$", "", line) for line in text.splitlines())
 
 
+def _enclosed(text: str, start: int, opening: str, closing: str) -> str:
+    """Text from ``start`` (just past an opening bracket) to its matching close."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {opening: 1, closing: -1}.get(text[i], 0)
+        i += 1
+    return text[start:i - 1]
+
+
 def _calls(text: str, name: str) -> list[tuple[int, str]]:
     """(offset, argument text) of every ``name(...)`` call in CMake ``text``."""
-    out = []
-    for m in re.finditer(rf"\b{name}\s*\(", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-        out.append((m.start(), text[m.end():i - 1]))
-    return out
+    return [(m.start(), _enclosed(text, m.end(), "(", ")"))
+            for m in re.finditer(rf"\b{name}\s*\(", text)]
 
 
 @dataclass(frozen=True)
@@ -251,14 +254,8 @@ def include_closure(root: Path, rel: str) -> tuple[str, ...]:
 
 def _blocks(text: str, macro: str) -> list[tuple[tuple[str, ...], str]]:
     """(macro args, body) of every ``MACRO(args) { body }`` in C++ ``text``."""
-    out = []
-    for m in re.finditer(rf"\b{macro}\s*\(([^)]*)\)\s*\{{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        out.append((tuple(a.strip() for a in m.group(1).split(",")), text[m.end():i - 1]))
-    return out
+    return [(tuple(a.strip() for a in m.group(1).split(",")), _enclosed(text, m.end(), "{", "}"))
+            for m in re.finditer(rf"\b{macro}\s*\(([^)]*)\)\s*\{{", text)]
 
 
 def _guards(body: str) -> list[tuple[int, str | None]]:

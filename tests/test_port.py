@@ -23,7 +23,8 @@ def project_copy(tmp_path: Path) -> Path:
 @pytest.mark.network
 def test_port_to_028_drops_all_seven_with_evidence(tmp_path, shared_cache, cli):
     lock = project_copy(tmp_path)
-    res = cli("port", "--lock", lock, "--to", "0.28.0", "--name", "p028", "--cache-dir", shared_cache,
+    res = cli("port", "--lock", lock, "--to", "0.28.0", "--name", "p028", "--series", "dsv4",
+              "--cache-dir", shared_cache,
               "--format", "json")
     assert res.rc == 0, res.err
     rep = json.loads(res.out)
@@ -45,7 +46,8 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     assert res.rc == 1
     actions = {k[:4]: v["action"] for k, v in rep["patches"].items()}
     assert actions == {"0001": "refresh", "0002": "merge", "0003": "refresh", "0004": "keep",
-                       "0005": "conflict", "0006": "not-ported", "0007": "not-ported"}
+                       "0005": "conflict", "0006": "not-ported", "0007": "not-ported",
+                       "0008": "not-ported", "0009": "not-ported"}
     hunk = rep["patches"][next(k for k in rep["patches"] if k.startswith("0005"))]["conflicts"][0]
     assert hunk["file"] == "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
     assert "_SPARSE_MLA_SUPPORTED_Q_HEADS" in hunk["patch"]  # the two sides are reported
@@ -60,7 +62,7 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     rep = json.loads(res.out)
     assert set(rep["check"].values()) == {"clean"}
     details = {k[:4]: (v["action"], v["detail"]) for k, v in rep["patches"].items()}
-    assert details["0004"][0] == "keep" and details["0007"][0] == "keep"
+    assert all(details[n][0] == "keep" for n in ("0004", "0007", "0008", "0009"))
     for n in ("0001", "0002"):
         assert details[n][0] == "resolved" and "gives the same tree" in details[n][1], details[n]
     assert "automatic 3-way merge conflicted" in details["0005"][1]

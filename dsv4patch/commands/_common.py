@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
+from dsv4patch.errors import LockFileError
 from dsv4patch.lock import Lock, load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -12,13 +14,21 @@ from dsv4patch.store import Store
 DEFAULT_LOCK = Path("locks/vllm.toml")
 
 
-def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True) -> None:
+def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
+             series: bool = True) -> None:
     p.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="lock file (default: %(default)s)")
     if pins:
         if many:
             p.add_argument("--pin", action="append", help="pin name (repeatable; default: all)")
         else:
             p.add_argument("--pin", help="pin name (default: the lock's default_pin)")
+    if series:
+        p.add_argument(
+            "--series", action="append", metavar="NAME",
+            help="series to use instead of each pin's own (repeatable, in order; e.g. "
+                 "`--series dsv4` for the seven fixes of #51538 alone); the lock's "
+                 "patched_tree is then not compared",
+        )
 
 
 def add_output(p: argparse.ArgumentParser, markdown: bool = False) -> None:
@@ -36,7 +46,17 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 
 def open_lock(args: argparse.Namespace) -> Lock:
-    return load(args.lock)
+    lock = load(args.lock)
+    chosen = getattr(args, "series", None)
+    if not chosen:
+        return lock
+    unknown = [s for s in chosen if s not in lock.series]
+    if unknown:
+        raise LockFileError(f"--series {', '.join(unknown)}: {lock.path} has no such [series.*] table "
+                        f"(it has {', '.join(lock.series)})")
+    pins = {n: dataclasses.replace(p, series=tuple(chosen), patched_tree=None)
+            for n, p in lock.pins.items()}
+    return dataclasses.replace(lock, pins=pins)
 
 
 def open_store(args: argparse.Namespace) -> Store:

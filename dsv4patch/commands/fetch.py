@@ -22,7 +22,7 @@ HELP = "download, verify and materialize pins into the cache (or seed it from a 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fetch", help=HELP, description=HELP)
-    _common.add_lock(p)
+    _common.add_lock(p, series=False)
     p.add_argument("--sdist", type=Path, action="append", default=[], help="seed from this file")
     _common.add_output(p)
     _common.add_cache(p)

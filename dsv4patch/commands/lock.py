@@ -21,7 +21,7 @@ HELP = "recompute derived lock fields (sdist url/size, base and patched tree ids
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("lock", help=HELP, description=HELP)
-    _common.add_lock(p)
+    _common.add_lock(p, series=False)
     p.add_argument("--update", action="store_true", required=True, help="rewrite derived fields")
     _common.add_output(p)
     _common.add_cache(p)

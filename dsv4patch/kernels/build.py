@@ -430,6 +430,7 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
     }
     files = {
         f"{name}/__init__.py": RUNTIME_SOURCE.read_bytes(),
+        f"{name}/__main__.py": b"import sys\n\nfrom . import main\n\nsys.exit(main())\n",
         f"{name}/build_info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
         f"{name}/{lib}": result.library.read_bytes(),
     }

@@ -11,9 +11,12 @@ Two routes activate the kernels; both end in :func:`activate`:
   (:func:`register`), for a plain ``pip install`` of the wheel.  vLLM skips it
   when ``VLLM_PLUGINS`` names other plugins only.
 * ``vllm-hook``: where dsv4patch builds the install (the Docker image), one
-  line added to ``vllm/platforms/cuda.py`` right after the stock
-  ``import vllm._C_stable_libtorch`` calls :func:`activate`, so the kernels
-  are active whatever ``VLLM_PLUGINS`` says (``python -m <dist> install-hook``).
+  line appended to ``vllm/__init__.py`` calls :func:`activate`, which imports
+  the stock ``vllm._C_stable_libtorch`` and then loads the rebuilt library
+  (``python -m <dist> install-hook``).  Every process that imports anything
+  of vLLM (the engine, spawned workers, a test's child that only imports
+  ``vllm._C_stable_libtorch``) then runs the rebuilt kernels, whatever
+  ``VLLM_PLUGINS`` says.
 
 Guards: nothing is loaded (and nothing raises) without ``libcuda`` or a CUDA
 device; the library is registered only when every visible GPU's compute
@@ -40,10 +43,20 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DIST = os.path.basename(_HERE)
 HOOK_MARK = "# dsv4patch kernels hook"
-_STOCK_IMPORT = re.compile(r"^import vllm\._C_stable_libtorch\b.*$", re.M)
+HOOK_FILE = "__init__.py"  # of the vllm package
 
-with open(os.path.join(_HERE, "build_info.json"), encoding="utf-8") as _fh:
-    BUILD_INFO = json.load(_fh)
+
+
+def _load_info():
+    """The wheel's build_info.json ({} where this module is not inside a built wheel)."""
+    try:
+        with open(os.path.join(_HERE, "build_info.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return {}
+
+
+BUILD_INFO = _load_info()
 
 # Per-process record of what activate() did: {"route": ..., "outcome": ...}.
 _STATE = {"route": None, "outcome": None, "attempts": []}
@@ -318,7 +331,7 @@ def hook_line():
 
 
 def hook_installed():
-    path = _vllm_file(os.path.join("platforms", "cuda.py"))
+    path = _vllm_file(HOOK_FILE)
     try:
         with open(path, encoding="utf-8") as fh:
             return hook_line() in fh.read()
@@ -327,19 +340,18 @@ def hook_installed():
 
 
 def install_hook():
-    """Add the activation line right after the stock kernel import in vllm/platforms/cuda.py."""
-    path = _vllm_file(os.path.join("platforms", "cuda.py"))
+    """Append the activation line to the installed vllm/__init__.py (idempotent)."""
+    path = _vllm_file(HOOK_FILE)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     if hook_line() in text:
         return path, False
     if HOOK_MARK in text:
         raise SystemExit(f"{path} carries another dsv4patch kernels hook; reinstall vLLM first")
-    m = _STOCK_IMPORT.search(text)
-    if m is None:
-        raise SystemExit(f"{path} has no top-level `import vllm._C_stable_libtorch`: this vLLM "
-                         "is not the one the kernels were built for")
-    text = text[: m.end() + 1] + hook_line() + text[m.end() + 1:]
+    if "__version__" not in text:
+        raise SystemExit(f"{path} does not define vLLM's __version__: not the vLLM the kernels "
+                         "were built for")
+    text = (text if text.endswith("\n") else text + "\n") + hook_line()
     tmp = path + ".dsv4patch-tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -365,21 +377,19 @@ def check(no_device=False):
     """Load vLLM the way it starts (platform, then general plugins) and read the dispatcher."""
     report = {"dist": _DIST, "tree_id": BUILD_INFO["tree_id"], "vllm_version_built": BUILD_INFO["vllm_version"],
               "units": BUILD_INFO.get("units", []), "devices": None, "ops": {}, "routes": {}}
-    import vllm
+    compat = _libcuda(compat=no_device)  # before vllm: its hook needs libcuda to load
+    import vllm  # the vllm-hook route runs here if installed
 
     report["vllm_version"] = vllm.__version__
-    if not _libcuda(compat=no_device):
+    if not compat:
         report["status"] = "unknown"
         report["reason"] = "libcuda cannot be loaded here: the CUDA kernels cannot be registered or read"
         return report, 3
     caps = device_capabilities()
     report["devices"] = [f"{c[0]}.{c[1]}" for c in caps] if caps else []
-    try:
-        import vllm.platforms.cuda  # noqa: F401  (the vllm-hook route runs here if installed)
-    except Exception as exc:
-        report["platform_error"] = repr(exc)
-    if no_device and not caps:
-        activate("check", require_device=False)
+    if no_device and not caps and hook_installed():
+        # No GPU (an image build): do what the hook does on a GPU host, minus the device guard.
+        activate("vllm-hook", require_device=False)
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
@@ -423,7 +433,7 @@ def main(argv=None):
     c.add_argument("--json", action="store_true")
     c.add_argument("--no-device", action="store_true",
                    help="register and read the kernels even without a GPU (image builds)")
-    sub.add_parser("install-hook", help="make vllm/platforms/cuda.py activate the kernels itself")
+    sub.add_parser("install-hook", help="make the installed vllm/__init__.py activate the kernels itself")
     args = ap.parse_args(argv)
     if args.cmd == "install-hook":
         path, changed = install_hook()

@@ -10,6 +10,12 @@ kernel registered for a key, so loading our library *after*
 The wheel's ``vllm.general_plugins`` entry point does exactly that, after
 checking that the installed vLLM is the version it was built for.
 
+Each unit is compiled for the archs vLLM's CMake gives it from the requested
+``TORCH_CUDA_ARCH_LIST`` (by default the one of vLLM's release wheels, so the
+plugin covers every GPU the stock wheel covers; see :mod:`sources`).  The
+wheel is tagged for the build machine, requires the pin's vLLM, and is refused
+when nvcc's CUDA major differs from torch's (a second ``libcudart`` major).
+
 Objects are cached in ``<store>/kernels/<key>/``; the key hashes the unit and
 every local header it includes, the arch list, flags, ``nvcc --version`` and
 the torch version, so an unchanged second build compiles nothing.

@@ -8,6 +8,12 @@ base..HEAD``), keeps the kernel sources under ``csrc/``, follows ``#include``
 transitively from every ``.cu`` of the target to find the units that include
 them, and reads the bindings file to name the ops whose implementations those
 units define.  Everything is read from the work tree of a clean dsv4patch tree.
+
+It also answers which archs each unit is built for, the way vLLM's release
+build decides it: the release ``TORCH_CUDA_ARCH_LIST`` (from the tree's
+release pipeline), filtered by ``CUDA_SUPPORTED_ARCHS`` for the nvcc version,
+then by the unit's own arch variable (``cuda_archs_loose_intersection``,
+ported from ``cmake/utils.cmake``).
 """
 
 from __future__ import annotations

@@ -293,3 +293,28 @@ def test_cuobjdump_plugin_covers_stock_wheel(built, stock_fatbin: fatbin.Fatbin)
         assert stock_sass <= our_sass, (op, report[op])
         assert stock_ptx <= our_ptx, (op, report[op])
     print(json.dumps(report))
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_ptx_request_embeds_ptx_and_build_info_says_so(
+    built, patched_tree: Path, shared_cache: Path, tmp_path: Path
+) -> None:
+    """A narrowed ``12.0+PTX`` build: SASS and PTX per unit in the library (cuobjdump)
+    equal what build_info.json records; the family unit's PTX is compute_120f."""
+    tc = built[0]
+    pin = load(LOCK).pin("0.27.1")
+    res = kbuild.build(sources.plan(patched_tree), pin_name=pin.name, vllm_version=pin.vllm_version,
+                       archs=("12.0+PTX",), store=Store.open(shared_cache), toolchain=tc,
+                       out_dir=tmp_path, max_jobs=pin.build.max_jobs)
+    assert res.wheel is not None and res.library is not None
+    info = json.loads(zipfile.ZipFile(res.wheel).read(f"{kbuild.dist_name('0.27.1')}/build_info.json"))
+    assert info["units"] == [
+        {"unit": TOPK, "ops": ["persistent_topk"], "sass": ["12.0"], "ptx": ["12.0"]},
+        {"unit": COOP, "ops": ["cooperative_topk"], "sass": ["12.0f"], "ptx": ["12.0f"]},
+    ]
+    ours = fatbin.read(fatbin.find_cuobjdump(tc.nvcc), res.library)
+    assert len(ours.ptx_files) == 2
+    for unit in info["units"]:
+        (op,) = unit["ops"]
+        assert ours.archs(OP_KERNELS[op]) == (set(unit["sass"]), set(unit["ptx"])), op

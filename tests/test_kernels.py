@@ -261,15 +261,28 @@ def test_patched_units_compile_for_default_archs_and_rebuild_is_noop(built) -> N
 
 
 @pytest.fixture(scope="session")
-def stock_fatbin(shared_cache: Path) -> fatbin.Fatbin:
-    """The stock 0.27.1 x86_64 wheel's _C_stable_libtorch, read once per session."""
-    tool = fatbin.find_cuobjdump(kbuild.find_nvcc())
-    if tool is None:
-        pytest.fail("cuobjdump not found: install the test extra (pip install -e '.[test]', "
-                    "it brings nvidia-cuda-cuobjdump) or put the CUDA toolkit's cuobjdump on PATH")
-    pin = load(LOCK).pin("0.27.1")
-    lib = stock.member(Store.open(shared_cache), stock.wheel_for(pin, "x86_64"))
-    return fatbin.read(tool, lib)
+def stock_reader(shared_cache: Path):
+    """machine -> the stock 0.27.1 wheel's _C_stable_libtorch as read by cuobjdump; the
+    wheel is downloaded once into the store, the .so extracted once, read once per session."""
+    seen: dict[str, fatbin.Fatbin] = {}
+
+    def read(machine: str) -> fatbin.Fatbin:
+        if machine not in seen:
+            tool = fatbin.find_cuobjdump(kbuild.find_nvcc())
+            if tool is None:
+                pytest.fail("cuobjdump not found: install the test extra (pip install -e '.[test]', it "
+                            "brings nvidia-cuda-cuobjdump) or put the CUDA toolkit's cuobjdump on PATH")
+            pin = load(LOCK).pin("0.27.1")
+            seen[machine] = fatbin.read(tool, stock.member(Store.open(shared_cache),
+                                                           stock.wheel_for(pin, machine)))
+        return seen[machine]
+
+    return read
+
+
+@pytest.fixture(scope="session")
+def stock_fatbin(stock_reader) -> fatbin.Fatbin:
+    return stock_reader("x86_64")
 
 
 @pytest.mark.slow
@@ -318,3 +331,23 @@ def test_ptx_request_embeds_ptx_and_build_info_says_so(
     for unit in info["units"]:
         (op,) = unit["ops"]
         assert ours.archs(OP_KERNELS[op]) == (set(unit["sass"]), set(unit["ptx"])), op
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@needs_nvcc
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_derived_archs_equal_stock_wheel_per_platform(
+    machine: str, patched_tree: Path, stock_reader
+) -> None:
+    """No compile: the per-unit archs derived for each platform's release build are exactly
+    the archs the stock 0.27.1 wheel of that platform has for the op's kernels (GB10/GB200
+    hosts are aarch64, whose release list differs)."""
+    stock_fb = stock_reader(machine)
+    plan = sources.plan(patched_tree)
+    cmake = sources.cmake_target(patched_tree)
+    rel = sources.release_arch_list(patched_tree, "13.0", machine)  # 0.27.1's wheels: CUDA 13.0
+    for unit in plan.units:
+        sass, ptx = sources.split_ptx(sources.unit_archs(unit, rel.archs, "13.0", cmake))
+        for op in (o.name for o in plan.ops if o.unit == unit.path):
+            assert stock_fb.archs(OP_KERNELS[op]) == (set(sass), set(ptx)), (machine, op)

@@ -31,7 +31,8 @@ HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
 SOURCE_KINDS = ("pypi-sdist", "git", "local")
 # What a lock may expect of a patch on a pin (see engine.Status).
 EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
-DEFAULT_ARCH_LIST = ("9.0a", "12.0a")
+ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
+WHEEL_PLATFORMS = ("x86_64", "aarch64")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,16 @@ class Source:
     # git / local
     path: Path | None = None
 
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """The pin's stock vLLM wheel on PyPI for one platform (verified by sha256)."""
+
+    platform: str  # "x86_64" / "aarch64"
+    url: str
+    sha256: str
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,8 @@ class Pin:
     vllm_version: str
     commit: str  # 40 hex, or a prefix for sdist pins locked with commit_abbrev
     source: Source
-    cuda_arch_list: tuple[str, ...]
+    # TORCH_CUDA_ARCH_LIST for the kernel build; None: the tree's release list (kernels/sources.py)
+    cuda_arch_list: tuple[str, ...] | None
     series: tuple[str, ...]
     expect: str
     expect_patches: dict[str, str] = field(default_factory=dict)
@@ -76,6 +88,7 @@ class Pin:
     base_tree: str | None = None
     patched_tree: str | None = None
     build: BuildSettings = BuildSettings()
+    wheels: dict[str, WheelFile] = field(default_factory=dict)  # platform -> stock wheel
 
     def expected_status(self, patch_name: str) -> str:
         return self.expect_patches.get(patch_name, self.expect)
@@ -192,7 +205,7 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
         raw,
         {
             "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
-            "expect_patches", "variants", "base_tree", "patched_tree", "build",
+            "expect_patches", "variants", "base_tree", "patched_tree", "build", "wheels",
         },
     )
     src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
@@ -202,9 +215,12 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
         commit = t.hexid("commit_abbrev", HEXABBREV, "a 7..39-hex commit prefix")
     else:
         commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
-    arch = t.get("cuda_arch_list", list, list(DEFAULT_ARCH_LIST))
-    if not arch or not all(isinstance(a, str) and re.match(r"^\d+\.\d+[af]?$", a) for a in arch):
-        raise LockFileError(f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"12.0a\"]")
+    arch = t.get("cuda_arch_list", list, None)
+    if arch is not None and (not arch or not all(isinstance(a, str) and ARCH.match(a) for a in arch)):
+        raise LockFileError(
+            f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"10.0f\", \"12.0+PTX\"]; "
+            "leave it out to build for the archs vLLM's release wheels use"
+        )
     default_series = [s.name for s in series.values() if s.default]
     series_names = t.get("series", list, default_series)
     for s in series_names:
@@ -228,7 +244,7 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
         vllm_version=t.get("vllm_version", str),
         commit=commit,
         source=src,
-        cuda_arch_list=tuple(arch),
+        cuda_arch_list=tuple(arch) if arch is not None else None,
         series=tuple(series_names),
         expect=expect,
         expect_patches=expect_patches,
@@ -238,7 +254,25 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
         build=BuildSettings(
             max_jobs=bt.get("max_jobs", int, 2), nvcc_threads=bt.get("nvcc_threads", int, 1)
         ),
+        wheels=_parse_wheels(path, f"{where}.wheels", t.get("wheels", dict, {})),
     )
+
+
+def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, WheelFile]:
+    unknown = sorted(set(raw) - set(WHEEL_PLATFORMS))
+    if unknown:
+        raise LockFileError(
+            f"{path}: {where} has platform(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(WHEEL_PLATFORMS)}"
+        )
+    wheels = {}
+    for plat, entry in raw.items():
+        t = _Table(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
+        wheels[plat] = WheelFile(
+            platform=plat, url=t.get("url", str),
+            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.get("size", int, None),
+        )
+    return wheels
 
 
 def _parse_source(path: Path, where: str, raw: Any) -> Source:

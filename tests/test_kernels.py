@@ -1,30 +1,39 @@
-"""Kernel rebuild: source -> unit mapping, full-build dry run, incremental no-op, CI compile."""
+"""Kernel rebuild: source -> unit mapping, arch lists, packaging, CI compile and coverage.
+
+The compile tests build the patched 0.27.1 units for the default (derived)
+arch list against the torch of the CPU test venv (testenv.py, cached in the
+store), and compare the library's cubins and PTX (cuobjdump) with the stock
+0.27.1 wheel's ``_C_stable_libtorch`` (downloaded once by sha256 into the store).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
+import platform
 import shutil
-import subprocess
-import sys
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from conftest import LOCK
+from dsv4patch import testenv
+from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
-from dsv4patch.kernels import sources
+from dsv4patch.kernels import fatbin, sources, stock
 from dsv4patch.lock import load
 from dsv4patch.store import Store
 
-
-def _torch_python() -> str | None:
-    for py in (os.environ.get("DSV4PATCH_TORCH_PYTHON"), sys.executable, "/tmp/vllmenv/bin/python"):
-        if py and Path(py).exists() and subprocess.run(
-            [py, "-c", "import torch"], capture_output=True
-        ).returncode == 0:
-            return py
-    return None
+# vLLM 0.27.1's release wheels (.buildkite/release-pipeline.yaml, CUDA 13.0) and what its
+# CMake makes of them for nvcc 13.0: CUDA_SUPPORTED_ARCHS keeps the list, cooperative_topk.cu
+# gets COOPERATIVE_TOPK_ARCHS = loose_intersection("9.0a;10.0f;...;12.1f", CUDA_ARCHS).
+RELEASE_X86 = ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+TOPK = "csrc/libtorch_stable/topk.cu"
+COOP = "csrc/libtorch_stable/cooperative_topk.cu"
+# The kernels of each op, by mangled name (namespaces vllm::persistent / vllm::cooperative).
+OP_KERNELS = {"persistent_topk": r"^_ZN4vllm10persistent", "cooperative_topk": r"^_ZN4vllm11cooperative"}
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +65,99 @@ def test_changed_sources_map_to_units_and_ops(patched_tree: Path) -> None:
     assert sources.unit_archs(coop, ("8.0",), "13.0", cmake) == ()
 
 
+def test_default_arch_list_is_the_release_list_filtered_like_cmake(patched_tree: Path) -> None:
+    """Without a lock list, each unit gets what vLLM's release build gives it."""
+    rel = sources.release_arch_list(patched_tree, "13.0", "x86_64")
+    assert rel.archs == RELEASE_X86 and "CUDA_ARCH_X86" in rel.origin
+    cmake = sources.cmake_target(patched_tree)
+    units = {u.path: u for u in sources.plan(patched_tree).units}
+    assert sources.unit_archs(units[TOPK], rel.archs, "13.0", cmake) == RELEASE_X86
+    assert sources.unit_archs(units[COOP], rel.archs, "13.0", cmake) == ("9.0a", "10.0f", "12.0f")
+    # aarch64 wheels add Thor (11.0): CUDA_SUPPORTED_ARCHS keeps it for nvcc 13.0.
+    arm = sources.release_arch_list(patched_tree, "13.0", "aarch64").archs
+    assert arm == ("8.0", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0")
+    assert sources.unit_archs(units[COOP], arm, "13.0", cmake) == ("9.0a", "10.0f", "11.0f", "12.0f")
+    # nvcc 12.9: the _CU129 list and CMake's 12.x branches ('a' targets, no family code).
+    cu129 = sources.release_arch_list(patched_tree, "12.9", "x86_64")
+    assert cu129.archs == RELEASE_X86 and "CU129" in cu129.origin
+    assert sources.unit_archs(units[COOP], cu129.archs, "12.9", cmake) == ("9.0a", "10.0a", "12.0a")
+    # nvcc 13.0 does not support 10.1/10.3 SASS: dropped from a requested list, as CMake does.
+    assert sources.unit_archs(units[TOPK], ("10.0", "10.3", "12.1"), "13.0", cmake) == ("10.0", "12.0")
+
+
 def test_loose_intersection_matches_cmake() -> None:
     src = ("9.0a", "10.0f", "12.0f", "12.1f")
     assert sources.loose_intersection(src, ("9.0a", "12.0a")) == ("9.0a", "12.0a")
     assert sources.loose_intersection(src, ("9.0", "12.0")) == ("9.0a", "12.0f")
     assert sources.loose_intersection(src, ("8.9",)) == ()
+    # The highest source arch of the same major that is not newer than the target...
+    assert sources.loose_intersection(("7.5", "8.0", "8.6", "8.9"), ("8.7",)) == ("8.6",)
+    # ...any major for a +PTX source, which stays +PTX (cmake/utils.cmake's example).
+    assert sources.loose_intersection(("8.0+PTX",), ("9.0",)) == ("8.0+PTX",)
+    assert sources.loose_intersection(("7.5", "8.0", "8.6", "9.0", "9.0a"), ("8.0", "8.9", "9.0")) == (
+        "8.0", "8.6", "9.0a")
+
+
+def test_gencode_family_and_ptx() -> None:
+    assert kbuild.gencode("10.0f") == ["-gencode", "arch=compute_100f,code=sm_100f"]
+    assert kbuild.gencode("12.0+PTX") == ["-gencode", "arch=compute_120,code=sm_120",
+                                          "-gencode", "arch=compute_120,code=compute_120"]
+    with pytest.raises(BuildError):
+        kbuild.gencode("sm_90")
+    # A +PTX request keeps PTX for the unit's arch of that version (vLLM would drop it).
+    tu = sources.TranslationUnit("x.cu", sources.TARGET, (), ())
+    assert sources.unit_archs(tu, ("9.0", "12.0+PTX"), "13.0") == ("9.0", "12.0+PTX")
+    assert sources.split_ptx(("9.0", "12.0+PTX")) == (["9.0", "12.0"], ["12.0"])
+
+
+def test_lock_arch_list_optional_and_stock_wheels() -> None:
+    pin = load(LOCK).pin("0.27.1")
+    assert pin.cuda_arch_list is None  # the release list, derived from the tree
+    x86 = pin.wheels["x86_64"]
+    assert x86.sha256 == "98e9fc2a1ed8549a733c9d1b242e2002b82367da9e29e37801761438cb3a2670"
+    assert x86.size == 312887766 and x86.url.endswith("manylinux_2_28_x86_64.whl")
+    assert pin.wheels["aarch64"].url.endswith("manylinux_2_28_aarch64.whl")
+
+
+def test_lock_rejects_bad_arch_and_wheel_platform(tmp_path: Path) -> None:
+    text = LOCK.read_text()
+    bad = tmp_path / "arch.toml"
+    bad.write_text(text.replace('[pins."0.27.1".build]', 'cuda_arch_list = ["sm_90"]\n[pins."0.27.1".build]'))
+    with pytest.raises(LockFileError, match="cuda_arch_list"):
+        load(bad)
+    ok = tmp_path / "ptx.toml"
+    ok.write_text(text.replace('vllm_version = "0.27.1"\n', 'vllm_version = "0.27.1"\ncuda_arch_list = ["9.0a", "12.0+PTX"]\n'))
+    assert load(ok).pin("0.27.1").cuda_arch_list == ("9.0a", "12.0+PTX")
+    plat = tmp_path / "plat.toml"
+    plat.write_text(text.replace("\naarch64 = {", "\nppc64le = {", 1))
+    with pytest.raises(LockFileError, match="ppc64le"):
+        load(plat)
+
+
+def _toolchain(**kw: object) -> kbuild.Toolchain:
+    base = kbuild.Toolchain(
+        nvcc=Path("/usr/local/bin/nvcc"), nvcc_version="release 13.0", cuda_version="13.0",
+        python="/x/python", torch_version="2.13.0", torch_cuda_version="13.0",
+        torch_include=Path("/x"), torch_lib=Path("/x"), include_dirs=())
+    return dataclasses.replace(base, **kw)
+
+
+def test_cuda_major_mismatch_is_refused(patched_tree: Path, tmp_path: Path) -> None:
+    tc = _toolchain(torch_cuda_version="12.8")
+    with pytest.raises(BuildError) as exc:
+        kbuild.build(sources.plan(patched_tree), pin_name="0.27.1", vllm_version="0.27.1",
+                     archs=("9.0a",), store=Store.open(tmp_path / "s"), toolchain=tc,
+                     out_dir=tmp_path, dry_run=True)
+    assert exc.value.exit_code == 7
+    assert "CUDA 13.0" in str(exc.value) and "CUDA 12.8" in str(exc.value)
+    assert kbuild.check_cuda_match(_toolchain(torch_cuda_version="13.2")) is None
+    note = kbuild.check_cuda_match(_toolchain(torch_cuda_version=None))
+    assert note is not None and "CUDA 13.x" in note
+
+
+def test_wheel_tag_from_build_machine() -> None:
+    assert kbuild.wheel_tag("x86_64") == "py3-none-linux_x86_64"
+    assert kbuild.wheel_tag("aarch64") == "py3-none-linux_aarch64"
 
 
 def test_generated_bindings_override_only_changed_ops() -> None:
@@ -78,21 +175,22 @@ def test_full_build_dry_run(cli, patched_tree: Path, shared_cache: Path) -> None
     assert r.rc == 0, r.err
     out = json.loads(r.out)
     assert out["command"][-4:] == ["pip", "install", "-v", "."]
-    assert out["env"]["TORCH_CUDA_ARCH_LIST"] == "9.0a 12.0a"
+    # No cuda_arch_list in the lock: vLLM's release list for this machine.
+    assert out["env"]["TORCH_CUDA_ARCH_LIST"] == " ".join(
+        sources.release_arch_list(patched_tree, kbuild.nvcc_version(kbuild.find_nvcc())[1]
+                                  if shutil.which("nvcc") else None, platform.machine()).archs)
     assert out["env"]["MAX_JOBS"] == "2" and out["env"]["NVCC_THREADS"] == "1"
     r = cli("build", "--lock", LOCK, "--tree", patched_tree, "--full", "--docker", "--dry-run",
             "--format", "json", "--cache-dir", shared_cache)
     cmd = json.loads(r.out)["command"]
     assert cmd[:4] == ["docker", "build", "-f", "docker/Dockerfile"]
-    assert "torch_cuda_arch_list=9.0a 12.0a" in cmd
+    assert f"torch_cuda_arch_list={out['env']['TORCH_CUDA_ARCH_LIST']}" in cmd
 
 
 def test_wheel_layout(tmp_path: Path) -> None:
     whl = kbuild.write_wheel(tmp_path, "dsv4patch_kernels_0_27_1", "0.27.1+treeabc",
                              {"dsv4patch_kernels_0_27_1/__init__.py": b"def register():\n    pass\n"},
                              "[vllm.general_plugins]\nx = dsv4patch_kernels_0_27_1:register\n")
-    import zipfile
-
     names = zipfile.ZipFile(whl).namelist()
     info = "dsv4patch_kernels_0_27_1-0.27.1+treeabc.dist-info"
     assert {f"{info}/METADATA", f"{info}/WHEEL", f"{info}/RECORD", f"{info}/entry_points.txt"} <= set(names)
@@ -107,26 +205,149 @@ needs_nvcc = pytest.mark.skipif(
     reason="needs nvcc")
 
 
-@pytest.mark.slow
-@needs_nvcc
-def test_patched_units_compile_for_sm90a_sm120a_and_rebuild_is_noop(
-    patched_tree: Path, shared_cache: Path, tmp_path: Path
-) -> None:
-    """The CI kernel-compile check: the patched units compile for both archs; a second build
-    compiles nothing (it reuses the store's objects)."""
-    py = _torch_python()
-    if py is None:
-        pytest.skip("needs a Python with torch (set DSV4PATCH_TORCH_PYTHON)")
+@pytest.fixture(scope="module")
+def built(patched_tree: Path, shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The CI kernel compile: the patched units for the default arch list, against the torch
+    of the CPU test venv (built by testenv, cached in the store; test_verify uses the same)."""
     store = Store.open(shared_cache)
     pin = load(LOCK).pin("0.27.1")
-    tc = kbuild.detect_toolchain(store, python=py)
+    env = testenv.ensure(patched_tree, store)
+    tc = kbuild.detect_toolchain(store, python=str(env.python))
+    rel = sources.release_arch_list(patched_tree, tc.cuda_version, platform.machine())
     plan = sources.plan(patched_tree)
-    kwargs = dict(pin_name=pin.name, vllm_version=pin.vllm_version, archs=("9.0a", "12.0a"),
-                  store=store, toolchain=tc, out_dir=tmp_path, max_jobs=pin.build.max_jobs,
+    out = tmp_path_factory.mktemp("dist")
+    kwargs = dict(pin_name=pin.name, vllm_version=pin.vllm_version, archs=rel.archs,
+                  store=store, toolchain=tc, out_dir=out, max_jobs=pin.build.max_jobs,
                   nvcc_threads=pin.build.nvcc_threads)
+    t0 = time.monotonic()
     first = kbuild.build(plan, **kwargs)
+    seconds = time.monotonic() - t0
+    second = kbuild.build(plan, **kwargs)
+    print(f"kernel build: {seconds:.0f}s wall, per unit "
+          + ", ".join(f"{u.source} {u.seconds:.0f}s{' (cached)' if u.cached else ''}" for u in first.units))
+    return tc, rel, first, second
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_patched_units_compile_for_default_archs_and_rebuild_is_noop(built) -> None:
+    """The CI kernel-compile check: runs wherever nvcc is (torch comes from the test venv)."""
+    tc, rel, first, second = built
     assert first.wheel is not None and first.wheel.exists()
     assert first.ops == ["persistent_topk", "cooperative_topk"]
-    second = kbuild.build(plan, **kwargs)
+    assert {u.source: u.archs for u in first.units if u.archs} == {
+        TOPK: sources.cuda_archs(rel.archs, tc.cuda_version, sources.cmake_target(first.plan.tree)),
+        COOP: sources.unit_archs(next(u for u in first.plan.units if u.path == COOP), rel.archs,
+                                 tc.cuda_version, sources.cmake_target(first.plan.tree)),
+    }
     assert second.compiled == []
     assert second.library == first.library
+    zf = zipfile.ZipFile(first.wheel)
+    name = kbuild.dist_name("0.27.1")
+    info = json.loads(zf.read(f"{name}/build_info.json"))
+    assert info["units"] == [
+        {"unit": TOPK, "ops": ["persistent_topk"], "sass": list(first.units[0].archs), "ptx": []},
+        {"unit": COOP, "ops": ["cooperative_topk"], "sass": list(first.units[1].archs), "ptx": []},
+    ]
+    assert info["torch_cuda_version"] == tc.torch_cuda_version
+    assert {"vllm_version", "pin", "tree_id", "head", "base", "archs", "ops", "torch_version",
+            "cuda_version", "library"} <= set(info)
+    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    assert "Requires-Dist: vllm==0.27.1\n" in zf.read(meta).decode()
+    assert first.wheel.name.endswith(f"-py3-none-linux_{platform.machine()}.whl")
+    if tc.torch_cuda_version is None:
+        assert any("CPU-only" in n and f"CUDA {kbuild.cuda_major(tc.cuda_version)}.x" in n
+                   for n in first.notes)
+
+
+@pytest.fixture(scope="session")
+def stock_reader(shared_cache: Path):
+    """machine -> the stock 0.27.1 wheel's _C_stable_libtorch as read by cuobjdump; the
+    wheel is downloaded once into the store, the .so extracted once, read once per session."""
+    seen: dict[str, fatbin.Fatbin] = {}
+
+    def read(machine: str) -> fatbin.Fatbin:
+        if machine not in seen:
+            tool = fatbin.find_cuobjdump(kbuild.find_nvcc())
+            if tool is None:
+                pytest.fail("cuobjdump not found: install the test extra (pip install -e '.[test]', it "
+                            "brings nvidia-cuda-cuobjdump) or put the CUDA toolkit's cuobjdump on PATH")
+            pin = load(LOCK).pin("0.27.1")
+            seen[machine] = fatbin.read(tool, stock.member(Store.open(shared_cache),
+                                                           stock.wheel_for(pin, machine)))
+        return seen[machine]
+
+    return read
+
+
+@pytest.fixture(scope="session")
+def stock_fatbin(stock_reader) -> fatbin.Fatbin:
+    return stock_reader("x86_64")
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@needs_nvcc
+def test_cuobjdump_plugin_covers_stock_wheel(built, stock_fatbin: fatbin.Fatbin) -> None:
+    """Every SASS arch and PTX the stock wheel has for an op's kernels, the plugin has too."""
+    tc, _rel, first, _second = built
+    ours = fatbin.read(fatbin.find_cuobjdump(tc.nvcc), first.library)
+    # --list-elf/--list-ptx: the library holds exactly the units' code (no PTX by default).
+    assert len(ours.elf_files) == sum(len(u.archs) for u in first.units if u.archs)
+    assert ours.ptx_files == []
+    report = {}
+    for op, pattern in OP_KERNELS.items():
+        stock_sass, stock_ptx = stock_fatbin.archs(pattern)
+        our_sass, our_ptx = ours.archs(pattern)
+        report[op] = {"stock": sorted(stock_sass) + [f"ptx {a}" for a in sorted(stock_ptx)],
+                      "ours": sorted(our_sass) + [f"ptx {a}" for a in sorted(our_ptx)]}
+        assert stock_sass, f"no {op} kernels in the stock wheel: {pattern}"
+        assert stock_fatbin.kernels(pattern) <= ours.kernels(pattern), op
+        assert stock_sass <= our_sass, (op, report[op])
+        assert stock_ptx <= our_ptx, (op, report[op])
+    print(json.dumps(report))
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_ptx_request_embeds_ptx_and_build_info_says_so(
+    built, patched_tree: Path, shared_cache: Path, tmp_path: Path
+) -> None:
+    """A narrowed ``12.0+PTX`` build: SASS and PTX per unit in the library (cuobjdump)
+    equal what build_info.json records; the family unit's PTX is compute_120f."""
+    tc = built[0]
+    pin = load(LOCK).pin("0.27.1")
+    res = kbuild.build(sources.plan(patched_tree), pin_name=pin.name, vllm_version=pin.vllm_version,
+                       archs=("12.0+PTX",), store=Store.open(shared_cache), toolchain=tc,
+                       out_dir=tmp_path, max_jobs=pin.build.max_jobs)
+    assert res.wheel is not None and res.library is not None
+    info = json.loads(zipfile.ZipFile(res.wheel).read(f"{kbuild.dist_name('0.27.1')}/build_info.json"))
+    assert info["units"] == [
+        {"unit": TOPK, "ops": ["persistent_topk"], "sass": ["12.0"], "ptx": ["12.0"]},
+        {"unit": COOP, "ops": ["cooperative_topk"], "sass": ["12.0f"], "ptx": ["12.0f"]},
+    ]
+    ours = fatbin.read(fatbin.find_cuobjdump(tc.nvcc), res.library)
+    assert len(ours.ptx_files) == 2
+    for unit in info["units"]:
+        (op,) = unit["ops"]
+        assert ours.archs(OP_KERNELS[op]) == (set(unit["sass"]), set(unit["ptx"])), op
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@needs_nvcc
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_derived_archs_equal_stock_wheel_per_platform(
+    machine: str, patched_tree: Path, stock_reader
+) -> None:
+    """No compile: the per-unit archs derived for each platform's release build are exactly
+    the archs the stock 0.27.1 wheel of that platform has for the op's kernels (GB10/GB200
+    hosts are aarch64, whose release list differs)."""
+    stock_fb = stock_reader(machine)
+    plan = sources.plan(patched_tree)
+    cmake = sources.cmake_target(patched_tree)
+    rel = sources.release_arch_list(patched_tree, "13.0", machine)  # 0.27.1's wheels: CUDA 13.0
+    for unit in plan.units:
+        sass, ptx = sources.split_ptx(sources.unit_archs(unit, rel.archs, "13.0", cmake))
+        for op in (o.name for o in plan.ops if o.unit == unit.path):
+            assert stock_fb.archs(OP_KERNELS[op]) == (set(sass), set(ptx)), (machine, op)

@@ -1,9 +1,12 @@
 """``dsv4patch build``: rebuild the CUDA kernels a patched tree changes.
 
 Default (kernel mode): compile only the translation units the applied patches
-touch, for the pin's ``cuda_arch_list``, and package them as a small plugin
-wheel ``dsv4patch_kernels_<pin>`` that overrides those ops in the stock vLLM
-wheel (see :mod:`dsv4patch.kernels.build`).  ``--full`` hands the whole tree
+touch and package them as a small plugin wheel ``dsv4patch_kernels_<pin>``
+that overrides those ops in the stock vLLM wheel (see
+:mod:`dsv4patch.kernels.build`).  The arch list is ``--arch``, else the pin's
+``cuda_arch_list``, else the one vLLM's release wheels for this machine are
+built with (read from the tree); each unit then gets the archs vLLM's CMake
+gives it from that list, so the plugin covers what the stock wheel covers.  ``--full`` hands the whole tree
 to vLLM's own build instead (``pip install .``, or ``docker build`` with
 ``--docker``) with ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``
 from the lock.  ``--dry-run`` prints what would run, as JSON with
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,9 @@ def add_parser(sub: Any) -> None:
 
 def add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", action="append", default=None,
-                   help="CUDA arch, e.g. 9.0a (repeatable; default: the pin's cuda_arch_list)")
+                   help="CUDA arch as in TORCH_CUDA_ARCH_LIST, e.g. 9.0a, 10.0f or 12.0+PTX "
+                        "(repeatable; default: the pin's cuda_arch_list, else the list vLLM's "
+                        "release wheels for this machine use, read from the tree)")
     p.add_argument("--out", type=Path, default=Path("dist"),
                    help="directory for the kernel wheel (default: %(default)s)")
     p.add_argument("--full", action="store_true",
@@ -62,29 +68,50 @@ def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def resolve_archs(
+    path: Path, pin: Pin, args: argparse.Namespace, cuda_version: str | None
+) -> tuple[tuple[str, ...], str]:
+    """(TORCH_CUDA_ARCH_LIST to build for, where it came from)."""
+    if _opt(args, "arch"):
+        return tuple(_opt(args, "arch")), "--arch"
+    if pin.cuda_arch_list:
+        return pin.cuda_arch_list, f'lock: pins."{pin.name}".cuda_arch_list'
+    rel = sources.release_arch_list(path, cuda_version, platform.machine())
+    return rel.archs, f"vLLM release list for {platform.machine()} ({rel.origin})"
+
+
+def _nvcc_version(args: argparse.Namespace) -> str | None:
+    try:
+        return kbuild.nvcc_version(kbuild.find_nvcc(_opt(args, "nvcc")))[1]
+    except BuildError:
+        return None
+
+
 def build_tree(
     path: Path, pin: Pin, store: Store, args: argparse.Namespace, emit: bool = True
 ) -> tuple[int, dict[str, Any]]:
     """Build ``path`` for ``pin``; returns (exit code, report), printing it if ``emit``."""
-    archs = tuple(_opt(args, "arch") or pin.cuda_arch_list)
     fmt = _opt(args, "format", "text") if emit else "none"
     if _opt(args, "full", False):
-        return _full(path, pin, archs, args, fmt)
+        archs, origin = resolve_archs(path, pin, args, _nvcc_version(args))
+        return _full(path, pin, archs, origin, args, fmt)
     plan = sources.plan(path, _opt(args, "base"))
     tc = kbuild.detect_toolchain(
         store, nvcc=_opt(args, "nvcc"), python=_opt(args, "python"),
         extra_includes=_opt(args, "extra_include", []) or [],
     )
+    archs, origin = resolve_archs(path, pin, args, tc.cuda_version)
     out_dir = Path(_opt(args, "out", Path("dist")) or Path("dist"))
     result = kbuild.build(
         plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=archs, store=store,
         toolchain=tc, out_dir=out_dir, max_jobs=pin.build.max_jobs,
         nvcc_threads=pin.build.nvcc_threads, progress=_common.progress(args),
-        dry_run=_opt(args, "dry_run", False),
+        dry_run=_opt(args, "dry_run", False), arch_origin=origin,
     )
     out: dict[str, Any] = {
         "mode": "kernels", "pin": pin.name, "dry_run": bool(_opt(args, "dry_run", False)),
         "toolchain": {"nvcc": str(tc.nvcc), "cuda": tc.cuda_version, "torch": tc.torch_version,
+                      "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
                       "include_dirs": [str(d) for d in tc.include_dirs]},
         **result.to_dict(),
     }
@@ -94,6 +121,7 @@ def build_tree(
              ("would compile" if out["dry_run"] else f"compiled {u.seconds:.0f}s")]
             for u in result.units]
     out["notes"] = result.notes + [
+        f"archs: {' '.join(archs)} (from {origin})",
         f"ops: {', '.join(result.ops) or 'none'}",
         *([f"wheel: {result.wheel}"] if result.wheel else []),
     ]
@@ -104,7 +132,7 @@ def build_tree(
 
 
 def _full(
-    path: Path, pin: Pin, archs: tuple[str, ...], args: argparse.Namespace, fmt: str
+    path: Path, pin: Pin, archs: tuple[str, ...], origin: str, args: argparse.Namespace, fmt: str
 ) -> tuple[int, dict[str, Any]]:
     python = _opt(args, "python") or os.environ.get("DSV4PATCH_TORCH_PYTHON") or "python3"
     cmd, env = kbuild.full_build_command(
@@ -112,7 +140,8 @@ def _full(
         docker=_opt(args, "docker", False), python=python, image=f"vllm-dsv4patch:{pin.name}",
     )
     out: dict[str, Any] = {"mode": "full", "pin": pin.name, "tree": str(path), "cwd": str(path),
-                           "command": cmd, "env": env, "dry_run": bool(_opt(args, "dry_run", False))}
+                           "command": cmd, "env": env, "archs": list(archs), "arch_origin": origin,
+                           "dry_run": bool(_opt(args, "dry_run", False))}
     if out["dry_run"]:
         out["notes"] = [" ".join(f"{k}={v!r}" for k, v in env.items()) + " " + " ".join(cmd)]
         if fmt != "none":

@@ -243,7 +243,8 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, 
     entry = tomlkit.table()
     entry["vllm_version"] = pin.vllm_version
     entry["commit" if len(pin.commit) == 40 else "commit_abbrev"] = pin.commit
-    entry["cuda_arch_list"] = list(pin.cuda_arch_list)
+    if pin.cuda_arch_list is not None:
+        entry["cuda_arch_list"] = list(pin.cuda_arch_list)
     entry["series"] = list(pin.series)
     dropped = [p.patch.name for p in ported if p.action == "drop"]
     all_dropped = len(dropped) == len(ported)

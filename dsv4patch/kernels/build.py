@@ -10,6 +10,12 @@ kernel registered for a key, so loading our library *after*
 The wheel's ``vllm.general_plugins`` entry point does exactly that, after
 checking that the installed vLLM is the version it was built for.
 
+Each unit is compiled for the archs vLLM's CMake gives it from the requested
+``TORCH_CUDA_ARCH_LIST`` (by default the one of vLLM's release wheels, so the
+plugin covers every GPU the stock wheel covers; see :mod:`sources`).  The
+wheel is tagged for the build machine, requires the pin's vLLM, and is refused
+when nvcc's CUDA major differs from torch's (a second ``libcudart`` major).
+
 Objects are cached in ``<store>/kernels/<key>/``; the key hashes the unit and
 every local header it includes, the arch list, flags, ``nvcc --version`` and
 the torch version, so an unchanged second build compiles nothing.
@@ -27,6 +33,7 @@ import base64
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -51,16 +58,30 @@ BASE_FLAGS = (
     "-Xcompiler", "-fPIC",
 )
 CACHE_VERSION = "1"
+# No device link: the units are whole-program (no -rdc), and nvcc's device link would
+# embed an empty cubin for its default arch (sm_75) in the library.
+LINK_FLAGS = ("-shared", "-nodlink", "-cudart", "shared")
 PLUGIN_GROUP = "vllm.general_plugins"
 
 
 def gencode(arch: str) -> list[str]:
-    """``9.0a`` -> ``-gencode arch=compute_90a,code=sm_90a``."""
-    m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+    """``9.0a`` -> ``-gencode arch=compute_90a,code=sm_90a``; ``12.0+PTX`` adds ``code=compute_120``.
+
+    As vLLM's ``set_gencode_flags_for_srcs``: ``a`` (arch-specific) and ``f``
+    (family) targets keep their suffix, ``+PTX`` embeds PTX next to the SASS.
+    """
+    m = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", arch)
     if not m:
-        raise BuildError(f"bad CUDA arch {arch!r}; use the form 9.0a or 12.0")
+        raise BuildError(f"bad CUDA arch {arch!r}; use the form 9.0a, 10.0f, 12.0 or 12.0+PTX")
     sm = f"{m.group(1)}{m.group(2)}{m.group(3)}"
-    return ["-gencode", f"arch=compute_{sm},code=sm_{sm}"]
+    flags = ["-gencode", f"arch=compute_{sm},code=sm_{sm}"]
+    if m.group(4):
+        flags += ["-gencode", f"arch=compute_{sm},code=compute_{sm}"]
+    return flags
+
+
+def cuda_major(version: str) -> int:
+    return int(version.split(".")[0])
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -74,9 +95,11 @@ class Toolchain:
     cuda_version: str  # "13.0"
     python: str
     torch_version: str
+    torch_cuda_version: str | None  # torch.version.cuda; None for a CPU-only torch
     torch_include: Path
     torch_lib: Path
     include_dirs: tuple[Path, ...]  # extra dirs for cublas_v2.h etc.
+    machine: str = platform.machine()  # the host nvcc compiles for (the wheel's platform)
 
     def includes(self) -> list[str]:
         args = ["-I", str(self.torch_include), "-I", str(self.torch_include / "torch/csrc/api/include")]
@@ -97,12 +120,12 @@ def find_nvcc(nvcc: str | None = None) -> Path:
     raise BuildError("nvcc not found: install the CUDA toolkit, put nvcc on PATH or set CUDA_HOME")
 
 
-def _torch_info(python: str) -> dict[str, str]:
+def _torch_info(python: str) -> dict[str, str | None]:
     code = (
         "import json, os, site, sys, torch\n"
         "d = os.path.dirname(torch.__file__)\n"
         "print(json.dumps({'version': torch.__version__, 'include': os.path.join(d, 'include'),"
-        " 'lib': os.path.join(d, 'lib'), 'site': os.path.dirname(d)}))\n"
+        " 'lib': os.path.join(d, 'lib'), 'site': os.path.dirname(d), 'cuda': torch.version.cuda}))\n"
     )
     try:
         res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
@@ -173,6 +196,15 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
     return dest / "include"
 
 
+def nvcc_version(nvcc: Path) -> tuple[str, str]:
+    """(full ``nvcc --version`` output, CUDA version such as ``13.0``)."""
+    ver = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", ver)
+    if not m:
+        raise BuildError(f"cannot read the CUDA version from `{nvcc} --version`")
+    return ver.strip(), m.group(1)
+
+
 def detect_toolchain(
     store: Store,
     *,
@@ -181,24 +213,58 @@ def detect_toolchain(
     extra_includes: Sequence[Path] = (),
 ) -> Toolchain:
     nvcc_path = find_nvcc(nvcc)
-    ver = subprocess.run([str(nvcc_path), "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release (\d+\.\d+)", ver)
-    if not m:
-        raise BuildError(f"cannot read the CUDA version from `{nvcc_path} --version`")
+    ver, cuda = nvcc_version(nvcc_path)
     py = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or sys.executable
     info = _torch_info(py)
     includes = [Path(p) for p in extra_includes]
     if not any(_has_cublas(d) for d in includes):
-        found = next((d for d in cublas_candidates(nvcc_path, Path(info["site"])) if _has_cublas(d)), None)
+        found = next((d for d in cublas_candidates(nvcc_path, Path(str(info["site"])))
+                      if _has_cublas(d)), None)
         if found is None:
-            found = fetch_cublas_headers(store, m.group(1))
+            found = fetch_cublas_headers(store, cuda)
         if found != nvcc_path.resolve().parent.parent / "include":
             includes.append(found)
     return Toolchain(
-        nvcc=nvcc_path, nvcc_version=ver.strip(), cuda_version=m.group(1), python=py,
-        torch_version=info["version"], torch_include=Path(info["include"]),
-        torch_lib=Path(info["lib"]), include_dirs=tuple(includes),
+        nvcc=nvcc_path, nvcc_version=ver, cuda_version=cuda, python=py,
+        torch_version=str(info["version"]), torch_cuda_version=info.get("cuda"),
+        torch_include=Path(str(info["include"])), torch_lib=Path(str(info["lib"])),
+        include_dirs=tuple(includes),
     )
+
+
+def check_cuda_match(tc: Toolchain) -> str | None:
+    """Refuse an nvcc whose CUDA major differs from torch's; a note for a CPU-only torch.
+
+    The library links ``libcudart.so.<nvcc major>``; next to a torch built for
+    another CUDA major that library is missing or a second runtime gets loaded.
+    """
+    if tc.torch_cuda_version is None:
+        return (
+            f"torch {tc.torch_version} at {tc.python} is a CPU-only build (torch.version.cuda "
+            f"is None): the kernels are built with nvcc CUDA {tc.cuda_version} and must be "
+            f"loaded into a torch built for CUDA {cuda_major(tc.cuda_version)}.x"
+        )
+    if cuda_major(tc.torch_cuda_version) != cuda_major(tc.cuda_version):
+        raise BuildError(
+            f"nvcc {tc.nvcc} is CUDA {tc.cuda_version} but torch {tc.torch_version} at "
+            f"{tc.python} is built for CUDA {tc.torch_cuda_version}: the kernel library would "
+            f"need libcudart.so.{cuda_major(tc.cuda_version)} next to torch's "
+            f"libcudart.so.{cuda_major(tc.torch_cuda_version)}. Use an nvcc of CUDA "
+            f"{cuda_major(tc.torch_cuda_version)}.x (--nvcc or CUDA_HOME), or --python with "
+            f"a torch built for CUDA {cuda_major(tc.cuda_version)}.x"
+        )
+    return None
+
+
+def wheel_tag(machine: str) -> str:
+    """``py3-none-linux_<machine>``: the library is host code for the build machine.
+
+    Not a manylinux tag: nothing here checks the glibc symbol versions the
+    library needs (it is built against this host's glibc); pip installs a
+    ``linux_*`` wheel on any Linux host of that machine type.
+    """
+    m = re.sub(r"[^A-Za-z0-9_]", "_", machine.lower())
+    return f"py3-none-linux_{ {'amd64': 'x86_64', 'arm64': 'aarch64'}.get(m, m) }"
 
 
 def generate_bindings(ops: Sequence[sources.Op], namespace: str = "_C", define: bool = False) -> str:
@@ -228,6 +294,7 @@ class UnitBuild:
     obj: Path
     command: list[str]
     text: str = ""  # source text of a generated unit
+    ops: tuple[str, ...] = ()  # ops whose CUDA kernels this unit defines
     cached: bool = False
     seconds: float = 0.0
 
@@ -241,6 +308,7 @@ class BuildResult:
     library: Path | None = None
     wheel: Path | None = None
     notes: list[str] = field(default_factory=list)
+    arch_origin: str = ""  # where ``archs`` came from (lock, --arch, the tree's release list)
 
     @property
     def compiled(self) -> list[str]:
@@ -250,9 +318,12 @@ class BuildResult:
         return {
             "tree": str(self.plan.tree), "tree_id": self.plan.tree_id, "head": self.plan.head,
             "changed": list(self.plan.changed), "archs": list(self.archs), "ops": self.ops,
+            "arch_origin": self.arch_origin,
             "units": [
-                {"unit": u.source, "archs": list(u.archs), "key": u.key, "cached": u.cached,
-                 "seconds": round(u.seconds, 1), "object": str(u.obj)}
+                {"unit": u.source, "archs": list(u.archs), "ops": list(u.ops),
+                 "sass": sources.split_ptx(u.archs)[0], "ptx": sources.split_ptx(u.archs)[1],
+                 "key": u.key, "cached": u.cached, "seconds": round(u.seconds, 1),
+                 "object": str(u.obj)}
                 for u in self.units
             ],
             "compiled": self.compiled, "library": str(self.library) if self.library else None,
@@ -284,9 +355,11 @@ def plan_build(
     unit_arch: dict[str, tuple[str, ...]] = {}
     for u in plan.units:
         unit_arch[u.path] = sources.unit_archs(u, archs, tc.cuda_version, cmake)
+    target_archs = sources.cuda_archs(archs, tc.cuda_version, cmake)
     for var, flags in sorted(plan.defines.items()):
         opts = cmake.arch_lists.get(var, [])
-        if opts and sources.loose_intersection(sources.select_arch_list(opts, tc.cuda_version), archs):
+        if opts and sources.loose_intersection(sources.select_arch_list(opts, tc.cuda_version),
+                                               target_archs):
             defines += list(flags)
     common = [*BASE_FLAGS, *defines]
     if plan.torch_target_version:
@@ -310,7 +383,8 @@ def plan_build(
         for a in ua:
             cmd += gencode(a)
         cmd += ["-I", "csrc", *tc.includes(), "-c", u.path, "-o", str(obj)]
-        builds.append(UnitBuild(Path(u.path).stem, u.path, ua, key, obj, cmd))
+        builds.append(UnitBuild(Path(u.path).stem, u.path, ua, key, obj, cmd,
+                                ops=tuple(o.name for o in plan.ops if o.unit == u.path)))
     built = {b.source for b in builds}
     ops = [o for o in plan.ops if o.unit in built]
     if ops:
@@ -359,14 +433,15 @@ def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int
 
 
 def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
-    key = _key({"objs": [u.key for u in units], "nvcc": tc.nvcc_version, "torch_lib": str(tc.torch_lib)})
+    key = _key({"objs": [u.key for u in units], "nvcc": tc.nvcc_version, "torch_lib": str(tc.torch_lib),
+                "flags": LINK_FLAGS})
     out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
     with store.lock(f"kernel-{key}"):
         if out.is_file():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        cmd = [str(tc.nvcc), "-shared", "-cudart", "shared", "-o", str(tmp),
+        cmd = [str(tc.nvcc), *LINK_FLAGS, "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
         if (tc.torch_lib / "libtorch_cuda.so").exists():
@@ -389,12 +464,14 @@ def _record_hash(data: bytes) -> str:
 
 
 def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
-                entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "") -> Path:
+                entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "",
+                requires: Sequence[str] = ()) -> Path:
     """A wheel (zip + .dist-info) with ``files``; deterministic bytes for the same input."""
     info = f"{name}-{version}.dist-info"
     meta = {
         f"{info}/METADATA": (
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
         ).encode(),
         f"{info}/WHEEL": (
             f"Wheel-Version: 1.0\nGenerator: dsv4patch\nRoot-Is-Purelib: false\nTag: {tag}\n"
@@ -422,11 +499,18 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
     name = dist_name(pin_name)
     version = f"{vllm_version}+tree{result.plan.tree_id[:12]}"
     lib = "libdsv4patch_kernels.so"
+    units = []
+    for u in result.units:
+        if u.name == "dsv4patch_bindings":
+            continue
+        sass, ptx = sources.split_ptx(u.archs)
+        units.append({"unit": u.source, "ops": list(u.ops), "sass": sass, "ptx": ptx})
     info = {
         "vllm_version": vllm_version, "pin": pin_name, "tree_id": result.plan.tree_id,
         "head": result.plan.head, "base": result.plan.base, "archs": list(result.archs),
-        "ops": result.ops, "units": [u.source for u in result.units if u.name != "dsv4patch_bindings"],
-        "torch_version": tc.torch_version, "cuda_version": tc.cuda_version, "library": lib,
+        "ops": result.ops, "units": units,
+        "torch_version": tc.torch_version, "torch_cuda_version": tc.torch_cuda_version,
+        "cuda_version": tc.cuda_version, "library": lib,
     }
     files = {
         f"{name}/__init__.py": RUNTIME_SOURCE.read_bytes(),
@@ -435,8 +519,9 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         f"{name}/{lib}": result.library.read_bytes(),
     }
     eps = f"[{PLUGIN_GROUP}]\n{name} = {name}:register\n"
-    return write_wheel(out_dir, name, version, files, eps,
-                       summary=f"dsv4patch-rebuilt vLLM {vllm_version} kernels: {', '.join(result.ops)}")
+    return write_wheel(out_dir, name, version, files, eps, tag=wheel_tag(tc.machine),
+                       summary=f"dsv4patch-rebuilt vLLM {vllm_version} kernels: {', '.join(result.ops)}",
+                       requires=[f"vllm=={vllm_version}"])
 
 
 def build(
@@ -452,9 +537,17 @@ def build(
     nvcc_threads: int = 1,
     progress: Progress | None = None,
     dry_run: bool = False,
+    arch_origin: str = "",
 ) -> BuildResult:
+    """Compile, link and package; ``archs`` is the ``TORCH_CUDA_ARCH_LIST`` to build for."""
+    cpu_note = check_cuda_match(toolchain)
     units, ops, notes = plan_build(plan, archs, toolchain, store, nvcc_threads)
-    result = BuildResult(plan, tuple(archs), units, [o.name for o in ops], notes=notes)
+    if cpu_note:
+        notes.insert(0, cpu_note)
+        if progress is not None:
+            progress.note(cpu_note)
+    result = BuildResult(plan, tuple(archs), units, [o.name for o in ops], notes=notes,
+                         arch_origin=arch_origin)
     if plan.unmapped:
         notes.append(
             "changed kernel sources that no unit of the target includes (not rebuilt): "

@@ -8,6 +8,12 @@ base..HEAD``), keeps the kernel sources under ``csrc/``, follows ``#include``
 transitively from every ``.cu`` of the target to find the units that include
 them, and reads the bindings file to name the ops whose implementations those
 units define.  Everything is read from the work tree of a clean dsv4patch tree.
+
+It also answers which archs each unit is built for, the way vLLM's release
+build decides it: the release ``TORCH_CUDA_ARCH_LIST`` (from the tree's
+release pipeline), filtered by ``CUDA_SUPPORTED_ARCHS`` for the nvcc version,
+then by the unit's own arch variable (``cuda_archs_loose_intersection``,
+ported from ``cmake/utils.cmake``).
 """
 
 from __future__ import annotations
@@ -114,6 +120,25 @@ class CMakeTarget:
     arch_lists: dict[str, list[tuple[str | None, tuple[str, ...]]]]  # var -> [(min cuda, archs)]
     defines: dict[str, tuple[str, ...]]  # arch var -> flags added when it is non-empty
     torch_target_version: str | None
+    # CUDA_SUPPORTED_ARCHS per nvcc version [(min cuda, archs)]; empty: no filter
+    supported: list[tuple[str | None, tuple[str, ...]]] = field(default_factory=list)
+
+
+def _min_cuda_before(text: str, off: int) -> str | None:
+    """The nvcc version the closest enclosing ``if()``/``elseif()`` before ``off`` requires.
+
+    ``None`` for an ``else()`` branch or a condition that does not test
+    ``CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL X`` (conditions may span lines).
+    """
+    conds = list(re.finditer(r"\b(if|elseif|else)\s*\(", text[:off]))
+    if not conds:
+        return None
+    last = conds[-1]
+    if last.group(1) == "else":
+        return None
+    cond = _enclosed(text, last.end(), "(", ")")
+    v = re.search(r"CMAKE_CUDA_COMPILER_VERSION\}?\s+VERSION_GREATER_EQUAL\s+\"?([\d.]+)", cond)
+    return v.group(1) if v else None
 
 
 def parse_cmake(text: str) -> CMakeTarget:
@@ -141,43 +166,56 @@ def parse_cmake(text: str) -> CMakeTarget:
         if not m:
             continue
         # The closest enclosing if()/else() decides the nvcc version this list is for.
-        before = text[:off]
-        cond = [(c.start(), c.group(0)) for c in re.finditer(r"\b(?:if|else|elseif)\s*\([^\n]*", before)]
-        min_cuda = None
-        if cond:
-            last = cond[-1][1]
-            v = re.search(r"CMAKE_CUDA_COMPILER_VERSION\}?\s+VERSION_GREATER_EQUAL\s+([\d.]+)", last)
-            if v and last.startswith("if"):
-                min_cuda = v.group(1)
         archs = tuple(a for a in m.group(2).split(";") if a)
-        arch_lists.setdefault(m.group(1), []).append((min_cuda, archs))
+        arch_lists.setdefault(m.group(1), []).append((_min_cuda_before(text, off), archs))
+    supported: list[tuple[str | None, tuple[str, ...]]] = []
+    for off, args in _calls(text, "set"):
+        m = re.match(r'\s*CUDA_SUPPORTED_ARCHS\s+"([^"]*)"', args)
+        if m:
+            supported.append((_min_cuda_before(text, off), tuple(a for a in m.group(1).split(";") if a)))
     defines: dict[str, tuple[str, ...]] = {}
     for m in re.finditer(r"\bif\s*\(\s*(\w+)\s*\)\s*list\s*\(\s*APPEND\s+VLLM_GPU_FLAGS\s+([^)]*)\)", text):
         defines[m.group(1)] = tuple(_STRING.findall(m.group(2)))
     ttv = re.search(r"TORCH_TARGET_VERSION=(0x[0-9A-Fa-f]+ULL)", text)
-    return CMakeTarget(tuple(sources), arch_var, arch_lists, defines, ttv.group(1) if ttv else None)
+    return CMakeTarget(tuple(sources), arch_var, arch_lists, defines, ttv.group(1) if ttv else None,
+                       supported)
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+    return tuple(int(x) for x in re.findall(r"\d+", v.replace("+PTX", "")))
 
 
 def select_arch_list(
     options: list[tuple[str | None, tuple[str, ...]]], cuda_version: str
 ) -> tuple[str, ...]:
-    """The source arch list CMake uses for ``cuda_version`` (its if/else on the version)."""
+    """The source arch list CMake uses for ``cuda_version`` (its if/elseif/else on the version)."""
     for min_cuda, archs in options:
         if min_cuda is not None and _version_tuple(cuda_version) >= _version_tuple(min_cuda):
             return archs
     for min_cuda, archs in options:
         if min_cuda is None:
             return archs
-    return options[-1][1] if options else ()
+    return ()
+
+
+def _major(arch: str) -> str:
+    return arch.split(".")[0]
 
 
 def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str, ...]:
-    """vLLM's ``cuda_archs_loose_intersection`` (cmake/utils.cmake), for plain arch lists."""
-    src_l, tgt_l, out = list(src), list(tgt), []
+    """vLLM's ``cuda_archs_loose_intersection`` (cmake/utils.cmake), ``+PTX`` included.
+
+    For each target arch the highest source arch of the same major version that
+    is not newer (any major for a ``+PTX`` source); ``a``/``f`` suffixes match
+    their base arch, an ``f`` source matches any target of its family.
+    """
+    ptx = {a[:-4] for a in src if a.endswith("+PTX")}
+    src_l: list[str] = []
+    for a in src:
+        base = a[:-4] if a.endswith("+PTX") else a
+        if base not in src_l:
+            src_l.append(base)
+    tgt_l, out = list(tgt), []
     for a in list(src_l):
         if a[-1] in "af" and a[:-1] in tgt_l:
             src_l.remove(a)
@@ -195,9 +233,8 @@ def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str,
             tgt_l.remove(base + "f")
             out.append(base + "f")
         elif a.endswith("f"):
-            major = base.split(".")[0]
             for t in tgt_l:
-                if t.rstrip("af").split(".")[0] == major:
+                if _major(t.rstrip("af")) == _major(base):
                     tgt_l.remove(t)
                     out.append(t)
                     break
@@ -206,16 +243,99 @@ def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str,
             tgt_l.remove(t)
             src_l.remove(t[:-1])
             out.append(t)
-    out += [a for a in src_l if a in tgt_l]
-    return tuple(sorted(set(out), key=_version_tuple))
+    src_l.sort(key=_version_tuple)
+    for t in tgt_l:
+        best = None
+        for s in src_l:
+            if _version_tuple(s) <= _version_tuple(t):
+                if s in ptx or _major(s) == _major(t):
+                    best = s
+            else:
+                break
+        if best is not None:
+            out.append(best)
+    final = [a + "+PTX" if a in ptx else a for a in dict.fromkeys(out)]
+    return tuple(sorted(final, key=_version_tuple))
+
+
+def strip_ptx(archs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(a[:-4] if a.endswith("+PTX") else a for a in archs))
+
+
+def cuda_archs(requested: tuple[str, ...], cuda_version: str, cmake: CMakeTarget | None) -> tuple[str, ...]:
+    """vLLM's ``CUDA_ARCHS`` for a ``TORCH_CUDA_ARCH_LIST``: ``+PTX`` dropped (vLLM's
+    ``clear_cuda_arches`` does), then filtered by ``CUDA_SUPPORTED_ARCHS`` for this nvcc."""
+    plain = strip_ptx(requested)
+    if cmake is None or not cmake.supported:
+        return plain
+    return loose_intersection(select_arch_list(cmake.supported, cuda_version), plain)
 
 
 def unit_archs(unit: TranslationUnit, archs: tuple[str, ...], cuda_version: str,
                cmake: CMakeTarget | None = None) -> tuple[str, ...]:
-    """The archs CMake builds ``unit`` for, given the requested list."""
-    if unit.arch_var is None or cmake is None:
-        return archs
-    return loose_intersection(select_arch_list(cmake.arch_lists.get(unit.arch_var, []), cuda_version), archs)
+    """The archs CMake builds ``unit`` for, given the requested ``TORCH_CUDA_ARCH_LIST``.
+
+    Plain sources get ``CUDA_ARCHS``; a source under an arch variable gets that
+    variable's loose intersection with it.  A ``+PTX`` entry of the request (which
+    vLLM's build drops) is kept here on purpose: the unit's arch of the same base
+    version then also gets PTX, so a narrowed lock can still JIT on newer GPUs.
+    """
+    base = cuda_archs(archs, cuda_version, cmake)
+    if unit.arch_var is not None and cmake is not None:
+        base = loose_intersection(select_arch_list(cmake.arch_lists.get(unit.arch_var, []), cuda_version), base)
+    want_ptx = {a[:-4].rstrip("af") for a in archs if a.endswith("+PTX")}
+    return tuple(a + "+PTX" if not a.endswith("+PTX") and a.rstrip("af") in want_ptx else a
+                 for a in base)
+
+
+def split_ptx(archs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(SASS archs, PTX archs) of a unit arch list (``12.0+PTX`` is both)."""
+    sass = [a[:-4] if a.endswith("+PTX") else a for a in archs]
+    return sass, [a[:-4] for a in archs if a.endswith("+PTX")]
+
+
+# Where a vLLM tree records the TORCH_CUDA_ARCH_LIST of its release wheels.
+RELEASE_PIPELINE = ".buildkite/release-pipeline.yaml"
+DOCKERFILE = "docker/Dockerfile"
+
+
+@dataclass(frozen=True)
+class ReleaseArchs:
+    archs: tuple[str, ...]
+    origin: str  # "file: VARIABLE", for reports
+
+
+def release_arch_list(tree: Path, cuda_version: str | None, machine: str) -> ReleaseArchs:
+    """The ``TORCH_CUDA_ARCH_LIST`` vLLM's release wheels for ``machine`` are built with.
+
+    Read from the tree's release pipeline (``CUDA_ARCH_X86`` / ``CUDA_ARCH_AARCH64``,
+    the ``_CU129`` lists for nvcc older than 13), else the ``torch_cuda_arch_list``
+    default of ``docker/Dockerfile``.
+    """
+    arch = {"x86_64": "X86", "amd64": "X86", "aarch64": "AARCH64", "arm64": "AARCH64"}.get(machine.lower())
+    pipe = Path(tree) / RELEASE_PIPELINE
+    if arch and pipe.is_file():
+        text = pipe.read_text(encoding="utf-8", errors="replace")
+        names = [f"CUDA_ARCH_{arch}"]
+        if cuda_version is not None and _version_tuple(cuda_version) < (13,):
+            major_minor = "".join(cuda_version.split(".")[:2])
+            names = [f"CUDA_ARCH_{arch}_CU{major_minor}", f"CUDA_ARCH_{arch}_CU129", *names]
+        for name in names:
+            m = re.search(rf'^\s*{name}\s*:\s*["\']?([^"\'\n#]*)', text, re.M)
+            if m and m.group(1).split():
+                return ReleaseArchs(tuple(m.group(1).replace(";", " ").split()), f"{RELEASE_PIPELINE}: {name}")
+    docker = Path(tree) / DOCKERFILE
+    if docker.is_file():
+        m = re.search(r"^\s*ARG\s+torch_cuda_arch_list\s*=\s*[\"']?([^\"'\n]*)",
+                      docker.read_text(encoding="utf-8", errors="replace"), re.M)
+        if m and m.group(1).split():
+            return ReleaseArchs(tuple(m.group(1).replace(";", " ").split()),
+                                f"{DOCKERFILE}: ARG torch_cuda_arch_list")
+    raise BuildError(
+        f"{tree}: cannot find vLLM's release CUDA arch list ({RELEASE_PIPELINE} "
+        f"CUDA_ARCH_* or {DOCKERFILE} torch_cuda_arch_list); set cuda_arch_list in the "
+        "lock for this pin or pass --arch"
+    )
 
 
 def includes_of(root: Path, rel: str) -> list[str]:

@@ -103,8 +103,11 @@ class Toolchain:
 
     def includes(self) -> list[str]:
         args = ["-I", str(self.torch_include), "-I", str(self.torch_include / "torch/csrc/api/include")]
+        # After nvcc's own headers: a CUDA torch's site-packages/nvidia/*/include (searched
+        # for cublas_v2.h) also holds cuda_runtime.h etc. of another CUDA minor, which
+        # must never shadow the toolkit's (`__cudaLaunch was not declared`).
         for d in self.include_dirs:
-            args += ["-I", str(d)]
+            args += ["-Xcompiler", f"-idirafter,{d}"]
         return args
 
 

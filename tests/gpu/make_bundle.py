@@ -33,29 +33,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from dsv4patch.kernels import stock  # noqa: E402
 from dsv4patch.lock import load  # noqa: E402
-from dsv4patch.progress import Progress  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
-MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 
-
-def stock_library(store: Store, pin, arch: str = "x86_64") -> tuple[Path, str, str]:
+def stock_library(store: Store, pin) -> tuple[Path, str, str]:
     """(xz-compressed stock library, its sha256 uncompressed, wheel file name), cached."""
-    wheel = pin.wheels[arch]
-    path = store.fetch_blob(wheel.url, wheel.sha256, wheel.size, f"pin {pin.name} wheel ({arch})",
-                            Progress.for_output("text"))
-    out = store.root / "derived" / f"{wheel.sha256}-C_stable_libtorch.so.xz"
-    meta = out.with_suffix(".json")
-    if not (out.is_file() and meta.is_file()):
+    wheel = stock.wheel_for(pin, "x86_64")
+    lib = stock.member(store, wheel)
+    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    out = store.root / "derived" / f"{digest}.so.xz"
+    if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(path) as zf:
-            data = zf.read(MEMBER)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+        tmp.write_bytes(lzma.compress(lib.read_bytes(), preset=9 | lzma.PRESET_EXTREME))
         os.replace(tmp, out)
-        meta.write_text(json.dumps({"sha256": hashlib.sha256(data).hexdigest()}))
-    return out, json.loads(meta.read_text())["sha256"], Path(wheel.url).name
+    return out, digest, Path(wheel.url).name
 
 
 def tree_tar(tree: Path, dest: Path) -> None:

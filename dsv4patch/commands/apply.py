@@ -102,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     pin: Pin = lock.pin(args.pin)
     store = _common.open_store(args)
     prog = _common.progress(args)
-    path: Path = args.tree
+    # Resolved once: every later git call names this absolute directory, so a
+    # relative --tree can never be resolved against another cwd (or reach the
+    # repository that encloses it).
+    path = Path(os.path.abspath(args.tree))
     pinrepo = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, pin)
     notes: list[str] = []

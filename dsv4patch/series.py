@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -143,6 +144,8 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
     text = raw.decode("utf-8", errors="replace")
+    headers = tuple(git_headers(raw))
+    check_patch_text(name, headers)
     try:
         ps = PatchSet(text)
     except UnidiffParseError as exc:
@@ -187,7 +190,7 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
         trailers=_trailers(message),
         files=tuple(files),
         adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
-        headers=tuple(git_headers(raw)),
+        headers=headers,
     )
 
 
@@ -359,64 +362,78 @@ def check_paths(patch: Patch, symlinks: set[str]) -> None:
 
     ``symlinks`` holds the paths of symlinks in the tree the patch targets.
     Paths are read both as unidiff sees them and as git apply will
-    (:func:`git_headers`: quoted names, ``rename to``, ``copy to``).  A patch
-    may not create a symlink that points outside the tree, nor a
-    ``.gitattributes`` line that rewrites files on checkout.
+    (:func:`git_headers`: quoted names, ``rename to``, ``copy to``).
     """
+    check_patch_text(patch.name, patch.headers, patch.files)
+    for p in _all_paths(patch.headers, patch.files):
+        _check_path(patch.name, p, symlinks)
+
+
+def _all_paths(headers: Sequence[GitHeader], files: Sequence[FileDiff]) -> list[str]:
     names: list[str] = []
-    for f in patch.files:
+    for f in files:
         names += [p for p in (f.path, f.source_path) if p]
-    for h in patch.headers:
+    for h in headers:
         names += list(h.paths)
-    for p in dict.fromkeys(names):
-        _check_path(patch, p, symlinks)
-    for h in patch.headers:
+    return list(dict.fromkeys(names))
+
+
+def check_patch_text(name: str, headers: Sequence[GitHeader], files: Sequence[FileDiff] = ()) -> None:
+    """What can be refused from the patch alone (when it is loaded, before any tree is touched).
+
+    Paths must stay in the tree and out of ``.git``; a created symlink must
+    point inside the tree; a ``.gitattributes`` line may not rewrite files on
+    checkout.
+    """
+    for p in _all_paths(headers, files):
+        _check_path(name, p, set())
+    for h in headers:
         if h.new_mode == "120000":
-            _check_symlink(patch, h)
+            _check_symlink(name, h)
         if PurePosixPath(h.path).name == ".gitattributes":
-            _check_attributes(patch, h)
+            _check_attributes(name, h)
 
 
-def _check_path(patch: Patch, p: str, symlinks: set[str]) -> None:
+def _check_path(name: str, p: str, symlinks: set[str]) -> None:
     pp = PurePosixPath(p)
     if p.startswith("/") or pp.is_absolute():
         raise PatchFileError(
-            f"patch {patch.name}: refuses absolute path {p!r}; patches must use "
+            f"patch {name}: refuses absolute path {p!r}; patches must use "
             "paths relative to the vLLM tree"
         )
     if ".." in pp.parts or p.startswith("~"):
         raise PatchFileError(
-            f"patch {patch.name}: refuses path {p!r}, which leaves the tree through '..'"
+            f"patch {name}: refuses path {p!r}, which leaves the tree through '..'"
         )
     if any(part.casefold() == ".git" for part in pp.parts):
-        raise PatchFileError(f"patch {patch.name}: refuses path {p!r} inside a .git directory")
+        raise PatchFileError(f"patch {name}: refuses path {p!r} inside a .git directory")
     if any(ord(c) < 0x20 for c in p):
-        raise PatchFileError(f"patch {patch.name}: refuses path {p!r} with control characters")
+        raise PatchFileError(f"patch {name}: refuses path {p!r} with control characters")
     for i in range(1, len(pp.parts) + 1):
         prefix = str(PurePosixPath(*pp.parts[:i]))
         if prefix in symlinks:
             raise PatchFileError(
-                f"patch {patch.name}: refuses path {p!r}: {prefix!r} is a symlink in "
+                f"patch {name}: refuses path {p!r}: {prefix!r} is a symlink in "
                 "the tree, so the write could land outside it"
             )
 
 
-def _check_symlink(patch: Patch, h: GitHeader) -> None:
+def _check_symlink(name: str, h: GitHeader) -> None:
     target = "\n".join(h.added)
     if not target or target.startswith("/") or "\0" in target:
         raise PatchFileError(
-            f"patch {patch.name}: creates symlink {h.path!r} -> {target!r}, which points "
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
             "outside the tree (absolute); only relative links inside the tree are allowed"
         )
     inside = posixpath.normpath(posixpath.join(posixpath.dirname(h.path), target))
     if inside == ".." or inside.startswith("../") or target.startswith("~"):
         raise PatchFileError(
-            f"patch {patch.name}: creates symlink {h.path!r} -> {target!r}, which points "
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
             "outside the tree; only relative links inside the tree are allowed"
         )
 
 
-def _check_attributes(patch: Patch, h: GitHeader) -> None:
+def _check_attributes(name: str, h: GitHeader) -> None:
     for line in h.added:
         fields = line.split()
         if not fields or fields[0].startswith("#"):
@@ -424,10 +441,9 @@ def _check_attributes(patch: Patch, h: GitHeader) -> None:
         for attr in fields[1:]:
             if attr.startswith(("-", "!")):
                 continue  # unsetting an attribute never rewrites anything
-            name = attr.split("=", 1)[0]
-            if name in REWRITING_ATTRIBUTES:
+            if attr.split("=", 1)[0] in REWRITING_ATTRIBUTES:
                 raise PatchFileError(
-                    f"patch {patch.name}: {h.path} sets attribute {attr!r} ({line.strip()!r}); "
+                    f"patch {name}: {h.path} sets attribute {attr!r} ({line.strip()!r}); "
                     "git would then write files on checkout that differ from the tree's blobs "
                     f"(attributes {', '.join(REWRITING_ATTRIBUTES)} are refused in patches)"
                 )

@@ -128,7 +128,7 @@ class _SdistExtractor:
 
     def __init__(self, tar: tarfile.TarFile, dest: Path, top: str, what: str) -> None:
         self.tar, self.dest, self.top, self.what = tar, dest, top, what
-        self.files: set[str] = set()
+        self.files: dict[str, int] = {}  # regular files extracted so far, and their modes
         self.symlinks: list[tuple[str, str]] = []
 
     def refuse(self, name: str, why: str) -> FetchError:
@@ -194,7 +194,7 @@ class _SdistExtractor:
             fh = self.tar.extractfile(m)
             assert fh is not None
             self.write(target, iter(lambda: fh.read(1 << 20), b""), mode)
-            self.files.add(rel)
+            self.files[rel] = mode
         elif m.islnk():
             other = self.relative(m.linkname, m.name)
             if other not in self.files:
@@ -202,8 +202,8 @@ class _SdistExtractor:
                                           "regular file of the sdist")
             data = (self.dest / other).read_bytes()
             self.clear(target, m.name)
-            self.write(target, iter([data]), mode)
-            self.files.add(rel)
+            self.write(target, iter([data]), self.files[other])  # one inode: one mode
+            self.files[rel] = self.files[other]
         elif m.issym():
             link = m.linkname
             if not link or link.startswith("/"):
@@ -215,7 +215,7 @@ class _SdistExtractor:
                 raise self.refuse(m.name, f"symlink to {link!r} points outside the tree")
             self.clear(target, m.name)
             os.symlink(link, target)
-            self.files.discard(rel)
+            self.files.pop(rel, None)
             self.symlinks.append((rel, m.name))
         else:
             kind = "device" if (m.ischr() or m.isblk()) else "fifo" if m.isfifo() else "special file"

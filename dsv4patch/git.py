@@ -283,11 +283,16 @@ def index_blob(repo: Path, env: Mapping[str, str], path: str) -> bytes | None:
     return cat_blob(repo, oid)
 
 
-def cat_blob(repo: Path, oid: str) -> bytes:
-    status, data, err = _execute(repo, ["cat-file", "blob", oid], None, None)
+def out_bytes(repo: Path, *args: str) -> bytes:
+    """stdout of ``git <args>`` as bytes (file contents); GitError on failure."""
+    status, data, err = _execute(repo, args, None, None)
     if status != 0:
-        raise GitError(f"git cat-file blob {oid} failed in {repo}: {err.decode(errors='replace')}")
+        raise GitError(f"git {' '.join(args[:3])} failed in {repo}: {err.decode(errors='replace')}")
     return data
+
+
+def cat_blob(repo: Path, oid: str) -> bytes:
+    return out_bytes(repo, "cat-file", "blob", oid)
 
 
 def checkout_to(repo: Path, old: str, new: str) -> None:

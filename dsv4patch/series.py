@@ -433,16 +433,24 @@ def _check_symlink(name: str, h: GitHeader) -> None:
         )
 
 
+def rewriting_attribute(line: str) -> str | None:
+    """The first attribute of a gitattributes line that rewrites files on checkout, if any."""
+    fields = line.split()
+    if not fields or fields[0].startswith("#"):
+        return None
+    for attr in fields[1:]:
+        if attr.startswith(("-", "!")):
+            continue  # unsetting an attribute never rewrites anything
+        if attr.split("=", 1)[0] in REWRITING_ATTRIBUTES:
+            return attr
+    return None
+
+
 def _check_attributes(name: str, h: GitHeader) -> None:
     for line in h.added:
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
-            continue
-        for attr in fields[1:]:
-            if attr.startswith(("-", "!")):
-                continue  # unsetting an attribute never rewrites anything
-            if attr.split("=", 1)[0] in REWRITING_ATTRIBUTES:
-                raise PatchFileError(
+        attr = rewriting_attribute(line)
+        if attr:
+            raise PatchFileError(
                     f"patch {name}: {h.path} sets attribute {attr!r} ({line.strip()!r}); "
                     "git would then write files on checkout that differ from the tree's blobs "
                     f"(attributes {', '.join(REWRITING_ATTRIBUTES)} are refused in patches)"

@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from dsv4patch import git
 from dsv4patch.errors import FetchError, TreeError
 from dsv4patch.lock import Pin
+from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
@@ -274,6 +275,33 @@ def check_version_file(pin: Pin, root: Path) -> None:
         raise FetchError(
             f"pin {pin.name}: the sdist was built from commit {commit}, but the lock pins "
             f"{pin.commit}; the lock's commit or sha256 is wrong"
+        )
+
+
+def check_target_tree(path: Path) -> None:
+    """Refuse a target tree whose own git settings would rewrite files or run programs.
+
+    git.py pins every setting that changes ``git apply`` or checkout on the
+    command line, which beats the tree's ``.git/config``; what cannot be
+    pinned that way is a ``filter.<driver>`` (its clean/smudge commands run on
+    ``status`` and checkout) and ``$GIT_DIR/info/attributes`` lines that
+    rewrite files on checkout (eol, ident, filter, working-tree-encoding...).
+    """
+    problems: list[str] = []
+    res = git.run(path, ["config", "--name-only", "--get-regexp", r"^filter\."], check=False)
+    problems += [f"config {k}" for k in res.stdout.split()]
+    gitdir = Path(git.out(path, "rev-parse", "--absolute-git-dir"))
+    attributes = gitdir / "info" / "attributes"
+    if attributes.is_file():
+        for line in attributes.read_text(errors="replace").splitlines():
+            attr = rewriting_attribute(line)
+            if attr:
+                problems.append(f"{attributes}: {line.strip()!r}")
+    if problems:
+        raise TreeError(
+            f"{path}: its git settings would make the files on disk differ from the tree id or "
+            f"run programs ({'; '.join(problems[:5])}); remove them, or use a new directory "
+            "for --tree"
         )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, git_pin, sh, write_lock
-from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOP = "vllm-0.0.1"
@@ -487,3 +487,31 @@ def test_symlink_inside_the_tree_and_harmless_attributes_are_fine(tmp_path, upst
     lock = raw_patch_lock(tmp_path, upstream, body)
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_OK, res.err
+
+
+@pytest.mark.parametrize("setting", ["filter", "ident"])
+def test_target_tree_filters_and_rewriting_attributes_are_refused(tmp_path, upstream, cli, setting):
+    """A filter driver or an info/attributes line would make disk differ from the tree id (or run code)."""
+    conflict = whitespace_conflict_lock(tmp_path, upstream)
+    cache = tmp_path / "c"
+    tree = tmp_path / "t"
+    assert cli("apply", "--lock", conflict, "--pin", "p", "--tree", tree, "--no-build",
+               "--cache-dir", cache).rc == EXIT_UNEXPECTED  # the tree, at the pin's base commit
+    d = tmp_path / "clean"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = '$Id$'\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
+    smudge, marker = marker_script(tmp_path, "smudge")
+    (tree / ".git" / "info").mkdir(exist_ok=True)
+    if setting == "filter":
+        with open(tree / ".git" / "config", "a") as fh:
+            fh.write(f"[filter \"evil\"]\n\tsmudge = {smudge}\n\tclean = {smudge}\n")
+        (tree / ".git" / "info" / "attributes").write_text("* filter=evil\n")
+    else:
+        (tree / ".git" / "info" / "attributes").write_text("*.py ident\n")
+    before = snapshot_dir(tree)
+    res = cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--no-build", "--cache-dir", cache)
+    assert res.rc == EXIT_TREE, res
+    assert str(tree) in res.err and ("filter.evil" in res.err or "ident" in res.err)
+    assert not marker.exists()
+    assert snapshot_dir(tree) == before

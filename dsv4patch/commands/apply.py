@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{path} is not the root of a git repository; point --tree at a new directory "
                 "and dsv4patch creates the tree from the pin"
             )
+        tree.check_target_tree(path)
         done = recover(path)
         if done:
             notes.append(done)

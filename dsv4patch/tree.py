@@ -188,7 +188,7 @@ class _SdistExtractor:
             if d.is_symlink() or (d.exists() and not d.is_dir()):
                 raise self.refuse(m.name, "a directory replaces a file or symlink")
             return
-        mode = 0o755 if m.mode & 0o111 else 0o644
+        mode = 0o755 if m.mode & 0o100 else 0o644  # what git records: the owner x bit
         target = self.parent_dir(rel, m.name) / rel.rsplit("/", 1)[-1]
         if m.isreg():
             self.clear(target, m.name)

@@ -105,9 +105,15 @@ class Result:
         return self.returncode == 0
 
 
-def _repo_env(cwd: Path) -> dict[str, str]:
-    """GIT_DIR/GIT_WORK_TREE for the repository *at* ``cwd``, and a ceiling above it."""
+def _repo_env(cwd: Path, repo: bool) -> dict[str, str]:
+    """GIT_DIR/GIT_WORK_TREE for the repository *at* ``cwd``, and a ceiling above it.
+
+    ``repo=False`` is for commands that create a repository elsewhere
+    (``clone``, ``init DIR``): git must not be told about the one at ``cwd``.
+    """
     env = {"GIT_CEILING_DIRECTORIES": str(cwd.parent)}
+    if not repo:
+        return env
     dotgit = cwd / ".git"
     if dotgit.is_dir() and not dotgit.is_symlink():
         env["GIT_DIR"] = str(dotgit)
@@ -117,7 +123,7 @@ def _repo_env(cwd: Path) -> dict[str, str]:
     return env
 
 
-def environment(cwd: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = True) -> dict[str, str]:
     """git's whole environment for a command run in ``cwd`` (see the module docstring)."""
     env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
     env.setdefault("PATH", os.defpath)
@@ -131,7 +137,7 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None) -> dict[str, 
         LC_ALL="C",
         LANG="C",
     )
-    env.update(_repo_env(cwd))
+    env.update(_repo_env(cwd, repo))
     if extra:
         unknown = set(extra) - _ALLOWED_EXTRA
         if unknown:
@@ -141,13 +147,13 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None) -> dict[str, 
 
 
 def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
-             input: bytes | None) -> tuple[int, bytes, bytes]:
+             input: bytes | None, repo: bool = True) -> tuple[int, bytes, bytes]:
     cwd = Path(os.path.abspath(cwd))
     if not cwd.is_dir():
         raise GitError(f"internal: git would run in {cwd}, which is not a directory")
     try:
         proc = subprocess.run(
-            ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env), input=input,
+            ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=None if input is not None else subprocess.DEVNULL,
         )
@@ -163,10 +169,14 @@ def run(
     env: Mapping[str, str] | None = None,
     input: str | bytes | None = None,
     check: bool = True,
+    repo: bool = True,
 ) -> Result:
-    """Run ``git <args>`` on the repository at ``cwd``; raise GitError on failure if ``check``."""
+    """Run ``git <args>`` on the repository at ``cwd``; raise GitError on failure if ``check``.
+
+    ``repo=False``: ``cwd`` is only where git runs (``clone``, ``init DIR``).
+    """
     data = input.encode() if isinstance(input, str) else input
-    status, out, err = _execute(cwd, args, env, data)
+    status, out, err = _execute(cwd, args, env, data, repo)
     res = Result(status, out.decode(errors="surrogateescape"), err.decode(errors="replace"))
     if check and not res.ok:
         raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{res.stderr.strip()}")
@@ -338,7 +348,8 @@ def fetch_all(repo: Path, url: str) -> Result:
 
 
 def clone_local(src: Path, dest: Path) -> None:
-    run(dest.parent, ["clone", "-q", "--no-checkout", "--", str(Path(src).resolve()), str(Path(dest).resolve())])
+    run(dest.parent, ["clone", "-q", "--no-checkout", "--", str(Path(src).resolve()),
+                      str(Path(dest).resolve())], repo=False)
 
 
 def worktree_add(repo: Path, dest: Path, commit: str) -> None:
@@ -424,6 +435,6 @@ def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
 
 def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
     """A bare repository that can read the objects of ``others`` (one object store view)."""
-    run(path.parent, ["init", "-q", "--bare", str(path)])
+    run(path.parent, ["init", "-q", "--bare", str(Path(path).resolve())], repo=False)
     alt = path / "objects" / "info" / "alternates"
     alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))

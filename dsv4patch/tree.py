@@ -328,7 +328,7 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     else:
         url = src.url
     fetch_repo = dest.parent / "fetch.git"
-    git.run(dest.parent, ["init", "-q", "--bare", str(fetch_repo)])
+    git.run(dest.parent, ["init", "-q", "--bare", str(fetch_repo)], repo=False)
     res = git.fetch_commit(fetch_repo, url, pin.commit)
     if not res.ok:
         res = git.fetch_all(fetch_repo, url)

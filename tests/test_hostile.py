@@ -414,7 +414,8 @@ def test_target_tree_config_does_not_change_results(tmp_path, upstream, cli):
 # --- --tree inside another repository --------------------------------------------
 
 
-def test_relative_tree_inside_a_clone_leaves_the_enclosing_repo_alone(tmp_path, upstream, cli, monkeypatch):
+@pytest.mark.parametrize("rel", ["build/vllm", "vllm-tree"])
+def test_relative_tree_inside_a_clone_leaves_the_enclosing_repo_alone(tmp_path, upstream, cli, monkeypatch, rel):
     d = tmp_path / "lock"
     d.mkdir()
     upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "a")
@@ -425,15 +426,15 @@ def test_relative_tree_inside_a_clone_leaves_the_enclosing_repo_alone(tmp_path, 
     assert sh(clone, "branch", "-r")  # remote-tracking branches exist
     before = snapshot_dir(clone / ".git")
     monkeypatch.chdir(clone)
-    res = cli("apply", "--lock", lock, "--pin", "p", "--tree", "build/vllm", "--no-build",
+    res = cli("apply", "--lock", lock, "--pin", "p", "--tree", rel, "--no-build",
               "--cache-dir", tmp_path / "c", "--format", "json")
     assert res.rc == EXIT_OK, res.err
-    tree = clone / "build" / "vllm"
+    tree = clone / rel
     assert (tree / ".git").is_dir() and (tree / "vllm/envs.py").read_text().endswith("A = 1\n")
     assert sh(tree, "remote") == ""
     assert snapshot_dir(clone / ".git") == before
     assert sh(clone, "remote") == "origin" and sh(clone, "branch", "-r")
-    assert sorted(p.name for p in (clone / "build").iterdir()) == ["vllm"]
+    assert sorted(p.name for p in tree.parent.iterdir() if "dsv4patch" in p.name) == []
 
 
 # --- patches ------------------------------------------------------------------

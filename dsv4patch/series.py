@@ -420,7 +420,12 @@ def _check_path(name: str, p: str, symlinks: set[str]) -> None:
 
 def _check_symlink(name: str, h: GitHeader) -> None:
     target = "\n".join(h.added)
-    if not target or target.startswith("/") or "\0" in target:
+    if not target:
+        raise PatchFileError(
+            f"patch {name}: turns {h.path!r} into a symlink without showing its target; "
+            "only new symlinks with a visible target inside the tree are allowed"
+        )
+    if target.startswith("/") or "\0" in target:
         raise PatchFileError(
             f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
             "outside the tree (absolute); only relative links inside the tree are allowed"

@@ -516,3 +516,21 @@ def test_target_tree_filters_and_rewriting_attributes_are_refused(tmp_path, upst
     assert str(tree) in res.err and ("filter.evil" in res.err or "ident" in res.err)
     assert not marker.exists()
     assert snapshot_dir(tree) == before
+
+
+def test_quoted_names_are_read_as_git_reads_them(tmp_path, upstream, cli):
+    """A symlink with a non-ASCII name, written through by a C-quoted path: refused, not missed."""
+    os.symlink("/tmp", upstream.path / "l\u00efnk")
+    sh(upstream.path, "add", "-A")
+    sh(upstream.path, "commit", "-qm", "link")
+    upstream.commit = sh(upstream.path, "rev-parse", "HEAD")
+    lock = raw_patch_lock(tmp_path, upstream, new_file("l\\303\\257nk/evil", "pwned", quoted=True))
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT, res
+    assert "l\u00efnk" in res.err and "symlink" in res.err
+    # An ordinary non-ASCII file name is fine.
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    good = raw_patch_lock(ok, upstream, new_file("vllm/\\303\\244.py", "A = 1", quoted=True))
+    res = cli("check", "--lock", good, "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == EXIT_OK, res.err

@@ -22,7 +22,8 @@ HELP = "download, verify and materialize pins into the cache (or seed it from a 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fetch", help=HELP, description=HELP)
     _common.add_lock(p)
-    p.add_argument("--sdist", type=Path, action="append", default=[], help="seed from this file")
+    p.add_argument("--sdist", type=Path, action="append", default=[], help="seed the cache from this sdist file (repeatable; it must be the sha256 a "
+                   "selected pin locks, and the output names that pin)")
     _common.add_output(p)
     _common.add_cache(p)
 

@@ -49,14 +49,16 @@ def sha256(data: bytes) -> str:
 
 
 def git(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    return subprocess.run(["git", "-C", str(TREE), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout
+    """git on the patched tree, through dsv4patch's git module (hermetic environment)."""
+    from dsv4patch import git as dgit
+
+    return dgit.run(TREE.resolve(), args).stdout
 
 
 def git_bytes(*args: str) -> bytes:
-    return subprocess.run(["git", "-C", str(TREE), *args], check=True,
-                          capture_output=True).stdout
+    from dsv4patch import git as dgit
+
+    return dgit.out_bytes(TREE.resolve(), *args)
 
 
 def expected() -> dict[str, str]:

@@ -1,23 +1,35 @@
 """The only module that runs git.
 
 Everything else asks this module for plumbing operations on a repository
-directory.  Commands run through GitPython's ``Git.execute`` with a fixed,
-hermetic environment: no user/system config, no pager, no fuzz-altering
-settings, deterministic identities for the commits we make.  ``GIT_DIR`` and
-``GIT_WORK_TREE`` from the caller's environment are dropped so an enclosing
-repository can never be picked up.
+directory.  git's behaviour must depend only on the lock, the patches and the
+pinned files, never on whoever runs dsv4patch, so every git process gets:
+
+* an environment built from an allow-list (:data:`KEEP_ENV`), not from
+  ``os.environ``: no ``GIT_DIR``, ``GIT_WORK_TREE``, ``GIT_INDEX_FILE``,
+  ``GIT_CONFIG_*`` or ``GIT_CONFIG_PARAMETERS`` of the caller reaches git
+  (GitPython's ``execute`` merges ``os.environ`` into the child's
+  environment, so git is started with :mod:`subprocess` here);
+* no system or global config (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL``
+  = ``/dev/null``), no system attributes, no replace refs;
+* every setting that changes what ``git apply``, ``read-tree``, ``add`` or
+  ``status`` do pinned on the command line (:data:`_CONFIG`), which beats a
+  repository's own ``.git/config``; hooks and fsmonitor off;
+* an explicit repository: ``GIT_DIR`` (and ``GIT_WORK_TREE``) point at the
+  directory the caller named, and ``GIT_CEILING_DIRECTORIES`` stops discovery
+  at it, so an enclosing repository can never be picked up;
+* an absolute, existing working directory (a missing one is an error, never
+  a silent fallback to the process's cwd).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import git as gitpython
 
 from dsv4patch.errors import GitError
 
@@ -30,13 +42,53 @@ IDENTITY = {
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
 }
+# The only variables of the caller's environment git sees: where programs
+# are, a home for ssh's known_hosts and keys, temporary files, the ssh agent,
+# proxies and CA bundles for https remotes.  None of them can change what
+# git apply or checkout do.
+KEEP_ENV = (
+    "PATH", "HOME", "TMPDIR", "SSH_AUTH_SOCK",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR",
+)
+# Variables dsv4patch itself may pass to one git call.
+_ALLOWED_EXTRA = frozenset({*IDENTITY, "GIT_INDEX_FILE"})
 _CONFIG = [
+    # No program named by a repository's config ever runs.
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "credential.helper=",
+    "-c", "log.showSignature=false",
+    # What git apply accepts and how it matches context.
+    "-c", "apply.whitespace=nowarn",
+    "-c", "apply.ignoreWhitespace=no",
+    # What lands on disk and in the index: bytes as they are in the tree.
     "-c", "core.autocrlf=false",
+    "-c", "core.eol=lf",
+    "-c", "core.safecrlf=false",
     "-c", "core.filemode=true",
     "-c", "core.symlinks=true",
-    "-c", "core.safecrlf=false",
-    "-c", "apply.whitespace=nowarn",
+    "-c", "core.ignorecase=false",
+    "-c", "core.precomposeUnicode=false",
+    "-c", "core.sparseCheckout=false",
+    "-c", "core.attributesFile=/dev/null",
+    "-c", "core.excludesFile=/dev/null",
+    "-c", "core.quotePath=false",
+    "-c", "core.untrackedCache=false",
+    "-c", "submodule.recurse=false",
+    # Output we parse.
+    "-c", "diff.noprefix=false",
+    "-c", "diff.mnemonicPrefix=false",
+    "-c", "diff.relative=false",
+    "-c", "diff.renames=true",
+    # Which remotes may be fetched from (see lock.check_git_url).
+    "-c", "protocol.allow=never",
+    "-c", "protocol.https.allow=always",
+    "-c", "protocol.ssh.allow=always",
+    "-c", "protocol.file.allow=always",
     "-c", "gc.auto=0",
+    "-c", "maintenance.auto=false",
     "-c", "init.defaultBranch=main",
     "-c", "advice.detachedHead=false",
 ]
@@ -53,19 +105,61 @@ class Result:
         return self.returncode == 0
 
 
-def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+def _repo_env(cwd: Path, repo: bool) -> dict[str, str]:
+    """GIT_DIR/GIT_WORK_TREE for the repository *at* ``cwd``, and a ceiling above it.
+
+    ``repo=False`` is for commands that create a repository elsewhere
+    (``clone``, ``init DIR``): git must not be told about the one at ``cwd``.
+    """
+    env = {"GIT_CEILING_DIRECTORIES": str(cwd.parent)}
+    if not repo:
+        return env
+    dotgit = cwd / ".git"
+    if dotgit.is_dir() and not dotgit.is_symlink():
+        env["GIT_DIR"] = str(dotgit)
+        env["GIT_WORK_TREE"] = str(cwd)
+    elif (cwd / "HEAD").is_file() and (cwd / "objects").is_dir() and not dotgit.exists():
+        env["GIT_DIR"] = str(cwd)  # a bare repository
+    return env
+
+
+def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = True) -> dict[str, str]:
+    """git's whole environment for a command run in ``cwd`` (see the module docstring)."""
+    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env.setdefault("PATH", os.defpath)
     env.update(
         GIT_CONFIG_NOSYSTEM="1",
         GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_ATTR_NOSYSTEM="1",
+        GIT_NO_REPLACE_OBJECTS="1",
         GIT_TERMINAL_PROMPT="0",
         GIT_PAGER="cat",
         LC_ALL="C",
         LANG="C",
     )
+    env.update(_repo_env(cwd, repo))
     if extra:
+        unknown = set(extra) - _ALLOWED_EXTRA
+        if unknown:
+            raise GitError(f"internal: refusing git environment variables {sorted(unknown)}")
         env.update(extra)
     return env
+
+
+def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
+             input: bytes | None, repo: bool = True) -> tuple[int, bytes, bytes]:
+    cwd = Path(os.path.abspath(cwd))
+    if not cwd.is_dir():
+        raise GitError(f"internal: git would run in {cwd}, which is not a directory")
+    try:
+        proc = subprocess.run(
+            ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def run(
@@ -75,30 +169,17 @@ def run(
     env: Mapping[str, str] | None = None,
     input: str | bytes | None = None,
     check: bool = True,
+    repo: bool = True,
 ) -> Result:
-    """Run ``git <args>`` in ``cwd``; raise GitError on failure if ``check``."""
-    cmd = ["git", *_CONFIG, *args]
-    istream = None
-    if input is not None:
-        data = input.encode() if isinstance(input, str) else input
-        istream = tempfile.TemporaryFile()
-        istream.write(data)
-        istream.seek(0)
-    try:
-        status, out, err = gitpython.Git(str(cwd)).execute(
-            cmd,
-            with_extended_output=True,
-            with_exceptions=False,
-            env=_env(env),
-            istream=istream,
-            strip_newline_in_stdout=False,
-        )
-    finally:
-        if istream is not None:
-            istream.close()
-    res = Result(int(status), out, err)
+    """Run ``git <args>`` on the repository at ``cwd``; raise GitError on failure if ``check``.
+
+    ``repo=False``: ``cwd`` is only where git runs (``clone``, ``init DIR``).
+    """
+    data = input.encode() if isinstance(input, str) else input
+    status, out, err = _execute(cwd, args, env, data, repo)
+    res = Result(status, out.decode(errors="surrogateescape"), err.decode(errors="replace"))
     if check and not res.ok:
-        raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{err.strip()}")
+        raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{res.stderr.strip()}")
     return res
 
 
@@ -212,20 +293,16 @@ def index_blob(repo: Path, env: Mapping[str, str], path: str) -> bytes | None:
     return cat_blob(repo, oid)
 
 
-def cat_blob(repo: Path, oid: str) -> bytes:
-    g = gitpython.Git(str(repo))
-    status, data, err = g.execute(
-        ["git", "cat-file", "blob", oid],
-        with_extended_output=True,
-        with_exceptions=False,
-        env=_env(None),
-        as_process=False,
-        stdout_as_string=False,
-        strip_newline_in_stdout=False,
-    )
+def out_bytes(repo: Path, *args: str) -> bytes:
+    """stdout of ``git <args>`` as bytes (file contents); GitError on failure."""
+    status, data, err = _execute(repo, args, None, None)
     if status != 0:
-        raise GitError(f"git cat-file blob {oid} failed in {repo}: {err}")
+        raise GitError(f"git {' '.join(args[:3])} failed in {repo}: {err.decode(errors='replace')}")
     return data
+
+
+def cat_blob(repo: Path, oid: str) -> bytes:
+    return out_bytes(repo, "cat-file", "blob", oid)
 
 
 def checkout_to(repo: Path, old: str, new: str) -> None:
@@ -263,23 +340,24 @@ def log_trailers(repo: Path, rev_range: str) -> list[tuple[str, dict[str, list[s
 
 
 def fetch_commit(repo: Path, url: str, commit: str) -> Result:
-    return run(repo, ["fetch", "-q", "--no-tags", "--depth=1", url, commit], check=False)
+    return run(repo, ["fetch", "-q", "--no-tags", "--depth=1", "--", url, commit], check=False)
 
 
 def fetch_all(repo: Path, url: str) -> Result:
-    return run(repo, ["fetch", "-q", "--no-tags", url, "+refs/*:refs/remotes/src/*"], check=False)
+    return run(repo, ["fetch", "-q", "--no-tags", "--", url, "+refs/*:refs/remotes/src/*"], check=False)
 
 
 def clone_local(src: Path, dest: Path) -> None:
-    run(dest.parent, ["clone", "-q", "--no-checkout", str(src), str(dest)])
+    run(dest.parent, ["clone", "-q", "--no-checkout", "--", str(Path(src).resolve()),
+                      str(Path(dest).resolve())], repo=False)
 
 
 def worktree_add(repo: Path, dest: Path, commit: str) -> None:
-    run(repo, ["worktree", "add", "-q", "--detach", str(dest), commit])
+    run(repo, ["worktree", "add", "-q", "--detach", str(Path(dest).resolve()), commit])
 
 
 def worktree_remove(repo: Path, dest: Path) -> None:
-    run(repo, ["worktree", "remove", "--force", str(dest)], check=False)
+    run(repo, ["worktree", "remove", "--force", str(Path(dest).resolve())], check=False)
     run(repo, ["worktree", "prune"], check=False)
 
 
@@ -331,16 +409,14 @@ def merge_file(repo: Path, ours: bytes, base: bytes, theirs: bytes) -> tuple[boo
             p = Path(d) / name
             p.write_bytes(data)
             paths.append(str(p))
-        g = gitpython.Git(str(repo))
-        status, merged, _err = g.execute(
-            ["git", "merge-file", "-p", "--diff3", "-L", "target", "-L", "base", "-L", "patch",
-             *paths],
-            with_extended_output=True, with_exceptions=False, env=_env(None),
-            stdout_as_string=False, strip_newline_in_stdout=False,
+        status, merged, _err = _execute(
+            repo,
+            ["merge-file", "-p", "--diff3", "-L", "target", "-L", "base", "-L", "patch", *paths],
+            None, None,
         )
-    if int(status) < 0:
+    if status < 0 or status > 127:  # merge-file exits with the conflict count, or -1
         raise GitError(f"git merge-file failed in {repo}")
-    return int(status) == 0, merged
+    return status == 0, merged
 
 
 def hash_object(repo: Path, data: bytes) -> str:
@@ -359,6 +435,6 @@ def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
 
 def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
     """A bare repository that can read the objects of ``others`` (one object store view)."""
-    run(path.parent, ["init", "-q", "--bare", str(path)])
+    run(path.parent, ["init", "-q", "--bare", str(Path(path).resolve())], repo=False)
     alt = path / "objects" / "info" / "alternates"
     alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))

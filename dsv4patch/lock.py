@@ -292,11 +292,57 @@ def _parse_source(path: Path, where: str, raw: Any) -> Source:
     if kind == "git":
         t = _Table(path, where, raw, {"kind", "url"})
         url = t.get("url", str)
+        problem = git_url_problem(url)
+        if problem:
+            raise LockFileError(
+                f"{path}: {where}.url = {url!r} is refused: {problem}; use an https://, ssh://, "
+                "file:// or scp-like user@host:path URL, or a local path"
+            )
         if "://" not in url and not url.startswith("/") and ":" not in url:
             url = str((path.parent / url).resolve())
         return Source(kind=kind, url=url)
     t = _Table(path, where, raw, {"kind", "path"})
     return Source(kind=kind, path=(path.parent / t.get("path", str)).resolve())
+
+
+_URL_SCHEMES = ("https", "ssh", "git+ssh", "ssh+git", "file")
+_SCP_HOST = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*$")
+_URL_HOST = re.compile(r"^(?:[A-Za-z0-9._~%-]+@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+
+
+def git_url_problem(url: str) -> str | None:
+    """Why ``url`` may not be handed to git as a remote, or None if it may.
+
+    git reads a URL that starts with ``-`` as an option (``--upload-pack=CMD``
+    runs CMD) and ``<transport>::<address>`` as a remote helper (``ext::CMD``
+    runs CMD), so only plain https/ssh/file URLs, scp-like ``host:path`` and
+    local paths pass.
+    """
+    if not url:
+        return "it is empty"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        return "it contains control characters"
+    if url.startswith("-"):
+        return "it starts with '-', which git would read as an option"
+    if "::" in url:
+        return "'<transport>::' remote helpers (ext::, fd::, ...) can run commands"
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        if scheme.lower() not in _URL_SCHEMES:
+            return f"scheme {scheme!r} is not one of {', '.join(_URL_SCHEMES)}"
+        if scheme.lower() != "file":
+            host = rest.split("/", 1)[0]
+            if not _URL_HOST.match(host):
+                return f"host {host!r} is not a host name"
+        return None
+    if url.startswith("/") or url.startswith("."):
+        return None
+    head, colon, _ = url.partition(":")
+    if colon and "/" not in head:
+        # scp-like [user@]host:path (git reads it so when no '/' comes before ':')
+        if not _SCP_HOST.match(head):
+            return f"host {head!r} is not a host name"
+    return None
 
 
 def update_derived(path: Path, pin: str, values: dict[str, Any], source_values: dict[str, Any]) -> bool:

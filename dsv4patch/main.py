@@ -21,9 +21,9 @@ exit codes:
   0  success: every result is what the lock expects
   1  a result differs from the lock (unexpected patch status, tree id, failed proof)
   2  bad command line
-  3  bad lock file or patch file (malformed, unknown keys, unsafe paths)
+  3  bad lock file or patch file (malformed, unknown keys, refused URL, unsafe paths or content)
   4  a pinned source could not be fetched or verified, or the cache is unusable
-  5  the target tree is dirty, at another commit, or not a dsv4patch tree
+  5  the target tree is dirty, at another commit, not a dsv4patch tree, or has unsafe git settings
   6  another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
   7  kernel build or test environment failed
 """

@@ -14,7 +14,9 @@ goes through a symlink in the tree.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -42,6 +44,16 @@ class FileDiff:
 
 
 @dataclass(frozen=True)
+class GitHeader:
+    """One ``diff --git`` section as git apply reads it (names unquoted, -p1)."""
+
+    paths: tuple[str, ...]  # every name git may use: diff --git, ---/+++, rename/copy from/to
+    path: str  # the name after the patch
+    new_mode: str | None  # from "new file mode" / "new mode"
+    added: tuple[str, ...]  # "+" lines of its hunks, without the "+"
+
+
+@dataclass(frozen=True)
 class Patch:
     name: str  # file name, e.g. 0001-...patch; the key used in the lock
     path: Path
@@ -53,6 +65,7 @@ class Patch:
     trailers: dict[str, list[str]]
     files: tuple[FileDiff, ...]
     adds_symlink: bool = False
+    headers: tuple[GitHeader, ...] = ()  # the same diff as git apply reads it
 
     @property
     def tests(self) -> list[str]:
@@ -131,6 +144,8 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
     text = raw.decode("utf-8", errors="replace")
+    headers = tuple(git_headers(raw))
+    check_patch_text(name, headers)
     try:
         ps = PatchSet(text)
     except UnidiffParseError as exc:
@@ -175,7 +190,121 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
         trailers=_trailers(message),
         files=tuple(files),
         adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
+        headers=headers,
     )
+
+
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(s: str) -> tuple[str, str]:
+    """A C-quoted name at the start of ``s`` (as git writes it) and the rest of ``s``."""
+    out = bytearray()
+    i = 1
+    while i < len(s):
+        c = s[i]
+        if c == '"':
+            return out.decode("utf-8", errors="surrogateescape"), s[i + 1 :]
+        if c == "\\" and i + 1 < len(s):
+            n = s[i + 1]
+            if n in "0123" and i + 3 < len(s) and all(x in "01234567" for x in s[i + 1 : i + 4]):
+                out.append(int(s[i + 1 : i + 4], 8))
+                i += 4
+                continue
+            out.append(_ESCAPES.get(n, ord(n)) if n in _ESCAPES else ord(n))
+            i += 2
+            continue
+        out += c.encode("utf-8", errors="surrogateescape")
+        i += 1
+    return out.decode("utf-8", errors="surrogateescape"), ""
+
+
+def _name(s: str, strip: bool) -> str | None:
+    """A ---/+++/rename/copy name: unquoted, cut at a tab, prefix removed when ``strip``."""
+    s = s.rstrip("\n")
+    if s.startswith('"'):
+        name, _ = _unquote(s)
+    else:
+        name = s.split("\t", 1)[0]
+    if name == "/dev/null":
+        return None
+    return _strip1(name) if strip else name
+
+
+def _strip1(name: str) -> str:
+    """git apply's default -p1: drop the first path component."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def _diff_git_names(rest: str) -> list[str]:
+    """Every name the ``diff --git`` line may stand for (all splits when ambiguous)."""
+    rest = rest.rstrip("\n")
+    if rest.startswith('"'):
+        first, rest2 = _unquote(rest)
+        rest2 = rest2.strip()
+        second = _unquote(rest2)[0] if rest2.startswith('"') else rest2
+        return [n for n in (_strip1(first), _strip1(second)) if n]
+    names: list[str] = []
+    for i, c in enumerate(rest):
+        if c != " ":
+            continue
+        a, b = rest[:i], rest[i + 1 :]
+        if b.startswith('"'):
+            b = _unquote(b)[0]
+        a, b = _strip1(a), _strip1(b)
+        if a == b:
+            return [a]
+        names += [a, b]
+    return names or [rest]
+
+
+def git_headers(raw: bytes) -> list[GitHeader]:
+    """The file sections of a patch as git apply reads them.
+
+    unidiff does not unquote C-quoted names (``"b/\\303\\244"``) and ignores
+    ``rename to``/``copy to``; git uses all of them, so the path checks read
+    them here.
+    """
+    text = raw.decode("utf-8", errors="surrogateescape")
+    out: list[GitHeader] = []
+    cur: dict[str, object] | None = None
+
+    def done() -> None:
+        if cur is not None:
+            paths = tuple(dict.fromkeys(p for p in cur["paths"] if p))  # type: ignore[union-attr]
+            target = cur["to"] or (paths[-1] if paths else "")
+            out.append(GitHeader(paths, str(target), cur["mode"], tuple(cur["added"])))  # type: ignore[arg-type]
+
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
+            done()
+            names = _diff_git_names(line[len("diff --git "):])
+            cur = {"paths": list(names), "to": names[-1] if names else "", "mode": None,
+                   "added": [], "hunks": False}
+            continue
+        if cur is None:
+            continue
+        if cur["hunks"]:
+            if line.startswith("+"):
+                cur["added"].append(line[1:])  # type: ignore[union-attr]
+            continue
+        if line.startswith("@@"):
+            cur["hunks"] = True
+        elif line.startswith(("new file mode ", "new mode ")):
+            cur["mode"] = line.split()[-1]
+        elif line.startswith(("--- ", "+++ ")):
+            n = _name(line[4:], strip=True)
+            cur["paths"].append(n)  # type: ignore[union-attr]
+            if line.startswith("+++ ") and n:
+                cur["to"] = n
+        elif line.startswith(("rename from ", "copy from ")):
+            cur["paths"].append(_name(line.split(" ", 2)[2], strip=False))  # type: ignore[union-attr]
+        elif line.startswith(("rename to ", "copy to ")):
+            n = _name(line.split(" ", 2)[2], strip=False)
+            cur["paths"].append(n)  # type: ignore[union-attr]
+            cur["to"] = n
+    done()
+    return out
 
 
 def _strip(p: str) -> str:
@@ -223,27 +352,111 @@ def _trailers(message: str) -> dict[str, list[str]]:
     return out
 
 
+# .gitattributes entries that make the bytes git writes on checkout differ
+# from the blobs in the tree (or run a program): refused in patches.
+REWRITING_ATTRIBUTES = ("eol", "ident", "filter", "working-tree-encoding", "text", "crlf")
+
+
 def check_paths(patch: Patch, symlinks: set[str]) -> None:
     """Refuse a patch that writes outside the tree, before git runs.
 
     ``symlinks`` holds the paths of symlinks in the tree the patch targets.
+    Paths are read both as unidiff sees them and as git apply will
+    (:func:`git_headers`: quoted names, ``rename to``, ``copy to``).
     """
-    for f in patch.files:
-        for p in filter(None, (f.path, f.source_path)):
-            pp = PurePosixPath(p)
-            if p.startswith("/") or pp.is_absolute():
-                raise PatchFileError(
-                    f"patch {patch.name}: refuses absolute path {p!r}; patches must use "
-                    "paths relative to the vLLM tree"
+    check_patch_text(patch.name, patch.headers, patch.files)
+    for p in _all_paths(patch.headers, patch.files):
+        _check_path(patch.name, p, symlinks)
+
+
+def _all_paths(headers: Sequence[GitHeader], files: Sequence[FileDiff]) -> list[str]:
+    names: list[str] = []
+    for f in files:
+        names += [p for p in (f.path, f.source_path) if p]
+    for h in headers:
+        names += list(h.paths)
+    return list(dict.fromkeys(names))
+
+
+def check_patch_text(name: str, headers: Sequence[GitHeader], files: Sequence[FileDiff] = ()) -> None:
+    """What can be refused from the patch alone (when it is loaded, before any tree is touched).
+
+    Paths must stay in the tree and out of ``.git``; a created symlink must
+    point inside the tree; a ``.gitattributes`` line may not rewrite files on
+    checkout.
+    """
+    for p in _all_paths(headers, files):
+        _check_path(name, p, set())
+    for h in headers:
+        if h.new_mode == "120000":
+            _check_symlink(name, h)
+        if PurePosixPath(h.path).name == ".gitattributes":
+            _check_attributes(name, h)
+
+
+def _check_path(name: str, p: str, symlinks: set[str]) -> None:
+    pp = PurePosixPath(p)
+    if p.startswith("/") or pp.is_absolute():
+        raise PatchFileError(
+            f"patch {name}: refuses absolute path {p!r}; patches must use "
+            "paths relative to the vLLM tree"
+        )
+    if ".." in pp.parts or p.startswith("~"):
+        raise PatchFileError(
+            f"patch {name}: refuses path {p!r}, which leaves the tree through '..'"
+        )
+    if any(part.casefold() == ".git" for part in pp.parts):
+        raise PatchFileError(f"patch {name}: refuses path {p!r} inside a .git directory")
+    if any(ord(c) < 0x20 for c in p):
+        raise PatchFileError(f"patch {name}: refuses path {p!r} with control characters")
+    for i in range(1, len(pp.parts) + 1):
+        prefix = str(PurePosixPath(*pp.parts[:i]))
+        if prefix in symlinks:
+            raise PatchFileError(
+                f"patch {name}: refuses path {p!r}: {prefix!r} is a symlink in "
+                "the tree, so the write could land outside it"
+            )
+
+
+def _check_symlink(name: str, h: GitHeader) -> None:
+    target = "\n".join(h.added)
+    if not target:
+        raise PatchFileError(
+            f"patch {name}: turns {h.path!r} into a symlink without showing its target; "
+            "only new symlinks with a visible target inside the tree are allowed"
+        )
+    if target.startswith("/") or "\0" in target:
+        raise PatchFileError(
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
+            "outside the tree (absolute); only relative links inside the tree are allowed"
+        )
+    inside = posixpath.normpath(posixpath.join(posixpath.dirname(h.path), target))
+    if inside == ".." or inside.startswith("../") or target.startswith("~"):
+        raise PatchFileError(
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
+            "outside the tree; only relative links inside the tree are allowed"
+        )
+
+
+def rewriting_attribute(line: str) -> str | None:
+    """The first attribute of a gitattributes line that rewrites files on checkout, if any."""
+    fields = line.split()
+    if not fields or fields[0].startswith("#"):
+        return None
+    for attr in fields[1:]:
+        if attr.startswith(("-", "!")):
+            continue  # unsetting an attribute never rewrites anything
+        if attr.split("=", 1)[0] in REWRITING_ATTRIBUTES:
+            return attr
+    return None
+
+
+def _check_attributes(name: str, h: GitHeader) -> None:
+    for line in h.added:
+        attr = rewriting_attribute(line)
+        if attr:
+            raise PatchFileError(
+                    f"patch {name}: {h.path} sets attribute {attr!r} ({line.strip()!r}); "
+                    "git would then write files on checkout that differ from the tree's blobs "
+                    f"(attributes {', '.join(REWRITING_ATTRIBUTES)} are refused in patches)"
                 )
-            if ".." in pp.parts or p.startswith("~"):
-                raise PatchFileError(
-                    f"patch {patch.name}: refuses path {p!r}, which leaves the tree through '..'"
-                )
-            for i in range(1, len(pp.parts) + 1):
-                prefix = str(PurePosixPath(*pp.parts[:i]))
-                if prefix in symlinks:
-                    raise PatchFileError(
-                        f"patch {patch.name}: refuses path {p!r}: {prefix!r} is a symlink in "
-                        "the tree, so the write could land outside it"
-                    )

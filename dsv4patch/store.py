@@ -146,6 +146,34 @@ class Store:
             return dest
 
 
+    def seed_blob(self, path: Path, sha256: str) -> bool:
+        """Copy ``path`` into the cache as blob ``sha256``; False if it was already there.
+
+        The copy is hashed, not the original, so a file that changes while it
+        is read never enters the cache under the wrong name; no temporary file
+        or directory is left behind.
+        """
+        dest = self.blob_path(sha256)
+        with self.lock(f"blob-{sha256}"):
+            if dest.exists() and hash_file(dest) == sha256:
+                return False
+            fd, tmp_name = tempfile.mkstemp(prefix="seed-", dir=self.root / "tmp")
+            tmp = Path(tmp_name)
+            try:
+                h = hashlib.sha256()
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                    for chunk in iter(lambda: src.read(CHUNK), b""):
+                        out.write(chunk)
+                        h.update(chunk)
+                if h.hexdigest() != sha256:
+                    raise IntegrityError(f"{path} changed while it was copied into the cache; "
+                                         "nothing was cached, run the command again")
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+            return True
+
+
 def _download(
     url: str, fh: object, what: str, progress: Progress, size: int | None
 ) -> tuple[int, str, int | None]:

@@ -102,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     pin: Pin = lock.pin(args.pin)
     store = _common.open_store(args)
     prog = _common.progress(args)
-    path: Path = args.tree
+    # Resolved once: every later git call names this absolute directory, so a
+    # relative --tree can never be resolved against another cwd (or reach the
+    # repository that encloses it).
+    path = Path(os.path.abspath(args.tree))
     pinrepo = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, pin)
     notes: list[str] = []
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{path} is not the root of a git repository; point --tree at a new directory "
                 "and dsv4patch creates the tree from the pin"
             )
+        tree.check_target_tree(path)
         done = recover(path)
         if done:
             notes.append(done)

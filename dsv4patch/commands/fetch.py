@@ -8,13 +8,12 @@ lock pins.
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import Any
 
 from dsv4patch import report, tree
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, IntegrityError
+from dsv4patch.errors import EXIT_OK, FetchError, IntegrityError
 from dsv4patch.store import hash_file
 
 HELP = "download, verify and materialize pins into the cache (or seed it from a file)"
@@ -23,7 +22,8 @@ HELP = "download, verify and materialize pins into the cache (or seed it from a 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("fetch", help=HELP, description=HELP)
     _common.add_lock(p, series=False)
-    p.add_argument("--sdist", type=Path, action="append", default=[], help="seed from this file")
+    p.add_argument("--sdist", type=Path, action="append", default=[], help="seed the cache from this sdist file (repeatable; it must be the sha256 a "
+                   "selected pin locks, and the output names that pin)")
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -33,17 +33,28 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     pins = lock.select(args.pin)
-    wanted = {p.source.sha256: p for p in pins if p.source.kind == "pypi-sdist"}
+    wanted: dict[str, list[str]] = {}
+    for p in pins:
+        if p.source.kind == "pypi-sdist":
+            wanted.setdefault(p.source.sha256, []).append(p.name)
+    notes: list[str] = []
+    seeded: dict[str, list[str]] = {}
     for f in args.sdist:
-        digest = hash_file(f)
+        try:
+            digest = hash_file(f)
+        except OSError as exc:
+            raise FetchError(f"{f}: cannot read the sdist ({exc.strerror})") from None
         if digest not in wanted:
             raise IntegrityError(f"{f}: sha256 {digest} is not pinned by any selected pin")
-        dest = store.blob_path(digest)
-        if not dest.exists():
-            tmp = store.tmpdir("seed-") / "blob"
-            shutil.copyfile(f, tmp)
-            tmp.replace(dest)
-    out: dict[str, Any] = {"pins": {}, "ok": True}
+        added = store.seed_blob(f, digest)
+        names = wanted[digest]
+        seeded[str(f)] = names
+        notes.append(
+            f"{f}: the sdist of pin{'s' if len(names) > 1 else ''} {', '.join(names)} "
+            f"(sha256 {digest[:12]}...); "
+            + ("copied into the cache" if added else "already in the cache")
+        )
+    out: dict[str, Any] = {"pins": {}, "ok": True, "seeded": seeded, "notes": notes}
     rows = []
     for pin in pins:
         repo = tree.materialize(pin, store, prog)

@@ -37,7 +37,7 @@ import tomlkit
 from dsv4patch import engine, git, index, report, tree
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError
-from dsv4patch.lock import Lock, Pin, Source, load
+from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load
 from dsv4patch.series import Patch, Series, load_patch, series_for_pin
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
@@ -77,19 +77,24 @@ def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: An
     if args.git:
         if not re.fullmatch(r"[0-9a-f]{40}", args.to):
             raise LockFileError("--git needs --to to be a full 40-hex commit id")
+        problem = git_url_problem(args.git)
+        if problem:
+            raise LockFileError(f"--git {args.git!r} is refused: {problem}")
         return Pin(name=name, vllm_version=name, commit=args.to, source=Source(kind="git", url=args.git),
                    cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
     info = index.find_sdist("vllm", args.to)
     blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {args.to} sdist", prog)
-    with tarfile.open(blob, "r:gz") as tar:
-        member = tar.extractfile(f"vllm-{args.to}/vllm/_version.py")
-        text = member.read().decode() if member else ""
-    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", text)
-    if not m:
-        raise FetchError(f"vllm {args.to}: the sdist records no commit id")
+    what = f"vllm {args.to} sdist"
+    try:
+        with tarfile.open(blob, "r:gz") as tar:
+            member = tar.extractfile(f"vllm-{args.to}/vllm/_version.py")
+            data = member.read() if member else b""
+    except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
+        raise FetchError(f"{what}: cannot read vllm/_version.py ({exc})") from None
+    commit = tree.version_commit(data, f"{what}: vllm/_version.py")
     source = Source(kind="pypi-sdist", name="vllm", version=args.to, sha256=info.sha256,
                     size=info.size, url=info.url)
-    return Pin(name=name, vllm_version=args.to, commit=m.group(1), source=source,
+    return Pin(name=name, vllm_version=args.to, commit=commit, source=source,
                cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
 
 

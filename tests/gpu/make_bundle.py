@@ -52,7 +52,9 @@ def stock_library(store: Store, pin) -> tuple[Path, str, str]:
     return out, digest, Path(wheel.url).name
 
 
-def tree_tar(tree: Path, dest: Path) -> None:
+def tree_tar(tree: Path, wheel: Path, dest: Path) -> None:
+    """The tree's vllm/ and fix-7 tests, plus the stock wheel's .dist-info (vLLM's platform
+    detection reads its version from the installed metadata)."""
     members = [tree / "vllm", tree / "tests" / "__init__.py", tree / "tests" / "kernels" / "__init__.py",
                *sorted((tree / "tests" / "kernels").glob("test_dsv4_*.py"))]
     buf = io.BytesIO()
@@ -60,6 +62,14 @@ def tree_tar(tree: Path, dest: Path) -> None:
         for m in members:
             tf.add(m, arcname=str(m.relative_to(tree)),
                    filter=lambda ti: None if "__pycache__" in ti.name else ti)
+        with zipfile.ZipFile(wheel) as zf:
+            for name in zf.namelist():
+                top = name.split("/")[0]
+                if top.endswith(".dist-info") and not name.endswith(("/RECORD", "/")):
+                    data = zf.read(name)
+                    ti = tarfile.TarInfo(f"distinfo/{name}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
     dest.write_bytes(lzma.compress(buf.getvalue(), preset=6))
 
 
@@ -86,7 +96,7 @@ def main() -> int:
     so_xz, so_sha, stock_wheel = stock_library(store, pin)
     shutil.copyfile(so_xz, out / "stock_C_stable_libtorch.abi3.so.xz")
     shutil.copyfile(wheel, out / wheel.name)
-    tree_tar(work / "tree", out / "tree.tar.xz")
+    tree_tar(work / "tree", stock.wheel_path(store, stock.wheel_for(pin, "x86_64")), out / "tree.tar.xz")
     with zipfile.ZipFile(wheel) as zf:
         dist = next(n.split("/")[0] for n in zf.namelist() if n.endswith("/build_info.json"))
         info = json.loads(zf.read(f"{dist}/build_info.json"))

@@ -11,6 +11,8 @@ repository can never be picked up.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -68,6 +70,34 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+def _child_options() -> dict[str, object]:
+    """Popen options that tie a git child to this process's life.
+
+    * ``close_fds=False``: the child keeps the descriptors this process marked
+      inheritable, i.e. the tree lock (``apply.TreeLock``): the lock is released
+      only when every git that may be writing the tree has exited.
+    * ``PR_SET_PDEATHSIG``: on Linux the child gets SIGKILL when this process
+      dies, so killing dsv4patch never leaves a git working on behind it.
+    """
+    opts: dict[str, object] = {"close_fds": False}
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return opts
+        parent = os.getpid()
+
+        def die_with_parent() -> None:
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        opts["preexec_fn"] = die_with_parent
+    return opts
+
+
 def run(
     cwd: Path,
     args: Sequence[str],
@@ -92,6 +122,7 @@ def run(
             env=_env(env),
             istream=istream,
             strip_newline_in_stdout=False,
+            **_child_options(),
         )
     finally:
         if istream is not None:
@@ -129,7 +160,8 @@ def has_object(path: Path, oid: str) -> bool:
 
 def dirty_paths(path: Path) -> list[str]:
     """Tracked changes and untracked, non-ignored files."""
-    res = run(path, ["status", "--porcelain=v1", "--untracked-files=all"])
+    # --no-optional-locks: looking never writes the index (nor leaves index.lock if killed).
+    res = run(path, ["--no-optional-locks", "status", "--porcelain=v1", "--untracked-files=all"])
     return [line[3:] for line in res.stdout.splitlines() if line.strip()]
 
 

@@ -28,6 +28,7 @@ else:  # pragma: no cover
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
+PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 SOURCE_KINDS = ("pypi-sdist", "git", "local")
 # What a lock may expect of a patch on a pin (see engine.Status).
 EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
@@ -148,8 +149,12 @@ def load(path: Path) -> Lock:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LockFileError(f"{path}: lock file not found (pass --lock PATH)") from None
+    except UnicodeDecodeError as exc:
+        raise LockFileError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a lock file is TOML in UTF-8"
+        ) from None
     except OSError as exc:
-        raise LockFileError(f"{path}: cannot read lock file: {exc}") from None
+        raise LockFileError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -186,6 +191,12 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
 
 def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) -> Pin:
     where = f'[pins."{name}"]'
+    if not PIN_NAME.match(name) or ".." in name:
+        # Pin names become parts of file names (cache, variants, branches).
+        raise LockFileError(
+            f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "
+            "and '-' (no '/', spaces or '..'), e.g. \"0.27.1\""
+        )
     t = _Table(
         path,
         where,
@@ -221,7 +232,14 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
             raise LockFileError(
                 f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
             )
-    variants = {k: (path.parent / v).resolve() for k, v in t.get("variants", dict, {}).items()}
+    raw_variants = t.get("variants", dict, {})
+    for k, v in raw_variants.items():
+        if not isinstance(v, str) or not v:
+            raise LockFileError(
+                f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
+                f"file, relative to the lock, got {v!r}"
+            )
+    variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
     bt = _Table(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
     return Pin(
         name=name,

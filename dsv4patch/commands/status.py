@@ -46,7 +46,7 @@ def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    path: Path = args.tree
+    path: Path = _common.tree_path(args)
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)
     out: dict[str, Any] = {

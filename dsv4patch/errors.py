@@ -108,7 +108,7 @@ def disk_trouble(text: str) -> bool:
     """Does an error text (git's stderr, an OSError) say the file system refused a write?"""
     lowered = text.lower()
     return any(s in lowered for s in (
-        "no space left", "disk quota", "file too large", "read-only file system",
+        "no space left", "out of diskspace", "disk quota", "file too large", "read-only file system",
         "permission denied", "unable to write", "unable to create", "short write",
         "failed to write", "unable to append", "not writable",
     ))

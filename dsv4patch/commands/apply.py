@@ -106,12 +106,17 @@ def open_tree(path: Path, pinrepo: tree.PinRepo, notes: list[str]) -> Iterator[N
             return
         tmp = path.with_name(f".{path.name}.dsv4patch-tmp")
         advice = f"free space or fix permissions under {path.parent}, then run apply again"
-        with writing(TreeError, str(path.parent), advice):
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a killed creator
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            git.clone_local(pinrepo.repo, tmp)
-            git.run(tmp, ["remote", "remove", "origin"])
-            git.run(tmp, ["checkout", "-q", "-B", f"vllm-{pinrepo.pin.name}", pinrepo.base_commit])
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed creator
+        try:
+            with writing(TreeError, str(path.parent), advice):
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                git.clone_local(pinrepo.repo, tmp)
+                git.run(tmp, ["remote", "remove", "origin"])
+                git.run(tmp, ["checkout", "-q", "-B", f"vllm-{pinrepo.pin.name}",
+                              pinrepo.base_commit])
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
+            raise
         with file_lock(tmp / ".git" / TREE_LOCK, f"tree {path}", timeout=0, inherit=True):
             try:
                 os.rename(tmp, path)  # atomic; replaces an empty directory
@@ -205,6 +210,20 @@ def _worktree_entries(path: Path, names: list[str]) -> dict[str, tuple[str, str]
     return state
 
 
+def _half_written(path: Path, name: str, now: tuple[str, str] | None, target: tuple[str, str] | None) -> bool:
+    """What a killed ``read-tree -m -u`` leaves of a file it was writing.
+
+    git removes the old file, then creates and writes the new one: the file
+    is absent, or a regular file holding the first bytes of its new content.
+    """
+    if now is None:
+        return True
+    if target is None or now[0] == "120000" or target[0] == "120000":
+        return False
+    data = (path / name).read_bytes()
+    return git.cat_blob(path, target[1]).startswith(data)
+
+
 def _status_paths(path: Path) -> list[str]:
     res = git.run(path, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
                          "--untracked-files=all"])
@@ -266,7 +285,8 @@ def recover(path: Path, gitdir: Path | None = None) -> str | None:
     old, new = _entries(path, frm), _entries(path, to)
     moved = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
     now = _worktree_entries(path, moved)
-    edited = [n for n in moved if now[n] not in (old.get(n), new.get(n))]
+    edited = [n for n in moved if now[n] not in (old.get(n), new.get(n))
+              and not (index_at == [frm] and _half_written(path, n, now[n], new.get(n)))]
     if edited:
         problems.append(f"files the apply moves were edited: {', '.join(edited[:5])}"
                         f"{', ...' if len(edited) > 5 else ''}")

@@ -106,11 +106,11 @@ def block_update_ref(tree: Path, flag_dir: Path) -> None:
     At that point ``read-tree -m -u`` has moved index and work tree, HEAD is
     still at the base, the journal exists and git holds the branch's ref lock.
     """
-    hook = tree / ".git" / "hooks" / "reference-transaction"
+    hook = tree / ".git" / "hooks" / "reference-transaction"  # blocks the first update only
     hook.parent.mkdir(exist_ok=True)
     hook.write_text(
         "#!/bin/sh\ncat >/dev/null\n"
-        f'[ -e "{flag_dir}/disarmed" ] && exit 0\n'
+        f'[ -e "{flag_dir}/disarmed" ] || [ -e "{flag_dir}/started" ] && exit 0\n'
         f'touch "{flag_dir}/started"\n'
         f'while [ ! -e "{flag_dir}/go" ]; do sleep 0.05; done\n'
     )

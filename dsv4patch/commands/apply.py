@@ -79,10 +79,18 @@ def _git_dir(path: Path) -> Path:
     return Path(git.out(path, "rev-parse", "--absolute-git-dir"))
 
 
+def _lock_file(lock: Path, where: Path) -> Path:
+    """``lock``, created if needed; a tree we cannot write is the tree's problem (exit 5)."""
+    with writing(TreeError, str(where), f"dsv4patch needs to write in {where}; fix it, then run apply again"):
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644))
+    return lock
+
+
 @contextmanager
 def tree_lock(path: Path) -> Iterator[None]:
     """Hold ``path``'s tree lock (``<git dir>/dsv4patch.lock``) for an existing tree."""
-    with file_lock(_git_dir(path) / TREE_LOCK, f"tree {path}", inherit=True):
+    with file_lock(_lock_file(_git_dir(path) / TREE_LOCK, path), f"tree {path}", inherit=True):
         yield
 
 
@@ -99,7 +107,7 @@ def open_tree(path: Path, pinrepo: tree.PinRepo, notes: list[str]) -> Iterator[N
             yield
         return
     create_lock = path.with_name(f".{path.name}.dsv4patch-create.lock")
-    with file_lock(create_lock, f"tree {path}", inherit=True):
+    with file_lock(_lock_file(create_lock, path.parent), f"tree {path}", inherit=True):
         if not _is_empty(path):  # another run created it while we waited
             with tree_lock(path):
                 yield
@@ -153,12 +161,12 @@ def _open_by(path: Path) -> int | None:
     return None
 
 
-def _remove_stale_git_locks(path: Path, gitdir: Path, ref: str | None) -> list[str]:
-    """Remove lock files a killed git left (index, HEAD, the branch); refuse live ones."""
+def _stale_git_locks(path: Path, gitdir: Path, ref: str | None) -> list[Path]:
+    """Lock files a killed git left (index, HEAD, the branch); refuse live ones."""
     candidates = [gitdir / "index.lock", gitdir / "HEAD.lock"]
     if ref:
         candidates.append(gitdir / f"{ref}.lock")
-    removed = []
+    stale = []
     for lock in candidates:
         if not lock.exists():
             continue
@@ -168,9 +176,8 @@ def _remove_stale_git_locks(path: Path, gitdir: Path, ref: str | None) -> list[s
                 f"{lock} is held by a running process (pid {pid}); wait for that git command "
                 f"to finish, then run apply again to finish the interrupted apply on {path}"
             )
-        lock.unlink()
-        removed.append(lock.name)
-    return removed
+        stale.append(lock)
+    return stale
 
 
 def _entries(path: Path, commit: str) -> dict[str, tuple[str, str]]:
@@ -266,7 +273,7 @@ def recover(path: Path, gitdir: Path | None = None) -> str | None:
                 f"{journal} names commit {oid[:12]}, which is not in {path}; delete the journal "
                 "and restore the tree yourself"
             )
-    removed = _remove_stale_git_locks(path, gitdir, ref)
+    stale = _stale_git_locks(path, gitdir, ref)
     move = f"{frm[:12]} -> {to[:12]}"
     problems: list[str] = []
     cur_ref = git.run(path, ["symbolic-ref", "-q", "HEAD"], check=False).stdout.strip() or None
@@ -304,10 +311,12 @@ def recover(path: Path, gitdir: Path | None = None) -> str | None:
             f"--tree), or run `git reset --hard {to[:12]}` (discards your changes) and delete "
             "the journal"
         )
+    for lock in stale:  # no process has them open: left by a killed git
+        lock.unlink(missing_ok=True)
     with writing(TreeError, str(path), "free space, then run apply again to finish the move"):
         git.reset_hard(path, to)
     journal.unlink()
-    lock_note = f" (removed stale {', '.join(removed)})" if removed else ""
+    lock_note = f" (removed stale {', '.join(p.name for p in stale)})" if stale else ""
     return f"finished an interrupted apply: {move}{lock_note}"
 
 

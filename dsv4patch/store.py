@@ -66,7 +66,7 @@ def file_lock(
     """Exclusive flock on ``path``; waits up to ``timeout`` s, then BusyError.
 
     With ``inherit`` the lock's file descriptor is passed on to child
-    processes (git.run keeps inheritable descriptors open): the flock then
+    processes (``git.run(..., tied=True)`` keeps it open): the flock then
     lasts until this process *and* every child it started have exited, so a
     git still writing the tree when its parent is killed keeps the tree locked.
     """

@@ -157,4 +157,3 @@ def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock
     assert res.rc == EXIT_BUSY and f"tree {tree}" in res.err
     assert snapshot(tree) == before
     assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache).rc == 0
-

@@ -274,6 +274,8 @@ def test_recovery_refuses_a_tree_the_user_changed(tmp_path, cli, lock5, change):
 
 def test_recovery_without_user_changes_finishes(tmp_path, cli, lock5):
     tree, cache, _base, final = _killed_at_update_ref(tmp_path, cli, lock5)
+    st = cli("status", "--tree", tree, "--format", "json")
+    assert st.rc == 1 and json.loads(st.out)["interrupted_apply"] is True
     res = cli(*apply_args(lock5, tree, cache))
     assert res.rc == EXIT_OK, res.err
     assert state(tree) == (final, "")

@@ -11,9 +11,9 @@ Why a run killed at any point is safe:
 
 * The tree lock lives in the tree (``.git/dsv4patch.lock``, an flock), so two
   runs on one tree exclude each other whatever cache they use.  Its file
-  descriptor is inherited by every git child (see ``git._child_options``),
-  which also dies with its parent: the lock is free only once no git started
-  by the holder can still be writing the tree.
+  descriptor is inherited by every git that writes the tree (``git.run(...,
+  tied=True)``), which also dies with its parent: the lock is free only once
+  no git started by the holder can still be writing the tree.
 * Before the journal exists nothing but objects and dsv4patch's own scratch
   files are written into the repository (``git status`` runs with
   ``--no-optional-locks``), so a run killed there leaves the tree as it was.
@@ -119,9 +119,9 @@ def open_tree(path: Path, pinrepo: tree.PinRepo, notes: list[str]) -> Iterator[N
             with writing(TreeError, str(path.parent), advice):
                 tmp.parent.mkdir(parents=True, exist_ok=True)
                 git.clone_local(pinrepo.repo, tmp)
-                git.run(tmp, ["remote", "remove", "origin"])
+                git.run(tmp, ["remote", "remove", "origin"], tied=True)
                 git.run(tmp, ["checkout", "-q", "-B", f"vllm-{pinrepo.pin.name}",
-                              pinrepo.base_commit])
+                              pinrepo.base_commit], tied=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise

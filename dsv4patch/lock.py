@@ -219,6 +219,8 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
     default_series = [s.name for s in series.values() if s.default]
     series_names = t.get("series", list, default_series)
     for s in series_names:
+        if not isinstance(s, str):
+            raise LockFileError(f"{path}: {where}.series must be a list of series names, got {s!r}")
         if s not in series:
             raise LockFileError(
                 f"{path}: {where}.series names {s!r}, which is not a [series.*] table"

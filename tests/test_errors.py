@@ -71,6 +71,17 @@ def test_variants_value_of_the_wrong_type(tmp_path, cli, upstream, value):
     assert res.rc == EXIT_INPUT and "variants" in res.err and "must be a path" in res.err
 
 
+@pytest.mark.parametrize("value", ['[{ a = 1 }]', "[1]"])
+def test_series_list_of_the_wrong_type(tmp_path, cli, upstream, value):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "A\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, extra=f"series = {value}")},
+                      {"main": ["0001-a.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT and "series must be a list of series names" in res.err
+
+
 @pytest.mark.parametrize("name", ["a/b", "a b", "..", "0.27..1", "../x", "-x"])
 def test_unsafe_pin_names_are_refused(tmp_path, cli, upstream, name):
     d = tmp_path / "lock"

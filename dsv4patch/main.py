@@ -88,7 +88,8 @@ def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
 def _report(
     command: str, kind: str, message: str, code: int, as_json: bool, extra: dict[str, Any] | None = None
 ) -> int:
-    print(f"dsv4patch {command}: error: {message}".rstrip(), file=sys.stderr)
+    prog = f"dsv4patch {command}" if command else "dsv4patch"
+    print(f"{prog}: error: {message}".rstrip(), file=sys.stderr)
     if as_json:
         err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
                                "command": command or None}

@@ -161,6 +161,20 @@ def test_tree_lock_is_in_the_tree_and_held_until_git_children_exit(tmp_path, cli
         killpg(first)
 
 
+def test_two_runs_with_different_caches_create_one_tree(tmp_path, lock5, cli):
+    """Both runs start before the tree exists: one creates and patches it, the other
+    waits and then finds nothing to do."""
+    tree = tmp_path / "t"
+    for round_ in range(3):
+        if tree.exists():
+            subprocess.run(["rm", "-rf", str(tree)], check=True)
+        procs = [spawn(apply_args(lock5, tree, tmp_path / f"c{i}")) for i in range(2)]
+        errs = [p.communicate()[1].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], (round_, errs)
+        assert state(tree)[1] == "" and leftovers(tree) == []
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".t.")) == []
+
+
 def slow_checkout(tree: Path, flag_dir: Path) -> None:
     """A smudge filter that lets ``read-tree -m -u`` write one file, then blocks it."""
     script = flag_dir / "smudge.sh"

@@ -286,6 +286,17 @@ def test_recovery_refuses_a_tree_the_user_changed(tmp_path, cli, lock5, change):
     assert sh(tree, "rev-parse", "HEAD") != final or change is not _commit_on_top
 
 
+def test_a_foreign_index_lock_is_left_alone(tmp_path, cli, lock5):
+    """An index.lock with no interrupted apply is someone else's: exit 5, name the file."""
+    tree, cache = tmp_path / "t", tmp_path / "c"
+    base, _final = make_base_tree(cli, lock5, tree, cache)
+    (tree / ".git" / "index.lock").write_bytes(b"")
+    res = cli(*apply_args(lock5, tree, cache))
+    assert res.rc == EXIT_TREE and "index.lock" in res.err and "delete the file" in res.err
+    assert (tree / ".git" / "index.lock").exists()
+    assert state(tree) == (base, "")
+
+
 def test_recovery_without_user_changes_finishes(tmp_path, cli, lock5):
     tree, cache, _base, final = _killed_at_update_ref(tmp_path, cli, lock5)
     st = cli("status", "--tree", tree, "--format", "json")

@@ -28,6 +28,7 @@ Why a run killed at any point is safe:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -195,8 +196,6 @@ def _entries(path: Path, commit: str) -> dict[str, tuple[str, str]]:
 
 def _worktree_entries(path: Path, names: list[str]) -> dict[str, tuple[str, str] | None]:
     """(mode, blob id) of each path as it is in the work tree now (None: absent or a directory)."""
-    import hashlib
-
     state: dict[str, tuple[str, str] | None] = {}
     regular: list[str] = []
     for name in names:

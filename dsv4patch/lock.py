@@ -189,9 +189,14 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
     return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins)
 
 
+def valid_pin_name(name: str) -> bool:
+    """Pin names become parts of file names and branches: no '/', spaces or '..'."""
+    return bool(PIN_NAME.match(name)) and ".." not in name
+
+
 def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) -> Pin:
     where = f'[pins."{name}"]'
-    if not PIN_NAME.match(name) or ".." in name:
+    if not valid_pin_name(name):
         # Pin names become parts of file names (cache, variants, branches).
         raise LockFileError(
             f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "

@@ -93,6 +93,13 @@ def test_unsafe_pin_names_are_refused(tmp_path, cli, upstream, name):
     assert "pin name" in res.err and "not allowed" in res.err
 
 
+def test_port_refuses_an_unsafe_pin_name(tmp_path, cli, one_patch_lock):
+    res = cli("port", "--lock", one_patch_lock, "--from", "p", "--to", "0" * 40, "--git", "/nowhere",
+              "--name", "../../evil", "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_USAGE and "pin name" in res.err
+    assert not (tmp_path / "patches").exists() and not (ROOT.parent / "evil").exists()
+
+
 @pytest.mark.parametrize("command", ["apply", "status", "build"])
 def test_tree_that_is_a_file_is_a_usage_error(tmp_path, cli, one_patch_lock, command):
     f = tmp_path / "not-a-dir"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import git
+from dsv4patch.errors import GitError, disk_trouble
 from dsv4patch.series import Patch, Series, check_paths
 
 
@@ -154,6 +155,9 @@ def check_one(
     text = fwd.stdout + fwd.stderr
     if "Skipped patch" in text:
         raise AssertionError(f"git skipped {patch.name} in {repo}; refusing to trust it")
+    if not fwd.ok and disk_trouble(fwd.stderr):
+        # Not a patch that fails to apply: git could not write objects or the index.
+        raise GitError(f"git apply {patch.name} could not write in {repo}:\n{fwd.stderr.strip()}")
     if fwd.ok:
         after = git.write_tree(repo, env)
         if after == before:

@@ -2,74 +2,134 @@
 
 Every error a user can hit says what was wrong (which lock, pin, patch, file,
 hunk) and what to do next; ``main`` prints ``str(error)`` and exits with
-``error.exit_code``.  The codes are documented in the README and ``--help``.
+``error.exit_code`` (and, with ``--format json``, prints it as one JSON
+object).  Anything else that escapes a command is a bug: ``main`` reports it
+as an internal error with its own code.  The codes are documented in the
+README and ``--help`` (``main.EPILOG``); keep the three in sync.
 """
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 # Exit codes (keep in sync with README "Exit codes" and main.EPILOG).
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1  # a check/verify result differs from what the lock expects
-EXIT_USAGE = 2  # bad command line (argparse)
+EXIT_USAGE = 2  # bad command line (argparse, bad option values, bad environment values)
 EXIT_INPUT = 3  # bad lock file or patch file
-EXIT_FETCH = 4  # source could not be fetched or verified
-EXIT_TREE = 5  # target tree is dirty, at another commit, or not ours
+EXIT_FETCH = 4  # source could not be fetched or verified; cache unusable or full
+EXIT_TREE = 5  # target tree is dirty, at another commit, not ours, or not writable / full
 EXIT_BUSY = 6  # another dsv4patch holds the cache or tree lock
 EXIT_BUILD = 7  # kernel build / test environment failed
-EXIT_INTERNAL = 70
+EXIT_INTERNAL = 70  # a bug in dsv4patch or a git failure it did not expect: please report
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+
+# errno values that mean "the file system cannot take this write".
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 class Dsv4Error(Exception):
     exit_code = EXIT_INTERNAL
+    kind = "internal"
+
+
+class UsageError(Dsv4Error):
+    """A bad option value or environment variable (argparse's own errors too)."""
+
+    exit_code = EXIT_USAGE
+    kind = "usage"
 
 
 class LockFileError(Dsv4Error):
     """The lock file is unreadable, malformed or inconsistent."""
 
     exit_code = EXIT_INPUT
+    kind = "lock-file"
 
 
 class PatchFileError(Dsv4Error):
     """A patch or series file is missing, empty, malformed or unsafe."""
 
     exit_code = EXIT_INPUT
+    kind = "patch-file"
 
 
 class FetchError(Dsv4Error):
     """A pinned source could not be downloaded, fetched or verified."""
 
     exit_code = EXIT_FETCH
+    kind = "fetch"
 
 
 class IntegrityError(FetchError):
     """Downloaded bytes do not match the lock's hash or size."""
 
+    kind = "integrity"
+
 
 class CacheError(Dsv4Error):
-    """The cache directory cannot be used (read-only, not a directory)."""
+    """The cache directory cannot be used (read-only, not a directory, full)."""
 
     exit_code = EXIT_FETCH
+    kind = "cache"
 
 
 class TreeError(Dsv4Error):
-    """The target tree is not in a state we may touch."""
+    """The target tree is not in a state we may touch, or cannot be written."""
 
     exit_code = EXIT_TREE
+    kind = "tree"
 
 
 class BusyError(Dsv4Error):
     """Another process holds a lock we need."""
 
     exit_code = EXIT_BUSY
+    kind = "busy"
 
 
 class BuildError(Dsv4Error):
     """Compiling kernels or creating the test environment failed."""
 
     exit_code = EXIT_BUILD
+    kind = "build"
 
 
 class GitError(Dsv4Error):
     """git itself failed in a way we did not expect."""
 
     exit_code = EXIT_INTERNAL
+    kind = "git"
+
+
+def disk_trouble(text: str) -> bool:
+    """Does an error text (git's stderr, an OSError) say the file system refused a write?"""
+    lowered = text.lower()
+    return any(s in lowered for s in (
+        "no space left", "out of diskspace", "disk quota", "file too large", "read-only file system",
+        "permission denied", "unable to write", "unable to create", "short write",
+        "failed to write", "unable to append", "not writable",
+    ))
+
+
+@contextmanager
+def writing(cls: type[Dsv4Error], where: str, advice: str) -> Iterator[None]:
+    """Turn a failed write under ``where`` (OSError, or git failing to write) into ``cls``.
+
+    Used around the steps that write into the cache (``CacheError``, exit 4)
+    and into a work tree (``TreeError``, exit 5), so a full or read-only disk
+    is reported as the place the user must fix, not as a crash.  Other
+    errors pass through unchanged.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        raise cls(f"cannot write in {where}: {exc.strerror or exc}; {advice}") from None
+    except GitError as exc:
+        if not disk_trouble(str(exc)):
+            raise
+        raise cls(f"cannot write in {where}: {exc}\n{advice}") from None

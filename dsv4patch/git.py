@@ -24,7 +24,9 @@ pinned files, never on whoever runs dsv4patch, so every git process gets:
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -147,7 +149,7 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = 
 
 
 def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
-             input: bytes | None, repo: bool = True) -> tuple[int, bytes, bytes]:
+             input: bytes | None, repo: bool = True, tied: bool = False) -> tuple[int, bytes, bytes]:
     cwd = Path(os.path.abspath(cwd))
     if not cwd.is_dir():
         raise GitError(f"internal: git would run in {cwd}, which is not a directory")
@@ -156,10 +158,39 @@ def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
             ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=None if input is not None else subprocess.DEVNULL,
+            **(_child_options() if tied else {}),  # type: ignore[arg-type]
         )
     except OSError as exc:
         raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def _child_options() -> dict[str, object]:
+    """Popen options that tie a git child to this process's life (``run(tied=True)``).
+
+    * ``close_fds=False``: the child keeps the descriptors this process marked
+      inheritable, i.e. the tree lock (``apply.TreeLock``): the lock is released
+      only when every git that may be writing the tree has exited.
+    * ``PR_SET_PDEATHSIG``: on Linux the child gets SIGKILL when this process
+      dies, so killing dsv4patch never leaves a git working on behind it.
+    """
+    opts: dict[str, object] = {"close_fds": False}
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return opts
+        parent = os.getpid()
+
+        def die_with_parent() -> None:
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        opts["preexec_fn"] = die_with_parent
+    return opts
 
 
 def run(
@@ -170,13 +201,16 @@ def run(
     input: str | bytes | None = None,
     check: bool = True,
     repo: bool = True,
+    tied: bool = False,
 ) -> Result:
     """Run ``git <args>`` on the repository at ``cwd``; raise GitError on failure if ``check``.
 
     ``repo=False``: ``cwd`` is only where git runs (``clone``, ``init DIR``).
+    ``tied``: for commands that write a work tree, its index or refs; see
+    :func:`_child_options` (not the default: it costs a fork, ~4 ms a call).
     """
     data = input.encode() if isinstance(input, str) else input
-    status, out, err = _execute(cwd, args, env, data, repo)
+    status, out, err = _execute(cwd, args, env, data, repo, tied)
     res = Result(status, out.decode(errors="surrogateescape"), err.decode(errors="replace"))
     if check and not res.ok:
         raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{res.stderr.strip()}")
@@ -210,7 +244,8 @@ def has_object(path: Path, oid: str) -> bool:
 
 def dirty_paths(path: Path) -> list[str]:
     """Tracked changes and untracked, non-ignored files."""
-    res = run(path, ["status", "--porcelain=v1", "--untracked-files=all"])
+    # --no-optional-locks: looking never writes the index (nor leaves index.lock if killed).
+    res = run(path, ["--no-optional-locks", "status", "--porcelain=v1", "--untracked-files=all"])
     return [line[3:] for line in res.stdout.splitlines() if line.strip()]
 
 
@@ -307,12 +342,12 @@ def cat_blob(repo: Path, oid: str) -> bytes:
 
 def checkout_to(repo: Path, old: str, new: str) -> None:
     """Move a clean work tree and HEAD from ``old`` to ``new``."""
-    run(repo, ["read-tree", "-m", "-u", old, new])
-    run(repo, ["update-ref", "-m", "dsv4patch apply", "HEAD", new, old])
+    run(repo, ["read-tree", "-m", "-u", old, new], tied=True)
+    run(repo, ["update-ref", "-m", "dsv4patch apply", "HEAD", new, old], tied=True)
 
 
 def reset_hard(repo: Path, commit: str) -> None:
-    run(repo, ["reset", "-q", "--hard", commit])
+    run(repo, ["reset", "-q", "--hard", commit], tied=True)
 
 
 def log_trailers(repo: Path, rev_range: str) -> list[tuple[str, dict[str, list[str]]]]:
@@ -349,7 +384,7 @@ def fetch_all(repo: Path, url: str) -> Result:
 
 def clone_local(src: Path, dest: Path) -> None:
     run(dest.parent, ["clone", "-q", "--no-checkout", "--", str(Path(src).resolve()),
-                      str(Path(dest).resolve())], repo=False)
+                      str(Path(dest).resolve())], repo=False, tied=True)
 
 
 def worktree_add(repo: Path, dest: Path, commit: str) -> None:

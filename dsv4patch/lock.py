@@ -28,6 +28,7 @@ else:  # pragma: no cover
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
+PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 SOURCE_KINDS = ("pypi-sdist", "git", "local")
 # What a lock may expect of a patch on a pin (see engine.Status).
 EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
@@ -161,8 +162,12 @@ def load(path: Path) -> Lock:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LockFileError(f"{path}: lock file not found (pass --lock PATH)") from None
+    except UnicodeDecodeError as exc:
+        raise LockFileError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a lock file is TOML in UTF-8"
+        ) from None
     except OSError as exc:
-        raise LockFileError(f"{path}: cannot read lock file: {exc}") from None
+        raise LockFileError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -197,8 +202,19 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
     return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins)
 
 
+def valid_pin_name(name: str) -> bool:
+    """Pin names become parts of file names and branches: no '/', spaces or '..'."""
+    return bool(PIN_NAME.match(name)) and ".." not in name
+
+
 def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) -> Pin:
     where = f'[pins."{name}"]'
+    if not valid_pin_name(name):
+        # Pin names become parts of file names (cache, variants, branches).
+        raise LockFileError(
+            f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "
+            "and '-' (no '/', spaces or '..'), e.g. \"0.27.1\""
+        )
     t = _Table(
         path,
         where,
@@ -224,6 +240,8 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
     default_series = [s.name for s in series.values() if s.default]
     series_names = t.get("series", list, default_series)
     for s in series_names:
+        if not isinstance(s, str):
+            raise LockFileError(f"{path}: {where}.series must be a list of series names, got {s!r}")
         if s not in series:
             raise LockFileError(
                 f"{path}: {where}.series names {s!r}, which is not a [series.*] table"
@@ -237,7 +255,14 @@ def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) ->
             raise LockFileError(
                 f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
             )
-    variants = {k: (path.parent / v).resolve() for k, v in t.get("variants", dict, {}).items()}
+    raw_variants = t.get("variants", dict, {})
+    for k, v in raw_variants.items():
+        if not isinstance(v, str) or not v:
+            raise LockFileError(
+                f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
+                f"file, relative to the lock, got {v!r}"
+            )
+    variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
     bt = _Table(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
     return Pin(
         name=name,

@@ -1,42 +1,69 @@
-"""Command line: parse arguments and dispatch to ``commands/<verb>.py``.
+"""Command line: parse arguments, dispatch to ``commands/<verb>.py``, map errors to exit codes.
 
-Nothing else happens here; every subcommand module exposes ``add_parser`` and
-``run(args) -> exit code``.
+Every subcommand module exposes ``add_parser`` and ``run(args) -> exit code``.
+This module is the one place that turns an exception into an exit code: a
+:class:`~dsv4patch.errors.Dsv4Error` into its documented code and message,
+anything else into "internal error" (70) with a one-line message (the
+traceback only with ``--debug`` or ``DSV4PATCH_DEBUG=1``).  With
+``--format json`` an error is also printed as one JSON object on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from dsv4patch import __version__
-from dsv4patch.errors import Dsv4Error
+from dsv4patch.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    Dsv4Error,
+    UsageError,
+)
 
 COMMANDS = ("check", "apply", "status", "verify", "build", "lock", "fetch", "port")
 
 EPILOG = """\
 exit codes:
-  0  success: every result is what the lock expects
-  1  a result differs from the lock (unexpected patch status, tree id, failed proof)
-  2  bad command line
-  3  bad lock file or patch file (malformed, unknown keys, refused URL, unsafe paths or content)
-  4  a pinned source could not be fetched or verified, or the cache is unusable
-  5  the target tree is dirty, at another commit, not a dsv4patch tree, or has unsafe git settings
-  6  another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
-  7  kernel build or test environment failed
+  0    success: every result is what the lock expects
+  1    a result differs from the lock (unexpected patch status, tree id, failed proof)
+  2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT)
+  3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
+       unsafe paths, names or content)
+  4    a pinned source could not be fetched or verified, or the cache is unusable or full
+  5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
+       settings, holds changes an interrupted apply did not make, or cannot be written
+  6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
+  7    kernel build or test environment failed
+  70   internal error (a bug, or git failing unexpectedly): please report it with the
+       output of --debug (or DSV4PATCH_DEBUG=1), which adds the traceback
+  130  interrupted (Ctrl-C); the next apply finishes or refuses an interrupted one
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line raises UsageError (so --format json can report it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dsv4patch",
         description="Apply the DeepSeek-V4 sparse-MLA fixes to pinned vLLM trees.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dsv4patch {__version__}")
+    debug_help = "on an internal error, print the traceback (also DSV4PATCH_DEBUG=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"dsv4patch.commands.{name}")
@@ -44,19 +71,65 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():
         p.epilog = EPILOG
         p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
 
 
+def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
+    if args is not None:
+        return getattr(args, "format", None) == "json"
+    # The command line did not parse: look for the option by hand.
+    items = list(argv)
+    for i, a in enumerate(items):
+        if a == "--format=json" or (a == "--format" and i + 1 < len(items) and items[i + 1] == "json"):
+            return True
+    return False
+
+
+def _report(
+    command: str, kind: str, message: str, code: int, as_json: bool, extra: dict[str, Any] | None = None
+) -> int:
+    prog = f"dsv4patch {command}" if command else "dsv4patch"
+    print(f"{prog}: error: {message}".rstrip(), file=sys.stderr)
+    if as_json:
+        err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
+                               "command": command or None}
+        err.update(extra or {})
+        json.dump({"error": err}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    module = importlib.import_module(f"dsv4patch.commands.{args.command}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
+    command = ""
+    debug = os.environ.get("DSV4PATCH_DEBUG", "") not in ("", "0")
     try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        debug = debug or bool(getattr(args, "debug", False))
+        module = importlib.import_module(f"dsv4patch.commands.{args.command}")
         return int(module.run(args))
     except Dsv4Error as exc:
-        print(f"dsv4patch {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        if debug:
+            traceback.print_exc()
+        command = command or next((a for a in argv if a in COMMANDS), "")
+        return _report(command, exc.kind, str(exc), exc.exit_code, _wants_json(argv, args))
     except KeyboardInterrupt:
-        return 130
+        return _report(command, "interrupted", "interrupted", EXIT_INTERRUPTED, _wants_json(argv, args))
+    except Exception as exc:  # a bug: one line, the traceback only on request
+        if debug:
+            traceback.print_exc()
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        message = (
+            f"internal error (a bug in dsv4patch, please report it): {type(exc).__name__}: {exc} "
+            f"[{os.path.basename(where.filename)}:{where.lineno}]"
+            + ("" if debug else "; rerun with --debug or DSV4PATCH_DEBUG=1 for the traceback")
+        )
+        return _report(command, "internal", message, EXIT_INTERNAL, _wants_json(argv, args),
+                       {"exception": type(exc).__name__})
 
 
 if __name__ == "__main__":

@@ -120,6 +120,16 @@ def read_series_file(path: Path) -> list[Path]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise PatchFileError(f"series file {path} not found") from None
+    except UnicodeDecodeError as exc:
+        raise PatchFileError(
+            f"series file {path} is not UTF-8 text (byte {exc.start}); it lists patch files, "
+            "one per line"
+        ) from None
+    except OSError as exc:
+        raise PatchFileError(
+            f"series file {path} cannot be read ({exc.strerror or exc}); the lock's "
+            "[series.*] path must name a file listing patch files"
+        ) from None
     out = []
     for line in lines:
         line = line.split("#", 1)[0].strip()
@@ -140,6 +150,11 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     except FileNotFoundError:
         raise PatchFileError(
             f"patch {name}: file {path} not found; restore it or remove it from the series"
+        ) from None
+    except OSError as exc:
+        raise PatchFileError(
+            f"patch {name}: {path} cannot be read ({exc.strerror or exc}); a series lists "
+            "patch files"
         ) from None
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")

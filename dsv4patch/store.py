@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import math
 import os
 import tempfile
 import time
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch.errors import BusyError, CacheError, FetchError, IntegrityError
+from dsv4patch.errors import BusyError, CacheError, FetchError, IntegrityError, UsageError
 from dsv4patch.progress import Progress
 
 CHUNK = 1 << 20
@@ -44,15 +45,36 @@ def default_root() -> Path:
 
 
 def lock_timeout() -> float:
-    return float(os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600"))
+    """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
+    raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value < 0:
+        raise UsageError(
+            f"DSV4PATCH_LOCK_TIMEOUT={raw!r} is not a number of seconds >= 0 "
+            "(e.g. 600, or 0 to fail at once when another run holds a lock)"
+        )
+    return value
 
 
 @contextmanager
-def file_lock(path: Path, what: str, timeout: float | None = None) -> Iterator[None]:
-    """Exclusive flock on ``path``; waits up to ``timeout`` s, then BusyError."""
+def file_lock(
+    path: Path, what: str, timeout: float | None = None, inherit: bool = False
+) -> Iterator[None]:
+    """Exclusive flock on ``path``; waits up to ``timeout`` s, then BusyError.
+
+    With ``inherit`` the lock's file descriptor is passed on to child
+    processes (``git.run(..., tied=True)`` keeps it open): the flock then
+    lasts until this process *and* every child it started have exited, so a
+    git still writing the tree when its parent is killed keeps the tree locked.
+    """
     timeout = lock_timeout() if timeout is None else timeout
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if inherit:
+        os.set_inheritable(fd, True)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dsv4patch import git
-from dsv4patch.errors import FetchError, TreeError
+from dsv4patch.errors import CacheError, FetchError, TreeError, writing
 from dsv4patch.lock import Pin
 from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
@@ -63,7 +63,10 @@ def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
         if not (dest / READY).exists():
             if dest.exists():
                 shutil.rmtree(dest)  # left by a killed run: build it again
-            _build(pin, store, dest, progress)
+            advice = ("nothing was cached; free space in the cache (or point DSV4PATCH_CACHE / "
+                      "--cache-dir at a larger disk) and run the command again")
+            with writing(CacheError, str(store.root), advice):
+                _build(pin, store, dest, progress)
         base = (dest / READY).read_text().strip()
     tree = git.out(dest, "rev-parse", f"{base}^{{tree}}")
     if pin.source.kind != "pypi-sdist" and pin.base_tree and tree != pin.base_tree:

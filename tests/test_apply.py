@@ -145,13 +145,15 @@ def test_sigkill_mid_apply_is_finished_by_next_run(tmp_path, cli, two_patch_lock
 def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock, monkeypatch):
     from dsv4patch.commands.apply import tree_lock
     from dsv4patch.errors import EXIT_BUSY
-    from dsv4patch.store import Store
 
     tree = tmp_path / "t"
     cache = tmp_path / "c"
+    assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache).rc == 0
+    sh(tree, "reset", "-q", "--hard", "HEAD~1")
+    before = snapshot(tree)
     monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.3")
-    with tree_lock(Store.open(cache), tree):
+    with tree_lock(tree):
         res = cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache)
     assert res.rc == EXIT_BUSY and f"tree {tree}" in res.err
-    assert not tree.exists()
+    assert snapshot(tree) == before
     assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache).rc == 0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 from pathlib import Path
 
-from dsv4patch.errors import LockFileError
+from dsv4patch.errors import LockFileError, UsageError
 from dsv4patch.lock import Lock, load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -65,3 +66,17 @@ def open_store(args: argparse.Namespace) -> Store:
 
 def progress(args: argparse.Namespace) -> Progress:
     return Progress.for_output(getattr(args, "format", "text"))
+
+
+def tree_path(args: argparse.Namespace) -> Path:
+    """``--tree``: a directory, or a path that does not exist yet (apply creates it).
+
+    Resolved once, to an absolute path: every later git call names this
+    directory, so a relative --tree can never be resolved against another cwd
+    (or reach the repository that encloses it)."""
+    path = Path(os.path.abspath(args.tree))
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--tree {path}: not a directory; --tree names a vLLM source tree")
+    if not path.exists() and path.is_symlink():
+        raise UsageError(f"--tree {path}: a dangling symlink; point --tree at a directory")
+    return path

@@ -157,7 +157,8 @@ def _full(
 
 
 def run(args: argparse.Namespace) -> int:
+    path = _common.tree_path(args)
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     store = _common.open_store(args)
-    return build_tree(args.tree, pin, store, args)[0]
+    return build_tree(path, pin, store, args)[0]

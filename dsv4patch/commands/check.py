@@ -7,7 +7,7 @@ from typing import Any
 
 from dsv4patch import engine, report, tree
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, CacheError, writing
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.series import Series, series_for_pin
 from dsv4patch.store import Store
@@ -28,7 +28,8 @@ def check_pin(
 ) -> tuple[tree.PinRepo, Series, engine.SeriesResult]:
     repo = tree.materialize(pin, store, progress)
     series = series_for_pin(lock, pin)
-    return repo, series, engine.run_series(repo.repo, repo.base_commit, series)
+    with writing(CacheError, str(store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"):
+        return repo, series, engine.run_series(repo.repo, repo.base_commit, series)
 
 
 def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dict[str, Any]:

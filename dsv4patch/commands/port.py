@@ -36,8 +36,8 @@ import tomlkit
 
 from dsv4patch import engine, git, index, report, tree
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError
-from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError, UsageError
+from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.series import Patch, Series, load_patch, series_for_pin
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
@@ -72,6 +72,11 @@ class Ported:
 
 def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: Any) -> Pin:
     name = args.name or args.to
+    if not valid_pin_name(name):
+        raise UsageError(
+            f"pin name {name!r} is not allowed (--name, or --to); use letters, digits, '.', '_', "
+            "'+' and '-' (no '/', spaces or '..')"
+        )
     if name in lock.pins:
         raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name")
     if args.git:

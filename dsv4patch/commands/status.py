@@ -8,6 +8,7 @@ from typing import Any
 
 from dsv4patch import git, report
 from dsv4patch.commands import _common
+from dsv4patch.commands.apply import JOURNAL
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
 from dsv4patch.lock import load
 from dsv4patch.series import series_for_pin
@@ -46,7 +47,7 @@ def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    path: Path = args.tree
+    path: Path = _common.tree_path(args)
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)
     out: dict[str, Any] = {
@@ -88,5 +89,13 @@ def run(args: argparse.Namespace) -> int:
     rows = [[name, v["state"], v.get("commit", "")[:12]] for name, v in out["patches"].items()]
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], rows)
     out["notes"] = [f"tree id {out['tree_id']}"] + ([f"dirty: {', '.join(dirty[:10])}"] if dirty else [])
+    journal = Path(git.out(path, "rev-parse", "--absolute-git-dir")) / JOURNAL
+    out["interrupted_apply"] = journal.exists()
+    if journal.exists():
+        out["ok"] = False
+        out["notes"].append(
+            "an apply was interrupted while moving this tree: run `dsv4patch apply` again to "
+            "finish it (it refuses if the tree has changed since)"
+        )
     report.emit(args.format, out, table, md)
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

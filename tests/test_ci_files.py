@@ -128,7 +128,7 @@ def test_every_action_is_pinned_to_a_commit() -> None:
 def test_gpu_job_runs_on_self_hosted_gpu_runner() -> None:
     text = (ROOT / ".github" / "workflows" / "verify.yml").read_text()
     assert "runs-on: [self-hosted, linux, gpu-h200]" in text
-    assert "tests/gpu/run_topk_proof.py" in text
+    assert "tests/gpu/make_bundle.py" in text and "tests/gpu/run_vllm_binary_proof.py" in text
     check = (ROOT / ".github" / "workflows" / "check.yml").read_text()
     assert "--format markdown" in check and "GITHUB_STEP_SUMMARY" in check
 

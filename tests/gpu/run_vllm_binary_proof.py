@@ -66,6 +66,8 @@ def make_sites(bundle: Path, work: Path) -> dict:
     meta = json.loads((bundle / "bundle.json").read_text())
     with tarfile.open(bundle / meta["tree_tar"]) as tf:
         tf.extractall(work / "tree", filter="data")
+    # The tests' root must not hold a vllm/ without the library: pytest puts it first on sys.path.
+    os.replace(work / "tree" / "vllm", work / "vllm")
     stock = work / "stock.so"
     with lzma.open(bundle / meta["stock_so_xz"]) as src, stock.open("wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -75,7 +77,7 @@ def make_sites(bundle: Path, work: Path) -> dict:
     sites = {}
     for name in ("stock", "plugin", "hook", "uncovered"):
         site = work / "sites" / name
-        shutil.copytree(work / "tree" / "vllm", site / "vllm", copy_function=os.link)
+        shutil.copytree(work / "vllm", site / "vllm", copy_function=os.link)
         os.link(stock, site / "vllm" / "_C_stable_libtorch.abi3.so")
         for info in (work / "tree" / "distinfo").iterdir():  # the stock wheel's metadata
             shutil.copytree(info, site / info.name)

@@ -1,10 +1,10 @@
 """A killed apply always recovers, and recovery never discards what a user did.
 
 Real processes are killed with SIGKILL (the whole process group, or only the
-main process) at points made deterministic with git's own extension points
-(a ``reference-transaction`` hook blocks ``update-ref``; a smudge filter
-blocks ``read-tree -m -u`` half-way through writing the work tree), and at
-random moments of a run (seeded).
+main process) at points made deterministic through the caller's PATH (see
+``git_stop``: dsv4patch runs hooks and filters of no repository, but the
+``git`` it runs is the one PATH names), and at random moments of a run
+(seeded).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import git_stop
 from conftest import LOCK, MINI_FILES, ROOT, git_pin, sh, write_lock
 from dsv4patch.errors import EXIT_BUSY, EXIT_OK, EXIT_TREE
 
@@ -100,21 +101,16 @@ def leftovers(tree: Path) -> list[str]:
     return found
 
 
-def block_update_ref(tree: Path, flag_dir: Path) -> None:
-    """A reference-transaction hook: the apply stops inside ``git update-ref``.
+def stop_git(tmp_path: Path, tree: Path, sub: str) -> tuple[Path, dict[str, str]]:
+    """(flag directory, env for ``spawn``): that run's first ``sub`` on ``tree`` stops.
 
-    At that point ``read-tree -m -u`` has moved index and work tree, HEAD is
-    still at the base, the journal exists and git holds the branch's ref lock.
+    ``update-ref``: stops where git's ref transaction is prepared.
+    ``read-tree`` (``-m -u``): stops half-way through writing the work tree.
+    See ``git_stop`` for the exact state each leaves; ``flags/started`` tells
+    that it is reached, ``flags/go`` lets it go on, ``flags/disarmed`` turns it off.
     """
-    hook = tree / ".git" / "hooks" / "reference-transaction"  # blocks the first update only
-    hook.parent.mkdir(exist_ok=True)
-    hook.write_text(
-        "#!/bin/sh\ncat >/dev/null\n"
-        f'[ -e "{flag_dir}/disarmed" ] || [ -e "{flag_dir}/started" ] && exit 0\n'
-        f'touch "{flag_dir}/started"\n'
-        f'while [ ! -e "{flag_dir}/go" ]; do sleep 0.05; done\n'
-    )
-    hook.chmod(0o755)
+    flags = tmp_path / "flags"
+    return flags, git_stop.install(tmp_path / "stop-bin", flags, tree, sub)
 
 
 def make_base_tree(cli, lock: Path, tree: Path, cache: Path) -> tuple[str, str]:
@@ -130,12 +126,19 @@ def make_base_tree(cli, lock: Path, tree: Path, cache: Path) -> tuple[str, str]:
 def test_tree_lock_is_in_the_tree_and_held_until_git_children_exit(tmp_path, cli, lock5, monkeypatch):
     """Two caches, one tree: the second run waits; killing only the first's main
     process keeps the tree locked while its git children still run; afterwards
-    the next run removes the stale ref lock and finishes the move."""
-    tree, flags = tmp_path / "t", tmp_path / "flags"
-    flags.mkdir()
+    the next run removes the stale ref lock and finishes the move.
+
+    The first run's ``git update-ref`` (a stand-in first on its PATH) takes
+    HEAD.lock and the branch's ref lock as git does, then blocks in a child
+    process, as a ``reference-transaction`` hook would: index and work tree
+    are moved, HEAD is at the base, the journal exists.  Killing the main
+    process kills the stand-in (it is tied to dsv4patch); the child lives on
+    with the tree lock's descriptor until the test lets it go, leaving the ref
+    locks of a killed git behind."""
+    tree = tmp_path / "t"
     base, final = make_base_tree(cli, lock5, tree, tmp_path / "c1")
-    block_update_ref(tree, flags)
-    first = spawn(apply_args(lock5, tree, tmp_path / "c1"))
+    flags, env = stop_git(tmp_path, tree, "update-ref")
+    first = spawn(apply_args(lock5, tree, tmp_path / "c1"), **env)
     try:
         wait_for(flags / "started", first)
         monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")
@@ -148,6 +151,7 @@ def test_tree_lock_is_in_the_tree_and_held_until_git_children_exit(tmp_path, cli
         again = cli(*apply_args(lock5, tree, tmp_path / "c2"))
         assert again.rc == EXIT_BUSY, "the lock was released while git children still ran"
         assert sh(tree, "rev-parse", "HEAD") == base
+        assert (tree / ".git" / "HEAD.lock").exists()
         (flags / "disarmed").touch()
         (flags / "go").touch()
         monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "30")
@@ -175,33 +179,20 @@ def test_two_runs_with_different_caches_create_one_tree(tmp_path, lock5, cli):
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".t.")) == []
 
 
-def slow_checkout(tree: Path, flag_dir: Path) -> None:
-    """A smudge filter that lets ``read-tree -m -u`` write one file, then blocks it."""
-    script = flag_dir / "smudge.sh"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ -e "{flag_dir}/one-done" ] && [ ! -e "{flag_dir}/disarmed" ]; then\n'
-        f'  touch "{flag_dir}/started"\n'
-        f'  while [ ! -e "{flag_dir}/go" ]; do sleep 0.05; done\n'
-        "fi\n"
-        f'touch "{flag_dir}/one-done"\n'
-        "exec cat\n"
-    )
-    script.chmod(0o755)
-    sh(tree, "config", "filter.slow.smudge", str(script))
-    (tree / ".git" / "info").mkdir(exist_ok=True)
-    (tree / ".git" / "info" / "attributes").write_text("* filter=slow\n")
-
-
 def test_group_kill_while_the_work_tree_moves_is_finished_by_the_next_run(tmp_path, cli, lock5):
     """SIGKILL the process group while ``git read-tree -m -u`` writes the work tree:
     index.lock is left behind, HEAD at the base, the tree half-moved.  The next
-    plain run removes the stale lock and reaches the locked tree."""
-    tree, flags, cache = tmp_path / "t", tmp_path / "flags", tmp_path / "c"
-    flags.mkdir()
+    plain run removes the stale lock and reaches the locked tree.
+
+    The run's ``git read-tree -m -u`` (a stand-in first on its PATH) takes
+    index.lock, has the real git write the work tree part-way (files the move
+    deletes removed, the first file it writes written, the second unlinked and
+    not yet rewritten; the index itself still at the base), then blocks; the
+    test kills the process group there."""
+    tree, cache = tmp_path / "t", tmp_path / "c"
     base, final = make_base_tree(cli, lock5, tree, cache)
-    slow_checkout(tree, flags)
-    proc = spawn(apply_args(lock5, tree, cache))
+    flags, env = stop_git(tmp_path, tree, "read-tree")
+    proc = spawn(apply_args(lock5, tree, cache), **env)
     try:
         wait_for(flags / "started", proc)
         killpg(proc)
@@ -221,17 +212,20 @@ def test_group_kill_while_the_work_tree_moves_is_finished_by_the_next_run(tmp_pa
 
 
 def _killed_at_update_ref(tmp_path, cli, lock5) -> tuple[Path, Path, str, str]:
-    tree, flags, cache = tmp_path / "t", tmp_path / "flags", tmp_path / "c"
-    flags.mkdir()
+    """The process group killed inside ``git update-ref`` (see ``stop_git``): index
+    and work tree moved, HEAD at the base, HEAD.lock and the ref lock left, journal there."""
+    tree, cache = tmp_path / "t", tmp_path / "c"
     base, final = make_base_tree(cli, lock5, tree, cache)
-    block_update_ref(tree, flags)
-    proc = spawn(apply_args(lock5, tree, cache))
+    flags, env = stop_git(tmp_path, tree, "update-ref")
+    proc = spawn(apply_args(lock5, tree, cache), **env)
     try:
         wait_for(flags / "started", proc)
     finally:
         killpg(proc)
         (flags / "disarmed").touch()
     assert (tree / ".git" / "dsv4patch-apply.json").exists()
+    assert sh(tree, "rev-parse", "HEAD") == base
+    assert (tree / ".git" / "HEAD.lock").exists()
     return tree, cache, base, final
 
 
@@ -298,6 +292,8 @@ def test_a_foreign_index_lock_is_left_alone(tmp_path, cli, lock5):
 
 
 def test_recovery_without_user_changes_finishes(tmp_path, cli, lock5):
+    """Killed inside update-ref, nothing changed since: the next run removes the
+    stale ref locks and finishes the move."""
     tree, cache, _base, final = _killed_at_update_ref(tmp_path, cli, lock5)
     st = cli("status", "--tree", tree, "--format", "json")
     assert st.rc == 1 and json.loads(st.out)["interrupted_apply"] is True

@@ -103,7 +103,8 @@ LABEL org.opencontainers.image.title="dsv4patch patched vLLM source" \
 FROM ${CUDA_DEVEL_IMAGE} AS kernels
 
 ARG VLLM_PIN=0.27.1
-# vLLM's names: ';'- or space-separated arch list (empty = the lock's cuda_arch_list),
+# vLLM's names: ';'- or space-separated arch list (empty = the lock's cuda_arch_list, else
+# the arch list of vLLM's own release wheels, read from the tree: every GPU the stock wheel covers),
 # parallel compile jobs and nvcc threads per job.
 ARG torch_cuda_arch_list=""
 ARG max_jobs=2
@@ -174,7 +175,10 @@ RUN python3 /opt/dsv4patch/install_overlay.py install /opt/dsv4patch/overlay /op
     else \
         uv pip install --python "$(command -v python3)" --no-deps /opt/dsv4patch/kernels/*.whl; \
     fi \
-    && python3 /opt/dsv4patch/install_overlay.py check /opt/dsv4patch/manifest.json
+    && python3 /opt/dsv4patch/install_overlay.py check /opt/dsv4patch/manifest.json \
+    && dist="$(basename /opt/dsv4patch/kernels/*.whl | cut -d- -f1)" \
+    && python3 -m "${dist}" install-hook \
+    && python3 -m "${dist}" check --no-device
 
 LABEL org.opencontainers.image.title="vLLM ${VLLM_VERSION} with the DeepSeek-V4 sparse-MLA fixes" \
       org.opencontainers.image.version="${IMAGE_VERSION}" \

@@ -245,3 +245,21 @@ def test_cached_wheel_lookup_normalises_names(tmp_path: Path, req: str) -> None:
     (tmp_path / fn).write_bytes(b"")
     (tmp_path / f"{name.replace('-', '_')}-0.0.1-py3-none-any.whl").write_bytes(b"")
     assert pack._cached_wheel(tmp_path, req) == tmp_path / fn
+
+
+def test_dependency_strip_patterns(tmp_path: Path) -> None:
+    src = tmp_path / "z3_solver-4.15.4.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("z3/lib/libz3.so", b"lib")
+        z.writestr("z3_solver-4.15.4.0.data/data/bin/z3", b"cli")
+        z.writestr("z3_solver-4.15.4.0.dist-info/RECORD", "z3/lib/libz3.so,,\nz3_solver-4.15.4.0.data/data/bin/z3,,\n")
+    dst = tmp_path / "o.whl"
+    assert pack.restore_stored(src, dst, strip=True) == ["z3_solver-4.15.4.0.data/data/bin/z3"]
+    with zipfile.ZipFile(dst) as z:
+        assert z.namelist() == ["z3/lib/libz3.so", "z3_solver-4.15.4.0.dist-info/RECORD"]
+        assert b"bin/z3" not in z.read("z3_solver-4.15.4.0.dist-info/RECORD")
+    # a wheel without patterns passes through whole
+    other = tmp_path / "cbor2-6.1.2-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("cbor2/__init__.py", b"")
+    assert pack.restore_stored(other, tmp_path / "c.whl", strip=True) == []

@@ -27,6 +27,11 @@ if [[ "${1:-}" == "--stage-only" ]]; then STAGE_ONLY=1; shift; fi
 if [[ "${1:-}" == "--no-run" ]]; then NO_RUN=1; shift; fi
 mkdir -p "$E2E/parts" "$RESULTS"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# DeepGEMM and TileLang compile kernels at run time with nvcc.
+if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
+  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  export CUDA_HOME
+fi
 
 [[ -f "$SRC/meta/manifest.json" ]] || { echo "no $SRC/meta/manifest.json: carry .e2e/meta (run pack.py first)"; exit 2; }
 cp "$SRC/meta/manifest.json" "$E2E/manifest.json"
@@ -80,7 +85,9 @@ with tarfile.open(tar_path) as tar:
 tar_path.unlink()
 print("wheels:", len(list((e2e / "wheels").glob("*.whl"))))
 EOF
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$E2E/site-stock" "$E2E"/wheels/*.whl
+  # E2E_PIP_ARGS: only for trying this script off the device (e.g. --python-version 3.12 --only-binary=:all:)
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-stock" "$E2E"/wheels/*.whl
   rm -rf "$E2E/wheels"
   touch "$E2E/site-stock/.complete"
   echo "stock site installed in $(( $(date +%s) - t0 )) s"
@@ -101,7 +108,8 @@ if [[ -d "$SRC/meta/patched/vllm" ]]; then
 fi
 echo "patched site: $n patched .py files"
 if compgen -G "$SRC/meta/plugin/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$E2E/site-patched" "$SRC"/meta/plugin/*.whl
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-patched" "$SRC"/meta/plugin/*.whl
   echo "patched site: kernel plugin $(ls "$SRC"/meta/plugin/*.whl | xargs -n1 basename)"
 else
   echo "patched site: no kernel plugin wheel (fix 7's kernels stay stock)"
@@ -128,6 +136,8 @@ import torch, vllm
 print(f"[{v}] vllm {vllm.__version__} from {vllm.__file__}; torch {torch.__version__}; "
       f"cuda {torch.cuda.is_available()} cap {torch.cuda.get_device_capability() if torch.cuda.is_available() else None}")
 print(f"[{v}] import problems: {bad or 'none'}")
+import os, shutil
+print(f"[{v}] CUDA_HOME={os.environ.get('CUDA_HOME')} nvcc={shutil.which('nvcc')}")
 EOF
 done
 

@@ -15,7 +15,7 @@ reproducible and as small as it can be:
 3. strips from the vLLM wheel what DeepSeek-V4 on sm_90 never loads (``STRIP``),
    rewrites every wheel uncompressed (ZIP_STORED) so one xz stream over all of
    them compresses the shared libraries well, and splits that stream into
-   pieces under ``--part-mib`` MiB (``.e2e/part-NN.bin``);
+   balanced pieces of at most ``--max-part-mib`` MiB (``.e2e/part-NN.bin``);
 4. writes ``.e2e/meta/manifest.json`` (sha256 of every piece and of the whole
    stream, the wheel list) and records every download in
    ``tests/gpu/e2e/wheels.lock.json`` so a later run verifies the same bytes;
@@ -82,6 +82,14 @@ STRIP = [
     "vllm/third_party/deep_gemm/_C.cpython-313-*",
     "vllm/third_party/deep_gemm/_C.cpython-314-*",
 ]
+
+# The same for dependency wheels (name prefix -> patterns).
+DEP_STRIP: dict[str, list[str]] = {
+    # AMD Composable Kernel headers: TileLang's HIP backend only.
+    "tilelang-": ["tilelang/3rdparty/composable_kernel/*"],
+    # The z3 command-line program; TileLang links libz3.so only.
+    "z3_solver-": ["z3_solver-*.data/data/bin/*"],
+}
 
 
 @dataclass(frozen=True)
@@ -244,30 +252,38 @@ def fetch_all(cache: Path, offline: bool) -> tuple[Path, list[Path], dict[str, o
     return vpath, deps, new_lock
 
 
-def _stripped(name: str) -> bool:
-    return any(fnmatch.fnmatch(name, pat) for pat in STRIP)
+def _stripped(name: str, patterns: list[str] | None = None) -> bool:
+    return any(fnmatch.fnmatch(name, pat) for pat in (STRIP if patterns is None else patterns))
+
+
+def strip_patterns(wheel_name: str) -> list[str]:
+    """What to leave out of WHEEL_NAME (the vLLM wheel or a dependency)."""
+    if wheel_name.startswith("vllm-"):
+        return STRIP
+    return [p for prefix, pats in DEP_STRIP.items() if wheel_name.startswith(prefix) for p in pats]
 
 
 def restore_stored(src: Path, dst: Path, strip: bool) -> list[str]:
-    """Copy wheel SRC to DST uncompressed, dropping STRIP members if STRIP; fix RECORD."""
+    """Copy wheel SRC to DST uncompressed, dropping its strip patterns if STRIP; fix RECORD."""
+    patterns = strip_patterns(src.name) if strip else []
     dropped: list[str] = []
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
         for info in zin.infolist():
-            if strip and _stripped(info.filename):
+            if patterns and _stripped(info.filename, patterns):
                 dropped.append(info.filename)
                 continue
             data = zin.read(info)
-            if strip and info.filename.endswith(".dist-info/RECORD"):
+            if patterns and info.filename.endswith(".dist-info/RECORD"):
                 lines = data.decode().splitlines(keepends=True)
                 data = "".join(
-                    ln for ln in lines if not _stripped(ln.split(",", 1)[0])
+                    ln for ln in lines if not _stripped(ln.split(",", 1)[0], patterns)
                 ).encode()
             new = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
             new.external_attr = info.external_attr
             new.compress_type = zipfile.ZIP_STORED
             zout.writestr(new, data)
-    if strip and not dropped:
-        raise SystemExit(f"{src.name}: none of the STRIP patterns matched; check STRIP")
+    if patterns and not dropped:
+        raise SystemExit(f"{src.name}: none of its strip patterns matched; check STRIP/DEP_STRIP")
     return dropped
 
 
@@ -279,7 +295,7 @@ def make_payload(wheels: list[Path], vllm_wheel: Path, work: Path) -> tuple[Path
     staging.mkdir(parents=True)
     dropped = restore_stored(vllm_wheel, staging / vllm_wheel.name, strip=True)
     for w in wheels:
-        restore_stored(w, staging / w.name, strip=False)
+        dropped += restore_stored(w, staging / w.name, strip=True)
     tar_path = work / "payload.tar"
     with tarfile.open(tar_path, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(staging.iterdir()):
@@ -306,22 +322,38 @@ def xz_compress(src: Path) -> Path:
     return dst
 
 
-def patched_files(tree: Path) -> list[str]:
-    """vllm/*.py files the dsv4patch commits changed in TREE (relative paths)."""
-    def git(*args: str) -> str:
+def patched_files(tree: Path, vllm_wheel: Path) -> list[str]:
+    """vllm/*.py files the dsv4patch commits changed in TREE (relative paths).
+
+    Each file's unpatched version (the parent of the first dsv4patch commit)
+    must equal the wheel's copy byte for byte, so laying the patched file over
+    the installed wheel gives exactly the patched tree's file.
+    """
+    def git(*args: str) -> bytes:
         return subprocess.run(
-            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
+            ["git", "-C", str(tree), *args], capture_output=True, check=True
         ).stdout
 
-    commits = git("log", "--format=%H", "--grep=Dsv4patch-Patch").split()
+    commits = git("log", "--format=%H", "--grep=Dsv4patch-Patch").decode().split()
     if not commits:
         raise SystemExit(
             f"{tree} has no dsv4patch commits; make it with "
             "`dsv4patch apply --pin 0.26.0 --tree DIR --no-build`"
         )
-    base = git("rev-parse", f"{commits[-1]}^").strip()
-    names = git("diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "vllm").split()
-    return sorted(n for n in names if n.endswith(".py"))
+    base = git("rev-parse", f"{commits[-1]}^").decode().strip()
+    names = git("diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "vllm").decode().split()
+    names = sorted(n for n in names if n.endswith(".py"))
+    with zipfile.ZipFile(vllm_wheel) as z:
+        in_wheel = set(z.namelist())
+        for n in names:
+            if n not in in_wheel:
+                continue  # a file the patches add
+            if git("show", f"{base}:{n}") != z.read(n):
+                raise SystemExit(
+                    f"{n}: the unpatched tree's copy differs from the wheel's; "
+                    "the patched file cannot simply be laid over the wheel"
+                )
+    return names
 
 
 def write_parts(blob: Path, out: Path, part_bytes: int) -> list[dict[str, object]]:
@@ -347,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         help="download cache (default $DSV4PATCH_E2E_CACHE or ~/.cache/dsv4patch-e2e)",
     )
     ap.add_argument("--out", type=Path, default=None, help="output folder (default <repo>/.e2e)")
-    ap.add_argument("--part-mib", type=float, default=56.0, help="piece size in MiB (default 56)")
+    ap.add_argument(
+        "--max-part-mib",
+        type=float,
+        default=60.0,
+        help="largest piece in MiB (default 60: a call carries 64 MiB with the repo)",
+    )
     ap.add_argument("--patched-tree", type=Path, help="tree made by dsv4patch apply --pin 0.26.0")
     ap.add_argument("--plugin-wheel", type=Path, help="kernel plugin wheel from dsv4patch build")
     ap.add_argument("--offline", action="store_true", help="trust the lock instead of PyPI JSON")
@@ -368,43 +405,67 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_update_lock:
         LOCK_FILE.write_text(json.dumps(lock, indent=2) + "\n")
     key = hashlib.sha256(
-        json.dumps({"lock": lock, "strip": STRIP, "part": args.part_mib}, sort_keys=True).encode()
+        json.dumps({"lock": lock, "strip": STRIP, "dep_strip": DEP_STRIP}, sort_keys=True).encode()
     ).hexdigest()
-
+    blob = args.cache / f"payload-{key[:16]}.tar.xz"
     manifest_path = meta / "manifest.json"
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    reuse = old.get("key") == key and all(
-        (out / p["name"]).exists() and sha256_file(out / p["name"]) == p["sha256"]
-        for p in old.get("parts", [])
-    )
-    if reuse:
-        manifest = old
-        print("pieces up to date (same wheels, strip list and piece size)")
+    old_parts = old.get("parts", []) if old.get("key") == key else []
+    if not blob.exists() and old_parts and all((out / p["name"]).exists() for p in old_parts):
+        # The stream is the concatenation of the pieces: rebuild it instead of xz again.
+        with blob.open("wb") as f:
+            for p in old_parts:
+                f.write((out / p["name"]).read_bytes())
+        if sha256_file(blob) != old.get("xz_sha256"):
+            blob.unlink()
+    if blob.exists():
+        dropped = []
+        for w in [vllm_wheel, *deps]:
+            pats = strip_patterns(w.name)
+            if pats:
+                with zipfile.ZipFile(w) as z:
+                    dropped += [n for n in z.namelist() if _stripped(n, pats)]
+        manifest = {
+            "key": key,
+            "vllm": lock["vllm"],
+            "stripped": dropped,
+            "wheels": [vllm_wheel.name] + [d.name for d in deps],
+            "tar_size": old.get("tar_size") if old.get("key") == key else None,
+        }
+        print(f"xz stream up to date ({blob})")
     else:
         tar_path, dropped = make_payload(deps, vllm_wheel, args.cache)
         tar_size = tar_path.stat().st_size
         print(f"tar of stored wheels: {tar_size / 2**20:.1f} MiB; compressing (xz -9)...", flush=True)
-        blob = xz_compress(tar_path)
+        xz_compress(tar_path).replace(blob)
         tar_path.unlink()
-        parts = write_parts(blob, out, int(args.part_mib * 2**20))
         manifest = {
             "key": key,
             "vllm": lock["vllm"],
             "stripped": dropped,
             "wheels": [vllm_wheel.name] + [d.name for d in deps],
             "tar_size": tar_size,
-            "xz_size": blob.stat().st_size,
-            "xz_sha256": sha256_file(blob),
-            "parts": parts,
         }
-        blob.unlink()
+    manifest["xz_size"] = blob.stat().st_size
+    manifest["xz_sha256"] = sha256_file(blob)
+    # Balanced pieces, each at most --max-part-mib.
+    limit = int(args.max_part_mib * 2**20)
+    count = -(-manifest["xz_size"] // limit)
+    part_bytes = -(-manifest["xz_size"] // count)
+    same = (
+        old_parts
+        and old.get("xz_sha256") == manifest["xz_sha256"]
+        and [p["size"] for p in old_parts][:1] == [min(part_bytes, manifest["xz_size"])]
+        and all((out / p["name"]).exists() and (out / p["name"]).stat().st_size == p["size"] for p in old_parts)
+    )
+    manifest["parts"] = old_parts if same else write_parts(blob, out, part_bytes)
 
     # Patched Python files and the kernel plugin (small; they travel in meta/).
     patched_dir = meta / "patched"
     if args.patched_tree:
         if patched_dir.exists():
             shutil.rmtree(patched_dir)
-        files = patched_files(args.patched_tree)
+        files = patched_files(args.patched_tree, vllm_wheel)
         for rel in files:
             dst = patched_dir / rel
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -82,12 +82,13 @@ def build_cases(long_len: int = 2300) -> list[Case]:
     """Prompt sets; the b1 cases repeat the first request of the batched ones."""
     short = [_prompt(n, s) for n, s in [(4, 1), (3, 2), (7, 3), (5, 4), (6, 5)]]
     longs = [_prompt(n, s) for n, s in [(long_len, 11), (1500, 12), (700, 13)]]
+    # Most telling first: a hang ends the engine's remaining cases.
     return [
-        Case("short_b1", short[:1], [300]),
         # staggered lengths: the batch drains 5 -> 1, leaving padded slots
         Case("short_b5", short, [300, 260, 200, 150, 90]),
-        Case("long_b1", longs[:1], [200]),
         Case("long_b3", longs, [200, 150, 100]),
+        Case("short_b1", short[:1], [300]),
+        Case("long_b1", longs[:1], [200]),
     ]
 
 
@@ -137,7 +138,8 @@ def _scale_worker_weights(worker: Any) -> int:
             else:
                 continue
             count += 1
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return count
 
 

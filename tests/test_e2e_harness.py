@@ -167,6 +167,8 @@ def test_cases_cross_window_blocks_and_topk() -> None:
     # the long prompt has more C4-compressed rows than the indexer's top-k
     assert len(cases["long_b1"].prompts[0]) // 4 > tiny.INDEX_TOPK
     assert cases["long_b1"].prompts[0] == cases["long_b3"].prompts[0]
+    # > 32 indexer decode rows even for MTP with one token (persistent_topk path)
+    assert len(cases["short_b24"].prompts) * 2 > 32 >= len(cases["short_b5"].prompts) * 4
     for c in cases.values():
         for p, n in zip(c.prompts, c.max_tokens):
             assert all(2 <= t < tiny.VOCAB_SIZE for t in p)
@@ -263,3 +265,25 @@ def test_dependency_strip_patterns(tmp_path: Path) -> None:
     with zipfile.ZipFile(other, "w") as z:
         z.writestr("cbor2/__init__.py", b"")
     assert pack.restore_stored(other, tmp_path / "c.whl", strip=True) == []
+
+
+def test_budget_cut_is_not_a_hang(tmp_path: Path) -> None:
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    progress = tmp_path / "cut.jsonl"
+    res = run_e2e.run_child(
+        [sys.executable, str(script), "hang-start", str(progress)],
+        {"PATH": "/usr/bin:/bin"},
+        progress,
+        tmp_path / "cut.log",
+        ["short_b1", "short_b5"],
+        start_deadline=30.0,
+        case_deadline=30.0,
+        variant="stock",
+        method="plain",
+        hard_stop=time.monotonic() + 1.0,
+        poll=0.1,
+    )
+    assert res.outcome == "cut"
+    assert [c.status for c in res.cases] == ["not-run", "not-run"]
+    assert res.cases[0].detail.startswith("budget")

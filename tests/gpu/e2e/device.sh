@@ -14,6 +14,7 @@
 # usage: bash tests/gpu/e2e/device.sh --stage-only
 #        bash tests/gpu/e2e/device.sh [--no-run] [run_e2e.py args, e.g. --variants stock --methods plain,mtp1]
 set -euo pipefail
+T_CALL=$(date +%s)
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
@@ -142,7 +143,12 @@ EOF
 done
 
 [[ $NO_RUN == 1 ]] && exit 0
-# 6. the cases
-set -o pipefail
+# 6. the cases; unless --budget is given, what is left of a 600 s device call (E2E_CALL_LIMIT)
+EXTRA=()
+if [[ " $* " != *" --budget "* ]]; then
+  left=$(( ${E2E_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 40 ))
+  echo "run budget: $left s"
+  EXTRA=(--budget "$left")
+fi
 PYTHONUNBUFFERED=1 "$PY" "$HERE/run_e2e.py" --model "$E2E/tiny-dsv4" --out "$RESULTS" \
-  --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" "$@" 2>&1 | tee "$RESULTS/run.txt"
+  --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" "${EXTRA[@]}" "$@" 2>&1 | tee "$RESULTS/run.txt"

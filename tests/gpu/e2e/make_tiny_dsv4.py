@@ -65,7 +65,7 @@ COMPRESS_RATIOS = [0, 4, 128, 4, 0]
 SLIDING_WINDOW = 128
 BLOCK_SIZE = 256
 INDEX_TOPK = 512
-MAX_POSITION = 16384
+MAX_POSITION = 65536
 DSPARK_BLOCK_SIZE = 5
 
 
@@ -95,7 +95,7 @@ def tiny_config() -> dict[str, object]:
         "rope_scaling": {
             "type": "yarn",
             "rope_type": "yarn",
-            "factor": 4.0,
+            "factor": 16.0,
             "original_max_position_embeddings": 4096,
             "beta_fast": 32,
             "beta_slow": 1,

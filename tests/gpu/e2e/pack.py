@@ -287,15 +287,27 @@ def restore_stored(src: Path, dst: Path, strip: bool) -> list[str]:
     return dropped
 
 
-def make_payload(wheels: list[Path], vllm_wheel: Path, work: Path) -> tuple[Path, list[str]]:
+def strip_summary(wheels: list[Path]) -> dict[str, dict[str, object]]:
+    """Per wheel: the strip patterns and how many members they leave out."""
+    out: dict[str, dict[str, object]] = {}
+    for w in wheels:
+        pats = strip_patterns(w.name)
+        if pats:
+            with zipfile.ZipFile(w) as z:
+                n = sum(1 for name in z.namelist() if _stripped(name, pats))
+            out[w.name] = {"patterns": pats, "members_left_out": n}
+    return out
+
+
+def make_payload(wheels: list[Path], vllm_wheel: Path, work: Path) -> tuple[Path, dict[str, dict[str, object]]]:
     """WORK/payload.tar: the stored wheels, deterministic (sorted, no owners, mtime 0)."""
     staging = work / "staging"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    dropped = restore_stored(vllm_wheel, staging / vllm_wheel.name, strip=True)
+    restore_stored(vllm_wheel, staging / vllm_wheel.name, strip=True)
     for w in wheels:
-        dropped += restore_stored(w, staging / w.name, strip=True)
+        restore_stored(w, staging / w.name, strip=True)
     tar_path = work / "payload.tar"
     with tarfile.open(tar_path, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(staging.iterdir()):
@@ -304,7 +316,7 @@ def make_payload(wheels: list[Path], vllm_wheel: Path, work: Path) -> tuple[Path
             with path.open("rb") as f:
                 tar.addfile(info, f)
     shutil.rmtree(staging)
-    return tar_path, dropped
+    return tar_path, strip_summary([vllm_wheel, *wheels])
 
 
 def xz_compress(src: Path) -> Path:
@@ -419,12 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         if sha256_file(blob) != old.get("xz_sha256"):
             blob.unlink()
     if blob.exists():
-        dropped = []
-        for w in [vllm_wheel, *deps]:
-            pats = strip_patterns(w.name)
-            if pats:
-                with zipfile.ZipFile(w) as z:
-                    dropped += [n for n in z.namelist() if _stripped(n, pats)]
+        dropped = strip_summary([vllm_wheel, *deps])
         manifest = {
             "key": key,
             "vllm": lock["vllm"],

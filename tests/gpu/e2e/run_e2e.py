@@ -81,11 +81,16 @@ def _prompt(length: int, seed: int, vocab: int = 1000) -> list[int]:
 def build_cases(long_len: int = 2300) -> list[Case]:
     """Prompt sets; the b1 cases repeat the first request of the batched ones."""
     short = [_prompt(n, s) for n, s in [(4, 1), (3, 2), (7, 3), (5, 4), (6, 5)]]
+    many = [_prompt(3 + i % 6, 100 + i) for i in range(24)]
     longs = [_prompt(n, s) for n, s in [(long_len, 11), (1500, 12), (700, 13)]]
-    # Most telling first: a hang ends the engine's remaining cases.
+    # Most telling first: a hang or crash ends the engine's remaining cases.
     return [
-        # staggered lengths: the batch drains 5 -> 1, leaving padded slots
+        # staggered lengths: the batch drains 5 -> 1, leaving CUDA-graph padding
+        # slots (seq_len 0): <= 32 indexer rows -> cooperative_topk on sm_90
         Case("short_b5", short, [300, 260, 200, 150, 90]),
+        # 24 requests x (1 + k) > 32 indexer rows -> persistent_topk's
+        # FilteredTopK path, which reads a padded slot's huge length past the row
+        Case("short_b24", many, [300 - 10 * i for i in range(24)]),
         Case("long_b3", longs, [200, 150, 100]),
         Case("short_b1", short[:1], [300]),
         Case("long_b1", longs[:1], [200]),
@@ -186,11 +191,12 @@ def child_main(args: argparse.Namespace) -> int:
         kv_cache_dtype="fp8",
         block_size=256,
         max_model_len=args.max_model_len,
-        max_num_seqs=8,
+        max_num_seqs=32,
         gpu_memory_utilization=args.gpu_memory_utilization,
         seed=0,
         enforce_eager=False,
         speculative_config=spec,
+        disable_log_stats=False,  # spec-decode acceptance counters for the report
     )
     scaled = 0
     if args.weights == "scaled":
@@ -225,8 +231,9 @@ def child_main(args: argparse.Namespace) -> int:
         metrics: dict[str, Any] = {}
         try:
             for m in llm.get_metrics():
-                if "spec_decode" in m.name and hasattr(m, "value"):
-                    metrics[m.name] = m.value
+                if "spec_decode" in m.name:
+                    val = getattr(m, "value", None)
+                    metrics[m.name] = val if val is not None else getattr(m, "values", None)
         except Exception:  # noqa: BLE001
             pass
         emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps,
@@ -258,7 +265,7 @@ class RunResult:
     method: str
     start_seconds: float | None
     fingerprint: dict[str, Any] | None
-    outcome: str  # done | crash | hang | not-run
+    outcome: str  # done | crash | hang | cut (budget) | not-run
     detail: str
     cases: list[CaseResult]
 
@@ -296,6 +303,7 @@ def run_child(
     variant: str,
     method: str,
     first_case_deadline: float | None = None,
+    hard_stop: float | None = None,
     poll: float = 0.5,
 ) -> RunResult:
     """Run one child in its own process group under the deadlines; collect results."""
@@ -318,8 +326,13 @@ def run_child(
                     stage, stage_start = f"case {ev['case']}", time.monotonic()
                     deadline = first_case_deadline if first else case_deadline
             seen = len(events)
-            if time.monotonic() - stage_start > deadline:
-                hung = f"{stage}: no progress within {deadline:.0f} s"
+            over_budget = hard_stop is not None and time.monotonic() > hard_stop
+            if over_budget or time.monotonic() - stage_start > deadline:
+                hung = (
+                    f"budget: cut during {stage}"
+                    if over_budget
+                    else f"{stage}: no progress within {deadline:.0f} s"
+                )
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -338,7 +351,9 @@ def run_child(
     done = {e["case"]: e for e in events if e["event"] == "case_done"}
     started = [e["case"] for e in events if e["event"] == "case_start"]
     finished_all = any(e["event"] == "child_done" for e in events)
-    if hung is not None:
+    if hung is not None and hung.startswith("budget"):
+        outcome, detail = "cut", hung
+    elif hung is not None:
         outcome, detail = "hang", hung
     elif rc != 0 or not finished_all:
         outcome, detail = "crash", f"exit {rc}: {_error_from_log(log_text)}"
@@ -350,6 +365,8 @@ def run_child(
             ev = done[name]
             cases.append(CaseResult(variant, method, name, "finished", "", ev.get("seconds"),
                                     ev.get("tokens"), ev.get("gaps"), ev.get("spec_metrics") or {}))
+        elif outcome == "cut":
+            cases.append(CaseResult(variant, method, name, "not-run", detail))
         elif started and started[-1] == name and outcome in ("hang", "crash"):
             cases.append(CaseResult(variant, method, name, outcome, detail))
         elif outcome in ("hang", "crash") and ready is None and name == case_names[0]:
@@ -515,8 +532,9 @@ def parent_main(args: argparse.Namespace) -> int:
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
             print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
             res = run_child(cmd, env, work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
-                            min(args.start_deadline, left), args.case_deadline, variant, method,
-                            first_case_deadline=args.first_case_deadline)
+                            args.start_deadline, args.case_deadline, variant, method,
+                            first_case_deadline=args.first_case_deadline,
+                            hard_stop=t0 + args.budget)
             runs.append(res)
             print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
             with log_all.open("a") as f:

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
                 kv_cache_dtype="fp8",
                 block_size=256,
                 max_model_len=4096,
-                max_num_seqs=8,
+                max_num_seqs=32,
                 speculative_config=spec,
                 seed=0,
             )

@@ -178,9 +178,19 @@ def test_cases_cross_window_blocks_and_topk() -> None:
 def test_site_env_follows_pth_files(tmp_path: Path) -> None:
     site = tmp_path / "site"
     (site / "pkg_a" / "inner").mkdir(parents=True)
-    (site / "x.pth").write_text("pkg_a/inner\nimport os\n# comment\nmissing_dir\n")
-    env = run_e2e.site_env(site, {"PYTHONPATH": "/old"})
-    assert env["PYTHONPATH"].split(":") == [str(site), str(site / "pkg_a" / "inner"), "/old"]
+    (site / "dslpkg" / "dsl_packages").mkdir(parents=True)
+    (site / "dslpkg" / "__init__.py").write_text("")
+    (site / "x.pth").write_text("pkg_a/inner\n# comment\nmissing_dir\n")
+    # nvidia-cutlass-dsl's form: an import line that edits sys.path
+    (site / "y.pth").write_text(
+        "import sys, os, dslpkg; sys.path.insert(0, os.path.join(dslpkg.__path__[0], 'dsl_packages'))\n"
+    )
+    env = run_e2e.site_env(site, {"PYTHONPATH": "/old", "PATH": "/usr/bin:/bin"})
+    parts = env["PYTHONPATH"].split(":")
+    assert parts[0] == str(site) and parts[-1] == "/old"
+    assert str(site / "pkg_a" / "inner") in parts
+    assert str(site / "dslpkg" / "dsl_packages") in parts
+    assert not any("missing_dir" in p for p in parts)
 
 
 def test_tiny_config_obeys_its_constraints(tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ fi
 # 5. import check in both sites (fails fast with the missing module)
 for v in stock patched; do
   PYTHONPATH="$("$PY" -c "import sys; sys.path.insert(0, '$HERE'); from run_e2e import site_env; import os; print(site_env(__import__('pathlib').Path('$E2E/site-$v'), {})['PYTHONPATH'])")" \
-    "$PY" - "$v" <<'EOF' 2>&1 | tee -a "$RESULTS/preflight.txt"
+    "$PY" - "$v" <<'EOF' 2>&1 | tee -a "$RESULTS/preflight.txt" || echo "[$v] preflight failed (see above)"
 import sys, importlib
 v = sys.argv[1]
 bad = []

@@ -473,22 +473,30 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
     return "\n".join(out) + "\n"
 
 
-def site_env(site: Path, base: dict[str, str]) -> dict[str, str]:
-    """Environment with SITE first on PYTHONPATH, its .pth path entries included.
+_PTH_PROBE = (
+    "import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+    "print('\\n'.join(p for p in sys.path if p not in before))"
+)
 
-    pip --target dirs are not site dirs, so their .pth files (e.g.
-    nvidia-cutlass-dsl's, which puts the ``cutlass`` package on the path) are
-    not processed; add their plain path lines here.
+
+def site_env(site: Path, base: dict[str, str], python: str = sys.executable) -> dict[str, str]:
+    """Environment with SITE first on PYTHONPATH, plus what its .pth files add.
+
+    pip --target dirs are not site dirs, so their .pth files are not processed;
+    nvidia-cutlass-dsl's is an ``import`` line that puts
+    ``nvidia_cutlass_dsl/dsl_packages`` (the ``cutlass`` package) on sys.path.
+    ``site.addsitedir`` in a throw-away interpreter runs them exactly as Python
+    would and reports the entries they add; those go on PYTHONPATH so every
+    process (vLLM's engine core too) sees them.
     """
-    paths = [str(site)]
-    for pth in sorted(site.glob("*.pth")):
-        for line in pth.read_text().splitlines():
-            line = line.strip()
-            if not line or line.startswith(("#", "import ")):
-                continue
-            p = (site / line).resolve()
-            if p.exists():
-                paths.append(str(p))
+    proc = subprocess.run(
+        [python, "-S", "-c", _PTH_PROBE, str(site)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in base.items() if k != "PYTHONPATH"},
+    )
+    added = [p for p in proc.stdout.splitlines() if p and p != str(site)]
+    paths = [str(site)] + [p for p in added if p != str(site)]
     env = dict(base)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))

@@ -84,6 +84,7 @@ def _run(tmp_path: Path, mode: str, method: str = "mtp1") -> run_e2e.RunResult:
         variant="stock",
         method=method,
         poll=0.1,
+        settle=0.2,
     )
 
 
@@ -293,6 +294,7 @@ def test_budget_cut_is_not_a_hang(tmp_path: Path) -> None:
         method="plain",
         hard_stop=time.monotonic() + 1.0,
         poll=0.1,
+        settle=0.2,
     )
     assert res.outcome == "cut"
     assert [c.status for c in res.cases] == ["not-run", "not-run"]

@@ -24,8 +24,9 @@ engine start or one generate call outlives its deadline, and records per case:
 
 Weights: ``--weights scaled`` (default) keeps vLLM's dummy loader but then
 rescales in place (norms 1, embeddings N(0,1), FP8 weights N(0,1) with scales
-1/sqrt(fan_in) as powers of two) so logits are spread and greedy decoding
-depends on the context; ``--weights dummy`` keeps vLLM's +-1e-3 values.
+1/sqrt(fan_in) as powers of two, other 2-D weights N(0, 1/fan_in)) so logits
+are spread, the indexer's scores do not tie and greedy decoding depends on the
+context; ``--weights dummy`` keeps vLLM's +-1e-3 values.
 
 Usage (device):
   python run_e2e.py --model DIR --out OUT --site stock=SITE1 --site patched=SITE2
@@ -139,6 +140,11 @@ def _scale_worker_weights(worker: Any) -> int:
                 t.fill_(1.0)
             elif leaf == "weight" and owner in ("embed_tokens", "lm_head") and t.is_floating_point():
                 std = 1.0 if owner == "embed_tokens" else 1.0 / math.sqrt(t.shape[-1])
+                t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+            elif leaf == "weight" and t.dim() == 2 and t.is_floating_point():
+                # unquantized projections (indexer weights_proj, router, compressor,
+                # Markov head): without this the indexer's scores all tie
+                std = 1.0 / math.sqrt(t.shape[-1])
                 t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
             else:
                 continue
@@ -305,6 +311,7 @@ def run_child(
     first_case_deadline: float | None = None,
     hard_stop: float | None = None,
     poll: float = 0.5,
+    settle: float = 5.0,
 ) -> RunResult:
     """Run one child in its own process group under the deadlines; collect results."""
     progress.write_text("")
@@ -341,6 +348,15 @@ def run_child(
                 break
             time.sleep(poll)
         rc = proc.returncode
+        # Leave no straggler of the group (vLLM's engine core) holding the GPU,
+        # and give the driver a moment to tear a killed context down.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed_rest = True
+        except (ProcessLookupError, PermissionError):
+            killed_rest = False
+        if hung is not None or killed_rest:
+            time.sleep(settle)
     events = _read_events(progress)
     log_text = log_path.read_text(errors="replace")
     fingerprint = next((e["data"] for e in events if e["event"] == "fingerprint"), None)

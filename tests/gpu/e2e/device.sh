@@ -108,6 +108,7 @@ if [[ -d "$SRC/meta/patched/vllm" ]]; then
   done < <(find "$SRC/meta/patched/vllm" -name '*.py' -print0)
 fi
 echo "patched site: $n patched .py files"
+[[ $n == 0 ]] && echo "WARNING: .e2e/meta/patched is empty: the 'patched' variant is stock (run pack.py --patched-tree)"
 if compgen -G "$SRC/meta/plugin/*.whl" > /dev/null; then
   # shellcheck disable=SC2086
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-patched" "$SRC"/meta/plugin/*.whl

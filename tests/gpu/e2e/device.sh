@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Device side of the DeepSeek-V4 end-to-end run (issue 15); see README.md here.
+#
+# Every call: verifies the pieces that arrived in .e2e/ (sha256 from
+# .e2e/meta/manifest.json) and keeps them in $E2E/parts (outside the repo copy,
+# so they survive while the machine is held).  Once all pieces are there it
+# reassembles the xz stream (stdlib lzma), installs the wheels with
+# `pip install --no-index --no-deps --target $E2E/site-stock`, builds
+# $E2E/site-patched (hard-linked copy + the patched .py files from
+# .e2e/meta/patched + the kernel plugin wheel from .e2e/meta/plugin), writes the
+# tiny model, checks imports in both sites, and runs run_e2e.py with the
+# remaining arguments, results in $OUT (or $E2E/out).
+#
+# usage: bash tests/gpu/e2e/device.sh --stage-only
+#        bash tests/gpu/e2e/device.sh [--no-run] [run_e2e.py args, e.g. --variants stock --methods plain,mtp1]
+set -euo pipefail
+T_CALL=$(date +%s)
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../../.." && pwd)"
+E2E="${E2E_DIR:-/tmp/e2e}"
+SRC="${E2E_SRC:-$ROOT/.e2e}"
+RESULTS="${OUT:-$E2E/out}"
+PY="${PYTHON:-python3}"
+STAGE_ONLY=0
+NO_RUN=0
+if [[ "${1:-}" == "--stage-only" ]]; then STAGE_ONLY=1; shift; fi
+if [[ "${1:-}" == "--no-run" ]]; then NO_RUN=1; shift; fi
+mkdir -p "$E2E/parts" "$RESULTS"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# DeepGEMM and TileLang compile kernels at run time with nvcc.
+if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
+  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  export CUDA_HOME
+fi
+
+[[ -f "$SRC/meta/manifest.json" ]] || { echo "no $SRC/meta/manifest.json: carry .e2e/meta (run pack.py first)"; exit 2; }
+cp "$SRC/meta/manifest.json" "$E2E/manifest.json"
+
+# 1. stage and verify the pieces
+"$PY" - "$SRC" "$E2E" <<'EOF'
+import hashlib, json, shutil, sys
+from pathlib import Path
+src, e2e = Path(sys.argv[1]), Path(sys.argv[2])
+man = json.loads((e2e / "manifest.json").read_text())
+have, missing = [], []
+for p in man["parts"]:
+    dst = e2e / "parts" / p["name"]
+    for cand in (src / p["name"], dst):
+        if cand.exists() and cand.stat().st_size == p["size"]:
+            if hashlib.sha256(cand.read_bytes()).hexdigest() == p["sha256"]:
+                if cand != dst:
+                    shutil.copyfile(cand, dst)
+                break
+            print(f"{cand}: sha256 mismatch, ignored")
+    (have if dst.exists() else missing).append(p["name"])
+print(f"pieces here: {len(have)}/{len(man['parts'])}" + (f"; missing: {' '.join(missing)}" if missing else ""))
+(e2e / "parts" / "MISSING").write_text(" ".join(missing))
+EOF
+if [[ -s "$E2E/parts/MISSING" ]]; then
+  echo "carry the missing pieces (one per call), then call again"; exit 0
+fi
+[[ $STAGE_ONLY == 1 ]] && { echo "all pieces staged"; exit 0; }
+
+# 2. install the stock site once
+if [[ ! -f "$E2E/site-stock/.complete" ]]; then
+  t0=$(date +%s)
+  rm -rf "$E2E/site-stock" "$E2E/wheels"
+  "$PY" - "$E2E" <<'EOF'
+import hashlib, json, lzma, sys, tarfile
+from pathlib import Path
+e2e = Path(sys.argv[1])
+man = json.loads((e2e / "manifest.json").read_text())
+h = hashlib.sha256()
+dec = lzma.LZMADecompressor()
+tar_path = e2e / "payload.tar"
+with tar_path.open("wb") as out:
+    for p in man["parts"]:
+        data = (e2e / "parts" / p["name"]).read_bytes()
+        h.update(data)
+        out.write(dec.decompress(data))
+if h.hexdigest() != man["xz_sha256"]:
+    sys.exit("reassembled stream sha256 mismatch")
+with tarfile.open(tar_path) as tar:
+    tar.extractall(e2e)
+tar_path.unlink()
+print("wheels:", len(list((e2e / "wheels").glob("*.whl"))))
+EOF
+  # E2E_PIP_ARGS: only for trying this script off the device (e.g. --python-version 3.12 --only-binary=:all:)
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-stock" "$E2E"/wheels/*.whl
+  rm -rf "$E2E/wheels"
+  touch "$E2E/site-stock/.complete"
+  echo "stock site installed in $(( $(date +%s) - t0 )) s"
+fi
+
+# 3. the patched site: hard links of the stock one, patched files replaced (never written through)
+rm -rf "$E2E/site-patched"
+cp -al "$E2E/site-stock" "$E2E/site-patched"
+n=0
+if [[ -d "$SRC/meta/patched/vllm" ]]; then
+  while IFS= read -r -d '' f; do
+    rel="${f#"$SRC/meta/patched/"}"
+    mkdir -p "$(dirname "$E2E/site-patched/$rel")"
+    rm -f "$E2E/site-patched/$rel"
+    cp "$f" "$E2E/site-patched/$rel"
+    n=$((n + 1))
+  done < <(find "$SRC/meta/patched/vllm" -name '*.py' -print0)
+fi
+echo "patched site: $n patched .py files"
+[[ $n == 0 ]] && echo "WARNING: .e2e/meta/patched is empty: the 'patched' variant is stock (run pack.py --patched-tree)"
+if compgen -G "$SRC/meta/plugin/*.whl" > /dev/null; then
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-patched" "$SRC"/meta/plugin/*.whl
+  echo "patched site: kernel plugin $(ls "$SRC"/meta/plugin/*.whl | xargs -n1 basename)"
+else
+  echo "patched site: no kernel plugin wheel (fix 7's kernels stay stock)"
+fi
+
+# 4. the tiny model
+"$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4"
+
+# 5. import check in both sites (fails fast with the missing module)
+for v in stock patched; do
+  PYTHONPATH="$("$PY" -c "import sys; sys.path.insert(0, '$HERE'); from run_e2e import site_env; import os; print(site_env(__import__('pathlib').Path('$E2E/site-$v'), {})['PYTHONPATH'])")" \
+    "$PY" - "$v" <<'EOF' 2>&1 | tee -a "$RESULTS/preflight.txt" || echo "[$v] preflight failed (see above)"
+import sys, importlib
+v = sys.argv[1]
+bad = []
+for m in ("vllm", "vllm.entrypoints.llm", "vllm.models.deepseek_v4", "cutlass", "quack", "tilelang",
+          "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
+          "vllm.model_executor.kernels.mhc.tilelang_kernels", "vllm.third_party.deep_gemm"):
+    try:
+        importlib.import_module(m)
+    except Exception as e:
+        bad.append(f"{m}: {type(e).__name__}: {e}")
+import torch, vllm
+print(f"[{v}] vllm {vllm.__version__} from {vllm.__file__}; torch {torch.__version__}; "
+      f"cuda {torch.cuda.is_available()} cap {torch.cuda.get_device_capability() if torch.cuda.is_available() else None}")
+print(f"[{v}] import problems: {bad or 'none'}")
+import os, shutil
+print(f"[{v}] CUDA_HOME={os.environ.get('CUDA_HOME')} nvcc={shutil.which('nvcc')}")
+EOF
+done
+
+[[ $NO_RUN == 1 ]] && exit 0
+# 6. the cases; unless --budget is given, what is left of a 600 s device call (E2E_CALL_LIMIT)
+EXTRA=()
+if [[ " $* " != *" --budget "* ]]; then
+  left=$(( ${E2E_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 40 ))
+  echo "run budget: $left s"
+  EXTRA=(--budget "$left")
+fi
+PYTHONUNBUFFERED=1 "$PY" "$HERE/run_e2e.py" --model "$E2E/tiny-dsv4" --out "$RESULTS" \
+  --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" "${EXTRA[@]}" "$@" 2>&1 | tee "$RESULTS/run.txt"

@@ -1,0 +1,642 @@
+#!/usr/bin/env python3
+"""DeepSeek-V4 end to end on one GPU: plain greedy decode against MTP and DSpark.
+
+Why this exists (issue 15): every other proof covers a part; this one runs
+vLLM 0.26.0's whole engine on a tiny DeepSeek-V4 (``make_tiny_dsv4.py``, dummy
+weights) for the stock package and for the patched one, and applies the
+greedy oracle: speculative decoding must produce exactly the tokens of plain
+decoding.
+
+Each (variant, method) runs in its own child process, in its own process group,
+with one ``LLM`` (CUDA graphs on, ``enforce_eager=False``) and several prompt
+sets (short and long prompts, batch 1 and several, staggered lengths so the
+batch drains and CUDA-graph padding slots appear; long prompts cross the
+sliding window, several 256-token KV blocks and the indexer's top-k).  The
+child reports progress as JSON lines; the parent kills the whole group when the
+engine start or one generate call outlives its deadline, and records per case:
+
+* ``pass``      finished, tokens equal to plain decode of the same variant;
+* ``differ``    finished, first differing position (request, token) and the
+                plain run's top-2 logprob gap there (a tiny gap = a near tie);
+* ``crash``     the child died or raised (the error);
+* ``hang``      the deadline passed (which stage);
+* ``not-run``   an earlier case of that engine hung/crashed, or no budget.
+
+Weights: ``--weights scaled`` (default) keeps vLLM's dummy loader but then
+rescales in place (norms 1, embeddings N(0,1), FP8 weights N(0,1) with scales
+1/sqrt(fan_in) as powers of two, other 2-D weights N(0, 1/fan_in)) so logits
+are spread, the indexer's scores do not tie and greedy decoding depends on the
+context; ``--weights dummy`` keeps vLLM's +-1e-3 values.
+
+Usage (device):
+  python run_e2e.py --model DIR --out OUT --site stock=SITE1 --site patched=SITE2
+      [--variants stock,patched] [--methods plain,mtp1,mtp2,mtp3,dspark5] [--budget S]
+Report only (no GPU): python run_e2e.py --report OUT a.json [b.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+
+# method name -> speculative_config (None = plain decode)
+METHODS: dict[str, dict[str, Any] | None] = {
+    "plain": None,
+    "mtp1": {"method": "mtp", "num_speculative_tokens": 1},
+    "mtp2": {"method": "mtp", "num_speculative_tokens": 2},
+    "mtp3": {"method": "mtp", "num_speculative_tokens": 3},
+    "dspark5": {"method": "dspark", "num_speculative_tokens": 5},
+}
+DEFAULT_METHODS = list(METHODS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generate() call: prompts (token ids) and max_tokens per request."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+
+def _prompt(length: int, seed: int, vocab: int = 1000) -> list[int]:
+    """Deterministic token ids in [2, vocab) (0 = bos, 1 = eos are avoided)."""
+    x = seed * 2654435761 % 2**32
+    out = []
+    for _ in range(length):
+        x = (1103515245 * x + 12345) % 2**31
+        out.append(2 + x % (vocab - 2))
+    return out
+
+
+def build_cases(long_len: int = 2300) -> list[Case]:
+    """Prompt sets; the b1 cases repeat the first request of the batched ones."""
+    short = [_prompt(n, s) for n, s in [(4, 1), (3, 2), (7, 3), (5, 4), (6, 5)]]
+    many = [_prompt(3 + i % 6, 100 + i) for i in range(24)]
+    longs = [_prompt(n, s) for n, s in [(long_len, 11), (1500, 12), (700, 13)]]
+    # Most telling first: a hang or crash ends the engine's remaining cases.
+    return [
+        # staggered lengths: the batch drains 5 -> 1, leaving CUDA-graph padding
+        # slots (seq_len 0): <= 32 indexer rows -> cooperative_topk on sm_90
+        Case("short_b5", short, [300, 260, 200, 150, 90]),
+        # 24 requests x (1 + k) > 32 indexer rows -> persistent_topk's
+        # FilteredTopK path, which reads a padded slot's huge length past the row
+        Case("short_b24", many, [300 - 10 * i for i in range(24)]),
+        Case("long_b3", longs, [200, 150, 100]),
+        Case("short_b1", short[:1], [300]),
+        Case("long_b1", longs[:1], [200]),
+    ]
+
+
+# --------------------------------------------------------------------------
+# child side (runs inside the device's Python with vLLM importable)
+
+
+def _scale_worker_weights(worker: Any) -> int:
+    """In-place rescale of dummy weights on one worker (see module docstring)."""
+    import math
+    import zlib
+
+    import torch
+
+    runner = worker.model_runner
+    models = [getattr(runner, "model", None)]
+    for attr in ("drafter", "speculator"):
+        sub = getattr(runner, attr, None)
+        models.append(getattr(sub, "model", None))
+    seen: set[int] = set()
+    count = 0
+    for model in models:
+        if not isinstance(model, torch.nn.Module):
+            continue
+        for name, p in model.named_parameters(remove_duplicate=True):
+            t = p.data
+            if t.data_ptr() in seen or t.numel() == 0:
+                continue
+            seen.add(t.data_ptr())
+            gen = torch.Generator(device=t.device).manual_seed(zlib.crc32(name.encode()))
+            leaf = name.rsplit(".", 1)[-1]
+            owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+            if t.dtype == torch.float8_e4m3fn:
+                r = torch.randn(t.shape, generator=gen, device=t.device).clamp_(-4, 4)
+                t.copy_(r.to(t.dtype))
+            elif leaf in ("weight_scale_inv", "weight_scale") or leaf.endswith("_weight_scale_inv"):
+                if t.dtype == torch.float32 and t.dim() >= 1:
+                    fan_in = max(1, t.shape[-1] * 128)
+                    t.fill_(2.0 ** round(math.log2(1.0 / math.sqrt(fan_in))))
+                else:
+                    continue
+            elif leaf == "weight" and "norm" in owner and t.is_floating_point():
+                t.fill_(1.0)
+            elif leaf == "weight" and owner in ("embed_tokens", "lm_head") and t.is_floating_point():
+                std = 1.0 if owner == "embed_tokens" else 1.0 / math.sqrt(t.shape[-1])
+                t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+            elif leaf == "weight" and t.dim() == 2 and t.is_floating_point():
+                # unquantized projections (indexer weights_proj, router, compressor,
+                # Markov head): without this the indexer's scores all tie
+                std = 1.0 / math.sqrt(t.shape[-1])
+                t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+            else:
+                continue
+            count += 1
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return count
+
+
+def _fingerprint() -> dict[str, Any]:
+    """Which vLLM is loaded and which fixes its Python carries (proves the variant)."""
+    import importlib
+    import importlib.metadata as md
+
+    import vllm
+
+    fp: dict[str, Any] = {"vllm_file": vllm.__file__, "vllm_version": getattr(vllm, "__version__", "?")}
+    probes = {
+        "fix1_get_dspark_swa_index_width": ("vllm.v1.attention.backends.mla.compressor_utils", "get_dspark_swa_index_width"),
+        "fix2_use_workspace_lane": ("vllm.v1.worker.workspace", "use_workspace_lane"),
+        "fix5_has_flashinfer_sparse_mla_sm120_config": ("vllm.utils.flashinfer", "has_flashinfer_sparse_mla_sm120_config"),
+    }
+    for key, (mod, attr) in probes.items():
+        try:
+            fp[key] = hasattr(importlib.import_module(mod), attr)
+        except Exception as exc:  # noqa: BLE001
+            fp[key] = f"{type(exc).__name__}: {exc}"
+    fp["general_plugins"] = sorted(e.name for e in md.entry_points(group="vllm.general_plugins"))
+    return fp
+
+
+def child_main(args: argparse.Namespace) -> int:
+    progress = open(args.progress, "a", buffering=1)  # noqa: SIM115
+
+    def emit(**kw: Any) -> None:
+        kw["t"] = time.time()
+        progress.write(json.dumps(kw) + "\n")
+        progress.flush()
+
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    emit(event="fingerprint", data=_fingerprint())
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = METHODS[args.method]
+    llm = LLM(
+        model=args.model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        kv_cache_dtype="fp8",
+        block_size=256,
+        max_model_len=args.max_model_len,
+        max_num_seqs=32,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        seed=0,
+        enforce_eager=False,
+        speculative_config=spec,
+        disable_log_stats=False,  # spec-decode acceptance counters for the report
+    )
+    scaled = 0
+    if args.weights == "scaled":
+        scaled = sum(llm.collective_rpc(_scale_worker_weights))
+    emit(event="engine_ready", scaled_params=scaled)
+    for case in build_cases(args.long_len):
+        emit(event="case_start", case=case.name)
+        params = [
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=n,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=2 if spec is None else None,
+            )
+            for n in case.max_tokens
+        ]
+        t0 = time.time()
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in case.prompts], params, use_tqdm=False
+        )
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        gaps: list[list[float]] | None = None
+        if spec is None:
+            gaps = []
+            for o in outs:
+                row = []
+                for lp in o.outputs[0].logprobs or []:
+                    vals = sorted((v.logprob for v in lp.values()), reverse=True)
+                    row.append(round(vals[0] - vals[1], 6) if len(vals) > 1 else float("inf"))
+                gaps.append(row)
+        metrics: dict[str, Any] = {}
+        try:
+            for m in llm.get_metrics():
+                if "spec_decode" in m.name:
+                    val = getattr(m, "value", None)
+                    metrics[m.name] = val if val is not None else getattr(m, "values", None)
+        except Exception:  # noqa: BLE001
+            pass
+        emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps,
+             seconds=round(time.time() - t0, 3), spec_metrics=metrics)
+    emit(event="child_done")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# parent side (no vLLM import)
+
+
+@dataclass
+class CaseResult:
+    variant: str
+    method: str
+    case: str
+    status: str  # pass | differ | crash | hang | not-run | finished (plain)
+    detail: str = ""
+    seconds: float | None = None
+    tokens: list[list[int]] | None = None
+    gaps: list[list[float]] | None = None
+    spec_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    variant: str
+    method: str
+    start_seconds: float | None
+    fingerprint: dict[str, Any] | None
+    outcome: str  # done | crash | hang | cut (budget) | not-run
+    detail: str
+    cases: list[CaseResult]
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill
+    return events
+
+
+def _error_from_log(log: str) -> str:
+    """The most telling error line of a child's log."""
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    keys = ("Error", "Exception", "error:", "Traceback", "Assertion", "CUDA", "Killed")
+    picked = [ln for ln in lines if any(k in ln for k in keys) and "Traceback" not in ln]
+    if picked:
+        return picked[-1].strip()[:500]
+    return (lines[-1].strip()[:500] if lines else "no output")
+
+
+def run_child(
+    cmd: list[str],
+    env: dict[str, str],
+    progress: Path,
+    log_path: Path,
+    case_names: list[str],
+    start_deadline: float,
+    case_deadline: float,
+    variant: str,
+    method: str,
+    first_case_deadline: float | None = None,
+    hard_stop: float | None = None,
+    poll: float = 0.5,
+    settle: float = 5.0,
+) -> RunResult:
+    """Run one child in its own process group under the deadlines; collect results."""
+    progress.write_text("")
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        t_start = time.monotonic()
+        stage_start, stage, deadline = t_start, "engine start", start_deadline
+        hung: str | None = None
+        seen = 0
+        while proc.poll() is None:
+            events = _read_events(progress)
+            for ev in events[seen:]:
+                if ev["event"] in ("engine_ready", "case_done"):
+                    stage, stage_start, deadline = "between cases", time.monotonic(), case_deadline
+                if ev["event"] == "case_start":
+                    first = ev["case"] == case_names[0] and first_case_deadline is not None
+                    stage, stage_start = f"case {ev['case']}", time.monotonic()
+                    deadline = first_case_deadline if first else case_deadline
+            seen = len(events)
+            over_budget = hard_stop is not None and time.monotonic() > hard_stop
+            if over_budget or time.monotonic() - stage_start > deadline:
+                hung = (
+                    f"budget: cut during {stage}"
+                    if over_budget
+                    else f"{stage}: no progress within {deadline:.0f} s"
+                )
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                break
+            time.sleep(poll)
+        rc = proc.returncode
+        # Leave no straggler of the group (vLLM's engine core) holding the GPU,
+        # and give the driver a moment to tear a killed context down.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed_rest = True
+        except (ProcessLookupError, PermissionError):
+            killed_rest = False
+        if hung is not None or killed_rest:
+            time.sleep(settle)
+    events = _read_events(progress)
+    log_text = log_path.read_text(errors="replace")
+    fingerprint = next((e["data"] for e in events if e["event"] == "fingerprint"), None)
+    ready = next((e for e in events if e["event"] == "engine_ready"), None)
+    start_seconds = None
+    if ready is not None and events:
+        start_seconds = round(ready["t"] - events[0]["t"], 1)
+    done = {e["case"]: e for e in events if e["event"] == "case_done"}
+    started = [e["case"] for e in events if e["event"] == "case_start"]
+    finished_all = any(e["event"] == "child_done" for e in events)
+    if hung is not None and hung.startswith("budget"):
+        outcome, detail = "cut", hung
+    elif hung is not None:
+        outcome, detail = "hang", hung
+    elif rc != 0 or not finished_all:
+        outcome, detail = "crash", f"exit {rc}: {_error_from_log(log_text)}"
+    else:
+        outcome, detail = "done", ""
+    cases: list[CaseResult] = []
+    for name in case_names:
+        if name in done:
+            ev = done[name]
+            cases.append(CaseResult(variant, method, name, "finished", "", ev.get("seconds"),
+                                    ev.get("tokens"), ev.get("gaps"), ev.get("spec_metrics") or {}))
+        elif outcome == "cut":
+            cases.append(CaseResult(variant, method, name, "not-run", detail))
+        elif started and started[-1] == name and outcome in ("hang", "crash"):
+            cases.append(CaseResult(variant, method, name, outcome, detail))
+        elif outcome in ("hang", "crash") and ready is None and name == case_names[0]:
+            cases.append(CaseResult(variant, method, name, outcome, "engine start: " + detail))
+        else:
+            why = f"earlier {outcome}" if outcome != "done" else "not reached"
+            cases.append(CaseResult(variant, method, name, "not-run", why))
+    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases)
+
+
+def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
+    """(request, position) of the first differing token, or None when equal."""
+    for r, (a, b) in enumerate(zip(ref, got)):
+        n = min(len(a), len(b))
+        for i in range(n):
+            if a[i] != b[i]:
+                return r, i
+        if len(a) != len(b):
+            return r, n
+    if len(ref) != len(got):
+        return min(len(ref), len(got)), 0
+    return None
+
+
+def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
+    """Mark each finished speculative case pass/differ against plain of its variant."""
+    plain = {
+        (c.variant, c.case): c
+        for r in runs
+        if r.method == "plain"
+        for c in r.cases
+        if c.status == "finished"
+    }
+    for r in runs:
+        for c in r.cases:
+            if c.status != "finished" or r.method == "plain":
+                continue
+            ref = plain.get((c.variant, c.case))
+            if ref is None or ref.tokens is None or c.tokens is None:
+                c.detail = "no plain reference for this variant"
+                continue
+            diff = first_difference(ref.tokens, c.tokens)
+            if diff is None:
+                c.status = "pass"
+                continue
+            req, pos = diff
+            gap = None
+            if ref.gaps and req < len(ref.gaps) and pos < len(ref.gaps[req]):
+                gap = ref.gaps[req][pos]
+            c.status = "differ"
+            tie = " (near tie)" if gap is not None and gap < tie_gap else ""
+            c.detail = f"request {req} token {pos}; plain top-2 logprob gap there {gap}{tie}"
+
+
+def controls(runs: list[RunResult]) -> list[str]:
+    """Cross checks that bound the oracle's noise."""
+    notes: list[str] = []
+    by = {(r.variant, r.method): r for r in runs}
+    for variant in sorted({r.variant for r in runs}):
+        p = by.get((variant, "plain"))
+        if p is None:
+            continue
+        cs = {c.case: c for c in p.cases if c.status == "finished"}
+        for one, many in (("short_b1", "short_b5"), ("long_b1", "long_b3")):
+            if one in cs and many in cs and cs[one].tokens and cs[many].tokens:
+                a, b = cs[one].tokens[0], cs[many].tokens[0]
+                d = first_difference([a], [b])
+                notes.append(
+                    f"{variant} plain batch invariance {one} vs {many}[0]: "
+                    + ("equal" if d is None else f"differ at token {d[1]}")
+                )
+    s, q = by.get(("stock", "plain")), by.get(("patched", "plain"))
+    if s and q:
+        for cs_, cq in zip(s.cases, q.cases):
+            if cs_.tokens and cq.tokens:
+                d = first_difference(cs_.tokens, cq.tokens)
+                notes.append(
+                    f"plain stock vs patched {cs_.case}: "
+                    + ("equal" if d is None else f"differ at request {d[0]} token {d[1]}")
+                )
+    return notes
+
+
+def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any]) -> str:
+    out = ["# DeepSeek-V4 end to end: plain decode vs MTP / DSpark (greedy oracle)", ""]
+    for k, v in meta.items():
+        out.append(f"- {k}: {v}")
+    out += ["", "| variant | method | engine start s | case | result | detail | gen s |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for c in r.cases:
+            detail = (c.detail or "").replace("|", "/")
+            if c.spec_metrics:
+                detail += (" " if detail else "") + json.dumps(c.spec_metrics)
+            out.append(
+                f"| {r.variant} | {r.method} | {r.start_seconds if r.start_seconds is not None else '-'} "
+                f"| {c.case} | {c.status} | {detail[:300]} | {c.seconds if c.seconds is not None else '-'} |"
+            )
+    out += ["", "## Runs", ""]
+    for r in runs:
+        out.append(f"- {r.variant}/{r.method}: {r.outcome} {r.detail[:400]}")
+        if r.fingerprint:
+            out.append(f"  - fingerprint: `{json.dumps(r.fingerprint)}`")
+    out += ["", "## Controls", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+_PTH_PROBE = (
+    "import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+    "print('\\n'.join(p for p in sys.path if p not in before))"
+)
+
+
+def site_env(site: Path, base: dict[str, str], python: str = sys.executable) -> dict[str, str]:
+    """Environment with SITE first on PYTHONPATH, plus what its .pth files add.
+
+    pip --target dirs are not site dirs, so their .pth files are not processed;
+    nvidia-cutlass-dsl's is an ``import`` line that puts
+    ``nvidia_cutlass_dsl/dsl_packages`` (the ``cutlass`` package) on sys.path.
+    ``site.addsitedir`` in a throw-away interpreter runs them exactly as Python
+    would and reports the entries they add; those go on PYTHONPATH so every
+    process (vLLM's engine core too) sees them.
+    """
+    proc = subprocess.run(
+        [python, "-S", "-c", _PTH_PROBE, str(site)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in base.items() if k != "PYTHONPATH"},
+    )
+    added = [p for p in proc.stdout.splitlines() if p and p != str(site)]
+    paths = [str(site)] + [p for p in added if p != str(site)]
+    env = dict(base)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def parent_main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sites = dict(s.split("=", 1) for s in args.site)
+    variants = [v for v in args.variants.split(",") if v]
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+    case_names = [c.name for c in build_cases(args.long_len)]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    log_all = out / "e2e_logs.txt"
+    t0 = time.monotonic()
+    runs: list[RunResult] = []
+    for variant in variants:
+        if variant not in sites:
+            raise SystemExit(f"no --site {variant}=DIR given")
+        env = site_env(Path(sites[variant]), dict(os.environ))
+        for method in methods:
+            left = args.budget - (time.monotonic() - t0)
+            if left < args.min_start:
+                runs.append(RunResult(variant, method, None, None, "not-run", f"budget: {left:.0f} s left",
+                                      [CaseResult(variant, method, c, "not-run", "budget") for c in case_names]))
+                continue
+            tag = f"{variant}-{method}"
+            cmd = [sys.executable, str(HERE), "--child", "--method", method, "--model", args.model,
+                   "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
+                   "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+            print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
+            res = run_child(cmd, env, work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
+                            args.start_deadline, args.case_deadline, variant, method,
+                            first_case_deadline=args.first_case_deadline,
+                            hard_stop=t0 + args.budget)
+            runs.append(res)
+            print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
+            with log_all.open("a") as f:
+                lines = (work / f"{tag}.log").read_text(errors="replace").splitlines()
+                f.write(f"===== {tag}: {res.outcome} (last {args.log_lines} lines)\n")
+                f.write("\n".join(lines[-args.log_lines:]) + "\n")
+            write_results(out, runs, args)
+    write_results(out, runs, args)
+    return 0
+
+
+def write_results(out: Path, runs: list[RunResult], args: argparse.Namespace) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    apply_oracle(runs)
+    notes = controls(runs)
+    meta = {"model": args.model, "weights": args.weights, "long prompt tokens": args.long_len,
+            "case deadline s": args.case_deadline, "start deadline s": args.start_deadline}
+    (out / "e2e_results.json").write_text(
+        json.dumps({"meta": meta, "runs": [asdict(r) for r in runs], "controls": notes}, indent=1) + "\n"
+    )
+    (out / "e2e_results.md").write_text(render_markdown(runs, notes, meta))
+
+
+def load_runs(path: Path) -> list[RunResult]:
+    data = json.loads(path.read_text())
+    runs = []
+    for r in data["runs"]:
+        cases = [CaseResult(**c) for c in r.pop("cases")]
+        runs.append(RunResult(cases=cases, **r))
+    return runs
+
+
+def report_main(out: Path, inputs: list[Path]) -> int:
+    runs: list[RunResult] = []
+    for p in inputs:
+        runs += load_runs(p)
+    for r in runs:  # recompute the oracle over the merged set
+        for c in r.cases:
+            if c.status in ("pass", "differ"):
+                c.status = "finished"
+    out.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(model="(merged)", weights="(see inputs)", long_len="-", case_deadline="-",
+                            start_deadline="-")
+    write_results(out, runs, ns)
+    print((out / "e2e_results.md").read_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--progress", help=argparse.SUPPRESS)
+    ap.add_argument("--method", default="plain")
+    ap.add_argument("--report", nargs="+", metavar=("OUT", "JSON"), help="merge result files, no GPU")
+    ap.add_argument("--model", default="/tmp/e2e/tiny-dsv4")
+    ap.add_argument("--out", default="e2e-out")
+    ap.add_argument("--site", action="append", default=[], metavar="VARIANT=DIR")
+    ap.add_argument("--variants", default="stock,patched")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--weights", choices=("scaled", "dummy"), default="scaled")
+    ap.add_argument("--long-len", type=int, default=2300)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for all children")
+    ap.add_argument("--start-deadline", type=float, default=300.0)
+    ap.add_argument("--case-deadline", type=float, default=90.0)
+    ap.add_argument("--min-start", type=float, default=60.0, help="skip a run with less budget left")
+    ap.add_argument("--first-case-deadline", type=float, default=180.0,
+                    help="the first generate() may JIT-compile kernels for new shapes")
+    ap.add_argument("--work", default="/tmp/e2e/work", help="progress files and full child logs")
+    ap.add_argument("--log-lines", type=int, default=120)
+    args = ap.parse_args(argv)
+    if args.report:
+        return report_main(Path(args.report[0]), [Path(p) for p in args.report[1:]])
+    if args.child:
+        return child_main(args)
+    return parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

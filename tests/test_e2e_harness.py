@@ -1,0 +1,301 @@
+"""The end-to-end harness (tests/gpu/e2e) without a GPU: deadlines, oracle, packing.
+
+The real run needs an H200 and vLLM 0.26.0; what can go wrong on the harness
+side is checked here with fake children that speak the same progress
+protocol: a hang must be cut at its deadline (the whole process group, child
+processes included), a crash must carry its error, the oracle must name the
+first differing token, and pack.py's stripped wheel must still be installable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+E2E = Path(__file__).resolve().parent / "gpu" / "e2e"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"e2e_{name}", E2E / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run_e2e = _load("run_e2e")
+pack = _load("pack")
+tiny = _load("make_tiny_dsv4")
+
+FAKE_CHILD = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    mode, progress = sys.argv[1], sys.argv[2]
+    f = open(progress, "a", buffering=1)
+    def emit(**kw):
+        kw["t"] = time.time(); f.write(json.dumps(kw) + "\\n"); f.flush()
+    emit(event="fingerprint", data={"vllm_version": "fake"})
+    if mode == "hang-start":
+        time.sleep(60)
+    emit(event="engine_ready", scaled_params=0)
+    # a grandchild in the same process group, as vLLM's engine core is
+    gc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(progress + ".gc", "w").write(str(gc.pid))
+    toks = {"short_b1": [[5, 6, 7]], "short_b5": [[1, 2], [3, 4]]}
+    for case in ("short_b1", "short_b5"):
+        emit(event="case_start", case=case)
+        if mode == "hang" and case == "short_b5":
+            time.sleep(60)
+        if mode == "crash" and case == "short_b5":
+            print("RuntimeError: CUDA error: an illegal memory access was encountered", flush=True)
+            os._exit(3)
+        t = toks[case]
+        if mode == "differ" and case == "short_b5":
+            t = [[1, 2], [3, 9]]
+        emit(event="case_done", case=case, tokens=t, gaps=[[0.5] * len(r) for r in t], seconds=0.1)
+    gc.kill()
+    emit(event="child_done")
+    """
+)
+
+
+def _run(tmp_path: Path, mode: str, method: str = "mtp1") -> run_e2e.RunResult:
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    progress = tmp_path / f"{mode}.jsonl"
+    return run_e2e.run_child(
+        [sys.executable, str(script), mode, str(progress)],
+        {"PATH": "/usr/bin:/bin"},
+        progress,
+        tmp_path / f"{mode}.log",
+        ["short_b1", "short_b5", "long_b1"],
+        start_deadline=3.0,
+        case_deadline=2.0,
+        variant="stock",
+        method=method,
+        poll=0.1,
+        settle=0.2,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_hang_in_a_case_kills_the_group_and_keeps_earlier_cases(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    res = _run(tmp_path, "hang")
+    assert time.monotonic() - t0 < 15
+    assert res.outcome == "hang"
+    status = {c.case: c.status for c in res.cases}
+    assert status == {"short_b1": "finished", "short_b5": "hang", "long_b1": "not-run"}
+    assert "case short_b5" in res.cases[1].detail
+    gc_pid = int((tmp_path / "hang.jsonl.gc").read_text())
+    time.sleep(0.3)
+    assert not _alive(gc_pid), "the engine-core-like grandchild survived the kill"
+
+
+def test_hang_at_engine_start(tmp_path: Path) -> None:
+    res = _run(tmp_path, "hang-start")
+    assert res.outcome == "hang"
+    assert [c.status for c in res.cases] == ["hang", "not-run", "not-run"]
+    assert res.cases[0].detail.startswith("engine start")
+
+
+def test_crash_records_the_error_line(tmp_path: Path) -> None:
+    res = _run(tmp_path, "crash")
+    assert res.outcome == "crash"
+    c = res.cases[1]
+    assert c.status == "crash"
+    assert "illegal memory access" in c.detail and "exit 3" in c.detail
+
+
+def test_oracle_pass_and_first_difference(tmp_path: Path) -> None:
+    plain = _run(tmp_path, "ok", method="plain")
+    same = _run(tmp_path, "ok", method="mtp1")
+    diff = _run(tmp_path, "differ", method="mtp2")
+    runs = [plain, same, diff]
+    run_e2e.apply_oracle(runs)
+    assert [c.status for c in same.cases[:2]] == ["pass", "pass"]
+    assert diff.cases[0].status == "pass"
+    assert diff.cases[1].status == "differ"
+    assert diff.cases[1].detail.startswith("request 1 token 1;")
+    assert "gap there 0.5" in diff.cases[1].detail
+    md = run_e2e.render_markdown(runs, run_e2e.controls(runs), {})
+    assert "| stock | mtp2 |" in md and "differ" in md
+
+
+def test_report_merges_result_files(tmp_path: Path) -> None:
+    plain = _run(tmp_path, "ok", method="plain")
+    diff = _run(tmp_path, "differ", method="mtp2")
+    ns = type("NS", (), dict(model="m", weights="scaled", long_len=1, case_deadline=1, start_deadline=1))
+    run_e2e.write_results(tmp_path / "a", [plain], ns)
+    run_e2e.write_results(tmp_path / "b", [diff], ns)
+    run_e2e.report_main(tmp_path / "m", [tmp_path / "a/e2e_results.json", tmp_path / "b/e2e_results.json"])
+    data = json.loads((tmp_path / "m/e2e_results.json").read_text())
+    statuses = {(r["method"], c["case"]): c["status"] for r in data["runs"] for c in r["cases"]}
+    assert statuses[("mtp2", "short_b5")] == "differ"
+    assert statuses[("mtp2", "short_b1")] == "pass"
+
+
+def test_first_difference_lengths() -> None:
+    fd = run_e2e.first_difference
+    assert fd([[1, 2, 3]], [[1, 2, 3]]) is None
+    assert fd([[1, 2, 3]], [[1, 2]]) == (0, 2)
+    assert fd([[1], [2, 3]], [[1], [2, 4]]) == (1, 1)
+
+
+def test_cases_cross_window_blocks_and_topk() -> None:
+    cases = {c.name: c for c in run_e2e.build_cases()}
+    # short prompts decode past the 128-token window and a 256-token block
+    assert max(cases["short_b1"].max_tokens) + len(cases["short_b1"].prompts[0]) > 256
+    # staggered lengths drain the batch
+    assert len(set(cases["short_b5"].max_tokens)) == len(cases["short_b5"].prompts)
+    # the long prompt has more C4-compressed rows than the indexer's top-k
+    assert len(cases["long_b1"].prompts[0]) // 4 > tiny.INDEX_TOPK
+    assert cases["long_b1"].prompts[0] == cases["long_b3"].prompts[0]
+    # > 32 indexer decode rows even for MTP with one token (persistent_topk path)
+    assert len(cases["short_b24"].prompts) * 2 > 32 >= len(cases["short_b5"].prompts) * 4
+    for c in cases.values():
+        for p, n in zip(c.prompts, c.max_tokens):
+            assert all(2 <= t < tiny.VOCAB_SIZE for t in p)
+            assert len(p) + n <= 4096
+
+
+def test_site_env_follows_pth_files(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "pkg_a" / "inner").mkdir(parents=True)
+    (site / "dslpkg" / "dsl_packages").mkdir(parents=True)
+    (site / "dslpkg" / "__init__.py").write_text("")
+    (site / "x.pth").write_text("pkg_a/inner\n# comment\nmissing_dir\n")
+    # nvidia-cutlass-dsl's form: an import line that edits sys.path
+    (site / "y.pth").write_text(
+        "import sys, os, dslpkg; sys.path.insert(0, os.path.join(dslpkg.__path__[0], 'dsl_packages'))\n"
+    )
+    env = run_e2e.site_env(site, {"PYTHONPATH": "/old", "PATH": "/usr/bin:/bin"})
+    parts = env["PYTHONPATH"].split(":")
+    assert parts[0] == str(site) and parts[-1] == "/old"
+    assert str(site / "pkg_a" / "inner") in parts
+    assert str(site / "dslpkg" / "dsl_packages") in parts
+    assert not any("missing_dir" in p for p in parts)
+
+
+def test_tiny_config_obeys_its_constraints(tmp_path: Path) -> None:
+    cfg = tiny.tiny_config()
+    assert tiny.check_config(cfg) == []
+    bad = dict(cfg, head_dim=256)
+    assert any("head_dim" in e for e in tiny.check_config(bad))
+    bad = dict(cfg, compress_ratios=[0, 0, 0, 0, 0])
+    assert any("C4" in e for e in tiny.check_config(bad))
+    out = tiny.write_model(tmp_path / "m")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "deepseek_v4"
+
+
+def test_stripped_wheel_is_installable(tmp_path: Path) -> None:
+    src = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    members = {
+        "vllm/__init__.py": b"__version__ = '0.26.0'\n",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"\0" * 100,
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"\1" * 100,
+        "vllm/vllm-rs": b"\2" * 50,
+        "vllm-0.26.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n",
+        "vllm-0.26.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: false\nTag: cp38-abi3-manylinux_2_28_x86_64\n",
+    }
+    record = "".join(f"{n},," + "\n" for n in members) + "vllm-0.26.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+        z.writestr("vllm-0.26.0.dist-info/RECORD", record)
+    dst = tmp_path / "out" / src.name
+    dst.parent.mkdir()
+    dropped = pack.restore_stored(src, dst, strip=True)
+    assert sorted(dropped) == ["vllm/vllm-rs", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]
+    with zipfile.ZipFile(dst) as z:
+        names = z.namelist()
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
+        rec = z.read("vllm-0.26.0.dist-info/RECORD").decode()
+    assert "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" in names
+    assert "_vllm_fa2_C" not in rec and "vllm-rs" not in rec
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), str(dst)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (target / "vllm" / "vllm_flash_attn" / "_vllm_fa3_C.abi3.so").exists()
+    assert not (target / "vllm" / "vllm-rs").exists()
+
+
+def test_pieces_reassemble(tmp_path: Path) -> None:
+    blob = tmp_path / "x.xz"
+    data = bytes(range(256)) * 1000
+    blob.write_bytes(data)
+    parts = pack.write_parts(blob, tmp_path, 10_000)
+    assert len(parts) == -(-len(data) // 10_000)
+    joined = b"".join((tmp_path / p["name"]).read_bytes() for p in parts)
+    assert joined == data
+
+
+@pytest.mark.parametrize("req", ["tilelang==0.1.9", "nvidia-cutlass-dsl-libs-cu13==4.6.0"])
+def test_cached_wheel_lookup_normalises_names(tmp_path: Path, req: str) -> None:
+    name, version = req.split("==")
+    fn = f"{name.replace('-', '_')}-{version}-cp312-cp312-manylinux_2_28_x86_64.whl"
+    (tmp_path / fn).write_bytes(b"")
+    (tmp_path / f"{name.replace('-', '_')}-0.0.1-py3-none-any.whl").write_bytes(b"")
+    assert pack._cached_wheel(tmp_path, req) == tmp_path / fn
+
+
+def test_dependency_strip_patterns(tmp_path: Path) -> None:
+    src = tmp_path / "z3_solver-4.15.4.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("z3/lib/libz3.so", b"lib")
+        z.writestr("z3_solver-4.15.4.0.data/data/bin/z3", b"cli")
+        z.writestr("z3_solver-4.15.4.0.dist-info/RECORD", "z3/lib/libz3.so,,\nz3_solver-4.15.4.0.data/data/bin/z3,,\n")
+    dst = tmp_path / "o.whl"
+    assert pack.restore_stored(src, dst, strip=True) == ["z3_solver-4.15.4.0.data/data/bin/z3"]
+    with zipfile.ZipFile(dst) as z:
+        assert z.namelist() == ["z3/lib/libz3.so", "z3_solver-4.15.4.0.dist-info/RECORD"]
+        assert b"bin/z3" not in z.read("z3_solver-4.15.4.0.dist-info/RECORD")
+    # a wheel without patterns passes through whole
+    other = tmp_path / "cbor2-6.1.2-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("cbor2/__init__.py", b"")
+    assert pack.restore_stored(other, tmp_path / "c.whl", strip=True) == []
+
+
+def test_budget_cut_is_not_a_hang(tmp_path: Path) -> None:
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    progress = tmp_path / "cut.jsonl"
+    res = run_e2e.run_child(
+        [sys.executable, str(script), "hang-start", str(progress)],
+        {"PATH": "/usr/bin:/bin"},
+        progress,
+        tmp_path / "cut.log",
+        ["short_b1", "short_b5"],
+        start_deadline=30.0,
+        case_deadline=30.0,
+        variant="stock",
+        method="plain",
+        hard_stop=time.monotonic() + 1.0,
+        poll=0.1,
+        settle=0.2,
+    )
+    assert res.outcome == "cut"
+    assert [c.status for c in res.cases] == ["not-run", "not-run"]
+    assert res.cases[0].detail.startswith("budget")

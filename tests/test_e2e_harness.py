@@ -299,3 +299,108 @@ def test_budget_cut_is_not_a_hang(tmp_path: Path) -> None:
     assert res.outcome == "cut"
     assert [c.status for c in res.cases] == ["not-run", "not-run"]
     assert res.cases[0].detail.startswith("budget")
+
+
+def _namespace_cutlass_site(root: Path, with_core: bool) -> Path:
+    """A site shaped like nvidia-cutlass-dsl's: `cutlass` lives under a .pth-added dir.
+
+    Without the libs-core part, `cutlass` is only a namespace package (as on the
+    first device run) and `cutlass.cute` does not import.
+    """
+    site = root / "site"
+    dsl = site / "nvdsl" / "dsl_packages" / "cutlass"
+    (dsl / "_mlir").mkdir(parents=True)
+    (site / "nvdsl" / "__init__.py").write_text("")
+    (dsl / "_mlir" / "__init__.py").write_text("")
+    (site / "nvdsl.pth").write_text(
+        "import sys, os, nvdsl; sys.path.insert(0, os.path.join(nvdsl.__path__[0], 'dsl_packages'))\n"
+    )
+    if with_core:
+        (dsl / "__init__.py").write_text("")
+        (dsl / "cute").mkdir()
+        (dsl / "cute" / "__init__.py").write_text("")
+    (site / "brokenmod.py").write_text("raise RuntimeError('needs CUDA')\n")
+    return site
+
+
+def test_preflight_names_each_sites_problems(tmp_path: Path) -> None:
+    good = _namespace_cutlass_site(tmp_path / "good", with_core=True)
+    bad = _namespace_cutlass_site(tmp_path / "bad", with_core=False)
+    problems, text = run_e2e.preflight({"stock": bad, "patched": good}, ["cutlass", "cutlass.cute"])
+    assert problems["patched"] == []
+    assert problems["stock"] == ["cutlass.cute: ModuleNotFoundError: No module named 'cutlass.cute'"]
+    assert "[stock] import problems: [\"cutlass.cute: ModuleNotFoundError" in text
+    assert "[patched] import problems: none" in text
+    # any exception counts, not only ImportError
+    problems, _ = run_e2e.preflight({"stock": good}, ["brokenmod"])
+    assert problems["stock"] == ["brokenmod: RuntimeError: needs CUDA"]
+
+
+def test_preflight_exit_code_and_file(tmp_path: Path) -> None:
+    bad = _namespace_cutlass_site(tmp_path / "bad", with_core=False)
+    good = _namespace_cutlass_site(tmp_path / "good", with_core=True)
+    out = tmp_path / "out"
+    argv = ["--preflight", "--out", str(out), "--preflight-modules", "cutlass,cutlass.cute"]
+    assert run_e2e.main(argv + ["--site", f"stock={bad}", "--site", f"patched={good}"]) == 3
+    assert "No module named 'cutlass.cute'" in (out / "preflight.txt").read_text()
+    assert run_e2e.main(argv + ["--site", f"stock={good}"]) == 0
+
+
+def _fake_payload(root: Path) -> Path:
+    """.e2e/ with one piece holding one pure-Python wheel (package `fakepkg`), as pack.py lays it out."""
+    import hashlib
+    import io
+    import lzma
+    import tarfile
+
+    whl = io.BytesIO()
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("fakepkg/__init__.py", "")
+        z.writestr("fakepkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
+        z.writestr("fakepkg-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("fakepkg-1.0.dist-info/RECORD", "")
+    tar_buf = io.BytesIO()
+    with tarfile.open(fileobj=tar_buf, mode="w") as tar:
+        info = tarfile.TarInfo("wheels/fakepkg-1.0-py3-none-any.whl")
+        info.size = len(whl.getvalue())
+        tar.addfile(info, io.BytesIO(whl.getvalue()))
+    blob = lzma.compress(tar_buf.getvalue())
+    src = root / ".e2e"
+    (src / "meta").mkdir(parents=True)
+    (src / "part-01.bin").write_bytes(blob)
+    sha = hashlib.sha256(blob).hexdigest()
+    manifest = {"parts": [{"name": "part-01.bin", "size": len(blob), "sha256": sha}], "xz_sha256": sha}
+    (src / "meta" / "manifest.json").write_text(json.dumps(manifest))
+    return src
+
+
+@pytest.mark.parametrize("modules, rc", [("fakepkg,fakepkg.missing", 3), ("fakepkg", 0)])
+def test_device_sh_stops_before_engines_on_import_problems(tmp_path: Path, modules: str, rc: int) -> None:
+    src = _fake_payload(tmp_path)
+    out = tmp_path / "out"
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHON": sys.executable,
+        "E2E_DIR": str(tmp_path / "e2e"),
+        "E2E_SRC": str(src),
+        "OUT": str(out),
+        "E2E_PREFLIGHT_MODULES": modules,
+    }
+    # the run arguments would start engines (here: children that fail at once)
+    args = ["--variants", "stock", "--methods", "plain", "--budget", "30", "--work", str(tmp_path / "work")]
+    proc = subprocess.run(
+        ["bash", str(E2E / "device.sh"), *(args if rc else ["--no-run"])],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    pre = (out / "preflight.txt").read_text()
+    if rc:
+        assert "fakepkg.missing: ModuleNotFoundError" in proc.stdout
+        assert "stopping before the engines" in proc.stdout
+        assert not (out / "run.txt").exists() and not (tmp_path / "work").exists()
+        assert "[stock] import problems: [\"fakepkg.missing" in pre
+    else:
+        assert "[stock] import problems: none" in pre and "[patched] import problems: none" in pre
+        assert "preflight ok" in proc.stdout

@@ -8,8 +8,9 @@
 # `pip install --no-index --no-deps --target $E2E/site-stock`, builds
 # $E2E/site-patched (hard-linked copy + the patched .py files from
 # .e2e/meta/patched + the kernel plugin wheel from .e2e/meta/plugin), writes the
-# tiny model, checks imports in both sites, and runs run_e2e.py with the
-# remaining arguments, results in $OUT (or $E2E/out).
+# tiny model, checks imports in both sites (stops with exit 3 if a module
+# DeepSeek-V4 needs does not import), and runs run_e2e.py with the remaining
+# arguments, results in $OUT (or $E2E/out).
 #
 # usage: bash tests/gpu/e2e/device.sh --stage-only
 #        bash tests/gpu/e2e/device.sh [--no-run] [run_e2e.py args, e.g. --variants stock --methods plain,mtp1]
@@ -120,28 +121,20 @@ fi
 # 4. the tiny model
 "$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4"
 
-# 5. import check in both sites (fails fast with the missing module)
-for v in stock patched; do
-  PYTHONPATH="$("$PY" -c "import sys; sys.path.insert(0, '$HERE'); from run_e2e import site_env; import os; print(site_env(__import__('pathlib').Path('$E2E/site-$v'), {})['PYTHONPATH'])")" \
-    "$PY" - "$v" <<'EOF' 2>&1 | tee -a "$RESULTS/preflight.txt" || echo "[$v] preflight failed (see above)"
-import sys, importlib
-v = sys.argv[1]
-bad = []
-for m in ("vllm", "vllm.entrypoints.llm", "vllm.models.deepseek_v4", "cutlass", "quack", "tilelang",
-          "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
-          "vllm.model_executor.kernels.mhc.tilelang_kernels", "vllm.third_party.deep_gemm"):
-    try:
-        importlib.import_module(m)
-    except Exception as e:
-        bad.append(f"{m}: {type(e).__name__}: {e}")
-import torch, vllm
-print(f"[{v}] vllm {vllm.__version__} from {vllm.__file__}; torch {torch.__version__}; "
-      f"cuda {torch.cuda.is_available()} cap {torch.cuda.get_device_capability() if torch.cuda.is_available() else None}")
-print(f"[{v}] import problems: {bad or 'none'}")
-import os, shutil
-print(f"[{v}] CUDA_HOME={os.environ.get('CUDA_HOME')} nvcc={shutil.which('nvcc')}")
-EOF
-done
+# 5. import check in both sites, as the engines will see them: a module that
+#    DeepSeek-V4 needs and that does not import stops the call here, before any
+#    engine start (exit 3; the problems are in preflight.txt and on stdout).
+#    E2E_PREFLIGHT_MODULES (comma-separated) replaces the list, for tests only;
+#    E2E_PREFLIGHT=warn starts the engines anyway (to read an engine's own error).
+if ! "$PY" "$HERE/run_e2e.py" --preflight --out "$RESULTS" \
+    --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" \
+    ${E2E_PREFLIGHT_MODULES:+--preflight-modules "$E2E_PREFLIGHT_MODULES"}; then
+  if [[ "${E2E_PREFLIGHT:-strict}" != warn ]]; then
+    echo "device.sh: stopping before the engines (fix the imports above: pack.py DEPS, then re-pack)"
+    exit 3
+  fi
+  echo "device.sh: E2E_PREFLIGHT=warn: starting the engines despite the problems above"
+fi
 
 [[ $NO_RUN == 1 ]] && exit 0
 # 6. the cases; unless --budget is given, what is left of a 600 s device call (E2E_CALL_LIMIT)

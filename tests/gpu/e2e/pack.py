@@ -139,8 +139,22 @@ DEPS: list[Dep] = [
     Dep("torch-c-dlpack-ext==0.1.5", "tilelang, quack"),
     Dep("nvidia-cutlass-dsl==4.6.0", "DeepSeek-V4 compressor/indexer CuTe DSL kernels"),
     Dep("nvidia-cutlass-dsl-libs-base==4.6.0", "nvidia-cutlass-dsl"),
+    # The `cutlass` package's Python sources (cutlass/__init__.py, cute,
+    # cutlass_dsl, base_dsl): libs-base requires it (Requires-Dist), without
+    # it `cutlass` is a namespace package of _mlir only (first device run:
+    # "No module named 'cutlass.cute'" / "'cutlass.cutlass_dsl'").
+    Dep("nvidia-cutlass-dsl-libs-core==4.6.0", "nvidia-cutlass-dsl-libs-base (the cutlass package itself)"),
     Dep("nvidia-cutlass-dsl-libs-cu13==4.6.0", "nvidia-cutlass-dsl[cu13]"),
     Dep("quack-kernels==0.6.0", "CuTe DSL helpers (pins nvidia-cutlass-dsl==4.6.0)"),
+    # requirements/cuda.txt pins it; the V1 sampler imports
+    # vllm/v1/attention/backends/flashinfer.py (top-level `from flashinfer
+    # import ...`) on every CUDA engine (first device run: "No module named
+    # 'flashinfer'").  flashinfer-cubin==0.6.14 is not on PyPI (cuda.txt says
+    # so); without it FlashInfer compiles its kernels just in time (nvcc).
+    # Its other requirements are on the device (click, einops, ninja,
+    # nvidia-ml-py, requests, tabulate, tqdm) or optional there (cuda-tile,
+    # nvidia-cudnn-frontend: imported lazily / under try).
+    Dep("flashinfer-python==0.6.14", "V1 sampler -> vllm.v1.attention.backends.flashinfer"),
 ]
 
 

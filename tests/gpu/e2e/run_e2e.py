@@ -32,6 +32,8 @@ Usage (device):
   python run_e2e.py --model DIR --out OUT --site stock=SITE1 --site patched=SITE2
       [--variants stock,patched] [--methods plain,mtp1,mtp2,mtp3,dspark5] [--budget S]
 Report only (no GPU): python run_e2e.py --report OUT a.json [b.json ...]
+Imports only (device.sh runs it before any engine; exit 3 on a problem):
+  python run_e2e.py --preflight --out OUT --site stock=SITE1 --site patched=SITE2
 """
 
 from __future__ import annotations
@@ -524,6 +526,121 @@ def site_env(site: Path, base: dict[str, str], python: str = sys.executable) -> 
     return env
 
 
+# Modules DeepSeek-V4 (plain, MTP, DSpark) needs on sm_90, imported by the
+# preflight in each site before any engine starts.  The first device run
+# (2026-12-01) spent ~200 s starting engines that died on imports the
+# preflight had already reported; now a problem here stops the call.
+PREFLIGHT_MODULES: tuple[str, ...] = (
+    "vllm",
+    "vllm.entrypoints.llm",
+    "vllm.models.deepseek_v4",
+    "vllm.models.deepseek_v4.nvidia.model",
+    "vllm.models.deepseek_v4.nvidia.mtp",
+    "vllm.models.deepseek_v4.nvidia.dspark",
+    "vllm.models.deepseek_v4.nvidia.flashmla",
+    "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
+    "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
+    "vllm.models.deepseek_v4.nvidia.ops.dequant_gather_k_cutedsl",
+    "vllm.model_executor.layers.sparse_attn_indexer",
+    "vllm.model_executor.kernels.mhc.tilelang_kernels",
+    "vllm.third_party.deep_gemm",
+    # the V1 sampler imports the FlashInfer backend on every CUDA engine
+    "vllm.v1.attention.backends.flashinfer",
+    "vllm.v1.sample.ops.topk_topp_sampler",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.gpu.model_runner",
+    "cutlass",
+    "cutlass.cute",
+    "quack",
+    "tilelang",
+    "flashinfer",
+)
+
+# Runs in the site's environment: imports each module, prints info lines and
+# one JSON line {"problems": [...]} last.
+_PREFLIGHT_PROBE = """
+import importlib, json, os, shutil, sys
+label, mods = sys.argv[1], sys.argv[2:]
+bad = []
+for m in mods:
+    try:
+        importlib.import_module(m)
+    except BaseException as e:
+        bad.append(f"{m}: {type(e).__name__}: {e}")
+try:
+    import torch
+    cuda = torch.cuda.is_available()
+    cap = torch.cuda.get_device_capability() if cuda else None
+    print(f"[{label}] torch {torch.__version__}; cuda {cuda} cap {cap}")
+except BaseException as e:
+    print(f"[{label}] torch: {type(e).__name__}: {e}")
+vllm = sys.modules.get("vllm")
+if vllm is not None:
+    print(f"[{label}] vllm {getattr(vllm, '__version__', '?')} from {vllm.__file__}")
+print(f"[{label}] CUDA_HOME={os.environ.get('CUDA_HOME')} nvcc={shutil.which('nvcc')}")
+print(json.dumps({"problems": bad}))
+"""
+
+
+def preflight(
+    sites: dict[str, Path],
+    modules: list[str] | tuple[str, ...] = PREFLIGHT_MODULES,
+    python: str = sys.executable,
+    timeout: float = 300.0,
+) -> tuple[dict[str, list[str]], str]:
+    """Import MODULES in each site's environment (as the children see it).
+
+    Returns the problems per site (empty lists when all import) and the text
+    of the probes' output for preflight.txt.  A probe that dies or prints no
+    result counts as a problem of its site.
+    """
+    problems: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for label, site in sites.items():
+        env = site_env(site, dict(os.environ), python)
+        try:
+            proc = subprocess.run(
+                [python, "-c", _PREFLIGHT_PROBE, label, *modules],
+                capture_output=True, text=True, env=env, timeout=timeout,
+            )
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired:
+            out, err, rc = "", f"import probe still running after {timeout:.0f} s", -1
+        result: list[str] | None = None
+        for ln in out.splitlines():
+            if ln.startswith('{"problems"'):
+                result = list(json.loads(ln)["problems"])
+            else:
+                lines.append(ln)
+        if result is None:
+            tail = (err.strip().splitlines() or ["(no output)"])[-1]
+            result = [f"import probe failed (exit {rc}): {tail}"]
+        problems[label] = result
+        lines.append(f"[{label}] import problems: {result or 'none'}")
+    return problems, "\n".join(lines) + "\n"
+
+
+def preflight_main(args: argparse.Namespace) -> int:
+    """--preflight: exit 3 (and name every problem) unless all modules import in all sites."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sites = {k: Path(v) for k, v in (s.split("=", 1) for s in args.site)}
+    modules = [m for m in args.preflight_modules.split(",") if m] if args.preflight_modules else PREFLIGHT_MODULES
+    problems, text = preflight(sites, modules)
+    with (out / "preflight.txt").open("a") as f:
+        f.write(text)
+    print(text, end="")
+    bad = {k: v for k, v in problems.items() if v}
+    if bad:
+        print("PREFLIGHT FAILED: modules DeepSeek-V4 needs do not import; no engine started.")
+        for label, items in bad.items():
+            for item in items:
+                print(f"  [{label}] {item}")
+        return 3
+    print(f"preflight ok: {len(modules)} modules import in {', '.join(sites)}")
+    return 0
+
+
 def parent_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -630,7 +747,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the first generate() may JIT-compile kernels for new shapes")
     ap.add_argument("--work", default="/tmp/e2e/work", help="progress files and full child logs")
     ap.add_argument("--log-lines", type=int, default=120)
+    ap.add_argument("--preflight", action="store_true",
+                    help="only import the modules DeepSeek-V4 needs in each --site; exit 3 on a problem")
+    ap.add_argument("--preflight-modules", default="",
+                    help="comma-separated modules for --preflight (default: PREFLIGHT_MODULES)")
     args = ap.parse_args(argv)
+    if args.preflight:
+        return preflight_main(args)
     if args.report:
         return report_main(Path(args.report[0]), [Path(p) for p in args.report[1:]])
     if args.child:

@@ -141,3 +141,19 @@ def git_pin(name: str, upstream: Upstream, extra: str = "", kind: str = "git") -
         kind = "{kind}"
         {key} = "{upstream.path}"
     '''
+
+
+def sdist_pin(name: str, commit: str, sha: str, url: str | None = None) -> str:
+    """A ``pypi-sdist`` pin table (vLLM 0.0.1) for ``sha``; without ``url`` the sdist must be cached."""
+    url_line = f'url = "{url}"' if url is not None else ""
+    return f'''
+        [pins."{name}"]
+        vllm_version = "0.0.1"
+        commit = "{commit}"
+        [pins."{name}".source]
+        kind = "pypi-sdist"
+        name = "vllm"
+        version = "0.0.1"
+        sha256 = "{sha}"
+        {url_line}
+    '''

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MINI_FILES, git_pin, sh, write_lock
+from conftest import MINI_FILES, git_pin, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -112,16 +112,7 @@ def sdist_lock(tmp_path: Path, data: bytes, commit: str = COMMIT) -> tuple[Path,
     sha = hashlib.sha256(data).hexdigest()
     d = tmp_path / "lock"
     d.mkdir(exist_ok=True)
-    pin = f'''
-        [pins."s"]
-        vllm_version = "0.0.1"
-        commit = "{commit}"
-        [pins."s".source]
-        kind = "pypi-sdist"
-        name = "vllm"
-        version = "0.0.1"
-        sha256 = "{sha}"
-    '''
+    pin = sdist_pin("s", commit, sha)
     lock = write_lock(d / "l.toml", {"s": pin}, {"main": []})
     cache = tmp_path / "cache"
     (cache / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)

@@ -13,21 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git_pin, sh, write_lock
+from conftest import git_pin, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_BUSY, EXIT_FETCH, EXIT_INPUT
 from dsv4patch.store import file_lock
-
-SDIST_PIN = '''
-    [pins."s"]
-    vllm_version = "0.0.1"
-    commit = "{commit}"
-    [pins."s".source]
-    kind = "pypi-sdist"
-    name = "vllm"
-    version = "0.0.1"
-    sha256 = "{sha}"
-    url = "{url}"
-'''
 
 
 def lock_text(tmp_path: Path, body: str) -> Path:
@@ -168,7 +156,7 @@ def http_server():
 
 
 def sdist_lock(tmp_path: Path, url: str, sha: str) -> Path:
-    return lock_text(tmp_path, SDIST_PIN.format(commit="a" * 40, sha=sha, url=url))
+    return lock_text(tmp_path, sdist_pin("s", "a" * 40, sha, url))
 
 
 def test_sha256_mismatch_never_enters_cache(tmp_path, cli, http_server):

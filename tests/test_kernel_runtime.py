@@ -129,9 +129,9 @@ def test_check_and_hook_on_a_cpu_host(cpu_install: dict, tmp_path: Path) -> None
         assert res.returncode == 0, res.stderr
     init = (site / "vllm" / "__init__.py").read_text()
     assert init.count(runtime.HOOK_MARK) == 1 and init.rstrip().endswith(runtime.HOOK_MARK)
-    res = _run(cpu_install, "-c", f"import vllm, {dist} as k; print(k._STATE)", site=site)
+    res = _run(cpu_install, "-c", f"import json, vllm, {dist} as k; print(json.dumps(k._STATE))", site=site)
     assert res.returncode == 0, res.stderr[-2000:]
-    state = eval(res.stdout.strip().splitlines()[-1])  # a dict literal printed by the child
+    state = json.loads(res.stdout.strip().splitlines()[-1])
     assert state["route"] == "vllm-hook" and state["outcome"] == "no-cuda"
     assert "ERROR" not in res.stdout + res.stderr
 

@@ -18,7 +18,6 @@ The GPU machine needs nothing else but torch and pytest.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import lzma
@@ -35,14 +34,14 @@ sys.path.insert(0, str(REPO))
 
 from dsv4patch.kernels import stock  # noqa: E402
 from dsv4patch.lock import load  # noqa: E402
-from dsv4patch.store import Store  # noqa: E402
+from dsv4patch.store import Store, hash_file  # noqa: E402
 
 
 def stock_library(store: Store, pin) -> tuple[Path, str, str]:
     """(xz-compressed stock library, its sha256 uncompressed, wheel file name), cached."""
     wheel = stock.wheel_for(pin, "x86_64")
     lib = stock.member(store, wheel)
-    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    digest = hash_file(lib)
     out = store.root / "derived" / f"{digest}.so.xz"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,14 @@ engine start or one generate call outlives its deadline, and records per case:
 * ``hang``      the deadline passed (which stage);
 * ``not-run``   an earlier case of that engine hung/crashed, or no budget.
 
-Weights: ``--weights scaled`` (default) keeps vLLM's dummy loader but then
-rescales in place (norms 1, embeddings N(0,1), FP8 weights N(0,1) with scales
+Weights: the child registers its own load format (``register_loader``):
+vLLM's dummy loader, then (``--weights scaled``, the default) an in-place
+rescale (norms 1, embeddings N(0,1), FP8 weights N(0,1) with scales
 1/sqrt(fan_in) as powers of two, other 2-D weights N(0, 1/fan_in)) so logits
 are spread, the indexer's scores do not tie and greedy decoding depends on the
-context; ``--weights dummy`` keeps vLLM's +-1e-3 values.
+context (``--weights dummy`` keeps vLLM's +-1e-3 values), then the post-load
+steps each DeepSeek-V4 class's ``load_weights`` runs on a real checkpoint
+(``finalize_model``), all before vLLM's profile run and CUDA-graph capture.
 
 Usage (device):
   python run_e2e.py --model DIR --out OUT --site stock=SITE1 --site patched=SITE2
@@ -104,56 +107,104 @@ def build_cases(long_len: int = 2300) -> list[Case]:
 # child side (runs inside the device's Python with vLLM importable)
 
 
-def _scale_worker_weights(worker: Any) -> int:
-    """In-place rescale of dummy weights on one worker (see module docstring)."""
+def _scale_model_weights(model: Any) -> int:
+    """In-place rescale of one model's dummy weights (see module docstring).
+
+    Runs inside the loader, on the checkpoint-layout tensors, before vLLM's
+    ``process_weights_after_loading`` turns them into kernel layouts, so every
+    later transform (FP8 scale layouts, ...) is vLLM's own.
+    """
     import math
     import zlib
 
     import torch
 
-    runner = worker.model_runner
-    models = [getattr(runner, "model", None)]
-    for attr in ("drafter", "speculator"):
-        sub = getattr(runner, attr, None)
-        models.append(getattr(sub, "model", None))
-    seen: set[int] = set()
     count = 0
-    for model in models:
-        if not isinstance(model, torch.nn.Module):
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=True):
+        t = p.data
+        if t.device.type == "meta" or t.numel() == 0 or t.data_ptr() in seen:
             continue
-        for name, p in model.named_parameters(remove_duplicate=True):
-            t = p.data
-            if t.data_ptr() in seen or t.numel() == 0:
-                continue
-            seen.add(t.data_ptr())
-            gen = torch.Generator(device=t.device).manual_seed(zlib.crc32(name.encode()))
-            leaf = name.rsplit(".", 1)[-1]
-            owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
-            if t.dtype == torch.float8_e4m3fn:
-                r = torch.randn(t.shape, generator=gen, device=t.device).clamp_(-4, 4)
-                t.copy_(r.to(t.dtype))
-            elif leaf in ("weight_scale_inv", "weight_scale") or leaf.endswith("_weight_scale_inv"):
-                if t.dtype == torch.float32 and t.dim() >= 1:
-                    fan_in = max(1, t.shape[-1] * 128)
-                    t.fill_(2.0 ** round(math.log2(1.0 / math.sqrt(fan_in))))
-                else:
-                    continue
-            elif leaf == "weight" and "norm" in owner and t.is_floating_point():
-                t.fill_(1.0)
-            elif leaf == "weight" and owner in ("embed_tokens", "lm_head") and t.is_floating_point():
-                std = 1.0 if owner == "embed_tokens" else 1.0 / math.sqrt(t.shape[-1])
-                t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
-            elif leaf == "weight" and t.dim() == 2 and t.is_floating_point():
-                # unquantized projections (indexer weights_proj, router, compressor,
-                # Markov head): without this the indexer's scores all tie
-                std = 1.0 / math.sqrt(t.shape[-1])
-                t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+        seen.add(t.data_ptr())
+        gen = torch.Generator(device=t.device).manual_seed(zlib.crc32(name.encode()))
+        leaf = name.rsplit(".", 1)[-1]
+        owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+        if t.dtype == torch.float8_e4m3fn:
+            r = torch.randn(t.shape, generator=gen, device=t.device).clamp_(-4, 4)
+            t.copy_(r.to(t.dtype))
+        elif leaf in ("weight_scale_inv", "weight_scale") or leaf.endswith("_weight_scale_inv"):
+            if t.dtype == torch.float32 and t.dim() >= 1:
+                fan_in = max(1, t.shape[-1] * 128)
+                t.fill_(2.0 ** round(math.log2(1.0 / math.sqrt(fan_in))))
             else:
                 continue
-            count += 1
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+        elif leaf == "weight" and "norm" in owner and t.is_floating_point():
+            t.fill_(1.0)
+        elif leaf == "weight" and owner in ("embed_tokens", "lm_head") and t.is_floating_point():
+            std = 1.0 if owner == "embed_tokens" else 1.0 / math.sqrt(t.shape[-1])
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+        elif leaf == "weight" and t.dim() == 2 and t.is_floating_point():
+            # unquantized projections (indexer weights_proj, router, compressor,
+            # Markov head): without this the indexer's scores all tie
+            std = 1.0 / math.sqrt(t.shape[-1])
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * std)
+        else:
+            continue
+        count += 1
     return count
+
+
+# What each DeepSeek-V4 model class's own ``load_weights`` runs after loading a
+# checkpoint (vLLM 0.26.0, ``vllm/models/deepseek_v4/nvidia/``): the target
+# model (``model.py``) calls ``self.model.finalize_mega_moe_weights()`` and
+# ``self.model.finalize_mhc_broadcast_weights()``; MTP (``mtp.py``)
+# ``self.finalize_mega_moe_weights()``; DSpark (``dspark.py``)
+# ``self._finalize_moe()``.  vLLM's dummy loader never calls ``load_weights``,
+# so without these the first forward stops at ``assert
+# self.hc_attn_fn_broadcast is not None`` (run 2).
+FINALIZE_STEPS: tuple[tuple[str, str], ...] = (
+    ("model", "finalize_mega_moe_weights"),
+    ("model", "finalize_mhc_broadcast_weights"),
+    ("", "finalize_mega_moe_weights"),
+    ("", "_finalize_moe"),
+)
+
+
+def finalize_model(model: Any) -> list[str]:
+    """Run the post-load steps MODEL's class has (FINALIZE_STEPS); returns the ones run."""
+    ran: list[str] = []
+    for attr, method in FINALIZE_STEPS:
+        owner = getattr(model, attr, None) if attr else model
+        fn = getattr(type(owner), method, None) if owner is not None else None
+        if callable(fn):
+            getattr(owner, method)()
+            ran.append(f"{type(owner).__name__}.{method}")
+    return ran
+
+
+LOAD_FORMAT = "dsv4e2e_dummy"
+
+
+def register_loader(weights: str, emit: Any) -> str:
+    """Register LOAD_FORMAT: vLLM's dummy loader + optional rescale + the finalize steps.
+
+    Registered in this process; the child runs the engine in-process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the engine core's model runner
+    (and the MTP/DSpark proposer, whose ``draft_load_config`` defaults to the
+    target's) resolve the same registry.
+    """
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    class E2EDummyLoader(DummyModelLoader):
+        def load_weights(self, model: Any, model_config: Any) -> None:
+            super().load_weights(model, model_config)
+            scaled = _scale_model_weights(model) if weights == "scaled" else 0
+            ran = finalize_model(model)
+            emit(event="loaded", model=type(model).__name__, scaled_params=scaled, finalize=ran)
+
+    register_model_loader(LOAD_FORMAT)(E2EDummyLoader)
+    return LOAD_FORMAT
 
 
 def _fingerprint() -> dict[str, Any]:
@@ -187,14 +238,17 @@ def child_main(args: argparse.Namespace) -> int:
         progress.flush()
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # engine core in this process: the loader registered below is the one it uses
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     emit(event="fingerprint", data=_fingerprint())
+    load_format = register_loader(args.weights, emit)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     spec = METHODS[args.method]
     llm = LLM(
         model=args.model,
-        load_format="dummy",
+        load_format=load_format,
         skip_tokenizer_init=True,
         kv_cache_dtype="fp8",
         block_size=256,
@@ -206,10 +260,7 @@ def child_main(args: argparse.Namespace) -> int:
         speculative_config=spec,
         disable_log_stats=False,  # spec-decode acceptance counters for the report
     )
-    scaled = 0
-    if args.weights == "scaled":
-        scaled = sum(llm.collective_rpc(_scale_worker_weights))
-    emit(event="engine_ready", scaled_params=scaled)
+    emit(event="engine_ready")
     for case in build_cases(args.long_len):
         emit(event="case_start", case=case.name)
         params = [
@@ -656,12 +707,17 @@ def parent_main(args: argparse.Namespace) -> int:
     log_all = out / "e2e_logs.txt"
     t0 = time.monotonic()
     runs: list[RunResult] = []
+    stopped: str | None = None
     for variant in variants:
         if variant not in sites:
             raise SystemExit(f"no --site {variant}=DIR given")
         env = site_env(Path(sites[variant]), dict(os.environ))
         for method in methods:
             left = args.budget - (time.monotonic() - t0)
+            if stopped is not None:
+                runs.append(RunResult(variant, method, None, None, "not-run", stopped,
+                                      [CaseResult(variant, method, c, "not-run", stopped) for c in case_names]))
+                continue
             if left < args.min_start:
                 runs.append(RunResult(variant, method, None, None, "not-run", f"budget: {left:.0f} s left",
                                       [CaseResult(variant, method, c, "not-run", "budget") for c in case_names]))
@@ -678,6 +734,8 @@ def parent_main(args: argparse.Namespace) -> int:
                             hard_stop=t0 + args.budget)
             runs.append(res)
             print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
+            if args.stop_on_start_failure and res.start_seconds is None and res.outcome in ("crash", "hang"):
+                stopped = f"not started: {tag} failed at engine start (--stop-on-start-failure)"
             with log_all.open("a") as f:
                 lines = (work / f"{tag}.log").read_text(errors="replace").splitlines()
                 f.write(f"===== {tag}: {res.outcome} (last {args.log_lines} lines)\n")
@@ -747,6 +805,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the first generate() may JIT-compile kernels for new shapes")
     ap.add_argument("--work", default="/tmp/e2e/work", help="progress files and full child logs")
     ap.add_argument("--log-lines", type=int, default=120)
+    ap.add_argument("--stop-on-start-failure", action="store_true",
+                    help="after an engine that does not start, run no further engine (saves device time)")
     ap.add_argument("--preflight", action="store_true",
                     help="only import the modules DeepSeek-V4 needs in each --site; exit 3 on a problem")
     ap.add_argument("--preflight-modules", default="",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -353,18 +354,32 @@ def _fake_payload(root: Path) -> Path:
     import lzma
     import tarfile
 
-    whl = io.BytesIO()
-    with zipfile.ZipFile(whl, "w") as z:
-        z.writestr("fakepkg/__init__.py", "")
-        z.writestr("fakepkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
-        z.writestr("fakepkg-1.0.dist-info/WHEEL",
-                   "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr("fakepkg-1.0.dist-info/RECORD", "")
+    def wheel(name: str, version: str, files: dict[str, str]) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for path, text in files.items():
+                z.writestr(path, text)
+            di = f"{name}-{version}.dist-info"
+            z.writestr(f"{di}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            z.writestr(f"{di}/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            z.writestr(f"{di}/RECORD", "")
+        return buf.getvalue()
+
+    wheels = {
+        "fakepkg-1.0-py3-none-any.whl": wheel("fakepkg", "1.0", {"fakepkg/__init__.py": ""}),
+        # a stand-in vLLM with the vendored DeepGEMM device.sh moves to deps/
+        "vllm-0.26.0-py3-none-any.whl": wheel("vllm", "0.26.0", {
+            "vllm/__init__.py": "",
+            "vllm/third_party/__init__.py": "",
+            "vllm/third_party/deep_gemm/__init__.py": "WHERE = __file__\n",
+        }),
+    }
     tar_buf = io.BytesIO()
     with tarfile.open(fileobj=tar_buf, mode="w") as tar:
-        info = tarfile.TarInfo("wheels/fakepkg-1.0-py3-none-any.whl")
-        info.size = len(whl.getvalue())
-        tar.addfile(info, io.BytesIO(whl.getvalue()))
+        for name, data in wheels.items():
+            info = tarfile.TarInfo(f"wheels/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     blob = lzma.compress(tar_buf.getvalue())
     src = root / ".e2e"
     (src / "meta").mkdir(parents=True)
@@ -404,6 +419,17 @@ def test_device_sh_stops_before_engines_on_import_problems(tmp_path: Path, modul
     else:
         assert "[stock] import problems: none" in pre and "[patched] import problems: none" in pre
         assert "preflight ok" in proc.stdout
+        # one shared deps dir (every JIT cache sees one path), vLLM alone per variant
+        e2e = tmp_path / "e2e"
+        assert (e2e / "deps/fakepkg").is_dir() and (e2e / "deps/deep_gemm/__init__.py").is_file()
+        assert not (e2e / "deps/vllm").exists()
+        for v in ("stock", "patched"):
+            assert sorted(p.name for p in (e2e / f"vllm-{v}").iterdir()) == ["vllm", "vllm-0.26.0.dist-info"]
+        env_p = run_e2e.site_env(f"{e2e}/vllm-patched{os.pathsep}{e2e}/deps", {"PATH": env["PATH"]})
+        probe = "import deep_gemm, fakepkg, vllm; print(deep_gemm.WHERE); print(vllm.__file__)"
+        got = subprocess.run([sys.executable, "-c", probe], env=env_p, capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert got == [f"{e2e}/deps/deep_gemm/__init__.py", f"{e2e}/vllm-patched/vllm/__init__.py"]
 
 
 def test_finalize_model_runs_each_classes_post_load_steps() -> None:

@@ -5,9 +5,10 @@
 # .e2e/meta/manifest.json) and keeps them in $E2E/parts (outside the repo copy,
 # so they survive while the machine is held).  Once all pieces are there it
 # reassembles the xz stream (stdlib lzma), installs the wheels with
-# `pip install --no-index --no-deps --target $E2E/site-stock`, builds
-# $E2E/site-patched (hard-linked copy + the patched .py files from
-# .e2e/meta/patched + the kernel plugin wheel from .e2e/meta/plugin), writes the
+# `pip install --no-index --no-deps --target $E2E/site-stock`, splits it into
+# $E2E/deps (all but vLLM, shared) and $E2E/vllm-stock, builds $E2E/vllm-patched
+# (hard-linked vLLM + the patched .py files from .e2e/meta/patched + the kernel
+# plugin wheel from .e2e/meta/plugin), writes the
 # tiny model, checks imports in both sites (stops with exit 3 if a module
 # DeepSeek-V4 needs does not import), and runs run_e2e.py with the remaining
 # arguments, results in $OUT (or $E2E/out).
@@ -95,16 +96,37 @@ EOF
   echo "stock site installed in $(( $(date +%s) - t0 )) s"
 fi
 
-# 3. the patched site: hard links of the stock one, patched files replaced (never written through)
-rm -rf "$E2E/site-patched"
-cp -al "$E2E/site-stock" "$E2E/site-patched"
+# 3. three directories on PYTHONPATH: deps (everything but vLLM, shared by both
+#    variants), vllm-stock and vllm-patched (vLLM alone).  Every JIT cache
+#    (DeepGEMM's, TileLang's, FlashInfer's) then sees one install path for the
+#    code the variants share: in run 3 the patched engine recompiled DeepGEMM's
+#    kernels because its copy of vllm/third_party/deep_gemm lived under another
+#    path (DeepGEMM keys its cache on its include path), and its start passed
+#    the deadline.  vLLM prefers a top-level `deep_gemm` (vllm/utils/deep_gemm.py),
+#    so deps/deep_gemm is vLLM's own vendored copy, hard-linked.
+if [[ ! -f "$E2E/deps/.complete" ]]; then
+  rm -rf "$E2E/deps"
+  mkdir -p "$E2E/deps"
+  for f in "$E2E/site-stock"/* "$E2E/site-stock"/.[!.]*; do
+    [[ -e "$f" ]] || continue
+    case "$(basename "$f")" in vllm|vllm-*.dist-info|.complete) continue ;; esac
+    cp -al "$f" "$E2E/deps/"
+  done
+  cp -al "$E2E/site-stock/vllm/third_party/deep_gemm" "$E2E/deps/deep_gemm"
+  touch "$E2E/deps/.complete"
+fi
+for v in stock patched; do
+  rm -rf "$E2E/vllm-$v"
+  mkdir -p "$E2E/vllm-$v"
+  cp -al "$E2E/site-stock/vllm" "$E2E"/site-stock/vllm-*.dist-info "$E2E/vllm-$v/"
+done
 n=0
 if [[ -d "$SRC/meta/patched/vllm" ]]; then
   while IFS= read -r -d '' f; do
     rel="${f#"$SRC/meta/patched/"}"
-    mkdir -p "$(dirname "$E2E/site-patched/$rel")"
-    rm -f "$E2E/site-patched/$rel"
-    cp "$f" "$E2E/site-patched/$rel"
+    mkdir -p "$(dirname "$E2E/vllm-patched/$rel")"
+    rm -f "$E2E/vllm-patched/$rel"   # a hard link: replace, never write through
+    cp "$f" "$E2E/vllm-patched/$rel"
     n=$((n + 1))
   done < <(find "$SRC/meta/patched/vllm" -name '*.py' -print0)
 fi
@@ -112,11 +134,17 @@ echo "patched site: $n patched .py files"
 [[ $n == 0 ]] && echo "WARNING: .e2e/meta/patched is empty: the 'patched' variant is stock (run pack.py --patched-tree)"
 if compgen -G "$SRC/meta/plugin/*.whl" > /dev/null; then
   # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/site-patched" "$SRC"/meta/plugin/*.whl
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir ${E2E_PIP_ARGS:-} --target "$E2E/vllm-patched" "$SRC"/meta/plugin/*.whl
   echo "patched site: kernel plugin $(ls "$SRC"/meta/plugin/*.whl | xargs -n1 basename)"
 else
   echo "patched site: no kernel plugin wheel (fix 7's kernels stay stock)"
 fi
+SITE_STOCK="$E2E/vllm-stock:$E2E/deps"
+SITE_PATCHED="$E2E/vllm-patched:$E2E/deps"
+# DeepGEMM's warm-up JIT-compiles every GEMM shape the engine might use (2429
+# on this model; run 3 spent 470 s in it without finishing); skipped, kernels
+# compile when first used.
+export VLLM_DEEP_GEMM_WARMUP="${VLLM_DEEP_GEMM_WARMUP:-skip}"
 
 # 4. the tiny model
 "$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4"
@@ -127,7 +155,7 @@ fi
 #    E2E_PREFLIGHT_MODULES (comma-separated) replaces the list, for tests only;
 #    E2E_PREFLIGHT=warn starts the engines anyway (to read an engine's own error).
 if ! "$PY" "$HERE/run_e2e.py" --preflight --out "$RESULTS" \
-    --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" \
+    --site stock="$SITE_STOCK" --site patched="$SITE_PATCHED" \
     ${E2E_PREFLIGHT_MODULES:+--preflight-modules "$E2E_PREFLIGHT_MODULES"}; then
   if [[ "${E2E_PREFLIGHT:-strict}" != warn ]]; then
     echo "device.sh: stopping before the engines (fix the imports above: pack.py DEPS, then re-pack)"
@@ -145,4 +173,4 @@ if [[ " $* " != *" --budget "* ]]; then
   EXTRA=(--budget "$left")
 fi
 PYTHONUNBUFFERED=1 "$PY" "$HERE/run_e2e.py" --model "$E2E/tiny-dsv4" --out "$RESULTS" \
-  --site stock="$E2E/site-stock" --site patched="$E2E/site-patched" "${EXTRA[@]}" "$@" 2>&1 | tee "$RESULTS/run.txt"
+  --site stock="$SITE_STOCK" --site patched="$SITE_PATCHED" "${EXTRA[@]}" "$@" 2>&1 | tee "$RESULTS/run.txt"

@@ -543,29 +543,32 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
 
 
 _PTH_PROBE = (
-    "import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+    "import site, sys; before = list(sys.path); [site.addsitedir(d) for d in sys.argv[1:]]; "
     "print('\\n'.join(p for p in sys.path if p not in before))"
 )
 
 
-def site_env(site: Path, base: dict[str, str], python: str = sys.executable) -> dict[str, str]:
-    """Environment with SITE first on PYTHONPATH, plus what its .pth files add.
+def site_env(site: Path | str, base: dict[str, str], python: str = sys.executable) -> dict[str, str]:
+    """Environment with SITE's directories first on PYTHONPATH, plus what their .pth files add.
 
-    pip --target dirs are not site dirs, so their .pth files are not processed;
-    nvidia-cutlass-dsl's is an ``import`` line that puts
+    SITE is one directory or several joined by ``os.pathsep`` (device.sh gives
+    ``vllm-<variant>:deps``: the variant's own vLLM, then the dependencies both
+    variants share).  pip --target dirs are not site dirs, so their .pth files
+    are not processed; nvidia-cutlass-dsl's is an ``import`` line that puts
     ``nvidia_cutlass_dsl/dsl_packages`` (the ``cutlass`` package) on sys.path.
     ``site.addsitedir`` in a throw-away interpreter runs them exactly as Python
     would and reports the entries they add; those go on PYTHONPATH so every
     process (vLLM's engine core too) sees them.
     """
+    dirs = [d for d in str(site).split(os.pathsep) if d]
     proc = subprocess.run(
-        [python, "-S", "-c", _PTH_PROBE, str(site)],
+        [python, "-S", "-c", _PTH_PROBE, *dirs],
         capture_output=True,
         text=True,
         env={k: v for k, v in base.items() if k != "PYTHONPATH"},
     )
-    added = [p for p in proc.stdout.splitlines() if p and p != str(site)]
-    paths = [str(site)] + [p for p in added if p != str(site)]
+    added = [p for p in proc.stdout.splitlines() if p and p not in dirs]
+    paths = dirs + added
     env = dict(base)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))

@@ -64,6 +64,9 @@ FAKE_CHILD = textwrap.dedent(
         if mode == "differ" and case == "short_b5":
             t = [[1, 2], [3, 9]]
         emit(event="case_done", case=case, tokens=t, gaps=[[0.5] * len(r) for r in t], seconds=0.1)
+    if mode == "score":
+        emit(event="score_start", source="mtp1", case="short_b5")
+        emit(event="score_done", source="mtp1", case="short_b5", worst=[[0.25, 1], [0.0, -1]])
     gc.kill()
     emit(event="child_done")
     """
@@ -134,7 +137,7 @@ def test_oracle_pass_and_first_difference(tmp_path: Path) -> None:
     assert [c.status for c in same.cases[:2]] == ["pass", "pass"]
     assert diff.cases[0].status == "pass"
     assert diff.cases[1].status == "differ"
-    assert diff.cases[1].detail.startswith("request 1 token 1;")
+    assert diff.cases[1].detail.startswith("first difference request 1 token 1;")
     assert "gap there 0.5" in diff.cases[1].detail
     md = run_e2e.render_markdown(runs, run_e2e.controls(runs), {})
     assert "| stock | mtp2 |" in md and "differ" in md
@@ -466,3 +469,103 @@ def test_finalize_model_runs_each_classes_post_load_steps() -> None:
     assert run_e2e.finalize_model(Mtp()) == ["Mtp.finalize_mega_moe_weights"]
     assert run_e2e.finalize_model(Dspark()) == ["Dspark._finalize_moe"]
     assert calls == ["inner.mega", "inner.mhc", "mtp.mega", "dspark.moe"]
+
+
+def test_deficits_teacher_forced() -> None:
+    # prompt of 2 tokens, then 3 generated: greedy, 0.75 below the best, unscored
+    plp = [None, {7: -0.1}, {5: -0.2}, {6: -0.3, 9: -1.05}, {1: -0.5}]
+    ds = run_e2e.deficits(2, [5, 9, 4], plp)
+    assert ds[0] == 0.0 and abs(ds[1] - 0.75) < 1e-9 and ds[2] == float("inf")
+    assert run_e2e.worst_deficit(ds) == [float("inf"), 2]
+    assert run_e2e.worst_deficit([0.0, 0.25, 0.1]) == [0.25, 1]
+    assert run_e2e.worst_deficit([]) == [0.0, -1]
+
+
+def _run_result(method: str, tokens: list[list[int]], scores: dict | None = None) -> object:
+    case = run_e2e.CaseResult("stock", method, "short_b5", "finished", "", 0.1, tokens,
+                              [[0.5] * len(r) for r in tokens])
+    return run_e2e.RunResult("stock", method, 1.0, None, "done", "", [case], scores or {})
+
+
+def test_oracle_noise_or_wrong_from_plain_scores() -> None:
+    """A differing speculative run is judged by how far its tokens are from plain's greedy choice."""
+    self_score = {"short_b5": [[0.1, 3], [0.2, 7]]}  # plain's own tokens through prefill
+    plain = _run_result("plain", [[1, 2, 3], [4, 5, 6]], {
+        "plain": self_score,
+        "mtp1": {"short_b5": [[0.0, -1], [0.3, 1]]},    # within 2 x 0.2 -> 0.5 (floor)
+        "mtp2": {"short_b5": [[0.0, -1], [2.5, 1]]},    # far beyond: a wrong token
+    })
+    noise = _run_result("mtp1", [[1, 2, 3], [4, 8, 6]])
+    wrong = _run_result("mtp2", [[1, 2, 3], [4, 8, 6]])
+    unscored = _run_result("mtp3", [[1, 2, 3], [4, 8, 6]])
+    same = _run_result("dspark5", [[1, 2, 3], [4, 5, 6]])
+    run_e2e.apply_oracle([plain, noise, wrong, unscored, same])
+    assert run_e2e.tolerance(plain) == 0.5
+    assert noise.cases[0].status == "noise"
+    assert wrong.cases[0].status == "wrong" and "request 1 token 1, 2.5 below" in wrong.cases[0].detail
+    assert unscored.cases[0].status == "differ"
+    assert same.cases[0].status == "pass"
+    # a noisier plain engine widens the tolerance: 2 x 1.5 = 3.0 > 2.5
+    plain.scores["plain"] = {"short_b5": [[1.5, 0]]}
+    wrong.cases[0].status = "finished"
+    run_e2e.apply_oracle([plain, wrong])
+    assert wrong.cases[0].status == "noise"
+    notes = run_e2e.controls([plain, wrong])
+    assert any("tolerance for speculative runs 3.000" in n for n in notes)
+
+
+def test_schedule_runs_plain_last_and_pairs_variants() -> None:
+    phases = run_e2e.schedule(["stock", "patched"], ["plain", "mtp1", "dspark5"])
+    assert phases == [
+        [("stock", "mtp1"), ("patched", "mtp1"), ("stock", "dspark5"), ("patched", "dspark5")],
+        [("stock", "plain"), ("patched", "plain")],
+    ]
+    assert run_e2e.schedule(["stock"], ["mtp1"]) == [[("stock", "mtp1")]]
+
+
+def test_run_child_collects_scores(tmp_path: Path) -> None:
+    res = _run(tmp_path, "score", method="plain")
+    assert res.outcome == "done"
+    assert res.scores == {"mtp1": {"short_b5": [[0.25, 1], [0.0, -1]]}}
+
+
+ARGV_CHILD = textwrap.dedent(
+    """
+    import argparse, json, time
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", action="store_true"); ap.add_argument("--method")
+    ap.add_argument("--progress"); ap.add_argument("--score-from", action="append", default=[])
+    a, _ = ap.parse_known_args()
+    f = open(a.progress, "a", buffering=1)
+    def emit(**kw):
+        kw["t"] = time.time(); f.write(json.dumps(kw) + "\\n")
+    emit(event="fingerprint", data={"method": a.method})
+    emit(event="engine_ready")
+    for case in ("short_b5", "short_b24", "long_b3", "short_b1", "long_b1"):
+        emit(event="case_start", case=case)
+        emit(event="case_done", case=case, tokens=[[1, 2, 3]], gaps=[[0.5, 0.5, 0.5]], seconds=0.01)
+    for path in a.score_from:  # what the real plain child scores
+        src = path.rsplit("/", 1)[-1][:-len(".jsonl")].split("-", 1)[1]
+        emit(event="score_done", source=src, case="short_b5", worst=[[0.0, -1]])
+    emit(event="child_done")
+    """
+)
+
+
+def test_parent_runs_plain_last_with_the_speculative_runs_to_score(tmp_path: Path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(ARGV_CHILD)
+    site = tmp_path / "site"
+    site.mkdir()
+    out = tmp_path / "out"
+    rc = run_e2e.main(["--out", str(out), "--work", str(tmp_path / "work"), "--child-script", str(child),
+                       "--site", f"stock={site}", "--site", f"patched={site}", "--methods", "plain,mtp1,dspark5",
+                       "--parallel", "2", "--budget", "120", "--min-start", "1", "--plain-reserve", "30"])
+    assert rc == 0
+    data = json.loads((out / "e2e_results.json").read_text())
+    runs = {(r["variant"], r["method"]): r for r in data["runs"]}
+    assert set(runs) == {(v, m) for v in ("stock", "patched") for m in ("plain", "mtp1", "dspark5")}
+    for v in ("stock", "patched"):
+        assert sorted(runs[(v, "plain")]["scores"]) == ["dspark5", "mtp1"]
+        assert runs[(v, "mtp1")]["cases"][0]["status"] == "pass"
+    assert [(r["variant"], r["method"]) for r in data["runs"]][-2:] == [("stock", "plain"), ("patched", "plain")]

@@ -229,6 +229,34 @@ def _fingerprint() -> dict[str, Any]:
     return fp
 
 
+def deficits(prompt_len: int, seq: list[int], plp: list[dict[int, float] | None]) -> list[float]:
+    """Per generated token: plain's best logprob minus the token's, teacher-forced.
+
+    PLP is the prompt logprobs (``prompt_logprobs=1``) of prompt + SEQ scored as
+    one prompt by the plain engine: entry i holds the logprobs of the top-1 and
+    of the actual token i given tokens < i.  0 means the token is plain's own
+    greedy choice in that context; a missing or non-finite entry counts as inf.
+    """
+    out: list[float] = []
+    for j, tok in enumerate(seq):
+        i = prompt_len + j
+        d = plp[i] if i < len(plp) else None
+        if not d or tok not in d:
+            out.append(float("inf"))
+            continue
+        best, got = max(d.values()), d[tok]
+        out.append(best - got if best == best and got == got and got != float("-inf") else float("inf"))
+    return out
+
+
+def worst_deficit(ds: list[float]) -> list[float]:
+    """[largest deficit, its position] (position -1 for an empty sequence); inf stays a float."""
+    if not ds:
+        return [0.0, -1]
+    j = max(range(len(ds)), key=lambda k: ds[k])
+    return [round(ds[j], 6) if ds[j] != float("inf") else float("inf"), j]
+
+
 def child_main(args: argparse.Namespace) -> int:
     progress = open(args.progress, "a", buffering=1)  # noqa: SIM115
 
@@ -246,6 +274,7 @@ def child_main(args: argparse.Namespace) -> int:
     from vllm.inputs import TokensPrompt
 
     spec = METHODS[args.method]
+    own: dict[str, list[list[int]]] = {}
     llm = LLM(
         model=args.model,
         load_format=load_format,
@@ -255,6 +284,9 @@ def child_main(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         max_num_seqs=32,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        # a fixed KV cache instead of memory profiling: several engines share
+        # the GPU (--parallel), and profiling would count the others' memory
+        kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
         seed=0,
         enforce_eager=False,
         speculative_config=spec,
@@ -297,6 +329,32 @@ def child_main(args: argparse.Namespace) -> int:
             pass
         emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps,
              seconds=round(time.time() - t0, 3), spec_metrics=metrics)
+        if spec is None:
+            own[case.name] = tokens
+    if spec is None:
+        # score: this plain engine's own tokens (the noise control), then each
+        # speculative run's, teacher-forced through prefill
+        sources: list[tuple[str, dict[str, list[list[int]]]]] = [("plain", own)]
+        for path in args.score_from:
+            src = Path(path).stem.split("-", 1)[-1]
+            done = {e["case"]: e["tokens"] for e in _read_events(Path(path)) if e["event"] == "case_done"}
+            sources.append((src, done))
+        cases = {c.name: c for c in build_cases(args.long_len)}
+        for src, by_case in sources:
+            for name, seqs in by_case.items():
+                emit(event="score_start", source=src, case=name)
+                prompts = cases[name].prompts
+                outs = llm.generate(
+                    [TokensPrompt(prompt_token_ids=p + s) for p, s in zip(prompts, seqs)],
+                    SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False),
+                    use_tqdm=False,
+                )
+                worst = []
+                for o, p, s in zip(outs, prompts, seqs):
+                    plp = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
+                           for d in (o.prompt_logprobs or [])]
+                    worst.append(worst_deficit(deficits(len(p), s, plp)))
+                emit(event="score_done", source=src, case=name, worst=worst)
     emit(event="child_done")
     return 0
 
@@ -327,6 +385,8 @@ class RunResult:
     outcome: str  # done | crash | hang | cut (budget) | not-run
     detail: str
     cases: list[CaseResult]
+    # plain runs only: source ("plain" or a method) -> case -> [[worst deficit, position], ...]
+    scores: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -385,6 +445,11 @@ def run_child(
                     first = ev["case"] == case_names[0] and first_case_deadline is not None
                     stage, stage_start = f"case {ev['case']}", time.monotonic()
                     deadline = first_case_deadline if first else case_deadline
+                if ev["event"] == "score_start":
+                    stage, stage_start = f"scoring {ev['source']} {ev['case']}", time.monotonic()
+                    deadline = case_deadline
+                if ev["event"] == "score_done":
+                    stage, stage_start, deadline = "between scores", time.monotonic(), case_deadline
             seen = len(events)
             over_budget = hard_stop is not None and time.monotonic() > hard_stop
             if over_budget or time.monotonic() - stage_start > deadline:
@@ -443,7 +508,11 @@ def run_child(
         else:
             why = f"earlier {outcome}" if outcome != "done" else "not reached"
             cases.append(CaseResult(variant, method, name, "not-run", why))
-    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases)
+    scores: dict[str, dict[str, list[list[float]]]] = {}
+    for e in events:
+        if e["event"] == "score_done":
+            scores.setdefault(e["source"], {})[e["case"]] = e["worst"]
+    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases, scores)
 
 
 def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
@@ -460,34 +529,67 @@ def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, i
     return None
 
 
+def tolerance(plain: RunResult | None, floor: float = 0.5, factor: float = 2.0) -> float | None:
+    """How far from plain's greedy choice a token may be and still be numerical noise.
+
+    FACTOR times the worst deficit of plain decode's own tokens when the same
+    engine scores them through prefill (decode and prefill kernels round
+    differently: that is the noise a speculative run's verify step adds too),
+    and never under FLOOR.  None without plain's self-score.
+    """
+    if plain is None or "plain" not in plain.scores:
+        return None
+    worst = [w[0] for rows in plain.scores["plain"].values() for w in rows]
+    if not worst:
+        return None
+    return max(floor, factor * max(worst))
+
+
 def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
-    """Mark each finished speculative case pass/differ against plain of its variant."""
+    """Mark each finished speculative case against plain decode of its variant.
+
+    ``pass``: the very tokens of plain decode.  Otherwise, when the plain
+    engine scored the speculative run's tokens (teacher-forced, see
+    ``deficits``): ``noise`` when every token is within ``tolerance`` of
+    plain's greedy choice in its own context, ``wrong`` when one is not (a
+    bug, not rounding).  ``differ`` when there is no score.
+    """
+    plain_runs = {r.variant: r for r in runs if r.method == "plain"}
     plain = {
         (c.variant, c.case): c
-        for r in runs
-        if r.method == "plain"
+        for r in plain_runs.values()
         for c in r.cases
         if c.status == "finished"
     }
     for r in runs:
         for c in r.cases:
-            if c.status != "finished" or r.method == "plain":
+            if c.status not in ("finished", "pass", "differ", "noise", "wrong") or r.method == "plain":
                 continue
             ref = plain.get((c.variant, c.case))
             if ref is None or ref.tokens is None or c.tokens is None:
-                c.detail = "no plain reference for this variant"
+                c.status, c.detail = "finished", "no plain reference for this variant"
                 continue
             diff = first_difference(ref.tokens, c.tokens)
             if diff is None:
-                c.status = "pass"
+                c.status, c.detail = "pass", ""
                 continue
             req, pos = diff
             gap = None
             if ref.gaps and req < len(ref.gaps) and pos < len(ref.gaps[req]):
                 gap = ref.gaps[req][pos]
-            c.status = "differ"
             tie = " (near tie)" if gap is not None and gap < tie_gap else ""
-            c.detail = f"request {req} token {pos}; plain top-2 logprob gap there {gap}{tie}"
+            first = f"first difference request {req} token {pos}; plain top-2 logprob gap there {gap}{tie}"
+            pr = plain_runs.get(c.variant)
+            worst = pr.scores.get(r.method, {}).get(c.case) if pr is not None else None
+            tol = tolerance(pr)
+            if worst is None or tol is None:
+                c.status, c.detail = "differ", first
+                continue
+            w_req = max(range(len(worst)), key=lambda k: worst[k][0])
+            w, w_pos = worst[w_req]
+            c.status = "noise" if w <= tol else "wrong"
+            c.detail = (f"{first}; worst token: request {w_req} token {int(w_pos)}, "
+                        f"{w} below plain's best logprob (tolerance {tol:.3f})")
 
 
 def controls(runs: list[RunResult]) -> list[str]:
@@ -507,6 +609,17 @@ def controls(runs: list[RunResult]) -> list[str]:
                     f"{variant} plain batch invariance {one} vs {many}[0]: "
                     + ("equal" if d is None else f"differ at token {d[1]}")
                 )
+        self_scores = p.scores.get("plain", {})
+        if self_scores:
+            case, req, (w, pos) = max(
+                ((cn, i, row) for cn, rows in self_scores.items() for i, row in enumerate(rows)),
+                key=lambda t: t[2][0],
+            )
+            notes.append(
+                f"{variant} plain decode scored by its own engine through prefill: worst token "
+                f"{w} below the best logprob ({case} request {req} token {int(pos)}); "
+                f"tolerance for speculative runs {tolerance(p):.3f}"
+            )
     s, q = by.get(("stock", "plain")), by.get(("patched", "plain"))
     if s and q:
         for cs_, cq in zip(s.cases, q.cases):
@@ -695,7 +808,22 @@ def preflight_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def schedule(variants: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
+    """Phases of (variant, method) jobs: speculative methods first, plain decode last.
+
+    Plain goes last because its engine scores the speculative runs' tokens
+    (``--score-from``); within a phase the variants of one method sit side by
+    side, so with ``--parallel 2`` stock and patched run the same method at once.
+    """
+    spec = [(v, m) for m in methods if m != "plain" for v in variants]
+    plain = [(v, "plain") for v in variants] if "plain" in methods else []
+    return [phase for phase in (spec, plain) if phase]
+
+
 def parent_main(args: argparse.Namespace) -> int:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sites = dict(s.split("=", 1) for s in args.site)
@@ -704,47 +832,66 @@ def parent_main(args: argparse.Namespace) -> int:
     for m in methods:
         if m not in METHODS:
             raise SystemExit(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+    for v in variants:
+        if v not in sites:
+            raise SystemExit(f"no --site {v}=DIR given")
     case_names = [c.name for c in build_cases(args.long_len)]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     log_all = out / "e2e_logs.txt"
+    envs = {v: site_env(sites[v], dict(os.environ)) for v in variants}
     t0 = time.monotonic()
-    runs: list[RunResult] = []
-    stopped: str | None = None
-    for variant in variants:
-        if variant not in sites:
-            raise SystemExit(f"no --site {variant}=DIR given")
-        env = site_env(Path(sites[variant]), dict(os.environ))
-        for method in methods:
-            left = args.budget - (time.monotonic() - t0)
-            if stopped is not None:
-                runs.append(RunResult(variant, method, None, None, "not-run", stopped,
-                                      [CaseResult(variant, method, c, "not-run", stopped) for c in case_names]))
-                continue
-            if left < args.min_start:
-                runs.append(RunResult(variant, method, None, None, "not-run", f"budget: {left:.0f} s left",
-                                      [CaseResult(variant, method, c, "not-run", "budget") for c in case_names]))
-                continue
-            tag = f"{variant}-{method}"
-            cmd = [sys.executable, str(HERE), "--child", "--method", method, "--model", args.model,
+    phases = schedule(variants, methods)
+    order = [job for phase in phases for job in phase]
+    results: dict[tuple[str, str], RunResult] = {}
+    lock = threading.Lock()
+    stopped: list[str] = []
+
+    def skipped(variant: str, method: str, why: str) -> RunResult:
+        return RunResult(variant, method, None, None, "not-run", why,
+                         [CaseResult(variant, method, c, "not-run", why) for c in case_names])
+
+    def job(variant: str, method: str, hard_stop: float) -> None:
+        tag = f"{variant}-{method}"
+        left = hard_stop - time.monotonic()
+        if stopped:
+            res = skipped(variant, method, stopped[0])
+        elif left < args.min_start:
+            res = skipped(variant, method, f"budget: {left:.0f} s left")
+        else:
+            cmd = [sys.executable, args.child_script, "--child", "--method", method, "--model", args.model,
                    "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
                    "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                   "--kv-cache-gib", str(args.kv_cache_gib)]
+            if method == "plain":
+                for (v, m), r in results.items():
+                    if v == variant and m != "plain" and any(c.status == "finished" for c in r.cases):
+                        cmd += ["--score-from", str(work / f"{v}-{m}.jsonl")]
             print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
-            res = run_child(cmd, env, work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
+            res = run_child(cmd, envs[variant], work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
                             args.start_deadline, args.case_deadline, variant, method,
-                            first_case_deadline=args.first_case_deadline,
-                            hard_stop=t0 + args.budget)
-            runs.append(res)
+                            first_case_deadline=args.first_case_deadline, hard_stop=hard_stop)
             print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
             if args.stop_on_start_failure and res.start_seconds is None and res.outcome in ("crash", "hang"):
-                stopped = f"not started: {tag} failed at engine start (--stop-on-start-failure)"
-            with log_all.open("a") as f:
-                lines = (work / f"{tag}.log").read_text(errors="replace").splitlines()
-                f.write(f"===== {tag}: {res.outcome} (last {args.log_lines} lines)\n")
-                f.write("\n".join(lines[-args.log_lines:]) + "\n")
-            write_results(out, runs, args)
-    write_results(out, runs, args)
+                stopped.append(f"not started: {tag} failed at engine start (--stop-on-start-failure)")
+        with lock:
+            results[(variant, method)] = res
+            if res.outcome != "not-run":
+                with log_all.open("a") as f:
+                    lines = (work / f"{tag}.log").read_text(errors="replace").splitlines()
+                    f.write(f"===== {tag}: {res.outcome} (last {args.log_lines} lines)\n")
+                    f.write("\n".join(lines[-args.log_lines:]) + "\n")
+            write_results(out, [results[j] for j in order if j in results], args)
+
+    end = t0 + args.budget
+    for i, phase in enumerate(phases):
+        # the speculative phase leaves plain decode its reserve
+        hard_stop = end - (args.plain_reserve if i < len(phases) - 1 else 0.0)
+        with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+            for f in [pool.submit(job, v, m, hard_stop) for v, m in phase]:
+                f.result()
+    write_results(out, [results[j] for j in order if j in results], args)
     return 0
 
 
@@ -775,7 +922,7 @@ def report_main(out: Path, inputs: list[Path]) -> int:
         runs += load_runs(p)
     for r in runs:  # recompute the oracle over the merged set
         for c in r.cases:
-            if c.status in ("pass", "differ"):
+            if c.status in ("pass", "differ", "noise", "wrong"):
                 c.status = "finished"
     out.mkdir(parents=True, exist_ok=True)
     ns = argparse.Namespace(model="(merged)", weights="(see inputs)", long_len="-", case_deadline="-",
@@ -799,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("scaled", "dummy"), default="scaled")
     ap.add_argument("--long-len", type=int, default=2300)
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all children")
     ap.add_argument("--start-deadline", type=float, default=300.0)
     ap.add_argument("--case-deadline", type=float, default=90.0)
@@ -808,6 +955,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the first generate() may JIT-compile kernels for new shapes")
     ap.add_argument("--work", default="/tmp/e2e/work", help="progress files and full child logs")
     ap.add_argument("--log-lines", type=int, default=120)
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="engines at once on the one GPU (each gets --kv-cache-gib; 2 = stock and patched together)")
+    ap.add_argument("--kv-cache-gib", type=float, default=6.0)
+    ap.add_argument("--plain-reserve", type=float, default=240.0,
+                    help="seconds of --budget kept for plain decode, which runs last and scores the others")
+    ap.add_argument("--score-from", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")
     ap.add_argument("--preflight", action="store_true",

@@ -125,19 +125,29 @@ def test_differs_from_stock_only_in_patched_files_kernels_and_metadata(wheels: d
         assert init == stock_init + vllm_wheel.hook_line(KDIST).encode()
 
 
-def test_pip_installs_it_and_installed_files_are_the_patched_tree(wheels: dict, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+@pytest.fixture(scope="module")
+def installed(wheels: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The patched wheel installed with plain pip (--no-deps) into a fresh venv."""
+    venv = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     res = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels["a"])],
-                         capture_output=True, text=True, env=env, timeout=900)
+                         capture_output=True, text=True, env=_clean_env(), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                               capture_output=True, text=True, env=_clean_env(), check=True).stdout.strip())
+    return {"python": py, "site": site}
+
+
+def test_pip_installs_it_and_installed_files_are_the_patched_tree(wheels: dict, installed: dict) -> None:
+    py, site, env = installed["python"], installed["site"], _clean_env()
     show = subprocess.run([py, "-m", "pip", "show", "vllm"], capture_output=True, text=True, env=env)
     series_hash = wheels["tree"].series.hash()
     assert f"Version: 0.27.1+dsv4.{series_hash[:12]}" in show.stdout.splitlines()
-    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
-                               capture_output=True, text=True, env=env, check=True).stdout.strip())
     for f in wheels["tree"].files:
         if f.path.startswith("vllm/"):
             assert _sha((site / f.path).read_bytes()) == _sha(f.patched), f.path
@@ -184,3 +194,70 @@ def test_kernel_wheel_of_another_platform_or_tree_is_refused(wheels: dict, tmp_p
         vllm_wheel.read_kernels(plugin, pin, pin.patched_tree, "aarch64")
     with pytest.raises(BuildError, match="built from tree 0000"):
         vllm_wheel.read_kernels(plugin, pin, pin.patched_tree, "x86_64")
+
+
+def _status(cli, shared_cache: Path, *args: str):
+    return cli("status", "--installed", "--lock", LOCK, "--cache-dir", shared_cache, *args)
+
+
+def test_status_installed_all_present(cli, installed: dict, wheels: dict, shared_cache: Path) -> None:
+    res = _status(cli, shared_cache, "--python", installed["python"], "--format", "json")
+    assert res.rc == 0, res.out[-3000:]
+    rep = json.loads(res.out)
+    assert rep["ok"] and rep["pin"] == PIN and rep["patched_tree"] == wheels["pin"].patched_tree
+    assert {n: p["state"] for n, p in rep["patches"].items()} == {
+        p.name: "present" for p in wheels["tree"].series.patches}
+    assert rep["installed"]["version"].startswith("0.27.1+dsv4.")
+    assert rep["installed"]["provenance"]["patched_tree"] == wheels["pin"].patched_tree
+    k = rep["kernels"]
+    assert k["ok"] and k["routes"] == {"vllm-hook": True, "entry-point": False}
+    assert {u["unit"] for u in k["units"]} == {"csrc/libtorch_stable/topk.cu",
+                                              "csrc/libtorch_stable/cooperative_topk.cu"}
+    assert k["active"] == "not checked (no GPU on this machine)" or isinstance(k["active"], dict)
+    text = _status(cli, shared_cache, "--python", installed["python"])
+    assert text.rc == 0 and "everything matches the lock" in text.out
+
+
+def test_status_installed_names_the_patch_and_file_that_differ(cli, installed: dict, wheels: dict,
+                                                             shared_cache: Path) -> None:
+    """A stock file in place of a patched one exits 1 and names patch and file; so do an
+    edited file (with a diff summary) and a deleted one."""
+    site = installed["site"]
+    target = site / "vllm" / "v1" / "worker" / "workspace.py"
+    edited = site / "vllm" / "utils" / "flashinfer.py"
+    saved = {p: p.read_bytes() for p in (target, edited)}
+    with zipfile.ZipFile(wheels["stock"]) as zf:
+        stock_bytes = zf.read("vllm/v1/worker/workspace.py")
+    fix2 = "0002-DSV4-fix-2-Give-the-DSpark-draft-its-own-workspace-l.patch"
+    fix5 = "0005-DSV4-fix-5-Refuse-unsupported-SM120-sparse-MLA-confi.patch"
+    try:
+        target.write_bytes(stock_bytes)
+        res = _status(cli, shared_cache, "--python", installed["python"])
+        assert res.rc == 1
+        assert fix2[:40] in res.out and "vllm/v1/worker/workspace.py: stock" in res.out
+        rep = json.loads(_status(cli, shared_cache, "--python", installed["python"], "--format", "json").out)
+        assert not rep["ok"]
+        bad = {n: p for n, p in rep["patches"].items() if p["state"] != "present"}
+        assert list(bad) == [fix2] and bad[fix2]["state"] == "stock"
+        assert bad[fix2]["files"]["vllm/v1/worker/workspace.py"] == {"state": "stock"}
+        edited.write_bytes(saved[edited] + b"# local edit\n")
+        target.unlink()
+        rep = json.loads(_status(cli, shared_cache, "--python", installed["python"], "--format", "json").out)
+        assert rep["patches"][fix2]["state"] == "missing"
+        f = rep["patches"][fix5]["files"]["vllm/utils/flashinfer.py"]
+        assert rep["patches"][fix5]["state"] == "other" and f["diff"].startswith("+1 -0 lines")
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+    assert _status(cli, shared_cache, "--python", installed["python"]).rc == 0
+
+
+def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_cache: Path) -> None:
+    venv = tmp_path / "empty"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    res = _status(cli, shared_cache, "--python", venv / "bin" / "python", "--format", "json")
+    assert res.rc == 1 and json.loads(res.out)["installed"] is None
+    assert "no vLLM installed" in _status(cli, shared_cache, "--python", venv / "bin" / "python").out
+    assert _status(cli, shared_cache, "--tree", tmp_path).rc == 2
+    assert cli("status", "--lock", LOCK).rc == 2
+    assert _status(cli, shared_cache, "--python", tmp_path / "nope").rc == 2

@@ -206,8 +206,11 @@ ARG KERNEL_DISPATCH_CHECK=1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# `dsv4patch status --installed` in the image (health checks, `docker run`) checks the
+# vLLM of the image's python3 and compares with this lock, offline (cache from `patch`).
 ENV DSV4PATCH_CACHE=/var/cache/dsv4patch \
-    DSV4PATCH_LOCK=/opt/dsv4patch/locks/vllm.toml
+    DSV4PATCH_LOCK=/opt/dsv4patch/locks/vllm.toml \
+    DSV4PATCH_VLLM_PYTHON=python3
 
 COPY --from=wheel /opt/dist /opt/dsv4patch/dist
 COPY --from=wheel /opt/dsv4patch-wheel.json /opt/dsv4patch/wheel.json

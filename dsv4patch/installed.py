@@ -234,7 +234,7 @@ def active_check(python: str, kdist: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    python = args.python or sys.executable
+    python = args.python or os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
     lock = _common.open_lock(args)
     store = _common.open_store(args)
     out = inspect(lock, args.pin, python, store, _common.progress(args))

@@ -29,7 +29,8 @@ def add_parser(sub: Any) -> None:
                         "(per patch present/stock/missing/other, the kernel library); exit 0 only "
                         "when everything matches the lock")
     p.add_argument("--python", default=None,
-                   help="with --installed: the interpreter of the vLLM environment (default: this one)")
+                   help="with --installed: the interpreter of the vLLM environment (default: "
+                        "$DSV4PATCH_VLLM_PYTHON, else the one running dsv4patch)")
     _common.add_output(p)
     _common.add_cache(p)
 

@@ -261,3 +261,12 @@ def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_
     assert _status(cli, shared_cache, "--tree", tmp_path).rc == 2
     assert cli("status", "--lock", LOCK).rc == 2
     assert _status(cli, shared_cache, "--python", tmp_path / "nope").rc == 2
+
+
+def test_other_platform_needs_a_kernel_wheel_built_there(cli, shared_cache: Path, tmp_path: Path) -> None:
+    res = cli("wheel", "--lock", LOCK, "--pin", PIN, "--platform", "aarch64", "--out", tmp_path,
+              "--cache-dir", shared_cache)
+    host = "aarch64" if os.uname().machine in ("aarch64", "arm64") else "x86_64"
+    if host == "x86_64":
+        assert res.rc == 2 and "build it on a aarch64 machine" in res.err and "--kernels" in res.err
+        assert not list(tmp_path.iterdir())

@@ -21,7 +21,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("status", help=HELP, description=HELP)
     p.add_argument("--tree", type=Path, default=None, help="a tree made by dsv4patch apply")
     p.add_argument("--lock", type=Path, default=None,
-                   help="compare with this lock's series (with --installed default: locks/vllm.toml)")
+                   help="compare with this lock's series (with --installed, default: $DSV4PATCH_LOCK, "
+                        "else locks/vllm.toml here or in a parent directory)")
     p.add_argument("--pin", default=None, help="pin to compare with (default: the lock's default; "
                    "with --installed: the pin of the installed vLLM's version)")
     p.add_argument("--installed", action="store_true",
@@ -63,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
         from dsv4patch import installed
 
-        args.lock = args.lock or _common.DEFAULT_LOCK
         args.series = None
         return installed.run(args)
     if args.tree is None:

@@ -160,3 +160,17 @@ def test_the_lock_sha256_is_the_only_trust_anchor(
     assert "127.0.0.1:9" in str(exc.value)
     assert not store.blob_path(sha).exists()
     assert not [p for p in (store.root / "tmp").iterdir() if re.match(r"dl-", p.name)]
+
+
+def test_fetch_seeds_a_stock_wheel_matched_by_sha256(cli, tmp_path: Path, shared_cache: Path) -> None:
+    """Offline builds (the Docker context's vllm-wheels/): the stock wheel enters the cache by hash."""
+    pin = load(LOCK).pin("0.27.1")
+    blob = stock.wheel_path(Store.open(shared_cache), pin.wheels["x86_64"])
+    res = cli("fetch", "--lock", LOCK, "--pin", "0.27.1", "--wheel", blob, "--cache-dir", shared_cache,
+              "--format", "json")
+    assert res.rc == 0, res.err
+    assert json.loads(res.out)["seeded"] == {str(blob): ["0.27.1 (x86_64 wheel)"]}
+    other = tmp_path / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    other.write_bytes(b"not the pinned wheel")
+    res = cli("fetch", "--lock", LOCK, "--pin", "0.27.1", "--wheel", other, "--cache-dir", shared_cache)
+    assert res.rc == 4 and "not a stock wheel any selected pin locks" in res.err

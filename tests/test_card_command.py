@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_apply_without_tree_or_lock_from_a_subdirectory(cli, project: Path, shar
     assert rep["tree"] == str(tree) and rep["lock"] == str(project / "locks" / "vllm.toml")
     assert any(n.startswith(f"tree: {tree} (the default for pin 0.27.1") for n in rep["notes"])
     assert _tree_id(tree) == PATCHED
-    again = cli("apply", "--no-build")
+    again = cli("apply", "--no-build", "--python", sys.executable)  # the kernel build's options parse
     assert again.rc == 0 and "already has all patches" in again.out
 
 

@@ -65,6 +65,10 @@ def add_parser(sub: Any) -> None:
         "before shipping: without it the kernel fixes are not in effect)",
     )
     p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
+    p.add_argument("--python", default=None,
+                   help="kernel build: interpreter whose torch the kernels are built against "
+                        "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
+    p.add_argument("--nvcc", default=None, help="kernel build: nvcc to use (default: $CUDA_HOME/bin/nvcc or PATH)")
     _common.add_output(p)
     _common.add_cache(p)
 

@@ -230,7 +230,7 @@ def active_check(python: str, kdist: str) -> dict[str, Any]:
         data = json.loads(res.stdout[res.stdout.index("{"):])
     except ValueError:
         data = {"output": res.stdout[-2000:] + res.stderr[-2000:]}
-    return {"exit_code": res.returncode, "report": data, "active": res.returncode == 0}
+    return {"checked": True, "exit_code": res.returncode, "report": data, "active": res.returncode == 0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
             kernel["active"] = active_check(python, kernel["package"])
             out["ok"] &= kernel["active"]["active"]
         else:
-            kernel["active"] = "not checked (no GPU on this machine)"
+            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
     rows = []
     for name, p in out["patches"].items():
         detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
@@ -264,7 +264,8 @@ def run(args: argparse.Namespace) -> int:
             out["notes"].append(f"kernel library {kernel['package']}: "
                                 f"{'ok' if kernel['ok'] else 'NOT OK'} (tree {str(kernel['tree_id'])[:12]}, "
                                 f"routes: {routes}; archs {archs}); active: "
-                                f"{kernel['active'] if isinstance(kernel['active'], str) else kernel['active']['active']}")
+                                + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
+                                   else f"not checked ({kernel['active']['reason']})"))
         else:
             out["notes"].append(kernel["note"])
     out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")

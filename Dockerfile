@@ -1,17 +1,21 @@
 # vLLM with the DeepSeek-V4 sparse-MLA fixes, built from a pinned lock entry.
 #
-#   docker build $(docker/build-args.sh --pin 0.27.1) -t vllm-dsv4:0.27.1 .
+#   docker build $(dsv4patch lock --build-args --pin 0.27.1) -t vllm-dsv4:0.27.1 .
 #
 # Stages:
 #   patch    dsv4patch applies the pin's series to the pinned vLLM source
-#            (/opt/vllm-src), checks it against the lock and stages the changed
-#            vllm/*.py files plus a hash manifest.  CPU only; runs offline when
-#            the build context has sdists/ (and wheels/ for dsv4patch's deps).
+#            (/opt/vllm-src) and checks it against the lock.  CPU only; runs
+#            offline when the build context has sdists/ (and wheels/ for
+#            dsv4patch's deps).
 #   kernels  nvcc + torch: `dsv4patch build` compiles only the CUDA units the
-#            patches touch into a plugin wheel (/opt/kernels/*.whl).
-#   final    the stock vLLM image of the same version, with the patched Python
-#            files laid over the installed package and the kernel wheel installed,
-#            self-checked against the manifest.
+#            patches touch into a kernel wheel (/opt/kernels/*.whl).  With
+#            KERNELS_STAGE=kernels-context the wheel comes from kernels/ in the
+#            build context instead (made by `dsv4patch build` elsewhere).
+#   wheel    `dsv4patch wheel`: the pin's stock vLLM wheel (lock sha256; from
+#            vllm-wheels/ in the context or the package index) with the patched
+#            files and the kernel library: vllm-<version>+dsv4.<hash>-*.whl.
+#   final    the stock vLLM image of the same version with that wheel installed
+#            (pip --no-deps), self-checked by `dsv4patch status --installed`.
 # No `# syntax=` line and no heredocs: this file must build with the Dockerfile
 # frontend built into the daemon (no frontend image pull, works offline).
 
@@ -19,12 +23,14 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu22.04
 ARG VLLM_VERSION=0.27.1
 ARG VLLM_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
+# The stage the kernel wheel comes from: kernels (built here) or kernels-context.
+ARG KERNELS_STAGE=kernels
 
 # ----------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS patch
 
 ARG VLLM_PIN=0.27.1
-# Label values: compute them with docker/build-args.sh; this stage fails unless
+# Label values: compute them with `dsv4patch lock --build-args`; this stage fails unless
 # they equal what it derives from locks/vllm.toml.
 ARG VLLM_VERSION
 ARG VLLM_COMMIT=
@@ -55,7 +61,7 @@ RUN if ! command -v git >/dev/null; then \
 
 WORKDIR /src
 # The context is allow-listed by .dockerignore: pyproject.toml, dsv4patch/,
-# locks/, patches/, docker/, plus the optional sdists/ and wheels/.
+# locks/, patches/, plus the optional sdists/, wheels/, vllm-wheels/ and kernels/.
 COPY . /src/
 
 # wheels/ (optional): dsv4patch's dependencies and setuptools, for an offline build.
@@ -75,20 +81,26 @@ ENV VLLM_PIN=${VLLM_PIN} \
     LOCK_SHA256=${LOCK_SHA256} \
     IMAGE_VERSION=${IMAGE_VERSION}
 
-# Build args vs lock, then seed the cache from sdists/ (dsv4patch fetch --sdist).
-RUN python3 docker/patch_stage.py preflight
+# Build args vs lock (labels can never disagree with what is built), then seed the
+# cache from sdists/ (offline builds: only files the lock pins are accepted).
+RUN dsv4patch lock --lock locks/vllm.toml --check-build-args \
+    && set -- \
+    && for f in sdists/*; do if [ -f "$f" ]; then set -- "$@" --sdist "$f"; fi; done \
+    && if [ "$#" -gt 0 ]; then dsv4patch fetch --lock locks/vllm.toml --pin "${VLLM_PIN}" "$@"; fi
 
 # Fails the build (exit 1) unless every patch has the status the lock expects
-# and the result is the lock's patched_tree.
+# and the result is the lock's patched_tree; status cross-checks the tree.
 RUN dsv4patch apply --lock locks/vllm.toml --pin "${VLLM_PIN}" --tree /opt/vllm-src \
         --no-build --format json > /opt/dsv4patch-apply.json \
     || { cat /opt/dsv4patch-apply.json >&2; exit 1; }
+RUN dsv4patch status --tree /opt/vllm-src --lock locks/vllm.toml --pin "${VLLM_PIN}"
 
-# Cross-check the result, stage the changed vllm/ files (git diff base..HEAD -- vllm/)
-# into /opt/vllm-overlay with /opt/dsv4patch/manifest.json, write labels.env.
-RUN python3 docker/patch_stage.py stage \
-    && cp docker/install_overlay.py /opt/dsv4patch/ \
-    && cat /opt/dsv4patch/labels.env
+# dsv4patch and its dependencies as wheels, for the final stage's self-check.
+RUN if ls wheels/*.whl >/dev/null 2>&1; then \
+        pip wheel --no-index --find-links wheels --wheel-dir /opt/dsv4patch/wheels . ; \
+    else \
+        pip wheel --wheel-dir /opt/dsv4patch/wheels . ; \
+    fi
 
 LABEL org.opencontainers.image.title="dsv4patch patched vLLM source" \
       org.opencontainers.image.version="${IMAGE_VERSION}" \
@@ -149,6 +161,36 @@ RUN set -- \
     && ls /opt/kernels/*.whl
 
 # ----------------------------------------------------------------------------
+# The kernel wheel from the build context (kernels/*.whl, made by `dsv4patch build`
+# for this pin elsewhere); used only with --build-arg KERNELS_STAGE=kernels-context.
+FROM scratch AS kernels-context
+COPY kernels/ /opt/kernels/
+
+FROM ${KERNELS_STAGE} AS kernel-wheel
+
+# ----------------------------------------------------------------------------
+FROM patch AS wheel
+
+ARG TARGETARCH
+
+COPY --from=kernel-wheel /opt/kernels /opt/kernels
+
+# The stock wheel: from vllm-wheels/ in the context (offline), else the package index
+# (PIP_INDEX_URL etc., checked against the lock's sha256).
+RUN set -- \
+    && for f in vllm-wheels/*.whl; do if [ -f "$f" ]; then set -- "$@" --wheel "$f"; fi; done \
+    && if [ "$#" -gt 0 ]; then dsv4patch fetch --lock locks/vllm.toml --pin "${VLLM_PIN}" "$@"; fi \
+    && case "${TARGETARCH:-amd64}" in \
+        amd64) platform=x86_64 ;; \
+        arm64) platform=aarch64 ;; \
+        *) echo "unsupported TARGETARCH ${TARGETARCH}" >&2; exit 1 ;; \
+    esac \
+    && if ! dsv4patch wheel --lock locks/vllm.toml --pin "${VLLM_PIN}" --platform "${platform}" \
+            --kernels /opt/kernels/*.whl --out /opt/dist --format json > /opt/dsv4patch-wheel.json; then \
+        cat /opt/dsv4patch-wheel.json >&2; exit 1; \
+    fi
+
+# ----------------------------------------------------------------------------
 FROM ${VLLM_IMAGE} AS final
 
 ARG VLLM_PIN=0.27.1
@@ -158,27 +200,42 @@ ARG PATCHED_TREE=
 ARG PATCH_SET_SHA256=
 ARG LOCK_SHA256=
 ARG IMAGE_VERSION=
+# 1: also check which kernels torch's dispatcher runs (`check --no-device` loads the
+# CUDA image's forward-compatibility libcuda); 0 where the base has no CUDA libraries.
+ARG KERNEL_DISPATCH_CHECK=1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-COPY --from=patch /opt/dsv4patch /opt/dsv4patch
-COPY --from=patch /opt/vllm-overlay /opt/dsv4patch/overlay
-COPY --from=patch /opt/dsv4patch-apply.json /opt/dsv4patch/apply.json
-COPY --from=kernels /opt/kernels /opt/dsv4patch/kernels
+# `dsv4patch status --installed` in the image (health checks, `docker run`) checks the
+# vLLM of the image's python3 and compares with this lock, offline (cache from `patch`).
+ENV DSV4PATCH_CACHE=/var/cache/dsv4patch \
+    DSV4PATCH_LOCK=/opt/dsv4patch/locks/vllm.toml \
+    DSV4PATCH_VLLM_PYTHON=python3
 
-# Patched Python files over the installed package (refused unless the installed
-# files are this pin's unpatched ones), then the kernel plugin wheel, then the
-# self-check: installed files hash as in the manifest, vllm.__version__ matches.
-RUN python3 /opt/dsv4patch/install_overlay.py install /opt/dsv4patch/overlay /opt/dsv4patch/manifest.json \
-    && if python3 -m pip --version >/dev/null 2>&1; then \
-        python3 -m pip install --no-cache-dir --no-deps /opt/dsv4patch/kernels/*.whl; \
+COPY --from=wheel /opt/dist /opt/dsv4patch/dist
+COPY --from=wheel /opt/dsv4patch-wheel.json /opt/dsv4patch/wheel.json
+COPY --from=patch /opt/dsv4patch-apply.json /opt/dsv4patch/apply.json
+COPY --from=patch /opt/dsv4patch/wheels /opt/dsv4patch/wheels
+COPY --from=patch /src/locks /opt/dsv4patch/locks
+COPY --from=patch /src/patches /opt/dsv4patch/patches
+COPY --from=patch /var/cache/dsv4patch /var/cache/dsv4patch
+
+# The patched vLLM wheel over the stock one (same version, dependencies already
+# installed), dsv4patch in its own venv, then the self-check: every patch present
+# in the installed vLLM and the kernel library of the patched tree installed.
+RUN if python3 -m pip --version >/dev/null 2>&1; then \
+        python3 -m pip install --no-cache-dir --no-deps --force-reinstall /opt/dsv4patch/dist/vllm-*.whl; \
     else \
-        uv pip install --python "$(command -v python3)" --no-deps /opt/dsv4patch/kernels/*.whl; \
+        uv pip install --python "$(command -v python3)" --no-deps --reinstall /opt/dsv4patch/dist/vllm-*.whl; \
     fi \
-    && python3 /opt/dsv4patch/install_overlay.py check /opt/dsv4patch/manifest.json \
-    && dist="$(basename /opt/dsv4patch/kernels/*.whl | cut -d- -f1)" \
-    && python3 -m "${dist}" install-hook \
-    && python3 -m "${dist}" check --no-device
+    && python3 -m venv /opt/dsv4patch-venv \
+    && /opt/dsv4patch-venv/bin/pip install --no-cache-dir --no-index \
+        --find-links /opt/dsv4patch/wheels dsv4patch \
+    && ln -s /opt/dsv4patch-venv/bin/dsv4patch /usr/local/bin/dsv4patch \
+    && dsv4patch status --installed --python "$(command -v python3)" --pin "${VLLM_PIN}" \
+    && if [ "${KERNEL_DISPATCH_CHECK}" = 1 ]; then \
+        python3 -m "dsv4patch_kernels_$(echo "${VLLM_PIN}" | tr -cs 'A-Za-z0-9\n' '_')" check --no-device; \
+    fi
 
 LABEL org.opencontainers.image.title="vLLM ${VLLM_VERSION} with the DeepSeek-V4 sparse-MLA fixes" \
       org.opencontainers.image.version="${IMAGE_VERSION}" \

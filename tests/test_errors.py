@@ -153,7 +153,7 @@ def test_internal_error_has_its_own_code_and_one_line(tmp_path):
 def test_json_errors_are_one_object_on_stdout(tmp_path, cli, one_patch_lock):
     cases = [
         (["check", "--lock", tmp_path / "missing.toml"], EXIT_INPUT, "lock-file"),
-        (["apply", "--lock", one_patch_lock, "--pin", "p"], EXIT_USAGE, "usage"),  # no --tree
+        (["apply", "--lock", one_patch_lock, "--pin", "p", "--tree"], EXIT_USAGE, "usage"),  # no value
         (["check", "--lock", one_patch_lock, "--bogus"], EXIT_USAGE, "usage"),
         (["status", "--tree", tmp_path], EXIT_TREE, "tree"),
     ]

@@ -17,7 +17,9 @@ DEFAULT_LOCK = Path("locks/vllm.toml")
 
 def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
              series: bool = True) -> None:
-    p.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="lock file (default: %(default)s)")
+    p.add_argument("--lock", type=Path, default=None,
+                   help=f"lock file (default: $DSV4PATCH_LOCK, else {DEFAULT_LOCK} in the current "
+                        "directory or the nearest parent directory that has one)")
     if pins:
         if many:
             p.add_argument("--pin", action="append", help="pin name (repeatable; default: all)")
@@ -46,7 +48,27 @@ def add_cache(p: argparse.ArgumentParser) -> None:
     )
 
 
+def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
+    """``--lock``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
+
+    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
+    if given is not None:
+        return given
+    env = os.environ.get("DSV4PATCH_LOCK")
+    if env:
+        return Path(env)
+    start = Path(os.path.abspath(cwd or Path.cwd()))
+    for d in (start, *start.parents):
+        if (d / DEFAULT_LOCK).is_file():
+            return d / DEFAULT_LOCK
+    raise UsageError(
+        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass --lock FILE "
+        "or set DSV4PATCH_LOCK"
+    )
+
+
 def open_lock(args: argparse.Namespace) -> Lock:
+    args.lock = find_lock(getattr(args, "lock", None))
     lock = load(args.lock)
     chosen = getattr(args, "series", None)
     if not chosen:

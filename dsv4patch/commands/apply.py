@@ -51,18 +51,24 @@ JOURNAL = "dsv4patch-apply.json"
 TREE_LOCK = "dsv4patch.lock"
 SCRATCH_PREFIX = "dsv4patch-index-"  # git.scratch_index's temporary index files
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_TREE_DIR = "vllm-src"  # without --tree: ./vllm-src/<pin> under the current directory
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("apply", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
-    p.add_argument("--tree", type=Path, required=True, help="the vLLM source tree to patch")
+    p.add_argument("--tree", type=Path, default=None,
+                   help=f"the vLLM source tree to patch (default: ./{DEFAULT_TREE_DIR}/<pin>)")
     p.add_argument(
         "--no-build", dest="build", action="store_false",
         help="do not rebuild the CUDA kernels the patches touch (then run `dsv4patch build` "
         "before shipping: without it the kernel fixes are not in effect)",
     )
     p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
+    p.add_argument("--python", default=None,
+                   help="kernel build: interpreter whose torch the kernels are built against "
+                        "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
+    p.add_argument("--nvcc", default=None, help="kernel build: nvcc to use (default: $CUDA_HOME/bin/nvcc or PATH)")
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -363,14 +369,18 @@ def move_tree(path: Path, gitdir: Path, head: str, final: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path: Path = _common.tree_path(args)
     lock = _common.open_lock(args)
     pin: Pin = lock.pin(args.pin)
+    default_tree = args.tree is None
+    if default_tree:
+        args.tree = Path(DEFAULT_TREE_DIR) / pin.name
+    path: Path = _common.tree_path(args)
     store = _common.open_store(args)
     prog = _common.progress(args)
     pinrepo = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, pin)
-    notes: list[str] = []
+    notes: list[str] = [f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
+                        f"{pin.name}; --tree to choose)"] if default_tree else []
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
     with open_tree(path, pinrepo, notes):

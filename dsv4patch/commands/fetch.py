@@ -1,8 +1,8 @@
 """``dsv4patch fetch``: fill the cache (download, verify, materialize) ahead of time.
 
-``--sdist FILE`` seeds the cache from a file obtained elsewhere (an offline
-build, a Docker context); it enters the cache only if its sha256 is one the
-lock pins.
+``--sdist FILE`` (and ``--wheel FILE``, a stock vLLM wheel) seeds the cache
+from a file obtained elsewhere (an offline build, a Docker context); it
+enters the cache only if its sha256 is one the lock pins.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ def add_parser(sub: Any) -> None:
     _common.add_lock(p, series=False)
     p.add_argument("--sdist", type=Path, action="append", default=[], help="seed the cache from this sdist file (repeatable; it must be the sha256 a "
                    "selected pin locks, and the output names that pin)")
+    p.add_argument("--wheel", type=Path, action="append", default=[],
+                   help="seed the cache with a stock vLLM wheel (repeatable; it must be the sha256 of "
+                        "a selected pin's [pins.P.wheels] entry), for an offline `dsv4patch wheel`")
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -39,6 +42,18 @@ def run(args: argparse.Namespace) -> int:
             wanted.setdefault(p.source.sha256, []).append(p.name)
     notes: list[str] = []
     seeded: dict[str, list[str]] = {}
+    wheels = {w.sha256: f"{p.name} ({w.platform} wheel)" for p in pins for w in p.wheels.values()}
+    for f in args.wheel:
+        try:
+            digest = hash_file(f)
+        except OSError as exc:
+            raise FetchError(f"{f}: cannot read the wheel ({exc.strerror})") from None
+        if digest not in wheels:
+            raise IntegrityError(f"{f}: sha256 {digest} is not a stock wheel any selected pin locks")
+        added = store.seed_blob(f, digest)
+        seeded[str(f)] = [wheels[digest]]
+        notes.append(f"{f}: pin {wheels[digest]}; "
+                     + ("copied into the cache" if added else "already in the cache"))
     for f in args.sdist:
         try:
             digest = hash_file(f)

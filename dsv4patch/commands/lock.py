@@ -10,24 +10,59 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import index, report
+from dsv4patch import buildargs, index, report
 from dsv4patch.commands import _common
 from dsv4patch.commands.check import check_pin
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, UsageError
 from dsv4patch.lock import load, update_derived
 
-HELP = "recompute derived lock fields (sdist url/size, base and patched tree ids)"
+HELP = ("recompute derived lock fields (sdist url/size, base and patched tree ids); "
+        "print or check the Docker image's build args")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("lock", help=HELP, description=HELP)
     _common.add_lock(p, series=False)
-    p.add_argument("--update", action="store_true", required=True, help="rewrite derived fields")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--update", action="store_true", help="rewrite derived fields")
+    mode.add_argument("--build-args", action="store_true",
+                      help="print the Docker image's build args for --pin (one `--build-arg K=V` per "
+                           "line; JSON with --format json): docker build $(dsv4patch lock "
+                           "--build-args --pin P) .")
+    mode.add_argument("--check-build-args", action="store_true",
+                      help="exit 1 unless the environment's build args (VLLM_PIN, ...) are the "
+                           "lock's for --pin (default: $VLLM_PIN, else the lock's default pin)")
     _common.add_output(p)
     _common.add_cache(p)
 
 
+def _build_args(args: argparse.Namespace) -> int:
+    import os
+
+    lock = _common.open_lock(args)
+    if args.pin and len(args.pin) > 1:
+        raise UsageError("--build-args / --check-build-args take one --pin")
+    name = (args.pin or [None])[0] or (os.environ.get("VLLM_PIN") if args.check_build_args else None)
+    pin = lock.pin(name)
+    want = buildargs.compute(lock, pin)
+    if args.check_build_args:
+        bad = buildargs.mismatches(want)
+        out = {"pin": pin.name, "lock": str(lock.path), "build_args": want, "ok": not bad,
+               "notes": (["build args do not match the lock:", *bad,
+                          f"pass them with: docker build $(dsv4patch lock --build-args --pin "
+                          f"{pin.name}) ..."] if bad else [f"build args match {lock.path}"])}
+        report.emit(args.format, out, None, None)
+        return EXIT_UNEXPECTED if bad else EXIT_OK
+    if args.format == "json":
+        report.emit("json", want, None, None)
+    else:
+        print("\n".join(f"--build-arg {k}={want[k]}" for k in buildargs.BUILD_ARGS))
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.build_args or args.check_build_args:
+        return _build_args(args)
     lock = _common.open_lock(args)
     store = _common.open_store(args)
     prog = _common.progress(args)

@@ -9,19 +9,31 @@ from typing import Any
 from dsv4patch import git, report
 from dsv4patch.commands import _common
 from dsv4patch.commands.apply import JOURNAL
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError, UsageError
 from dsv4patch.lock import load
 from dsv4patch.series import series_for_pin
 
-HELP = "show which patches a tree carries, and whether they match the lock's series"
+HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, and whether "
+        "they match the lock's series")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("status", help=HELP, description=HELP)
-    p.add_argument("--tree", type=Path, required=True, help="a tree made by dsv4patch apply")
-    p.add_argument("--lock", type=Path, default=None, help="compare with this lock's series")
-    p.add_argument("--pin", default=None, help="pin to compare with (default: the lock's default)")
+    p.add_argument("--tree", type=Path, default=None, help="a tree made by dsv4patch apply")
+    p.add_argument("--lock", type=Path, default=None,
+                   help="compare with this lock's series (with --installed, default: $DSV4PATCH_LOCK, "
+                        "else locks/vllm.toml here or in a parent directory)")
+    p.add_argument("--pin", default=None, help="pin to compare with (default: the lock's default; "
+                   "with --installed: the pin of the installed vLLM's version)")
+    p.add_argument("--installed", action="store_true",
+                   help="instead of a tree: check the vLLM installed in --python's environment "
+                        "(per patch present/stock/missing/other, the kernel library); exit 0 only "
+                        "when everything matches the lock")
+    p.add_argument("--python", default=None,
+                   help="with --installed: the interpreter of the vLLM environment (default: "
+                        "$DSV4PATCH_VLLM_PYTHON, else the one running dsv4patch)")
     _common.add_output(p)
+    _common.add_cache(p)
 
 
 def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
@@ -47,6 +59,17 @@ def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.installed:
+        if args.tree is not None:
+            raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
+        from dsv4patch import installed
+
+        args.series = None
+        return installed.run(args)
+    if args.tree is None:
+        raise UsageError("give --tree DIR (a tree made by dsv4patch apply) or --installed")
+    if args.python is not None:
+        raise UsageError("--python goes with --installed")
     path: Path = _common.tree_path(args)
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)

@@ -1,0 +1,395 @@
+"""A patched vLLM wheel made from the pin's stock wheel: what people install.
+
+vLLM is deployed with ``pip``/``uv`` from an index, in images and on many
+nodes; a patched source tree is not something they can install.  This module
+turns the pin's stock PyPI wheel (sha256 from the lock) into
+``vllm-<version>+dsv4.<patch-set hash>-<same tags>.whl``:
+
+* every file under the wheel's top-level packages (``vllm/``) that the
+  series changes is replaced by its patched content (the lock's patched tree,
+  recomputed from the cache), after checking that the stock wheel's copy is
+  byte-for-byte the pin's unpatched file: a wheel that does not match its
+  source tree is refused, never patched;
+* the rebuilt kernel library and its runtime (the plugin package
+  ``dsv4patch_kernels_<pin>/`` of ``dsv4patch build``) are added, and
+  ``vllm/__init__.py`` gets the activation hook line (the ``install-hook``
+  route), so every process that imports vLLM loads the rebuilt kernels;
+* ``METADATA`` carries the local version, ``RECORD`` is rewritten (hash and
+  size of every member), and ``<dist-info>/dsv4patch.json`` names the pin,
+  the patch-set hash, the patched tree and each replaced file.
+
+Why repack rather than vLLM's ``VLLM_USE_PRECOMPILED=1`` route: that route
+runs ``setup.py`` on the source tree, which needs ``setuptools-scm``
+(the pin tree has no git tags, so the version would be wrong unless forced),
+``setuptools-rust`` and the Rust frontend, CMake and the build requirements
+(``torch==<pin>``) in the environment, regenerates ``vllm/_version.py`` and
+every metadata file, and zips the whole package again with the build
+machine's timestamps.  The result would differ from the stock wheel in far
+more than the patched files and would not be byte-reproducible.  Tried here
+offline (``pip wheel --no-build-isolation --no-index`` of the patched 0.27.1
+tree with the cached stock wheel, the CPU test venv's torch and the build
+requirements installed, 82 s): the result is
+``vllm-0.1.dev10+gefb9855dd.d20261201.cpu-cp311-cp311-linux_x86_64.whl``
+(version from the tree's git and today's date, ``.cpu`` from the CPU torch,
+not the stock ``cp38-abi3-manylinux_2_28`` tags), which pip rejects as
+invalid.  Repacking copies every unchanged member's compressed bytes as they
+are (:mod:`zipcopy`), so the diff against the stock wheel is exactly the
+patched files, the kernel package and the metadata, and two builds are
+identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from dsv4patch import git, zipcopy
+from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError
+from dsv4patch.kernels.build import dist_name
+from dsv4patch.kernels.runtime import HOOK_MARK
+from dsv4patch.lock import Lock, Pin, WheelFile
+from dsv4patch.progress import Progress
+from dsv4patch.series import Series
+from dsv4patch.store import Store
+
+PROVENANCE = "dsv4patch.json"
+LOCAL_PREFIX = "dsv4"
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    path: str
+    base: bytes | None  # None: the patches add it
+    patched: bytes | None  # None: the patches delete it
+    patches: tuple[str, ...]  # patches of the series that touch it
+
+
+@dataclass
+class PatchedTree:
+    """The pin's patched tree as the lock fixes it, file by file."""
+
+    pin: Pin
+    series: Series
+    base_tree: str
+    patched_tree: str
+    files: list[ChangedFile]
+    patch_files: dict[str, list[str]]  # patch -> paths it touches (applied patches only)
+
+    def by_path(self) -> dict[str, ChangedFile]:
+        return {f.path: f for f in self.files}
+
+
+def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
+    """Run the series in the cache (what ``check`` does) and read every changed file.
+
+    Refuses (exit 1: a result differs from the lock) unless every patch has the
+    status the lock expects and the result is the lock's patched_tree.
+    """
+    from dsv4patch.commands.check import check_pin, pin_report
+
+    repo, series, result = check_pin(lock, pin, store, progress)
+    rep = pin_report(pin, repo, result)
+    final = result.final_tree
+    if not rep["ok"] or final is None:
+        bad = [f"{n}: {c['status']} (expected {c['expected']})"
+               for n, c in rep["patches"].items() if not c["ok"]] + list(rep["notes"])
+        raise PatchSetError(
+            f"pin {pin.name}: the series does not give the locked patched tree "
+            f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"
+        )
+    touched: dict[str, list[str]] = {}
+    patch_files: dict[str, list[str]] = {}
+    applied = {r.patch for r in result.patches if r.status.applies}
+    for p in series.patches:
+        if p.name in applied:
+            patch_files[p.name] = list(p.touched)
+            for path in p.touched:
+                touched.setdefault(path, []).append(p.name)
+    files = []
+    for path in git.changed_paths(repo.repo, repo.base_tree, final):
+        files.append(ChangedFile(path, _blob(repo.repo, repo.base_tree, path),
+                                 _blob(repo.repo, final, path), tuple(touched.get(path, ()))))
+    return PatchedTree(pin, series, repo.base_tree, final, files, patch_files)
+
+
+class PatchSetError(BuildError):
+    """The series does not reach the lock's patched tree (a result differs from the lock)."""
+
+    exit_code = EXIT_UNEXPECTED
+    kind = "build"
+
+
+def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
+    entry = git.ls_tree_entry(repo, treeish, path)
+    if entry is None or entry[1] != "blob":
+        return None
+    return git.cat_blob(repo, entry[2])
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def local_version(pin: Pin, series: Series) -> str:
+    return f"{pin.vllm_version}+{LOCAL_PREFIX}.{series.hash()[:12]}"
+
+
+def hook_line(dist: str) -> str:
+    """The line ``python -m <dist> install-hook`` appends (kernels/runtime.py's ``hook_line``)."""
+    return f"__import__({dist!r}).activate('vllm-hook')  {HOOK_MARK}\n"
+
+
+@dataclass
+class KernelPackage:
+    dist: str
+    members: dict[str, bytes]  # path in the wheel -> content
+    info: dict[str, Any]
+    source: Path
+
+
+_MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
+
+
+def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPackage:
+    """The plugin package of a ``dsv4patch build`` wheel, checked against pin, tree and platform."""
+    dist = dist_name(pin.name)
+    if not path.name.startswith(dist + "-"):
+        raise BuildError(f"--kernels {path}: not a kernel wheel of pin {pin.name} (expected {dist}-*.whl "
+                         f"from `dsv4patch build --pin {pin.name}`)")
+    m = _MACHINE.search(path.name)
+    if not m or m.group(1) != platform:
+        raise BuildError(f"--kernels {path}: built for {m.group(1) if m else 'an unknown platform'}, "
+                         f"the wheel is for {platform}; build the kernels on a {platform} machine")
+    members: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for name in zf.namelist():
+                if name.startswith(dist + "/") and not name.endswith("/"):
+                    members[name] = zf.read(name)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
+    raw = members.get(f"{dist}/build_info.json")
+    if raw is None:
+        raise BuildError(f"--kernels {path}: no {dist}/build_info.json")
+    info = json.loads(raw)
+    if info.get("tree_id") != tree_id or info.get("vllm_version") != pin.vllm_version:
+        raise BuildError(
+            f"--kernels {path}: built from tree {info.get('tree_id')} for vLLM "
+            f"{info.get('vllm_version')}, pin {pin.name} is tree {tree_id}, vLLM {pin.vllm_version}; "
+            f"rebuild it with `dsv4patch build --pin {pin.name}` on a tree made by `dsv4patch apply`"
+        )
+    if f"{dist}/{info.get('library')}" not in members:
+        raise BuildError(f"--kernels {path}: the library {info.get('library')} is missing")
+    return KernelPackage(dist, members, info, path)
+
+
+@dataclass
+class WheelBuild:
+    path: Path
+    version: str
+    replaced: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    not_shipped: list[str] = field(default_factory=list)
+    hooked: str | None = None  # the file that got the kernels' activation line
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
+          out_dir: Path) -> WheelBuild:
+    """Write the patched wheel into ``out_dir`` (atomically) and return what it contains."""
+    pin, series = tree.pin, tree.series
+    stock_name = PurePosixPath(stock.url).name
+    m = re.fullmatch(r"([A-Za-z0-9_.]+)-([^-]+)-(.+)\.whl", stock_name)
+    if not m or m.group(2) != pin.vllm_version:
+        raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
+    name, old_version, tags = m.groups()
+    version = local_version(pin, series)
+    old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
+    infos = zipcopy.open_members(stock_path)
+    names = [i.filename for i in infos]
+    if f"{old_info}/RECORD" not in names:
+        raise BuildError(f"stock wheel {stock_name} has no {old_info}/RECORD")
+    top = {n.split("/", 1)[0] for n in names if "/" in n and not n.startswith(old_info + "/")}
+    result = WheelBuild(out_dir / f"{name}-{version}-{tags}.whl", version)
+    changes = tree.by_path()
+    shipped = {p: f for p, f in changes.items() if p.split("/", 1)[0] in top}
+    result.not_shipped = sorted(set(changes) - set(shipped))
+    kmembers = kernels.members if kernels else {}
+    clash = [n for n in kmembers if n in names or n.split("/", 1)[0] in top]
+    if clash:
+        raise BuildError(f"the kernel package would overwrite {clash[0]} of the stock wheel")
+    hook = hook_line(kernels.dist).encode() if kernels else b""
+    files: list[dict[str, Any]] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = result.path.with_name(f".{result.path.name}.tmp{os.getpid()}")
+    try:
+        with open(stock_path, "rb") as src, open(tmp, "wb") as dst:
+            # The stock RECORD: hashes of every unchanged member (checked while copying:
+            # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
+            rec_info = infos[names.index(f"{old_info}/RECORD")]
+            stock_record = {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(
+                zipcopy.inflate(zipcopy.read_raw(src, rec_info)).decode())) if row}
+            record: list[tuple[str, str, str]] = []
+            writer = zipcopy.Writer(dst)
+            seen: set[str] = set()
+            dist_info: list[zipcopy.Raw] = []
+            for info in infos:
+                raw = zipcopy.read_raw(src, info)
+                seen.add(info.filename)
+                if info.filename.startswith(old_info + "/"):
+                    dist_info.append(raw)
+                    continue
+                change = shipped.get(info.filename)
+                new_data: bytes | None = None
+                if change is not None:
+                    have = zipcopy.inflate(raw)
+                    if change.base is None or have != change.base:
+                        raise IntegrityError(
+                            f"stock wheel {stock_name}: {info.filename} is not pin {pin.name}'s "
+                            f"unpatched file (sha256 {_sha(have)[:16]}, the pin's source tree has "
+                            f"{_sha(change.base)[:16] if change.base else 'no such file'}); refusing "
+                            "to patch a wheel that does not match its source tree"
+                        )
+                    if change.patched is None:
+                        result.removed.append(info.filename)
+                        files.append({"path": info.filename, "patches": list(change.patches),
+                                      "base_sha256": _sha(change.base), "patched_sha256": None})
+                        continue
+                    new_data = change.patched
+                    result.replaced.append(info.filename)
+                    files.append({"path": info.filename, "patches": list(change.patches),
+                                  "base_sha256": _sha(change.base),
+                                  "patched_sha256": _sha(change.patched)})
+                if kernels and info.filename == f"{top_package(top)}/__init__.py":
+                    base = new_data if new_data is not None else zipcopy.inflate(raw)
+                    text = base if base.endswith(b"\n") else base + b"\n"
+                    new_data = text + hook
+                    result.hooked = info.filename
+                if new_data is None:
+                    if info.filename not in stock_record:
+                        raise BuildError(f"stock wheel {stock_name}: {info.filename} is not in RECORD")
+                    writer.add(raw)
+                    h, size = stock_record[info.filename]
+                    record.append((info.filename, h, size))
+                else:
+                    mode = (info.external_attr >> 16) & 0o777 or 0o644
+                    writer.add(zipcopy.deflate(info.filename, new_data, mode, info.date_time))
+                    record.append((info.filename, record_hash(new_data), str(len(new_data))))
+            added = {p: f for p, f in shipped.items() if p not in seen}
+            for path, change in sorted(added.items()):
+                if change.base is not None:
+                    raise IntegrityError(
+                        f"stock wheel {stock_name} lacks {path}, which pin {pin.name}'s source "
+                        "tree has and the patches change; refusing to patch it")
+                if change.patched is None:
+                    continue
+                writer.add(zipcopy.deflate(path, change.patched))
+                record.append((path, record_hash(change.patched), str(len(change.patched))))
+                result.added.append(path)
+                files.append({"path": path, "patches": list(change.patches), "base_sha256": None,
+                              "patched_sha256": _sha(change.patched)})
+            for path, data in sorted(kmembers.items()):
+                mode = 0o755 if path.endswith(".so") else 0o644
+                writer.add(zipcopy.deflate(path, data, mode))
+                record.append((path, record_hash(data), str(len(data))))
+                result.added.append(path)
+            provenance = {
+                "pin": pin.name, "vllm_version": pin.vllm_version, "version": version,
+                "vllm_commit": pin.commit, "series": list(pin.series),
+                "patch_set_sha256": series.hash(),
+                "patches": {p.name: {"sha256": p.sha256, "series": p.series,
+                                     "files": tree.patch_files.get(p.name, [])}
+                            for p in series.patches},
+                "base_tree": tree.base_tree, "patched_tree": tree.patched_tree,
+                "stock_wheel": {"filename": stock_name, "sha256": stock.sha256},
+                "files": sorted(files, key=lambda f: f["path"]),
+                "not_shipped": result.not_shipped,
+                "kernels": None if kernels is None else {
+                    "package": kernels.dist, "library": kernels.info.get("library"),
+                    "tree_id": kernels.info.get("tree_id"), "ops": kernels.info.get("ops"),
+                    "units": kernels.info.get("units"), "hook": f"{top_package(top)}/__init__.py"},
+            }
+            result.provenance = provenance
+            prov = (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode()
+            record_raw: zipcopy.Raw | None = None
+            for raw in dist_info:
+                new = raw.name.replace(old_info + "/", new_info + "/", 1)
+                rel = raw.name[len(old_info) + 1:]
+                if rel == "RECORD":
+                    record_raw = raw
+                    continue
+                if rel == "METADATA":
+                    data = _set_version(zipcopy.inflate(raw), version)
+                    writer.add(zipcopy.deflate(new, data, 0o644, raw.date_time))
+                    record.append((new, record_hash(data), str(len(data))))
+                    continue
+                writer.add(zipcopy.Raw(new, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
+                                       raw.external_attr))
+                h, size = stock_record[raw.name]
+                record.append((new, h, size))
+            writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
+            record.append((f"{new_info}/{PROVENANCE}", record_hash(prov), str(len(prov))))
+            out = io.StringIO()
+            w = csv.writer(out, lineterminator="\n")
+            for row in record:
+                w.writerow(row)
+            w.writerow((f"{new_info}/RECORD", "", ""))
+            assert record_raw is not None
+            writer.add(zipcopy.deflate(f"{new_info}/RECORD", out.getvalue().encode(), 0o644,
+                                       record_raw.date_time))
+            writer.close()
+        os.replace(tmp, result.path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
+    if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
+        result.not_shipped += sorted(missing)
+    return result
+
+
+def top_package(top: set[str]) -> str:
+    return "vllm" if "vllm" in top else sorted(top)[0]
+
+
+def _set_version(metadata: bytes, version: str) -> bytes:
+    text = metadata.decode("utf-8")
+    new, n = re.subn(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
+    if n != 1:
+        raise BuildError("the stock wheel's METADATA has no Version field")
+    return new.encode("utf-8")
+
+
+def check_record(path: Path) -> list[str]:
+    """Problems with a wheel's RECORD (empty list: every member listed with its hash and size)."""
+    problems: list[str] = []
+    with zipfile.ZipFile(path) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        rec_name = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
+        if rec_name is None:
+            return ["no RECORD"]
+        rows = {r[0]: r for r in csv.reader(io.StringIO(zf.read(rec_name).decode())) if r}
+        for n in names:
+            row = rows.pop(n, None)
+            if row is None:
+                problems.append(f"{n}: not in RECORD")
+            elif n != rec_name:
+                data = zf.read(n)
+                if row[1] != record_hash(data) or row[2] != str(len(data)):
+                    problems.append(f"{n}: RECORD says {row[1]},{row[2]}")
+        problems += [f"{n}: in RECORD, not in the wheel" for n in rows]
+    return problems
+

@@ -1,0 +1,135 @@
+"""Copy a zip (a wheel) member by member without recompressing what is unchanged.
+
+The stock vLLM wheel is about 300 MB of compressed shared libraries; the
+patched wheel differs from it in a few Python files and its metadata.
+Python's :mod:`zipfile` can only write members it compresses itself, which
+would inflate and deflate all of it (minutes on a small CI machine, and the
+output would then depend on the local zlib).  This module reads a member's
+raw compressed bytes from the source archive and writes them, with the
+source's CRC, sizes, timestamp and attributes, into a new archive; new or
+changed members are deflated here with fixed settings.  The writer emits no
+timestamps of its own and no extra fields, so the same inputs always give
+the same bytes.
+
+Only what wheels need is supported: stored or deflated members, no
+encryption, no archive above 4 GiB or 65535 members (no ZIP64); anything
+else is refused, never written wrongly.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from dsv4patch.errors import BuildError
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_END = struct.Struct("<4sHHHHIIH")
+_LIMIT = 0xFFFFFFFF
+FIXED_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One member as stored: compressed bytes plus what the headers say about them."""
+
+    name: str
+    data: bytes  # compressed
+    method: int
+    crc: int
+    size: int
+    date_time: tuple[int, int, int, int, int, int]
+    external_attr: int
+
+
+def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
+    """The raw member ``info`` of the archive open as ``fh`` (validated, not inflated)."""
+    if info.flag_bits & 0x1:
+        raise BuildError(f"{info.filename}: encrypted zip members are not supported")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise BuildError(f"{info.filename}: compression method {info.compress_type} is not supported")
+    fh.seek(info.header_offset)
+    head = fh.read(_LOCAL.size)
+    fields = _LOCAL.unpack(head)
+    if fields[0] != b"PK\x03\x04":
+        raise BuildError(f"{info.filename}: bad local header in the zip")
+    fh.seek(fields[9] + fields[10], 1)
+    data = fh.read(info.compress_size)
+    if len(data) != info.compress_size:
+        raise BuildError(f"{info.filename}: the zip is truncated")
+    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
+               info.date_time, info.external_attr)
+
+
+def deflate(name: str, data: bytes, mode: int = 0o644,
+            date_time: tuple[int, int, int, int, int, int] = FIXED_DATE) -> Raw:
+    """A new member: ``data`` deflated with fixed settings (same bytes in, same bytes out)."""
+    comp = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY)
+    packed = comp.compress(data) + comp.flush()
+    return Raw(name, packed, zipfile.ZIP_DEFLATED, zlib.crc32(data) & 0xFFFFFFFF, len(data),
+               date_time, (0o100000 | mode) << 16)
+
+
+def inflate(raw: Raw) -> bytes:
+    """The member's content, CRC-checked."""
+    data = raw.data if raw.method == zipfile.ZIP_STORED else zlib.decompress(raw.data, -15)
+    if len(data) != raw.size or zlib.crc32(data) & 0xFFFFFFFF != raw.crc:
+        raise BuildError(f"{raw.name}: CRC or size mismatch in the zip")
+    return data
+
+
+def _dos(dt: tuple[int, int, int, int, int, int]) -> tuple[int, int]:
+    y, mo, d, h, mi, s = dt
+    return (h << 11) | (mi << 5) | (s // 2), ((max(y, 1980) - 1980) << 9) | (mo << 5) | d
+
+
+class Writer:
+    """Writes :class:`Raw` members in the order given, then the central directory."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.central: list[bytes] = []
+        self.names: set[str] = set()
+
+    def add(self, raw: Raw) -> None:
+        if raw.name in self.names:
+            raise BuildError(f"{raw.name}: duplicate zip member")
+        self.names.add(raw.name)
+        offset = self.fh.tell()
+        if offset > _LIMIT or len(raw.data) > _LIMIT or raw.size > _LIMIT:
+            raise BuildError(f"{raw.name}: the wheel would need ZIP64 (over 4 GiB), not supported")
+        name = raw.name.encode("utf-8")
+        flags = 0x800 if not raw.name.isascii() else 0
+        time, date = _dos(raw.date_time)
+        self.fh.write(_LOCAL.pack(b"PK\x03\x04", 20, flags, raw.method, time, date, raw.crc,
+                                  len(raw.data), raw.size, len(name), 0))
+        self.fh.write(name)
+        self.fh.write(raw.data)
+        self.central.append(_CENTRAL.pack(
+            b"PK\x01\x02", (3 << 8) | 20, 20, flags, raw.method, time, date, raw.crc,
+            len(raw.data), raw.size, len(name), 0, 0, 0, 0, raw.external_attr, offset) + name)
+
+    def close(self) -> None:
+        if len(self.central) > 0xFFFF:
+            raise BuildError("the wheel would have more than 65535 members (ZIP64), not supported")
+        start = self.fh.tell()
+        for entry in self.central:
+            self.fh.write(entry)
+        size = self.fh.tell() - start
+        if start > _LIMIT:
+            raise BuildError("the wheel would need ZIP64 (over 4 GiB), not supported")
+        n = len(self.central)
+        self.fh.write(_END.pack(b"PK\x05\x06", 0, 0, n, n, size, start, 0))
+
+
+def open_members(path: Path) -> list[zipfile.ZipInfo]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BuildError(f"{path}: not a readable zip ({exc})") from None

@@ -27,7 +27,7 @@ from dsv4patch.errors import (
     UsageError,
 )
 
-COMMANDS = ("check", "apply", "status", "verify", "build", "lock", "fetch", "port")
+COMMANDS = ("check", "apply", "status", "verify", "build", "lock", "fetch", "port", "resolve", "refresh")
 
 EPILOG = """\
 exit codes:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import engine, git, report, tree
-from dsv4patch.commands import _common
+from dsv4patch.commands import _common, resolve
 from dsv4patch.commands.check import pin_report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, BuildError, TreeError, writing
 from dsv4patch.lock import Pin
@@ -63,6 +63,11 @@ def add_parser(sub: Any) -> None:
         "before shipping: without it the kernel fixes are not in effect)",
     )
     p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
+    p.add_argument(
+        "--3way", dest="three_way", action="store_true",
+        help="on a conflict, commit the patches before it, apply the failing one 3-way with "
+        "conflict markers and stop; then `dsv4patch resolve --continue` or `--abort`",
+    )
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -370,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     prog = _common.progress(args)
     pinrepo = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, pin)
-    notes: list[str] = []
+    notes: list[str] = list(getattr(args, "pre_notes", None) or [])
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
     with open_tree(path, pinrepo, notes):
@@ -385,6 +390,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{gitdir / 'index.lock'} exists and no dsv4patch apply was interrupted in {path}: "
                 "another git command is running there, or one was killed. Wait for it; if no git "
                 "process is running, delete the file"
+            )
+        if (gitdir / resolve.STATE).exists():
+            st = resolve.read_state(gitdir, path)
+            raise TreeError(
+                f"{path} holds the conflict workspace of {st['patch']} (pin {st['pin']}); finish it "
+                f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
+                f"`dsv4patch resolve --abort --tree {path}`"
             )
         dirty = git.dirty_paths(path)
         if dirty:
@@ -402,6 +414,14 @@ def run(args: argparse.Namespace) -> int:
             result = engine.run_series(path, pinrepo.base_commit, series)
         rep = pin_report(pin, pinrepo, result)
         out: dict[str, Any] = {"lock": str(lock.path), "tree": str(path), "pins": {pin.name: rep}}
+        if getattr(args, "three_way", False) and result.final_tree is None:
+            with writing(TreeError, str(path), advice):
+                ws = resolve.start(args, path, gitdir, lock, pin, pinrepo, series, result, head, notes)
+            if ws is not None:
+                out.update(ok=False, workspace=ws, head=ws["head"], notes=notes + rep["notes"])
+                table, md = report.matrix_table(out)
+                report.emit(args.format, out, table, md)
+                return EXIT_UNEXPECTED
         if not rep["ok"] or result.final_tree is None:
             out["ok"] = False
             out["notes"] = notes + [

@@ -412,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
             )
         with writing(TreeError, str(path), advice):
             result = engine.run_series(path, pinrepo.base_commit, series)
-        rep = pin_report(pin, pinrepo, result)
+        rep = pin_report(pin, pinrepo, result, lock.path)
         out: dict[str, Any] = {"lock": str(lock.path), "tree": str(path), "pins": {pin.name: rep}}
         if getattr(args, "three_way", False) and result.final_tree is None:
             with writing(TreeError, str(path), advice):
@@ -425,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         if not rep["ok"] or result.final_tree is None:
             out["ok"] = False
             out["notes"] = notes + [
-                f"{name}: {c['status']} (expected {c['expected']}): {c['message']}"
+                f"{name}: {c['status']} (expected {c['expected']}): {c['message']}\n  next: {c['next']}"
                 for name, c in rep["patches"].items() if not c["ok"]
             ] + rep["notes"] + [f"{path} was left unchanged"]
             table, md = report.matrix_table(out)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, report, tree
+from dsv4patch import engine, hints, report, tree
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, CacheError, writing
 from dsv4patch.lock import Lock, Pin
@@ -32,7 +33,8 @@ def check_pin(
         return repo, series, engine.run_series(repo.repo, repo.base_commit, series)
 
 
-def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dict[str, Any]:
+def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult,
+               lock: Path | str = "the lock") -> dict[str, Any]:
     patches: dict[str, Any] = {}
     ok = True
     for r in result.patches:
@@ -42,15 +44,19 @@ def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dic
         cell["expected"] = expected
         cell["ok"] = r.status.value == expected
         ok &= cell["ok"]
+        if not cell["ok"]:
+            cell["next"] = hints.next_step(r.status.value, expected, pin.name, r.patch, lock)
         patches[r.patch] = cell
     notes = []
     final = result.final_tree
     if pin.base_tree and repo.base_tree != pin.base_tree:
         ok = False
-        notes.append(f"base tree {repo.base_tree} differs from the lock's {pin.base_tree}")
+        notes.append(f"base tree {repo.base_tree} differs from the lock's {pin.base_tree}; "
+                     + hints.drift(pin.name, "source"))
     if pin.patched_tree and final and final != pin.patched_tree:
         ok = False
-        notes.append(f"patched tree {final} differs from the lock's {pin.patched_tree}")
+        notes.append(f"patched tree {final} differs from the lock's {pin.patched_tree}; "
+                     + hints.drift(pin.name, "series"))
     return {
         "vllm_version": pin.vllm_version,
         "commit": pin.commit,
@@ -73,13 +79,14 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
     for pin in lock.select(args.pin):
         repo, _series, result = check_pin(lock, pin, store, prog)
-        pr = pin_report(pin, repo, result)
+        pr = pin_report(pin, repo, result, lock.path)
         out["pins"][pin.name] = pr
         out["ok"] &= pr["ok"]
         for r in result.patches:
             cell = pr["patches"][r.patch]
             if not cell["ok"] or r.status is not engine.Status.CLEAN:
-                out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}")
+                out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}"
+                                    + (f"\n  next: {cell['next']}" if "next" in cell else ""))
         out["notes"] += [f"{pin.name}: {n}" for n in pr["notes"]]
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from dsv4patch import __version__
+from dsv4patch.report import SCHEMA_VERSION
 from dsv4patch.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -95,7 +96,7 @@ def _report(
         err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
                                "command": command or None}
         err.update(extra or {})
-        json.dump({"error": err}, sys.stdout, indent=2)
+        json.dump({"schema_version": SCHEMA_VERSION, "error": err}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         sys.stdout.flush()
     return code

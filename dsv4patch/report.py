@@ -15,14 +15,21 @@ from rich.console import Console
 from rich.table import Table
 
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
+# Version of every --format json object (schemas/*.schema.json); bump it when a
+# field changes meaning or goes away (adding fields does not bump it).
+SCHEMA_VERSION = 1
 
 
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
     if fmt == "json":
-        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
+        json.dump({"schema_version": SCHEMA_VERSION, **report}, sys.stdout, indent=2,
+                  sort_keys=False, default=str)
         sys.stdout.write("\n")
     elif fmt == "markdown":
-        sys.stdout.write((markdown or "") + "\n")
+        # Postable as a PR comment as is: the table, then every note (conflicts, evidence,
+        # next steps) as a list item.
+        notes = [f"- {n}".replace("\n", "\n  ") for n in report.get("notes", [])]
+        sys.stdout.write((markdown or "") + ("\n\n" + "\n".join(notes) if notes else "") + "\n")
     else:
         console = Console(soft_wrap=False, width=max(120, Console().width))
         if table is not None:

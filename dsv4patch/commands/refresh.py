@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         variants: list[tuple[str, Path]] = []
         for i, c in enumerate(commits):
             message, author, tree_id = git.commit_info(path, c)
+            if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
+                raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
+                                "it (`git rebase -i`) or amend a change into it, then refresh again")
             message, name = _strip_ours(message)
             if name is not None and name not in by_name:
                 raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "

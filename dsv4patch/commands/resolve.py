@@ -301,6 +301,6 @@ def run(args: argparse.Namespace) -> int:
         f"at {state['orig_head'][:12]}"]}
     table, md = report.simple_table("dsv4patch resolve --abort", ["tree", "head"],
                                     [[str(path), state["orig_head"][:12]]])
-    report.emit(args.format, out, table, md + "\n\n" + "\n".join(out["notes"]))
+    report.emit(args.format, out, table, md)
     return EXIT_OK
 

@@ -57,6 +57,12 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
           "|---" * (len(short) + 3) + "|"]
     for pin_name, p in pins.items():
         cells = []
+        if p.get("status") == "not-fetched":
+            cells = ["not-fetched"] * len(patch_names)
+            tree, result = "-", "NOT FETCHED"
+            table.add_row(pin_name, *cells, tree, result)
+            md.append(f"| {pin_name} | " + " | ".join(cells) + f" | {tree} | {result} |")
+            continue
         for name in patch_names:
             c = p["patches"].get(name)
             if c is None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dsv4patch import git
-from dsv4patch.errors import CacheError, FetchError, TreeError, writing
+from dsv4patch.errors import CacheError, FetchError, NotFetchedError, TreeError, writing
 from dsv4patch.lock import Pin
 from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
@@ -336,7 +336,7 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     if not res.ok:
         res = git.fetch_all(fetch_repo, url)
         if not res.ok:
-            raise FetchError(f"pin {pin.name}: cannot fetch from {url}: {res.stderr.strip()}")
+            raise NotFetchedError(f"pin {pin.name}: cannot fetch from {url}: {res.stderr.strip()}")
     if not git.has_object(fetch_repo, f"{pin.commit}^{{commit}}"):
         raise FetchError(f"pin {pin.name}: commit {pin.commit} is not in {url}")
     git.run(fetch_repo, ["--work-tree", str(dest), "checkout", "-f", pin.commit, "--", "."])

@@ -143,3 +143,26 @@ def test_drift_and_unexpected_status_name_the_next_step(tmp_path, upstream, cli)
     assert "differs from the lock's" in notes and "`dsv4patch lock --update --pin p`" in notes
     cell = rep["pins"]["p"]["patches"]["0001-a.patch"]
     assert cell["status"] == "clean" and 'expect_patches."0001-a.patch" = "clean"' in cell["next"]
+
+
+def test_offline_check_reports_cached_pins_and_marks_the_others_not_fetched(tmp_path, upstream, cli):
+    from conftest import sdist_pin
+    from test_json_contract import validate
+
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    unreachable = sdist_pin("offline", "a" * 40, "0" * 64, "http://127.0.0.1:9/vllm-0.0.1.tar.gz")
+    gone = (git_pin("gone", upstream).replace(str(upstream.path), str(tmp_path / "no-such-remote"))
+            .replace(upstream.commit, "b" * 40))
+    lock = write_lock(d / "l.toml", {"offline": unreachable, "p": git_pin("p", upstream), "gone": gone},
+                      {"main": ["0001-a.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", "json")
+    assert res.rc == 4, res.err
+    rep = validate("check", res.out)
+    assert rep["pins"]["p"]["ok"] is True and statuses(rep) == {"0001-a.patch": "clean"}
+    for name in ("offline", "gone"):
+        assert rep["pins"][name]["status"] == "not-fetched"
+        assert f"dsv4patch fetch --pin {name}" in rep["pins"][name]["next"]
+    text = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache")
+    assert text.rc == 4 and "not-fetched" in text.out and "clean" in text.out

@@ -8,7 +8,14 @@ from typing import Any
 
 from dsv4patch import engine, hints, report, tree
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, CacheError, writing
+from dsv4patch.errors import (
+    EXIT_FETCH,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    CacheError,
+    NotFetchedError,
+    writing,
+)
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.series import Series, series_for_pin
 from dsv4patch.store import Store
@@ -77,8 +84,22 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
+    not_fetched: list[str] = []
     for pin in lock.select(args.pin):
-        repo, _series, result = check_pin(lock, pin, store, prog)
+        try:
+            repo, _series, result = check_pin(lock, pin, store, prog)
+        except NotFetchedError as exc:
+            # Offline with this pin not cached: report the pins that are, mark this one.
+            not_fetched.append(pin.name)
+            nxt = (f"fetch it where the source is reachable: `dsv4patch fetch --pin {pin.name}`"
+                   + (" (or `dsv4patch fetch --sdist FILE` with the sdist)"
+                      if pin.source.kind == "pypi-sdist" else ""))
+            out["pins"][pin.name] = {"status": "not-fetched", "ok": False, "error": str(exc),
+                                     "next": nxt, "vllm_version": pin.vllm_version,
+                                     "source": pin.source.kind, "patches": {}}
+            out["ok"] = False
+            out["notes"].append(f"{pin.name}: not-fetched: {exc}\n  next: {nxt}")
+            continue
         pr = pin_report(pin, repo, result, lock.path)
         out["pins"][pin.name] = pr
         out["ok"] &= pr["ok"]
@@ -90,4 +111,6 @@ def run(args: argparse.Namespace) -> int:
         out["notes"] += [f"{pin.name}: {n}" for n in pr["notes"]]
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
+    if not_fetched:
+        return EXIT_FETCH
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

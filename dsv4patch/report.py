@@ -8,6 +8,7 @@ printed, never what was decided.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -18,6 +19,15 @@ OK_MARK = {True: "ok", False: "UNEXPECTED"}
 # Version of every --format json object (schemas/*.schema.json); bump it when a
 # field changes meaning or goes away (adding fields does not bump it).
 SCHEMA_VERSION = 1
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console for the terminal: its real width (COLUMNS, else 80, off a terminal),
+    colour only on a TTY and never with NO_COLOR set (https://no-color.org)."""
+    stream = sys.stderr if stderr else sys.stdout
+    colour = stream.isatty() and not os.environ.get("NO_COLOR")
+    return Console(file=stream, stderr=stderr, color_system="auto" if colour else None,
+                   force_terminal=stream.isatty(), no_color=not colour, highlight=False)
 
 
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
@@ -31,11 +41,12 @@ def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | 
         notes = [f"- {n}".replace("\n", "\n  ") for n in report.get("notes", [])]
         sys.stdout.write((markdown or "") + ("\n\n" + "\n".join(notes) if notes else "") + "\n")
     else:
-        console = Console(soft_wrap=False, width=max(120, Console().width))
+        out = console()
         if table is not None:
-            console.print(table)
+            out.print(table)
         for line in report.get("notes", []):
-            console.print(line, markup=False, highlight=False)
+            # Notes are never cut or re-wrapped: commands in them must stay copy-pasteable.
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:

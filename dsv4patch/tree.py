@@ -84,10 +84,13 @@ def _build(pin: Pin, store: Store, dest: Path, progress: Progress) -> None:
         if pin.source.kind == "pypi-sdist":
             _extract_sdist(pin, store, files, progress)
         else:
-            _export_git(pin, store, files)
+            where = pin.source.path if pin.source.kind == "local" else pin.source.url
+            with progress.task(f"fetch {pin.name} from {where}", None):
+                _export_git(pin, store, files)
         git.init(files)
         message = f"vLLM {pin.vllm_version} ({pin.source.kind}, upstream commit {pin.commit})\n"
-        base = git.add_all_and_commit_root(files, message)
+        with progress.task(f"import {pin.name} into git", None):
+            base = git.add_all_and_commit_root(files, message)
         git.run(files, ["config", "core.bare", "true"])
         os.replace(files / ".git", work / "repo.git")
         (work / "repo.git" / READY).write_text(base + "\n")
@@ -105,7 +108,7 @@ def _extract_sdist(pin: Pin, store: Store, dest: Path, progress: Progress) -> No
         with tarfile.open(blob, "r:gz") as tar:
             members = tar.getmembers()
             extractor = _SdistExtractor(tar, dest, f"{src.name}-{src.version}", what)
-            with progress.task(f"extract {filename}", len(members)) as task:
+            with progress.task(f"extract {filename}", len(members), unit="files") as task:
                 for m in members:
                     extractor.extract(m)
                     task.advance(1)

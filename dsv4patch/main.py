@@ -38,6 +38,7 @@ exit codes:
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content)
   4    a pinned source could not be fetched or verified, or the cache is unusable or full
+       (check offline: cached pins are still reported, the others marked not-fetched)
   5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
        settings, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)

@@ -316,6 +316,11 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     src = pin.source
     if src.kind == "local":
         assert src.path is not None
+        if not src.path.exists():
+            raise FetchError(
+                f"pin {pin.name}: local source {src.path} does not exist; a relative path in the "
+                "lock is relative to the lock file's directory, so a copied lock needs it adjusted"
+            )
         if not git.is_repo_root(src.path):
             raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
         head = git.head(src.path)

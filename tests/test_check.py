@@ -166,3 +166,30 @@ def test_offline_check_reports_cached_pins_and_marks_the_others_not_fetched(tmp_
         assert f"dsv4patch fetch --pin {name}" in rep["pins"][name]["next"]
     text = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache")
     assert text.rc == 4 and "not-fetched" in text.out and "clean" in text.out
+
+
+def test_a_copied_lock_says_its_paths_are_relative_to_it(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    fork_pin = f'''
+        [pins."fork"]
+        vllm_version = "0.0.1"
+        commit = "{upstream.commit}"
+        [pins."fork".source]
+        kind = "local"
+        path = "../upstream"
+    '''
+    lock = write_lock(d / "l.toml", {"fork": fork_pin}, {"main": ["0001-a.patch"]})
+    assert cli("check", "--lock", lock, "--cache-dir", tmp_path / "c").rc == 0
+    elsewhere = tmp_path / "other" / "deeper"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "l.toml").write_text(lock.read_text())
+    res = cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2")
+    assert res.rc == 4 and "relative to the lock file's directory" in res.err and "upstream" in res.err
+    (elsewhere / "l.toml").write_text(lock.read_text().replace('"../upstream"', '"../../upstream"'))
+    res = cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2")
+    assert res.rc == 3 and "relative to the lock file's directory" in res.err and "main.series" in res.err
+    (elsewhere / "main.series").write_text("0001-a.patch\n")
+    (elsewhere / "0001-a.patch").write_text((d / "0001-a.patch").read_text())
+    assert cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2").rc == 0

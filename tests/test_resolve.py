@@ -72,6 +72,9 @@ def test_conflict_workspace_continue_gives_a_variant_check_reports_clean(tmp_pat
     text = (tree / "vllm/worker.py").read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text and "z = y * 2 + 1" in text
     assert (tree / ".git" / "dsv4patch-resolve.json").is_file()
+    st = cli("status", "--tree", tree, "--format", "json")
+    assert st.rc == EXIT_UNEXPECTED and json.loads(st.out)["conflict_workspace"] is True
+    assert any("resolve --continue" in n for n in json.loads(st.out)["notes"])
     # apply refuses while the workspace is open; continue refuses while markers are left.
     again = cli("apply", *base, "--tree", tree, "--no-build")
     assert again.rc == EXIT_TREE and "resolve --continue" in again.err

@@ -35,7 +35,7 @@ from typing import Any
 from dsv4patch import engine, git, report, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, TreeError
+from dsv4patch.errors import EXIT_OK, FetchError, TreeError
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.series import Patch, Series, series_for_pin
 from dsv4patch.store import Store
@@ -115,7 +115,7 @@ def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
             break
         try:
             repo = tree.materialize(other, store, progress)
-        except Exception:  # an uncached pin that cannot be fetched now: try the next one
+        except FetchError:  # a pin that cannot be fetched or verified now: try the next one
             continue
         for ran in (False, True):
             if ran:

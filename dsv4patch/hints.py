@@ -20,9 +20,9 @@ def next_step(status: str, expected: str, pin: str, patch: str, lock: Path | str
                 f"`dsv4patch resolve --continue --tree DIR` (writes the pin's variant), or "
                 f"`dsv4patch port --to VERSION` for a new release")
     if status == "offset":
-        return (f"refresh it: `dsv4patch apply --pin {pin} --tree DIR` then `dsv4patch refresh "
-                f"--pin {pin} --tree DIR --as-variant` (or `dsv4patch port --to VERSION`); or "
-                f"{expect}")
+        return (f"refresh it: `dsv4patch apply --pin {pin} --tree DIR --3way` (commits it with "
+                f"its offset) then `dsv4patch refresh --pin {pin} --tree DIR --as-variant` (writes "
+                f"the exact variant); or {expect}")
     if status == "missing-file":
         return (f"the file moved or is gone in this pin: port the patch (`dsv4patch port --to "
                 f"VERSION`, or `apply --3way` and `resolve --continue`), or {expect}")

@@ -59,11 +59,12 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
                 patch_names.append(name)
     short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
     table = Table(title=f"dsv4patch check: {report['lock']}")
-    table.add_column("pin")
+    # fold, never "…": a narrow terminal wraps a cell instead of hiding its end.
+    table.add_column("pin", overflow="fold")
     for s in short:
-        table.add_column(s)
-    table.add_column("patched tree")
-    table.add_column("result")
+        table.add_column(s, overflow="fold")
+    table.add_column("patched tree", overflow="fold")
+    table.add_column("result", overflow="fold")
     md = ["| pin | " + " | ".join(short) + " | patched tree | result |",
           "|---" * (len(short) + 3) + "|"]
     for pin_name, p in pins.items():
@@ -93,7 +94,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
 def simple_table(title: str, columns: list[str], rows: list[list[str]]) -> tuple[Table, str]:
     table = Table(title=title)
     for c in columns:
-        table.add_column(c)
+        table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*r)
     md = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]

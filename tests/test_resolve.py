@@ -201,3 +201,38 @@ def test_refresh_as_variant_leaves_the_shared_series_alone(tmp_path, cli, fork_l
     assert (fork_lock.parent / "0003-kernel.patch").read_bytes() == shared
     assert 'variants/upstream/0003-kernel.patch"' in fork_lock.read_text()
     assert cli("check", *base).rc == 0
+
+
+def test_offset_on_a_fork_becomes_an_exact_variant(tmp_path, cli, upstream):
+    fork = tmp_path / "fork"
+    sh(tmp_path, "clone", "-q", str(upstream.path), str(fork))
+    (fork / "vllm/worker.py").write_text("# fork header\n# two\n" + WORKER)
+    sh(fork, "commit", "-qam", "fork: a header")
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-worker.patch", "a", {"vllm/worker.py": WORKER.replace("return 0", "return 1")},
+                   "worker: other returns 1\n\nFix: 1")
+    fork_pin = f'''
+        [pins."fork"]
+        vllm_version = "0.0.1"
+        commit = "{sh(fork, "rev-parse", "HEAD")}"
+        [pins."fork".source]
+        kind = "local"
+        path = "{fork}"
+    '''
+    lock = write_lock(d / "vllm.toml", {"fork": fork_pin}, {"main": ["0001-worker.patch"]})
+    base = ("--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "c")
+    chk = cli("check", *base, "--format", "json")
+    cell = json.loads(chk.out)["pins"]["fork"]["patches"]["0001-worker.patch"]
+    assert chk.rc == EXIT_UNEXPECTED and cell["status"] == "offset"
+    assert "--3way" in cell["next"] and "refresh" in cell["next"]
+    tree = tmp_path / "t"
+    assert cli("apply", *base, "--tree", tree, "--no-build").rc == EXIT_UNEXPECTED  # plain apply refuses
+    res = cli("apply", *base, "--tree", tree, "--no-build", "--3way", "--format", "json")
+    assert res.rc == 0, res.err + res.out
+    assert any("applied with offsets" in n for n in json.loads(res.out)["notes"])
+    ref = cli("refresh", *base, "--tree", tree, "--as-variant", "--format", "json")
+    assert ref.rc == 0, ref.err + ref.out
+    assert json.loads(ref.out)["patches"]["0001-worker.patch"]["action"] == "refreshed"
+    assert (d / "variants/fork/0001-worker.patch").is_file()
+    assert cli("check", *base).rc == 0

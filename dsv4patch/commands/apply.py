@@ -422,7 +422,16 @@ def run(args: argparse.Namespace) -> int:
                 table, md = report.matrix_table(out)
                 report.emit(args.format, out, table, md)
                 return EXIT_UNEXPECTED
-        if not rep["ok"] or result.final_tree is None:
+        # With --3way a patch that applies with an offset is committed too (the tree is the
+        # same); `refresh --as-variant` then writes the exact variant.
+        offsets = [n for n, c in rep["patches"].items() if not c["ok"] and c["status"] == "offset"]
+        accept_offsets = (getattr(args, "three_way", False) and result.final_tree is not None
+                          and not rep["notes"]
+                          and all(c["ok"] or n in offsets for n, c in rep["patches"].items()))
+        if accept_offsets and offsets:
+            notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
+                         f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
+        if (not rep["ok"] and not accept_offsets) or result.final_tree is None:
             out["ok"] = False
             out["notes"] = notes + [
                 f"{name}: {c['status']} (expected {c['expected']}): {c['message']}\n  next: {c['next']}"

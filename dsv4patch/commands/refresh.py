@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                             "commits (rebase them onto the base first)")
         result = engine.run_series(path, base, series)
         planned = apply.plan_commits(path, base, series, result) if result.final_tree else []
+        statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
         numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
         next_number = max(numbers, default=0) + 1
         parent = base
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                 raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
                                 f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
                                 "make it a new patch")
-            if name and planned[: i + 1] == commits[: i + 1]:
+            exact = name is not None and statuses.get(name) is not engine.Status.OFFSET
+            if name and exact and planned[: i + 1] == commits[: i + 1]:
                 rows.append([name, "unchanged", str(by_name[name].path)])
                 done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
                 parent = c

@@ -186,24 +186,31 @@ def start(
             f"{res.stderr.strip()}\n{path} was left unchanged; port it with "
             f"`dsv4patch port --to {pin.name}` or edit the patch by hand"
         )
+    # Through resolve --continue, --abort still returns to before the first apply --3way.
+    orig = getattr(args, "orig_head", None) or head
     _write_state(gitdir, {
         "lock": str(lock.path), "pin": pin.name, "series": getattr(args, "series", None),
-        "patch": patch.name, "patch_index": k, "orig_head": head, "at": at,
+        "patch": patch.name, "patch_index": k, "orig_head": orig, "at": at,
         "base_commit": pinrepo.base_commit,
         "cache_dir": str(args.cache_dir) if args.cache_dir else None,
         "build": bool(getattr(args, "build", False)),
         "out": str(args.out) if getattr(args, "out", None) else None,
         "conflicts": conflicted,
     })
-    where = f"{', '.join(conflicted)} (conflict markers)" if conflicted else "no file (it merged cleanly)"
+    if conflicted:
+        where = f"conflicts in {', '.join(conflicted)} (conflict markers)"
+        todo = "edit the files"
+    else:
+        where = "it merged cleanly (staged, not committed)"
+        todo = f"review the merge (`git -C {path} diff --cached`)"
     notes += [
         f"{patch.name} conflicts on pin {pin.name}: {failing.message}",
         f"committed {len(commits)} earlier patch(es) (HEAD {at[:12]}) and applied {patch.name} "
-        f"3-way: conflicts in {where}",
-        f"next: edit the files, then `dsv4patch resolve --continue --tree {path}` (writes the "
+        f"3-way: {where}",
+        f"next: {todo}, then `dsv4patch resolve --continue --tree {path}` (writes the "
         f"resolution as pin {pin.name}'s variant of {patch.name}, updates {lock.path.name}, "
         f"applies the rest); `dsv4patch resolve --abort --tree {path}` puts the tree back at "
-        f"{head[:12]}",
+        f"{orig[:12]}",
     ]
     return {"patch": patch.name, "conflicts": conflicted, "head": at,
             "state": str(state_path(gitdir))}
@@ -279,7 +286,7 @@ def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace,
         lock=Path(state["lock"]), pin=state["pin"], series=state.get("series"), tree=path,
         build=bool(state.get("build")), out=Path(state["out"]) if state.get("out") else None,
         format=args.format, cache_dir=Path(state["cache_dir"]) if state.get("cache_dir") else None,
-        three_way=True, pre_notes=notes,
+        three_way=True, pre_notes=notes, orig_head=state["orig_head"],
     )
     return aargs, notes
 

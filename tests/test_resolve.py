@@ -236,3 +236,39 @@ def test_offset_on_a_fork_becomes_an_exact_variant(tmp_path, cli, upstream):
     assert json.loads(ref.out)["patches"]["0001-worker.patch"]["action"] == "refreshed"
     assert (d / "variants/fork/0001-worker.patch").is_file()
     assert cli("check", *base).rc == 0
+
+
+def test_abort_after_a_continue_returns_to_before_the_first_apply(tmp_path, cli, upstream):
+    fork = tmp_path / "fork"
+    sh(tmp_path, "clone", "-q", str(upstream.path), str(fork))
+    (fork / "vllm/worker.py").write_text(FORK_WORKER)
+    (fork / "csrc/kernel.cuh").write_text("int length = row_len;\nint k = 4; // fork\n")
+    sh(fork, "commit", "-qam", "fork")
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-worker.patch", "a", {"vllm/worker.py": PATCHED_WORKER}, "worker")
+    upstream.patch(d / "0002-kernel.patch", "b", {"csrc/kernel.cuh": "int length = row_len;\nint k = 8;\n"}, "kernel")
+    fork_pin = f'''
+        [pins."fork"]
+        vllm_version = "0.0.1"
+        commit = "{sh(fork, "rev-parse", "HEAD")}"
+        [pins."fork".source]
+        kind = "local"
+        path = "{fork}"
+    '''
+    lock = write_lock(d / "vllm.toml", {"up": git_pin("up", upstream), "fork": fork_pin},
+                      {"main": ["0001-worker.patch", "0002-kernel.patch"]}, extra_top='default_pin = "up"')
+    base = ("--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "c")
+    tree = tmp_path / "t"
+    assert cli("apply", *base, "--tree", tree, "--3way", "--no-build").rc == EXIT_UNEXPECTED
+    start = sh(tree, "rev-parse", "HEAD")  # the base: nothing committed before 0001
+    (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
+    second = cli("resolve", "--continue", "--tree", tree, "--format", "json")
+    assert second.rc == EXIT_UNEXPECTED, second.err
+    assert json.loads(second.out)["workspace"]["patch"] == "0002-kernel.patch"
+    assert sh(tree, "log", "--format=%s", "-1") == "worker"
+    assert cli("resolve", "--abort", "--tree", tree).rc == 0
+    assert sh(tree, "rev-parse", "HEAD") == start and _status(tree) == ""
+    # The first resolution stays recorded: applying again stops at 0002 only.
+    again = cli("apply", *base, "--tree", tree, "--3way", "--no-build", "--format", "json")
+    assert json.loads(again.out)["workspace"]["patch"] == "0002-kernel.patch"

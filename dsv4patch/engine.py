@@ -94,29 +94,62 @@ _FAILED_AT = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
 
 
 def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
+    """Check every patch of ``series`` in order on a scratch index of ``base_commit``.
+
+    A patch that does not apply blocks only the patches that depend on it:
+    those touching a file it (or a patch it blocked) touches, and those that
+    declare it in a ``Depends-On:`` trailer (a patch name or its number,
+    e.g. ``0003``).  They are ``not-checked``; independent later patches are
+    still checked, on the index without the failed patch.
+    """
     base_tree = git.out(repo, "rev-parse", f"{base_commit}^{{tree}}")
     results: list[PatchResult] = []
     with git.scratch_index(repo, base_commit) as env:
-        failed: str | None = None
+        blocked_files: dict[str, str] = {}  # path -> the failed patch it waits for
+        failed: list[str] = []  # names of patches that block
         symlinks = git.symlinks_in_index(repo, env)
         current = base_tree
         for patch in series.patches:
-            if failed:
+            files = _files(patch)
+            shared = sorted(f for f in files if f in blocked_files)
+            declared = [n for n in failed if _declares(patch, n)]
+            if shared or declared:
+                cause = declared[0] if declared else blocked_files[shared[0]]
+                why = (f"it declares Depends-On: {cause}" if declared
+                       else f"it changes {', '.join(shared[:3])}, which {cause} changes")
                 results.append(
                     PatchResult(
                         patch.name, patch.series, patch.sha256, Status.NOT_CHECKED,
-                        f"not checked: earlier patch {failed} does not apply",
+                        f"not checked: {cause} does not apply and {why}",
                     )
                 )
+                failed.append(patch.name)
+                for f in files:
+                    blocked_files.setdefault(f, cause)
                 continue
             res = check_one(repo, env, patch, symlinks, current)
             results.append(res)
             current = res.tree or current
             if res.status.blocks:
-                failed = patch.name
+                failed.append(patch.name)
+                for f in files:
+                    blocked_files.setdefault(f, patch.name)
             if patch.adds_symlink:
                 symlinks = git.symlinks_in_index(repo, env)
     return SeriesResult(series.pin, base_commit, base_tree, results)
+
+
+def _files(patch: Patch) -> set[str]:
+    return {f.path for f in patch.files} | {f.source_path for f in patch.files if f.source_path}
+
+
+def _declares(patch: Patch, name: str) -> bool:
+    """Does ``patch`` name ``name`` (or its number) in a ``Depends-On:`` trailer?"""
+    for dep in patch.trailers.get("Depends-On", []):
+        for item in re.split(r"[\s,]+", dep.strip()):
+            if item and (item == name or name.startswith(item + "-")):
+                return True
+    return False
 
 
 def check_one(

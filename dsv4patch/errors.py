@@ -63,6 +63,14 @@ class FetchError(Dsv4Error):
     kind = "fetch"
 
 
+class NotFetchedError(FetchError):
+    """A source that is not cached could not be reached (offline, remote gone).
+
+    ``check`` reports the other pins and marks this one ``not-fetched``; every
+    other command stops with it as a FetchError.
+    """
+
+
 class IntegrityError(FetchError):
     """Downloaded bytes do not match the lock's hash or size."""
 

@@ -473,3 +473,55 @@ def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
     run(path.parent, ["init", "-q", "--bare", str(Path(path).resolve())], repo=False)
     alt = path / "objects" / "info" / "alternates"
     alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))
+
+
+# --- conflict workspace and refresh (commands/resolve.py, commands/refresh.py) -------------
+
+
+def apply_3way(tree: Path, patch: Path) -> Result:
+    """``git apply --3way`` into the work tree and index of ``tree`` (conflicts leave markers)."""
+    return run(tree, ["apply", "--3way", "-v", "--whitespace=nowarn", str(patch)], check=False,
+               tied=True)
+
+
+def add_all(tree: Path) -> None:
+    """Stage every change of the work tree (``git add -A``)."""
+    run(tree, ["add", "-A"], tied=True)
+
+
+def unmerged_paths(tree: Path) -> list[str]:
+    res = run(tree, ["ls-files", "-u", "-z"])
+    return sorted({item.split("\t", 1)[1] for item in res.stdout.split("\0") if "\t" in item})
+
+
+def resolve_blob(repo: Path, abbrev: str) -> str | None:
+    """The full id of blob ``abbrev`` (possibly abbreviated) in ``repo``, or None."""
+    res = run(repo, ["rev-parse", "--verify", "-q", f"{abbrev}^{{blob}}"], check=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def rev_list(repo: Path, rev_range: str) -> list[str]:
+    """Commits of ``rev_range``, oldest first."""
+    return run(repo, ["rev-list", "--reverse", rev_range]).stdout.split()
+
+
+def parents(repo: Path, commit: str) -> list[str]:
+    return out(repo, "rev-list", "--parents", "-n", "1", commit).split()[1:]
+
+
+def is_ancestor(repo: Path, ancestor: str, rev: str) -> bool:
+    return run(repo, ["merge-base", "--is-ancestor", ancestor, rev], check=False).ok
+
+
+def commit_info(repo: Path, commit: str) -> tuple[str, dict[str, str], str]:
+    """(message, author env, tree id) of ``commit``."""
+    res = run(repo, ["log", "-1", "--format=%an%x00%ae%x00%aI%x00%T%x00%B", commit])
+    name, email, date, tree_id, message = res.stdout.split("\0", 4)
+    author = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
+    return message.rstrip("\n") + "\n", author, tree_id
+
+
+def merge_drivers(tree: Path) -> list[str]:
+    """``merge.<driver>.driver`` settings of a repository's config (programs a 3-way merge runs)."""
+    res = run(tree, ["config", "--name-only", "--get-regexp", r"^merge\..*\.driver$"], check=False)
+    return res.stdout.split()

@@ -10,6 +10,7 @@ through :func:`update_derived`, which keeps comments and layout.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -387,3 +388,23 @@ def update_derived(path: Path, pin: str, values: dict[str, Any], source_values: 
     if changed:
         Path(path).write_text(tomlkit.dumps(doc), encoding="utf-8")
     return changed
+
+
+def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
+    """Record ``variant`` as pin's variant of ``patch`` (path relative to the lock), keeping layout.
+
+    An ``expect_patches`` entry for that patch is removed: the variant is made
+    to apply, so the pin's ``expect`` holds for it again.
+    """
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    table = doc["pins"][pin]
+    if "variants" not in table:
+        table["variants"] = tomlkit.table()
+    table["variants"][patch] = os.path.relpath(Path(variant).resolve(), path.resolve().parent)
+    expect = table.get("expect_patches")
+    if expect is not None and patch in expect:
+        del expect[patch]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, path)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from dsv4patch import __version__
+from dsv4patch.report import SCHEMA_VERSION
 from dsv4patch.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -27,7 +28,7 @@ from dsv4patch.errors import (
     UsageError,
 )
 
-COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port")
+COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh")
 
 EPILOG = """\
 exit codes:
@@ -37,6 +38,7 @@ exit codes:
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content)
   4    a pinned source could not be fetched or verified, or the cache is unusable or full
+       (check offline: cached pins are still reported, the others marked not-fetched)
   5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
        settings, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
@@ -95,7 +97,7 @@ def _report(
         err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
                                "command": command or None}
         err.update(extra or {})
-        json.dump({"error": err}, sys.stdout, indent=2)
+        json.dump({"schema_version": SCHEMA_VERSION, "error": err}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         sys.stdout.flush()
     return code

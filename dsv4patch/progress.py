@@ -32,24 +32,35 @@ class Progress:
         return cls(fmt != "json" and sys.stderr.isatty())
 
     @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[Task]:
+    def task(self, description: str, total: int | None, unit: str = "bytes") -> Iterator[Task]:
+        """A bar for ``total`` units (``bytes``: sizes and ETA; else ``done/total unit``).
+
+        ``total=None`` is a step of unknown length (a git import or fetch): a
+        pulsing bar with the elapsed time.
+        """
         if not self.enabled:
             yield _NullTask()
             return
         from rich.progress import (
             BarColumn,
             DownloadColumn,
+            MofNCompleteColumn,
             TextColumn,
+            TimeElapsedColumn,
             TimeRemainingColumn,
         )
         from rich.progress import Progress as RichProgress
 
-        from rich.console import Console
+        from dsv4patch.report import console
 
         columns = [TextColumn("{task.description}"), BarColumn()]
-        if total:
+        if total and unit == "bytes":
             columns += [DownloadColumn(), TimeRemainingColumn()]
-        with RichProgress(*columns, console=Console(stderr=True), transient=True) as bar:
+        elif total:
+            columns += [MofNCompleteColumn(), TextColumn(unit), TimeRemainingColumn()]
+        else:
+            columns += [TimeElapsedColumn()]
+        with RichProgress(*columns, console=console(stderr=True), transient=True) as bar:
             tid = bar.add_task(description, total=total)
 
             class _T:

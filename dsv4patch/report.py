@@ -8,6 +8,7 @@ printed, never what was decided.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -15,20 +16,37 @@ from rich.console import Console
 from rich.table import Table
 
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
+# Version of every --format json object (schemas/*.schema.json); bump it when a
+# field changes meaning or goes away (adding fields does not bump it).
+SCHEMA_VERSION = 1
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console for the terminal: its real width (COLUMNS, else 80, off a terminal),
+    colour only on a TTY and never with NO_COLOR set (https://no-color.org)."""
+    stream = sys.stderr if stderr else sys.stdout
+    colour = stream.isatty() and not os.environ.get("NO_COLOR")
+    return Console(file=stream, stderr=stderr, color_system="auto" if colour else None,
+                   force_terminal=stream.isatty(), no_color=not colour, highlight=False)
 
 
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
     if fmt == "json":
-        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
+        json.dump({"schema_version": SCHEMA_VERSION, **report}, sys.stdout, indent=2,
+                  sort_keys=False, default=str)
         sys.stdout.write("\n")
     elif fmt == "markdown":
-        sys.stdout.write((markdown or "") + "\n")
+        # Postable as a PR comment as is: the table, then every note (conflicts, evidence,
+        # next steps) as a list item.
+        notes = [f"- {n}".replace("\n", "\n  ") for n in report.get("notes", [])]
+        sys.stdout.write((markdown or "") + ("\n\n" + "\n".join(notes) if notes else "") + "\n")
     else:
-        console = Console(soft_wrap=False, width=max(120, Console().width))
+        out = console()
         if table is not None:
-            console.print(table)
+            out.print(table)
         for line in report.get("notes", []):
-            console.print(line, markup=False, highlight=False)
+            # Notes are never cut or re-wrapped: commands in them must stay copy-pasteable.
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
@@ -41,15 +59,22 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
                 patch_names.append(name)
     short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
     table = Table(title=f"dsv4patch check: {report['lock']}")
-    table.add_column("pin")
+    # fold, never "…": a narrow terminal wraps a cell instead of hiding its end.
+    table.add_column("pin", overflow="fold")
     for s in short:
-        table.add_column(s)
-    table.add_column("patched tree")
-    table.add_column("result")
+        table.add_column(s, overflow="fold")
+    table.add_column("patched tree", overflow="fold")
+    table.add_column("result", overflow="fold")
     md = ["| pin | " + " | ".join(short) + " | patched tree | result |",
           "|---" * (len(short) + 3) + "|"]
     for pin_name, p in pins.items():
         cells = []
+        if p.get("status") == "not-fetched":
+            cells = ["not-fetched"] * len(patch_names)
+            tree, result = "-", "NOT FETCHED"
+            table.add_row(pin_name, *cells, tree, result)
+            md.append(f"| {pin_name} | " + " | ".join(cells) + f" | {tree} | {result} |")
+            continue
         for name in patch_names:
             c = p["patches"].get(name)
             if c is None:
@@ -69,7 +94,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
 def simple_table(title: str, columns: list[str], rows: list[list[str]]) -> tuple[Table, str]:
     table = Table(title=title)
     for c in columns:
-        table.add_column(c)
+        table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*r)
     md = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]

@@ -101,10 +101,21 @@ class Series:
 def series_for_pin(lock: Lock, pin: Pin) -> Series:
     """The pin's patches in order: its series concatenated, variants substituted."""
     patches: list[Patch] = []
+    relative = (f"paths in a lock are relative to the lock file's directory ({lock.path.parent}); "
+                "a copied lock needs them adjusted")
     for sname in pin.series:
         sdef = lock.series[sname]
+        if not sdef.path.exists():
+            raise PatchFileError(
+                f"{lock.path}: [series.{sname}] path names {sdef.path}, which does not exist; {relative}"
+            )
         for ppath in read_series_file(sdef.path):
             path = pin.variants.get(ppath.name, ppath)
+            if ppath.name in pin.variants and not path.exists():
+                raise PatchFileError(
+                    f"{lock.path}: pin {pin.name}'s variant of {ppath.name} names {path}, which does "
+                    f"not exist; {relative}"
+                )
             patches.append(load_patch(path, sname, name=ppath.name))
     unused = set(pin.variants) - {p.name for p in patches}
     if unused:

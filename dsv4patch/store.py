@@ -30,7 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch.errors import BusyError, CacheError, FetchError, IntegrityError, UsageError
+from dsv4patch.errors import (
+    BusyError, CacheError, FetchError, IntegrityError, NotFetchedError, UsageError,
+)
 from dsv4patch.progress import Progress
 
 CHUNK = 1 << 20
@@ -137,7 +139,7 @@ class Store:
                     return dest
                 dest.unlink()  # corrupted cache entry: fetch it again
             if not url:
-                raise FetchError(
+                raise NotFetchedError(
                     f"{what}: not in the cache ({dest}) and the lock has no url; "
                     "run `dsv4patch lock --update` with network access"
                 )
@@ -240,7 +242,7 @@ def _download(
                     task.advance(len(chunk))
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise FetchError(
+        raise NotFetchedError(
             f"{what}: cannot download {url} ({reason}) and it is not in the cache. "
             "Check network access to the package index, or copy the file into the cache "
             "with `dsv4patch fetch --sdist FILE`"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dsv4patch import git
-from dsv4patch.errors import CacheError, FetchError, TreeError, writing
+from dsv4patch.errors import CacheError, FetchError, NotFetchedError, TreeError, writing
 from dsv4patch.lock import Pin
 from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
@@ -84,10 +84,13 @@ def _build(pin: Pin, store: Store, dest: Path, progress: Progress) -> None:
         if pin.source.kind == "pypi-sdist":
             _extract_sdist(pin, store, files, progress)
         else:
-            _export_git(pin, store, files)
+            where = pin.source.path if pin.source.kind == "local" else pin.source.url
+            with progress.task(f"fetch {pin.name} from {where}", None):
+                _export_git(pin, store, files)
         git.init(files)
         message = f"vLLM {pin.vllm_version} ({pin.source.kind}, upstream commit {pin.commit})\n"
-        base = git.add_all_and_commit_root(files, message)
+        with progress.task(f"import {pin.name} into git", None):
+            base = git.add_all_and_commit_root(files, message)
         git.run(files, ["config", "core.bare", "true"])
         os.replace(files / ".git", work / "repo.git")
         (work / "repo.git" / READY).write_text(base + "\n")
@@ -105,7 +108,7 @@ def _extract_sdist(pin: Pin, store: Store, dest: Path, progress: Progress) -> No
         with tarfile.open(blob, "r:gz") as tar:
             members = tar.getmembers()
             extractor = _SdistExtractor(tar, dest, f"{src.name}-{src.version}", what)
-            with progress.task(f"extract {filename}", len(members)) as task:
+            with progress.task(f"extract {filename}", len(members), unit="files") as task:
                 for m in members:
                     extractor.extract(m)
                     task.advance(1)
@@ -313,6 +316,11 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     src = pin.source
     if src.kind == "local":
         assert src.path is not None
+        if not src.path.exists():
+            raise FetchError(
+                f"pin {pin.name}: local source {src.path} does not exist; a relative path in the "
+                "lock is relative to the lock file's directory, so a copied lock needs it adjusted"
+            )
         if not git.is_repo_root(src.path):
             raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
         head = git.head(src.path)
@@ -336,7 +344,7 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     if not res.ok:
         res = git.fetch_all(fetch_repo, url)
         if not res.ok:
-            raise FetchError(f"pin {pin.name}: cannot fetch from {url}: {res.stderr.strip()}")
+            raise NotFetchedError(f"pin {pin.name}: cannot fetch from {url}: {res.stderr.strip()}")
     if not git.has_object(fetch_repo, f"{pin.commit}^{{commit}}"):
         raise FetchError(f"pin {pin.name}: commit {pin.commit} is not in {url}")
     git.run(fetch_repo, ["--work-tree", str(dest), "checkout", "-f", pin.commit, "--", "."])

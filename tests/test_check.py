@@ -36,13 +36,20 @@ def test_clean_offset_conflict_not_checked(tmp_path, upstream, cli):
     text = (d / "0003-conflict.patch").read_text().replace(" def step(x):", " def step(x, y):")
     (d / "0003-conflict.patch").write_text(text)
     upstream.patch(d / "0004-after.patch", "d", {"csrc/kernel.cuh": "int length = max(row_len, 0);\nint k = 4;\n"}, "after")
-    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)},
-                      {"main": ["0001-clean.patch", "0002-offset.patch", "0003-conflict.patch", "0004-after.patch"]})
+    # Depends on 0003 by its files (worker.py), and 0006 by declaration (a trailer).
+    upstream.patch(d / "0005-same-file.patch", "e", {"vllm/worker.py": worker + "E = 5\n"}, "same file")
+    upstream.patch(d / "0006-declared.patch", "f", {"vllm/__init__.py": "F = 6\n"},
+                   "declared\n\nDepends-On: 0005")
+    names = ["0001-clean.patch", "0002-offset.patch", "0003-conflict.patch", "0004-after.patch",
+             "0005-same-file.patch", "0006-declared.patch"]
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": names})
     res, rep = run_check(cli, lock, tmp_path / "cache")
     assert res.rc == 1, res.err
     st = statuses(rep)
+    # A failing patch blocks only the patches that depend on it; 0004 is independent.
     assert st == {"0001-clean.patch": "clean", "0002-offset.patch": "offset",
-                  "0003-conflict.patch": "conflict", "0004-after.patch": "not-checked"}
+                  "0003-conflict.patch": "conflict", "0004-after.patch": "clean",
+                  "0005-same-file.patch": "not-checked", "0006-declared.patch": "not-checked"}
     cells = rep["pins"]["p"]["patches"]
     off = cells["0002-offset.patch"]["hunks"][0]
     assert off["file"] == "vllm/worker.py" and off["hunk"] == 1 and off["detail"] == "offset -6 lines"
@@ -50,8 +57,16 @@ def test_clean_offset_conflict_not_checked(tmp_path, upstream, cli):
     assert conflict["file"] == "vllm/worker.py" and conflict["hunk"] == 1
     assert conflict["expected"] == "def step(x, y):" and conflict["actual"] == "def step(x):"
     assert conflict["line"] == 1
-    assert "0003-conflict.patch" in cells["0004-after.patch"]["message"]
+    assert "0003-conflict.patch" in cells["0005-same-file.patch"]["message"]
+    assert "vllm/worker.py" in cells["0005-same-file.patch"]["message"]
+    assert "Depends-On: 0005-same-file.patch" in cells["0006-declared.patch"]["message"]
     assert rep["pins"]["p"]["patched_tree"] is None
+    # Every failure names the command that resolves it.
+    assert "--3way" in cells["0003-conflict.patch"]["next"] and "resolve --continue" in cells["0003-conflict.patch"]["next"]
+    assert "refresh" in cells["0002-offset.patch"]["next"]
+    assert "next" not in cells["0004-after.patch"]
+    text = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache")
+    assert "next: resolve it in a tree: `dsv4patch apply --pin p --tree DIR --3way`" in text.out
 
 
 def test_expectations_make_exit_zero_and_table(tmp_path, upstream, cli):
@@ -114,3 +129,67 @@ def test_upstream_by_markers_beats_forward_apply(tmp_path, upstream, cli):
     assert cell["status"] == "upstream", cell
     assert cell["evidence"]["decided_by"] == ["markers"]
     assert res.rc == 0
+
+
+def test_drift_and_unexpected_status_name_the_next_step(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, f'patched_tree = "{"0" * 40}"\nexpect = "upstream"')},
+                      {"main": ["0001-a.patch"]})
+    res, rep = run_check(cli, lock, tmp_path / "cache")
+    assert res.rc == 1
+    notes = " ".join(rep["notes"])
+    assert "differs from the lock's" in notes and "`dsv4patch lock --update --pin p`" in notes
+    cell = rep["pins"]["p"]["patches"]["0001-a.patch"]
+    assert cell["status"] == "clean" and 'expect_patches."0001-a.patch" = "clean"' in cell["next"]
+
+
+def test_offline_check_reports_cached_pins_and_marks_the_others_not_fetched(tmp_path, upstream, cli):
+    from conftest import sdist_pin
+    from test_json_contract import validate
+
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    unreachable = sdist_pin("offline", "a" * 40, "0" * 64, "http://127.0.0.1:9/vllm-0.0.1.tar.gz")
+    gone = (git_pin("gone", upstream).replace(str(upstream.path), str(tmp_path / "no-such-remote"))
+            .replace(upstream.commit, "b" * 40))
+    lock = write_lock(d / "l.toml", {"offline": unreachable, "p": git_pin("p", upstream), "gone": gone},
+                      {"main": ["0001-a.patch"]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", "json")
+    assert res.rc == 4, res.err
+    rep = validate("check", res.out)
+    assert rep["pins"]["p"]["ok"] is True and statuses(rep) == {"0001-a.patch": "clean"}
+    for name in ("offline", "gone"):
+        assert rep["pins"][name]["status"] == "not-fetched"
+        assert f"dsv4patch fetch --pin {name}" in rep["pins"][name]["next"]
+    text = cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache")
+    assert text.rc == 4 and "not-fetched" in text.out and "clean" in text.out
+
+
+def test_a_copied_lock_says_its_paths_are_relative_to_it(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    fork_pin = f'''
+        [pins."fork"]
+        vllm_version = "0.0.1"
+        commit = "{upstream.commit}"
+        [pins."fork".source]
+        kind = "local"
+        path = "../upstream"
+    '''
+    lock = write_lock(d / "l.toml", {"fork": fork_pin}, {"main": ["0001-a.patch"]})
+    assert cli("check", "--lock", lock, "--cache-dir", tmp_path / "c").rc == 0
+    elsewhere = tmp_path / "other" / "deeper"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "l.toml").write_text(lock.read_text())
+    res = cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2")
+    assert res.rc == 4 and "relative to the lock file's directory" in res.err and "upstream" in res.err
+    (elsewhere / "l.toml").write_text(lock.read_text().replace('"../upstream"', '"../../upstream"'))
+    res = cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2")
+    assert res.rc == 3 and "relative to the lock file's directory" in res.err and "main.series" in res.err
+    (elsewhere / "main.series").write_text("0001-a.patch\n")
+    (elsewhere / "0001-a.patch").write_text((d / "0001-a.patch").read_text())
+    assert cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2").rc == 0

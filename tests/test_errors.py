@@ -161,7 +161,7 @@ def test_json_errors_are_one_object_on_stdout(tmp_path, cli, one_patch_lock):
         res = cli(*args, "--format", "json")
         assert res.rc == code, (args, res.err)
         obj = json.loads(res.out)  # exactly one JSON document
-        assert set(obj) == {"error"}
+        assert set(obj) == {"schema_version", "error"} and obj["schema_version"] == 1
         assert obj["error"]["kind"] == kind and obj["error"]["exit_code"] == code
         assert obj["error"]["message"] and obj["error"]["message"].splitlines()[0] in res.err
     text = cli("check", "--lock", tmp_path / "missing.toml")

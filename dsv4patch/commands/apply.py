@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import engine, git, report, tree
-from dsv4patch.commands import _common
+from dsv4patch.commands import _common, resolve
 from dsv4patch.commands.check import pin_report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, BuildError, TreeError, writing
 from dsv4patch.lock import Pin
@@ -69,6 +69,11 @@ def add_parser(sub: Any) -> None:
                    help="kernel build: interpreter whose torch the kernels are built against "
                         "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
     p.add_argument("--nvcc", default=None, help="kernel build: nvcc to use (default: $CUDA_HOME/bin/nvcc or PATH)")
+    p.add_argument(
+        "--3way", dest="three_way", action="store_true",
+        help="on a conflict, commit the patches before it, apply the failing one 3-way with "
+        "conflict markers and stop; then `dsv4patch resolve --continue` or `--abort`",
+    )
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -379,8 +384,10 @@ def run(args: argparse.Namespace) -> int:
     prog = _common.progress(args)
     pinrepo = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, pin)
-    notes: list[str] = [f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
-                        f"{pin.name}; --tree to choose)"] if default_tree else []
+    notes: list[str] = list(getattr(args, "pre_notes", None) or [])
+    if default_tree:
+        notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
+                     f"{pin.name}; --tree to choose)")
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
     with open_tree(path, pinrepo, notes):
@@ -396,6 +403,13 @@ def run(args: argparse.Namespace) -> int:
                 "another git command is running there, or one was killed. Wait for it; if no git "
                 "process is running, delete the file"
             )
+        if (gitdir / resolve.STATE).exists():
+            st = resolve.read_state(gitdir, path)
+            raise TreeError(
+                f"{path} holds the conflict workspace of {st['patch']} (pin {st['pin']}); finish it "
+                f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
+                f"`dsv4patch resolve --abort --tree {path}`"
+            )
         dirty = git.dirty_paths(path)
         if dirty:
             raise TreeError(
@@ -410,12 +424,29 @@ def run(args: argparse.Namespace) -> int:
             )
         with writing(TreeError, str(path), advice):
             result = engine.run_series(path, pinrepo.base_commit, series)
-        rep = pin_report(pin, pinrepo, result)
+        rep = pin_report(pin, pinrepo, result, lock.path)
         out: dict[str, Any] = {"lock": str(lock.path), "tree": str(path), "pins": {pin.name: rep}}
-        if not rep["ok"] or result.final_tree is None:
+        if getattr(args, "three_way", False) and result.final_tree is None:
+            with writing(TreeError, str(path), advice):
+                ws = resolve.start(args, path, gitdir, lock, pin, pinrepo, series, result, head, notes)
+            if ws is not None:
+                out.update(ok=False, workspace=ws, head=ws["head"], notes=notes + rep["notes"])
+                table, md = report.matrix_table(out)
+                report.emit(args.format, out, table, md)
+                return EXIT_UNEXPECTED
+        # With --3way a patch that applies with an offset is committed too (the tree is the
+        # same); `refresh --as-variant` then writes the exact variant.
+        offsets = [n for n, c in rep["patches"].items() if not c["ok"] and c["status"] == "offset"]
+        accept_offsets = (getattr(args, "three_way", False) and result.final_tree is not None
+                          and not rep["notes"]
+                          and all(c["ok"] or n in offsets for n, c in rep["patches"].items()))
+        if accept_offsets and offsets:
+            notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
+                         f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
+        if (not rep["ok"] and not accept_offsets) or result.final_tree is None:
             out["ok"] = False
             out["notes"] = notes + [
-                f"{name}: {c['status']} (expected {c['expected']}): {c['message']}"
+                f"{name}: {c['status']} (expected {c['expected']}): {c['message']}\n  next: {c['next']}"
                 for name, c in rep["patches"].items() if not c["ok"]
             ] + rep["notes"] + [f"{path} was left unchanged"]
             table, md = report.matrix_table(out)

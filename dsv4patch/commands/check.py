@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, report, tree
+from dsv4patch import engine, hints, report, tree
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, CacheError, writing
+from dsv4patch.errors import (
+    EXIT_FETCH,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    CacheError,
+    NotFetchedError,
+    writing,
+)
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.series import Series, series_for_pin
 from dsv4patch.store import Store
@@ -32,7 +40,8 @@ def check_pin(
         return repo, series, engine.run_series(repo.repo, repo.base_commit, series)
 
 
-def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dict[str, Any]:
+def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult,
+               lock: Path | str = "the lock") -> dict[str, Any]:
     patches: dict[str, Any] = {}
     ok = True
     for r in result.patches:
@@ -42,15 +51,19 @@ def pin_report(pin: Pin, repo: tree.PinRepo, result: engine.SeriesResult) -> dic
         cell["expected"] = expected
         cell["ok"] = r.status.value == expected
         ok &= cell["ok"]
+        if not cell["ok"]:
+            cell["next"] = hints.next_step(r.status.value, expected, pin.name, r.patch, lock)
         patches[r.patch] = cell
     notes = []
     final = result.final_tree
     if pin.base_tree and repo.base_tree != pin.base_tree:
         ok = False
-        notes.append(f"base tree {repo.base_tree} differs from the lock's {pin.base_tree}")
+        notes.append(f"base tree {repo.base_tree} differs from the lock's {pin.base_tree}; "
+                     + hints.drift(pin.name, "source"))
     if pin.patched_tree and final and final != pin.patched_tree:
         ok = False
-        notes.append(f"patched tree {final} differs from the lock's {pin.patched_tree}")
+        notes.append(f"patched tree {final} differs from the lock's {pin.patched_tree}; "
+                     + hints.drift(pin.name, "series"))
     return {
         "vllm_version": pin.vllm_version,
         "commit": pin.commit,
@@ -71,16 +84,33 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
+    not_fetched: list[str] = []
     for pin in lock.select(args.pin):
-        repo, _series, result = check_pin(lock, pin, store, prog)
-        pr = pin_report(pin, repo, result)
+        try:
+            repo, _series, result = check_pin(lock, pin, store, prog)
+        except NotFetchedError as exc:
+            # Offline with this pin not cached: report the pins that are, mark this one.
+            not_fetched.append(pin.name)
+            nxt = (f"fetch it where the source is reachable: `dsv4patch fetch --pin {pin.name}`"
+                   + (" (or `dsv4patch fetch --sdist FILE` with the sdist)"
+                      if pin.source.kind == "pypi-sdist" else ""))
+            out["pins"][pin.name] = {"status": "not-fetched", "ok": False, "error": str(exc),
+                                     "next": nxt, "vllm_version": pin.vllm_version,
+                                     "source": pin.source.kind, "patches": {}}
+            out["ok"] = False
+            out["notes"].append(f"{pin.name}: not-fetched: {exc}\n  next: {nxt}")
+            continue
+        pr = pin_report(pin, repo, result, lock.path)
         out["pins"][pin.name] = pr
         out["ok"] &= pr["ok"]
         for r in result.patches:
             cell = pr["patches"][r.patch]
             if not cell["ok"] or r.status is not engine.Status.CLEAN:
-                out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}")
+                out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}"
+                                    + (f"\n  next: {cell['next']}" if "next" in cell else ""))
         out["notes"] += [f"{pin.name}: {n}" for n in pr["notes"]]
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
+    if not_fetched:
+        return EXIT_FETCH
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

@@ -24,6 +24,7 @@ on the new pin.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shutil
@@ -46,8 +47,13 @@ HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("port", help=HELP, description=HELP)
     _common.add_lock(p, pins=False)
-    p.add_argument("--to", required=True, help="vLLM version on PyPI (or a 40-hex commit with --git)")
+    p.add_argument("--to", default=None,
+                   help="vLLM version on PyPI, or a 40-hex commit with --git (with --local: default HEAD)")
     p.add_argument("--git", default=None, help="git URL for --to COMMIT (instead of a PyPI sdist)")
+    p.add_argument("--local", type=Path, default=None,
+                   help="a clean local checkout (a fork) to port to, at --to or its HEAD")
+    p.add_argument("--dry-run", action="store_true",
+                   help="report what the port would do (keep, refresh, merge, drop) and write nothing")
     p.add_argument("--from", dest="from_pin", default=None, help="pin to port from (default: the lock's default)")
     p.add_argument("--name", default=None, help="name of the new pin (default: the version/commit)")
     p.add_argument(
@@ -71,7 +77,27 @@ class Ported:
 
 
 def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: Any) -> Pin:
-    name = args.name or args.to
+    if args.git and args.local:
+        raise UsageError("--git and --local both name the new pin's source; pass one")
+    to = args.to
+    if args.local is not None:
+        local = Path(os.path.abspath(args.local))
+        if not git.is_repo_root(local):
+            raise UsageError(f"--local {local}: not the root of a git checkout")
+        head = git.head(local)
+        to = to or head
+        if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
+            raise UsageError(f"--local needs --to to be a full 40-hex commit id (or nothing: HEAD), got {to!r}")
+        if to != head:
+            raise UsageError(f"--local {local} is at {head}, not --to {to}; check out {to} there first")
+    if to is None:
+        raise UsageError("--to is required (a vLLM version on PyPI, or a commit with --git or --local)")
+    if re.fullmatch(r"[0-9a-f]{7,40}", to) and not args.git and args.local is None:
+        raise UsageError(
+            f"--to {to} looks like a commit id, not a vLLM release: name where to fetch it with "
+            f"--git URL (a remote) or --local PATH (a checkout of a fork)"
+        )
+    name = args.name or (to if args.local is None and not args.git else f"fork-{to[:12]}")
     if not valid_pin_name(name):
         raise UsageError(
             f"pin name {name!r} is not allowed (--name, or --to); use letters, digits, '.', '_', "
@@ -79,28 +105,57 @@ def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: An
         )
     if name in lock.pins:
         raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name")
+    if args.local is not None:
+        return Pin(name=name, vllm_version=name, commit=to,
+                   source=Source(kind="local", path=Path(os.path.abspath(args.local))),
+                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
     if args.git:
-        if not re.fullmatch(r"[0-9a-f]{40}", args.to):
+        if not re.fullmatch(r"[0-9a-f]{40}", to):
             raise LockFileError("--git needs --to to be a full 40-hex commit id")
         problem = git_url_problem(args.git)
         if problem:
             raise LockFileError(f"--git {args.git!r} is refused: {problem}")
-        return Pin(name=name, vllm_version=name, commit=args.to, source=Source(kind="git", url=args.git),
+        return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=args.git),
                    cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
-    info = index.find_sdist("vllm", args.to)
-    blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {args.to} sdist", prog)
-    what = f"vllm {args.to} sdist"
+    info = index.find_sdist("vllm", to)
+    blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {to} sdist", prog)
+    what = f"vllm {to} sdist"
     try:
         with tarfile.open(blob, "r:gz") as tar:
-            member = tar.extractfile(f"vllm-{args.to}/vllm/_version.py")
+            member = tar.extractfile(f"vllm-{to}/vllm/_version.py")
             data = member.read() if member else b""
     except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
         raise FetchError(f"{what}: cannot read vllm/_version.py ({exc})") from None
     commit = tree.version_commit(data, f"{what}: vllm/_version.py")
-    source = Source(kind="pypi-sdist", name="vllm", version=args.to, sha256=info.sha256,
+    source = Source(kind="pypi-sdist", name="vllm", version=to, sha256=info.sha256,
                     size=info.size, url=info.url)
-    return Pin(name=name, vllm_version=args.to, commit=commit, source=source,
+    return Pin(name=name, vllm_version=to, commit=commit, source=source,
                cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+
+
+_VERSION_ASSIGN = re.compile(r"^(?:__version__|version)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
+
+
+def fork_version(repo: tree.PinRepo, src: Pin) -> tuple[str, str]:
+    """(vLLM version of a git/local pin's tree, where it was read).
+
+    From ``vllm/_version.py`` when the tree has one, else ``git describe
+    --tags`` of a local checkout, else the source pin's version with the
+    commit as local part (``0.27.1+g6e448d0ea9bf``).
+    """
+    entry = git.ls_tree_entry(repo.repo, repo.base_commit, "vllm/_version.py")
+    if entry:
+        m = _VERSION_ASSIGN.search(git.cat_blob(repo.repo, entry[2]).decode("utf-8", "replace"))
+        if m:
+            return m.group(1), "vllm/_version.py"
+    pin = repo.pin
+    if pin.source.kind == "local" and pin.source.path is not None:
+        desc = git.run(pin.source.path, ["describe", "--tags", "--always", pin.commit], check=False)
+        tag = desc.stdout.strip()
+        if desc.ok and tag and tag != pin.commit[: len(tag)]:
+            return tag.lstrip("v"), "git describe --tags"
+    base = src.vllm_version.split("+", 1)[0]
+    return f"{base}+g{pin.commit[:12]}", f"no version in the tree; {src.name}'s version and the commit"
 
 
 def port_series(
@@ -170,7 +225,7 @@ def port_series(
             message = patch.message
             if auto.action != "keep":
                 message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
-                                         f"{auto.action} ({auto.detail[:200]}).")
+                                         f"{auto.action} ({auto.detail}).")
             commit = git.commit_tree(work_repo, auto_tree or "", parent, message, patch.author)
             if auto.action != "keep":
                 auto.text = git.format_patch(work_repo, commit, number, total)
@@ -272,6 +327,8 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, 
         src["url"] = pin.source.url
         if pin.source.size is not None:
             src["size"] = pin.source.size
+    elif pin.source.kind == "local" and pin.source.path is not None:
+        src["path"] = os.path.relpath(pin.source.path, lock.path.parent)
     else:
         src["url"] = pin.source.url
     entry["source"] = src
@@ -291,14 +348,37 @@ def port_report(lock: Lock, pin: Pin, ported: list[Ported]) -> str:
              f"Source: {pin.source.kind} {pin.source.url or pin.source.path}, commit {pin.commit}.", "",
              "| patch | action | detail |", "|---|---|---|"]
     for p in ported:
-        lines.append(f"| {p.patch.name} | {p.action} | {p.detail.replace('|', '/')[:300]} |")
+        lines.append(f"| {p.patch.name} | {p.action} | {p.detail.replace('|', '/')} |")
     for p in ported:
         if p.evidence:
-            lines += ["", f"## {p.patch.name}: dropped, evidence", "", "```",
-                      str(p.evidence), "```"]
+            lines += ["", f"## {p.patch.name}: dropped, evidence", ""] + evidence_lines(p.evidence)
     lines += ["", "Re-check with `dsv4patch check --pin " + pin.name + "`; prove with "
               "`dsv4patch verify --pin " + pin.name + "`.", ""]
     return "\n".join(lines)
+
+
+def evidence_lines(evidence: dict[str, Any]) -> list[str]:
+    """Why a patch was found upstream, as Markdown list items."""
+    lines = []
+    if evidence.get("decided_by"):
+        lines.append(f"- decided by: {', '.join(evidence['decided_by'])}")
+    for m in evidence.get("markers", []):
+        lines.append(f"- marker: `{m['path']}` contains `{m['text']}`")
+    if "forward_apply" in evidence:
+        lines.append(f"- forward apply (what a naive tool would conclude from): {evidence['forward_apply']}")
+    for key, value in evidence.items():
+        if key not in ("decided_by", "markers", "forward_apply"):
+            lines.append(f"- {key}: {value}")
+    return lines
+
+
+def unmatched_resolutions(resolutions: Path, series: Series) -> list[str]:
+    """Files of ``--resolutions DIR`` that name no patch of the series (PORT.md aside)."""
+    names = {p.name for p in series.patches}
+    if not resolutions.is_dir():
+        return [str(resolutions)]
+    return sorted(str(f) for f in resolutions.iterdir()
+                  if f.is_file() and f.name != "PORT.md" and f.name not in names)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -310,6 +390,16 @@ def run(args: argparse.Namespace) -> int:
     old = tree.materialize(src, store, prog)
     new = tree.materialize(pin, store, prog)
     series = series_for_pin(lock, src)
+    pre_notes: list[str] = []
+    if pin.source.kind != "pypi-sdist":
+        version, whence = fork_version(new, src)
+        pin = dataclasses.replace(pin, vllm_version=version)
+        new = dataclasses.replace(new, pin=pin)
+        pre_notes.append(f"pin {pin.name}: vllm_version {version} (from {whence})")
+    if args.resolutions is not None:
+        for f in unmatched_resolutions(args.resolutions, series):
+            pre_notes.append(f"warning: --resolutions {f} matches no patch of the series "
+                             f"(file names must equal the series' patch names); it was not used")
     work = store.tmpdir(f"port-{pin.name}-")
     try:
         repo = work / "port.git"
@@ -319,8 +409,12 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {"from": src.name, "to": pin.name, "ok": ok, "patches": {
             p.patch.name: {"action": p.action, "detail": p.detail, "evidence": p.evidence,
                            "conflicts": p.conflicts} for p in ported}}
-        notes = []
-        if ok:
+        notes = pre_notes
+        if ok and args.dry_run:
+            out["dry_run"] = True
+            notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
+                         f"writes the variants, {pin.name}'s PORT.md and the lock entry")
+        elif ok:
             # The written series must check clean: run it exactly as check would.
             written_lock = None
             final = _final_tree(repo, new, ported)
@@ -341,13 +435,17 @@ def run(args: argparse.Namespace) -> int:
                     notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
                                  f"{c['target']!r}, the patch wants {c['patch']!r}")
             notes.append("nothing was written")
+            notes.append("next: resolve the conflicts by hand in a tree (`dsv4patch apply --pin "
+                         f"{src.name} --tree DIR`, port the commit, `dsv4patch refresh`) and pass the "
+                         "resolved patches with --resolutions DIR, or add the pin with this series and "
+                         f"use `dsv4patch apply --pin {pin.name} --tree DIR --3way` / `resolve --continue`")
         out["notes"] = notes
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = [[n, v["action"], v["detail"][:90]] for n, v in out["patches"].items()]
+    rows = [[n, v["action"], v["detail"]] for n, v in out["patches"].items()]
     table, md = report.simple_table(f"dsv4patch port {src.name} -> {pin.name}", ["patch", "action", "detail"], rows)
     report.emit(args.format, out, table, md)
-    if ok and args.verify:
+    if ok and args.verify and not args.dry_run:
         from dsv4patch.commands import verify
 
         vargs = argparse.Namespace(lock=lock.path, pin=pin.name, patch=None, torch=args.torch,

@@ -120,5 +120,13 @@ def run(args: argparse.Namespace) -> int:
             "an apply was interrupted while moving this tree: run `dsv4patch apply` again to "
             "finish it (it refuses if the tree has changed since)"
         )
+    workspace = journal.with_name("dsv4patch-resolve.json")
+    out["conflict_workspace"] = workspace.exists()
+    if workspace.exists():
+        out["ok"] = False
+        out["notes"].append(
+            f"a conflict workspace is open (apply --3way): finish it with `dsv4patch resolve "
+            f"--continue --tree {path}` or undo it with `dsv4patch resolve --abort --tree {path}`"
+        )
     report.emit(args.format, out, table, md)
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK
+from conftest import LOCK, ROOT
 from dsv4patch import testenv, vllm_wheel, zipcopy
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
@@ -39,6 +39,15 @@ pytestmark = [pytest.mark.slow, needs_nvcc]
 
 PIN = "0.27.1"
 KDIST = "dsv4patch_kernels_0_27_1"
+
+
+def _conforms(command: str, data: dict) -> None:
+    """The JSON contract of issue 13: schemas/<command>.schema.json."""
+    import jsonschema
+
+    schema = json.loads((ROOT / "schemas" / f"{command}.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    assert data["schema_version"] == 1
 
 
 def _sha(data: bytes) -> str:
@@ -67,6 +76,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_p
                  "--format", "json"], stdout=fh, stderr=subprocess.PIPE, text=True, timeout=1800)
         assert res.returncode == 0, res.stderr[-3000:]
         reports.append(json.loads(out.read_text()))
+        _conforms("wheel", reports[-1])
     store = Store.open(shared_cache)
     lock = load(LOCK)
     pin = lock.pin(PIN)
@@ -204,6 +214,7 @@ def test_status_installed_all_present(cli, installed: dict, wheels: dict, shared
     res = _status(cli, shared_cache, "--python", installed["python"], "--format", "json")
     assert res.rc == 0, res.out[-3000:]
     rep = json.loads(res.out)
+    _conforms("status", rep)
     assert rep["ok"] and rep["pin"] == PIN and rep["patched_tree"] == wheels["pin"].patched_tree
     assert {n: p["state"] for n, p in rep["patches"].items()} == {
         p.name: "present" for p in wheels["tree"].series.patches}

@@ -2,19 +2,43 @@
 
 Every command builds a plain dict (``pins -> patches -> status`` with
 hunk-level detail) and hands it here; ``--format`` only changes how it is
-printed, never what was decided.
+printed, never what was decided.  rich is imported only to print a terminal
+table: a JSON or Markdown run (``check`` on a cache hit, a CI job) never loads it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
+
+
+@dataclass
+class Table:
+    """A terminal table to print with rich (built only when a terminal table is printed)."""
+
+    title: str
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+
+    def add_column(self, name: str) -> None:
+        self.columns.append(name)
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(list(cells))
+
+    def to_rich(self) -> Any:
+        from rich.table import Table as RichTable
+
+        table = RichTable(title=self.title)
+        for c in self.columns:
+            table.add_column(c)
+        for r in self.rows:
+            table.add_row(*r)
+        return table
 
 
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
@@ -24,9 +48,11 @@ def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | 
     elif fmt == "markdown":
         sys.stdout.write((markdown or "") + "\n")
     else:
+        from rich.console import Console
+
         console = Console(soft_wrap=False, width=max(120, Console().width))
         if table is not None:
-            console.print(table)
+            console.print(table.to_rich())
         for line in report.get("notes", []):
             console.print(line, markup=False, highlight=False)
 
@@ -40,7 +66,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
             if name not in patch_names:
                 patch_names.append(name)
     short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
-    table = Table(title=f"dsv4patch check: {report['lock']}")
+    table = Table(f"dsv4patch check: {report['lock']}")
     table.add_column("pin")
     for s in short:
         table.add_column(s)
@@ -67,7 +93,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
 
 
 def simple_table(title: str, columns: list[str], rows: list[list[str]]) -> tuple[Table, str]:
-    table = Table(title=title)
+    table = Table(title)
     for c in columns:
         table.add_column(c)
     for r in rows:

@@ -1,7 +1,19 @@
 #!/usr/bin/env python3
 """How much `dsv4patch check` costs over the bare git loop it is built on.
 
-Measured in one run, on the same materialized pins and the same patch files:
+The three goals of issue 14, measured in one run (``ratios`` in the JSON):
+
+* warm, whole lock: ``dsv4patch check`` (CLI start-up included; results from
+  the check cache) against the bare loop over every pin: goal <= 0.5;
+* warm, one pin: ``dsv4patch check --pin 0.27.1`` against the bare loop over
+  that pin alone: goal <= 1.0;
+* cold, one pin: a store holding only the verified sdist (no tree, no cached
+  result), ``check --pin 0.27.1`` against materializing the pin in-process
+  plus its bare loop: goal <= 1.5.  The whole lock cold (pins in parallel)
+  against materializing every pin one after the other plus the bare loop is
+  reported too.
+
+Measured on the same materialized pins and the same patch files:
 
 * baseline: for each pin, a fresh scratch index loaded with the pin's base
   commit and, per patch in series order, ``git apply --cached --check`` then
@@ -41,6 +53,9 @@ from dsv4patch.series import series_for_pin  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 
+ONE = "0.27.1"
+
+
 def baseline(pins: list[tuple[Path, str, list[Path]]]) -> float:
     t0 = time.perf_counter()
     for repo, base, patches in pins:
@@ -51,11 +66,16 @@ def baseline(pins: list[tuple[Path, str, list[Path]]]) -> float:
     return time.perf_counter() - t0
 
 
-def dsv4patch_check(lock: Path, cache: Path) -> float:
+# As after `pip install` (which compiles bytecode): a PYTHONDONTWRITEBYTECODE=1 left in
+# the caller's environment would make every run compile dsv4patch's modules again.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def dsv4patch_check(lock: Path, cache: Path, *extra: str) -> float:
     t0 = time.perf_counter()
     res = subprocess.run(
         [sys.executable, "-m", "dsv4patch", "check", "--lock", str(lock), "--cache-dir", str(cache),
-         "--format", "json"], capture_output=True, text=True, cwd=ROOT,
+         "--format", "json", *extra], capture_output=True, text=True, cwd=ROOT, env=ENV,
     )
     elapsed = time.perf_counter() - t0
     if res.returncode != 0:
@@ -77,44 +97,88 @@ def main() -> int:
     for pin in lock.pins.values():
         repo = tree.materialize(pin, store, quiet)  # warm the cache (untimed)
         pins.append((repo.repo, repo.base_commit, [p.path for p in series_for_pin(lock, pin).patches]))
-    dsv4patch_check(args.lock, store.root)  # warm-up
-    base_t, tool_t = [], []
+    dsv4patch_check(args.lock, store.root)  # warm-up (fills the check cache)
+    dsv4patch_check(args.lock, store.root, "--pin", ONE)
+    one = [p for p, name in zip(pins, lock.pins) if name == ONE]
+    base_t, tool_t, base1_t, tool1_t, nocache_t = [], [], [], [], []
     for _ in range(args.rounds):
         base_t.append(baseline(pins))
         tool_t.append(dsv4patch_check(args.lock, store.root))
+        base1_t.append(baseline(one))
+        tool1_t.append(dsv4patch_check(args.lock, store.root, "--pin", ONE))
+        nocache_t.append(dsv4patch_check(args.lock, store.root, "--no-cache"))
     b, t = statistics.median(base_t), statistics.median(tool_t)
+    b1, t1 = statistics.median(base1_t), statistics.median(tool1_t)
+    nc = statistics.median(nocache_t)
 
-    # Materialization of 0.27.1: cold (blob only) vs warm (tree cached).
-    pin = lock.pin("0.27.1")
-    blob = store.blob_path(pin.source.sha256)
-    cold_t, warm_t = [], []
+    # Cold: a store holding only the verified sdists.
+    def fresh_store(d: str, names: list[str]) -> Store:
+        fresh = Store.open(Path(d))
+        for name in names:
+            sha = lock.pin(name).source.sha256
+            shutil.copyfile(store.blob_path(sha), fresh.blob_path(sha))
+        return fresh
+
+    cold_t, warm_t, cold_check_t = [], [], []
     for _ in range(max(1, args.rounds // 2)):
         with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
-            fresh = Store.open(Path(d))
-            shutil.copyfile(blob, fresh.blob_path(pin.source.sha256))
+            fresh = fresh_store(d, [ONE])
             t0 = time.perf_counter()
-            tree.materialize(pin, fresh, quiet)
+            tree.materialize(lock.pin(ONE), fresh, quiet)
             cold_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            tree.materialize(pin, fresh, quiet)
+            tree.materialize(lock.pin(ONE), fresh, quiet)
             warm_t.append(time.perf_counter() - t0)
-    c, w = statistics.median(cold_t), statistics.median(warm_t)
+        with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
+            fresh = fresh_store(d, [ONE])
+            cold_check_t.append(dsv4patch_check(args.lock, fresh.root, "--pin", ONE))
+    c, w, cc = statistics.median(cold_t), statistics.median(warm_t), statistics.median(cold_check_t)
+    cold_ref = c + b1
+    names = [n for n in lock.pins if lock.pin(n).source.kind == "pypi-sdist"]
+    with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
+        fresh = fresh_store(d, names)
+        t0 = time.perf_counter()
+        for name in names:
+            tree.materialize(lock.pin(name), fresh, quiet)
+        all_seq = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
+        fresh = fresh_store(d, names)
+        all_cold = dsv4patch_check(args.lock, fresh.root)
+    all_ref = all_seq + b
 
     n_patches = sum(len(p[2]) for p in pins)
+    ratios = {"warm_lock_over_bare_loop": t / b, "warm_one_pin_over_its_bare_loop": t1 / b1,
+              "cold_one_pin_over_materialize_plus_bare_loop": cc / cold_ref,
+              "cold_lock_over_sequential_materialize_plus_bare_loop": all_cold / all_ref}
     result = {
-        "pins": len(pins), "patch_checks": n_patches, "rounds": args.rounds,
-        "baseline_git_loop_s": base_t, "dsv4patch_check_s": tool_t,
+        "pins": len(pins), "patch_checks": n_patches, "rounds": args.rounds, "one_pin": ONE,
+        "goals": {"warm_lock_over_bare_loop": 0.5, "warm_one_pin_over_its_bare_loop": 1.0,
+                  "cold_one_pin_over_materialize_plus_bare_loop": 1.5},
+        "ratios": ratios,
+        "baseline_git_loop_s": base_t, "dsv4patch_check_s": tool_t, "dsv4patch_check_no_cache_s": nocache_t,
+        "baseline_one_pin_s": base1_t, "dsv4patch_check_one_pin_s": tool1_t,
         "median_baseline_s": b, "median_dsv4patch_s": t, "ratio_dsv4patch_over_git": t / b,
+        "median_no_cache_s": nc,
         "materialize_cold_s": cold_t, "materialize_warm_s": warm_t, "ratio_cold_over_warm": c / w,
+        "check_one_pin_cold_s": cold_check_t,
+        "materialize_all_sequential_s": all_seq, "check_lock_cold_s": all_cold,
         "cpu": os.cpu_count(), "python": sys.version.split()[0],
     }
     md = [
-        "# `dsv4patch check` vs a bare `git apply` loop (warm cache)", "",
+        "# `dsv4patch check` vs a bare `git apply` loop", "",
         f"{len(pins)} pins, {n_patches} patch checks per run, {args.rounds} alternating rounds, "
-        f"{os.cpu_count()} CPUs.", "",
-        "| what | median s | ratio |", "|---|---|---|",
-        f"| bare loop: `git apply --cached --check` + `--cached` per patch | {b:.3f} | 1.00 |",
-        f"| `dsv4patch check --format json` (subprocess, whole lock) | {t:.3f} | {t / b:.2f} |", "",
+        f"{os.cpu_count()} CPUs; every `dsv4patch` time is a subprocess, CLI start-up included.", "",
+        "| what | median s | ratio | goal |", "|---|---|---|---|",
+        f"| bare loop, whole lock: `git apply --cached --check` + `--cached` per patch | {b:.3f} | 1.00 | |",
+        f"| `dsv4patch check --format json`, whole lock, warm (cached result) | {t:.3f} | {t / b:.2f} | <= 0.5 |",
+        f"| `dsv4patch check --no-cache`, whole lock, warm trees | {nc:.3f} | {nc / b:.2f} | |",
+        f"| bare loop, pin {ONE} | {b1:.3f} | 1.00 | |",
+        f"| `dsv4patch check --pin {ONE}`, warm (cached result) | {t1:.3f} | {t1 / b1:.2f} | <= 1.0 |",
+        f"| materialize {ONE} cold (in-process) + its bare loop | {cold_ref:.3f} | 1.00 | |",
+        f"| `dsv4patch check --pin {ONE}`, cold (only the sdist cached) | {cc:.3f} | {cc / cold_ref:.2f} | <= 1.5 |",
+        f"| materialize all {len(names)} pins one by one + bare loop | {all_ref:.3f} | 1.00 | |",
+        f"| `dsv4patch check`, whole lock cold (pins in parallel) | {all_cold:.3f} | {all_cold / all_ref:.2f} | |",
+        "",
         "# Materializing pin 0.27.1", "",
         "| what | median s | ratio |", "|---|---|---|",
         f"| warm (tree cached) | {w:.3f} | 1.00 |",

@@ -21,3 +21,44 @@ def pytest_configure(config: object) -> None:
     for name in ("empty_cache", "empty_host_cache"):
         if hasattr(torch.accelerator, name):
             setattr(torch.accelerator, name, lambda *a, **k: None)
+
+
+# Results for dsv4patch verify (testrun.py): one JSON line per test phase report
+# and per collection error, written to $DSV4PATCH_RESULTS when it is set, so one
+# pytest session can serve several patches (results are mapped back by node id).
+def _record(rec: dict) -> None:
+    import json
+    import os
+
+    path = os.environ.get("DSV4PATCH_RESULTS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def _crash(report: object) -> str:
+    longrepr = getattr(report, "longrepr", None)
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(getattr(crash, "message", ""))
+    return str(longrepr or "")
+
+
+def pytest_runtest_logreport(report: object) -> None:
+    when = getattr(report, "when", "")
+    rec = {"nodeid": getattr(report, "nodeid", ""), "when": when,
+           "outcome": getattr(report, "outcome", "")}
+    if rec["outcome"] == "failed":
+        msg = _crash(report)
+        rec["message"] = msg if when == "call" else f'failed on {when} with "{msg}"'
+    elif rec["outcome"] == "skipped":
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        rec["reason"] = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+    _record(rec)
+
+
+def pytest_collectreport(report: object) -> None:
+    if getattr(report, "outcome", "") == "failed":
+        _record({"nodeid": getattr(report, "nodeid", ""), "when": "collect", "outcome": "failed",
+                 "message": "collection failure"})

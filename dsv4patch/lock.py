@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomlkit
 
 from dsv4patch.errors import LockFileError
 
@@ -373,6 +372,8 @@ def git_url_problem(url: str) -> str | None:
 
 def update_derived(path: Path, pin: str, values: dict[str, Any], source_values: dict[str, Any]) -> bool:
     """Write derived fields of one pin back into the lock, keeping its layout."""
+    import tomlkit  # only lock --update writes TOML (keeps comments and layout)
+
     doc = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
     table = doc["pins"][pin]
     changed = False

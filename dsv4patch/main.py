@@ -56,7 +56,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's (so a run imports only its command)."""
     parser = _Parser(
         prog="dsv4patch",
         description="Apply the DeepSeek-V4 sparse-MLA fixes to pinned vLLM trees.",
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     debug_help = "on an internal error, print the traceback (also DSV4PATCH_DEBUG=1)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in (only,) if only in COMMANDS else COMMANDS:
         module = importlib.import_module(f"dsv4patch.commands.{name}")
         module.add_parser(sub)
     for p in sub.choices.values():
@@ -109,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = ""
     debug = os.environ.get("DSV4PATCH_DEBUG", "") not in ("", "0")
     try:
-        args = build_parser().parse_args(argv)
+        first = next((a for a in argv if not a.startswith("-")), None)
+        args = build_parser(first).parse_args(argv)
         command = args.command
         debug = debug or bool(getattr(args, "debug", False))
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")

@@ -2,7 +2,8 @@
 
 Every command builds a plain dict (``pins -> patches -> status`` with
 hunk-level detail) and hands it here; ``--format`` only changes how it is
-printed, never what was decided.
+printed, never what was decided.  rich is imported only to print a terminal
+table: a JSON or Markdown run (``check`` on a cache hit, a CI job) never loads it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
-
-from rich.console import Console
-from rich.table import Table
 
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
 # Version of every --format json object (schemas/*.schema.json); bump it when a
@@ -21,13 +20,46 @@ OK_MARK = {True: "ok", False: "UNEXPECTED"}
 SCHEMA_VERSION = 1
 
 
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False) -> Any:
     """A rich console for the terminal: its real width (COLUMNS, else 80, off a terminal),
-    colour only on a TTY and never with NO_COLOR set (https://no-color.org)."""
+    colour only on a TTY and never with NO_COLOR set (https://no-color.org).
+
+    rich is imported here, not at module level: a ``check`` answered from the
+    result cache in JSON never loads it (issue 14)."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     colour = stream.isatty() and not os.environ.get("NO_COLOR")
     return Console(file=stream, stderr=stderr, color_system="auto" if colour else None,
                    force_terminal=stream.isatty(), no_color=not colour, highlight=False)
+
+
+@dataclass
+class Table:
+    """A terminal table to print with rich (built only when a terminal table is printed)."""
+
+    title: str
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    overflow: dict[str, str] = field(default_factory=dict)
+
+    def add_column(self, name: str, overflow: str | None = None) -> None:
+        self.columns.append(name)
+        if overflow is not None:
+            self.overflow[name] = overflow
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(list(cells))
+
+    def to_rich(self) -> Any:
+        from rich.table import Table as RichTable
+
+        table = RichTable(title=self.title)
+        for c in self.columns:
+            table.add_column(c, overflow=self.overflow.get(c, "ellipsis"))
+        for r in self.rows:
+            table.add_row(*r)
+        return table
 
 
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
@@ -43,7 +75,7 @@ def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | 
     else:
         out = console()
         if table is not None:
-            out.print(table)
+            out.print(table.to_rich())
         for line in report.get("notes", []):
             # Notes are never cut or re-wrapped: commands in them must stay copy-pasteable.
             out.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -58,7 +90,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
             if name not in patch_names:
                 patch_names.append(name)
     short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
-    table = Table(title=f"dsv4patch check: {report['lock']}")
+    table = Table(f"dsv4patch check: {report['lock']}")
     # fold, never "…": a narrow terminal wraps a cell instead of hiding its end.
     table.add_column("pin", overflow="fold")
     for s in short:
@@ -92,7 +124,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
 
 
 def simple_table(title: str, columns: list[str], rows: list[list[str]]) -> tuple[Table, str]:
-    table = Table(title=title)
+    table = Table(title)
     for c in columns:
         table.add_column(c, overflow="fold")
     for r in rows:

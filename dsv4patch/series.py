@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
 
 from dsv4patch.errors import PatchFileError
 from dsv4patch.lock import Lock, Pin
@@ -172,6 +170,10 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     text = raw.decode("utf-8", errors="replace")
     headers = tuple(git_headers(raw))
     check_patch_text(name, headers)
+    # unidiff is imported only to parse (check's cache hit never parses a patch).
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
     try:
         ps = PatchSet(text)
     except UnidiffParseError as exc:

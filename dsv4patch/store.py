@@ -23,8 +23,6 @@ import math
 import os
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -219,6 +217,9 @@ class Store:
 def _download(
     url: str, fh: object, what: str, progress: Progress, size: int | None
 ) -> tuple[int, str, int | None]:
+    import urllib.error  # only a download needs them (a warm run never loads http/ssl)
+    import urllib.request
+
     h = hashlib.sha256()
     got = 0
     try:

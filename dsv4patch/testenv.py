@@ -9,6 +9,13 @@ interpreter (``TRITON_INTERPRET=1``) on CPU tensors, and
 ``CUDA_VISIBLE_DEVICES`` is emptied, or vLLM replaces Triton with a
 placeholder.  A small pytest plugin makes vLLM's GPU memory cleanup a no-op on
 a CPU-only torch.
+
+Pins whose requirements agree share one venv: when no venv exists for a tree's
+exact key, a ready venv with the same Python, torch, triton and extras whose
+installed packages already satisfy the tree's ``requirements/common.txt``
+(pip resolves it against what is installed, offline) is used instead of
+building another one (several minutes each).  The choice is recorded next to
+the venvs (``<key>.same``), so it is made once.
 """
 
 from __future__ import annotations
@@ -71,26 +78,70 @@ def ensure(tree: Path, store: Store, torch: str | None = None, log: Path | None 
         raise BuildError(f"{tree}: requirements/common.txt not found; is this a vLLM tree?")
     tv = torch_version(tree, torch)
     triton = TRITON_FOR_TORCH.get(".".join(tv.split(".")[:2]))
+    # Everything but the pin's requirements: venvs that agree on it may be shared.
+    base = hashlib.sha256("\n".join([sys.version, tv, triton or "", *EXTRA, "v1"]).encode()).hexdigest()[:20]
     key_src = "\n".join(
         [sys.version, tv, triton or "", common.read_text(), *EXTRA, "v1"]
     ).encode()
     key = hashlib.sha256(key_src).hexdigest()[:20]
-    root = store.root / "venvs" / key
-    python = root / "bin" / "python"
+    venvs = store.root / "venvs"
+    root = venvs / key
     with store.lock(f"venv-{key}"):
-        if not (root / ".ready").exists():
-            # venvs are not relocatable, so build in place; ".ready" is written last,
-            # and a half-built venv left by a killed run is built again.
-            shutil.rmtree(root, ignore_errors=True)
-            _create(root, common, tv, triton, log)
-            (root / ".ready").write_text(tv + "\n")
-    plugin_dir = root / "dsv4patch-plugin"
-    plugin_dir.mkdir(exist_ok=True)
-    src = Path(__file__).with_name("cpu_pytest_plugin.py").read_text()
+        if (root / ".ready").exists():
+            if not (root / ".base").exists():
+                (root / ".base").write_text(base + "\n")
+        else:
+            shared = _shared_venv(venvs, key, base, common)
+            if shared is not None:
+                root = shared
+            else:
+                # venvs are not relocatable, so build in place; ".ready" is written last,
+                # and a half-built venv left by a killed run is built again.
+                shutil.rmtree(root, ignore_errors=True)
+                _create(root, common, tv, triton, log)
+                (root / ".base").write_text(base + "\n")
+                (root / ".ready").write_text(tv + "\n")
+    python = root / "bin" / "python"
+    # One directory per plugin content: runs of different dsv4patch versions that share
+    # the venv (one cache for several checkouts) never load each other's plugin.
+    src = Path(__file__).with_name("cpu_pytest_plugin.py").read_bytes()
+    plugin_dir = root / f"dsv4patch-plugin-{hashlib.sha256(src).hexdigest()[:16]}"
     target = plugin_dir / f"{PLUGIN_NAME}.py"
-    if not target.exists() or target.read_text() != src:
-        target.write_text(src)
+    if not target.exists() or target.read_bytes() != src:
+        plugin_dir.mkdir(exist_ok=True)
+        tmp = plugin_dir / f".{PLUGIN_NAME}.{os.getpid()}.tmp"
+        tmp.write_bytes(src)
+        os.replace(tmp, target)
     return TestEnv(python=python, plugin_dir=plugin_dir, torch=tv)
+
+
+def _shared_venv(venvs: Path, key: str, base: str, common: Path) -> Path | None:
+    """A ready venv of the same ``base`` that already satisfies ``common``, else None.
+
+    ``pip install --dry-run --no-index`` resolves the requirements (markers, extras,
+    nested ``-r`` files) against the venv's installed packages only: it succeeds
+    exactly when nothing would have to be installed or changed."""
+    alias = venvs / f"{key}.same"
+    if alias.exists():
+        target = venvs / alias.read_text().strip()
+        if (target / ".ready").exists():
+            return target
+    if not venvs.is_dir():
+        return None
+    for cand in sorted(venvs.iterdir()):
+        if not (cand / ".ready").exists() or not (cand / ".base").exists():
+            continue
+        if cand.name == key or (cand / ".base").read_text().strip() != base:
+            continue
+        res = subprocess.run(
+            [str(cand / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index",
+             "--quiet", "--disable-pip-version-check", "-r", str(common)],
+            capture_output=True, text=True,
+        )
+        if res.returncode == 0 and "Would install" not in res.stdout:
+            alias.write_text(cand.name + "\n")
+            return cand
+    return None
 
 
 def _create(root: Path, common: Path, torch: str, triton: str | None, log: Path | None) -> None:

@@ -18,16 +18,14 @@ This is the only place a pin is fetched.
 
 from __future__ import annotations
 
-import ast
 import os
 import posixpath
 import re
 import shutil
-import tarfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import CacheError, FetchError, NotFetchedError, TreeError, writing
@@ -35,6 +33,9 @@ from dsv4patch.lock import Pin
 from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    import tarfile
 
 READY = "dsv4patch-ready"
 
@@ -54,6 +55,11 @@ def cache_key(pin: Pin) -> str:
     if pin.source.kind == "pypi-sdist":
         return f"sdist-{pin.source.sha256}"
     return f"git-{pin.commit}"
+
+
+def is_materialized(pin: Pin, store: Store) -> bool:
+    """Whether the pin's tree is in the cache already (materialize then costs one git call)."""
+    return (store.root / "trees" / f"{cache_key(pin)}.git" / READY).exists()
 
 
 def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
@@ -104,6 +110,9 @@ def _extract_sdist(pin: Pin, store: Store, dest: Path, progress: Progress) -> No
     filename = f"{src.name}-{src.version}.tar.gz"
     what = f"pin {pin.name}: {filename}"
     blob = store.fetch_blob(src.url, src.sha256, src.size, what, progress)
+    import tarfile  # only a cold materialization reads an sdist (a warm check never does)
+    import zlib
+
     try:
         with tarfile.open(blob, "r:gz") as tar:
             members = tar.getmembers()
@@ -249,6 +258,8 @@ def version_commit(data: bytes, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise FetchError(f"{what} is not UTF-8 text (byte {exc.start}); the sdist is damaged "
                          "or not a vLLM sdist") from None
+    import ast
+
     try:
         module = ast.parse(text)
     except SyntaxError as exc:

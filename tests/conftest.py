@@ -33,6 +33,21 @@ def sh(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+# Modules that take minutes (CUDA compiles, pytest sessions in the vLLM venv, a Docker
+# build, the stock wheels' downloads) run first, so that with ``-n 2 --dist loadfile``
+# the short ones fill the other worker instead of waiting behind a long one at the end.
+SLOW_FIRST = ("test_kernels.py", "test_verify.py", "test_docker_build.py", "test_kernel_runtime.py",
+              "test_testenv.py", "test_testrun.py", "test_recovery.py", "test_pins.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module is kept
+
+
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
     path = Path(os.environ.get("DSV4PATCH_TEST_CACHE", ROOT / ".cache" / "test-store"))
@@ -157,3 +172,19 @@ def sdist_pin(name: str, commit: str, sha: str, url: str | None = None) -> str:
         sha256 = "{sha}"
         {url_line}
     '''
+
+
+def pin_requirements(pin_name: str, cache: Path, dest: Path) -> Path:
+    """A directory holding the pin's ``requirements/`` files: all that testenv reads to pick
+    the CPU test venv (the pin is materialized into ``cache`` if it is not there yet)."""
+    from dsv4patch import git, tree
+    from dsv4patch.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
+
+    pr = tree.materialize(load(LOCK).pin(pin_name), Store.open(cache), Progress(False))
+    for name in ("common.txt", "cuda.txt"):
+        f = dest / "requirements" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(git.out(pr.repo, "show", f"{pr.base_commit}:requirements/{name}") + "\n")
+    return dest

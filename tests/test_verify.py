@@ -32,6 +32,14 @@ def test_verify_0271_proves_fixes_1_to_6_on_cpu(shared_cache, cli):
             assert "failed" in v["before"] and "passed" not in v["before"], (name, v)
             assert "passed" in v["after"] and "failed" not in v["after"], (name, v)
     assert res.rc == 0
+    # One pytest session per tree state (before, after), not two per patch; unless an
+    # earlier run cached them (same trees, tests and venv).
+    assert rep["sessions"]["run"] + rep["sessions"]["cached"] == 2, rep["sessions"]
+    # With nothing changed, the results come from the cache: no session runs.
+    again = cli("verify", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--format", "json")
+    rep2 = json.loads(again.out)
+    assert again.rc == 0 and rep2["sessions"] == {"run": 0, "cached": 2}, rep2["sessions"]
+    assert rep2["patches"] == rep["patches"]
 
 
 def test_verify_026_with_variants(shared_cache, cli):

@@ -7,7 +7,13 @@ For every patch of the pin's series (same engine as check/apply):
 * *after*: the pin with the whole series applied.
 
 Both run the node ids the patch header lists under ``Test:``, in the cached
-CPU test environment (testenv.py).  A patch is *proven* when every test fails
+CPU test environment (testenv.py).  All patches' tests of one tree state run in
+one pytest session (testrun.py): one *before* state (the unpatched pin plus
+every patch's test files; a patch whose test files do not combine with the
+others' gets its own) and one *after* state, so vLLM is imported twice per
+run, not twice per patch.  A session's results are cached in the store by tree
+id, node ids and venv contents; with nothing changed no work tree is checked
+out and no test runs (``--no-cache`` runs them anyway).  A patch is *proven* when every test fails
 (or errors) before and passes after.  A test that passes on both is a defect
 of the test.  Tests that skip for lack of CUDA are reported as such, with the
 GPU script that proves them (tests/gpu/).
@@ -22,17 +28,23 @@ decided.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
+import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, testenv, tree
+from dsv4patch import engine, git, report, testenv, testrun, tree
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
 from dsv4patch.series import Patch, series_for_pin
+from dsv4patch.store import Store
 
 UPSTREAM_CONFIRMED = "upstream: tests pass unpatched"
 UPSTREAM_PARTIAL = "upstream by markers; tests inconclusive"
@@ -45,6 +57,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--patch", action="append", help="only these patches (file name or NNNN prefix)")
     p.add_argument("--torch", default=None, help="torch version for the test venv (default: the pin's)")
     p.add_argument("--keep", action="store_true", help="keep the before/after work trees")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run the tests even when results for the same tree, tests and venv are cached")
     _common.add_output(p, markdown=True)
     _common.add_cache(p)
 
@@ -101,13 +115,15 @@ def verdict(before: Outcome, after: Outcome) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    clock = _Phases()
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     store = _common.open_store(args)
     prog = _common.progress(args)
-    pinrepo = tree.materialize(pin, store, prog)
-    series = series_for_pin(lock, pin)
-    result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
+    with clock("prepare"):
+        pinrepo = tree.materialize(pin, store, prog)
+        series = series_for_pin(lock, pin)
+        result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
     final = result.final_tree
     if final is None:
         raise TreeError(
@@ -119,12 +135,29 @@ def run(args: argparse.Namespace) -> int:
     rows: list[list[str]] = []
     out: dict[str, Any] = {"pin": pin.name, "patched_tree": final, "patches": {}, "ok": True}
     try:
-        after_dir = work / "after"
-        after_commit = git.commit_tree(pinrepo.repo, final, pinrepo.base_commit, "verify: patched\n")
-        git.worktree_add(pinrepo.repo, after_dir, after_commit)
-        env = testenv.ensure(after_dir, store, args.torch, log=work / "pip.log")
+        with clock("venv"):
+            env = testenv.ensure(_requirements(pinrepo.repo, final, work / "requirements"), store,
+                                 args.torch, log=work / "pip.log")
+        sessions = _Sessions(store, env, pinrepo, work, use_cache=not args.no_cache)
+        with_tests = [p for p in patches if p.tests]
+        with clock("prepare"):
+            states = _before_states(pinrepo, with_tests)
+        applying = [p for p in with_tests if status[p.name].applies]
+        before: dict[str, Outcome] = {}
+        after: dict[str, Outcome] = {}
+        with clock("tests"):
+            plan = [(tree_id, [n for p in group for n in p.tests]) for tree_id, group in states]
+            if applying:
+                plan.append((final, [n for p in applying for n in p.tests]))
+            sessions.run_all(plan)
+            for tree_id, group in states:
+                for patch in group:
+                    before[patch.name] = _outcome(sessions.results(tree_id, group, patch))
+            for patch in applying:
+                after[patch.name] = _outcome(sessions.results(final, applying, patch))
         for patch in patches:
-            entry = _verify_patch(pinrepo, patch, status[patch.name], env, work, after_dir)
+            entry = _verify_patch(patch, status[patch.name], before.get(patch.name),
+                                  after.get(patch.name))
             out["patches"][patch.name] = entry
             out["ok"] &= not entry["verdict"].startswith("NOT PROVEN")
             rows.append([patch.name, str(len(patch.tests)), entry["before"], entry["after"],
@@ -136,12 +169,148 @@ def run(args: argparse.Namespace) -> int:
                     git.worktree_remove(pinrepo.repo, d)
             shutil.rmtree(work, ignore_errors=True)
     out["torch"] = env.torch
+    out["sessions"] = {"run": sessions.ran, "cached": sessions.cached}
+    out["phases"] = clock.seconds
     table, md = report.simple_table(
-        f"dsv4patch verify: pin {pin.name} (torch {env.torch} CPU, TRITON_INTERPRET=1)",
+        f"dsv4patch verify: pin {pin.name} (torch {env.torch} CPU, TRITON_INTERPRET=1; "
+        f"pytest sessions: {sessions.ran} run, {sessions.cached} cached)",
         ["patch", "tests", "before (unpatched)", "after (patched)", "where", "verdict"], rows,
     )
     report.emit(args.format, out, table, md)
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED
+
+
+class _Phases:
+    """Wall seconds per phase of the run (reported as ``phases`` in the JSON output)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.monotonic() - t0, 3)
+
+
+def _requirements(repo: Path, treeish: str, dest: Path) -> Path:
+    """The requirement files testenv reads, from git (no checkout needed to pick the venv)."""
+    for name in ("common.txt", "cuda.txt"):
+        res = git.run(repo, ["cat-file", "blob", f"{treeish}:requirements/{name}"], check=False)
+        if res.ok:
+            (dest / "requirements").mkdir(parents=True, exist_ok=True)
+            (dest / "requirements" / name).write_text(res.stdout)
+    return dest
+
+
+def _before_states(pinrepo: tree.PinRepo, patches: list[Patch]) -> list[tuple[str, list[Patch]]]:
+    """Tree states for the *before* runs: the unpatched pin plus the test files of as many
+    patches as combine (normally all, one state); a patch whose test files do not apply
+    on top of the others' gets a state of its own."""
+    alone: list[tuple[str, list[Patch]]] = []
+    together: list[Patch] = []
+    with git.scratch_index(pinrepo.repo, pinrepo.base_commit) as env:
+        for patch in patches:
+            if _apply_tests(pinrepo.repo, env, patch).ok:
+                together.append(patch)
+                continue
+            with git.scratch_index(pinrepo.repo, pinrepo.base_commit) as own:
+                res = _apply_tests(pinrepo.repo, own, patch)
+                if not res.ok:
+                    raise TreeError(f"{patch.name}: its test files do not apply to the unpatched pin: "
+                                    f"{res.stderr}")
+                alone.append((git.write_tree(pinrepo.repo, own), [patch]))
+        combined = git.write_tree(pinrepo.repo, env)
+    return ([(combined, together)] if together else []) + alone
+
+
+def _apply_tests(repo: Path, env: dict[str, str], patch: Patch) -> git.Result:
+    return git.run(repo, ["apply", "--cached", "--include=tests/*", str(patch.path)], env=env,
+                   check=False)
+
+
+class _Sessions:
+    """pytest sessions per tree state (one for all the patches that share it, from the
+    results cache when nothing changed); work trees are checked out only for a run."""
+
+    def __init__(self, store: Store, env: testenv.TestEnv, pinrepo: tree.PinRepo, work: Path,
+                 use_cache: bool) -> None:
+        self.store, self.env, self.pinrepo, self.work, self.use_cache = store, env, pinrepo, work, use_cache
+        self.ran = 0
+        self.cached = 0
+        self._trees: dict[str, Path] = {}
+        self._results: dict[tuple[str, tuple[str, ...]], list[testrun.TestResult]] = {}
+
+    def checkout(self, tree_id: str) -> Path:
+        if tree_id not in self._trees:
+            dest = self.work / f"tree-{len(self._trees)}"
+            commit = git.commit_tree(self.pinrepo.repo, tree_id, self.pinrepo.base_commit,
+                                     "verify: tree state\n")
+            git.worktree_add(self.pinrepo.repo, dest, commit)
+            self._trees[tree_id] = dest
+        return self._trees[tree_id]
+
+    def session(self, tree_id: str, nodeids: list[str]) -> list[testrun.TestResult]:
+        key = (tree_id, tuple(dict.fromkeys(nodeids)))
+        if key not in self._results:
+            self.run_all([(tree_id, nodeids)])
+        return self._results[key]
+
+    def run_all(self, plan: list[tuple[str, list[str]]]) -> None:
+        """Look up every session of ``plan`` in the cache; run the others at the same time
+        (each is one process that mostly waits on one core: vLLM's import, the Triton
+        interpreter), after checking their trees out one by one."""
+        todo: list[tuple[tuple[str, tuple[str, ...]], str, list[str], Path]] = []
+        for tree_id, nodeids in plan:
+            key = (tree_id, tuple(dict.fromkeys(nodeids)))
+            if key in self._results or any(k == key for k, *_ in todo):
+                continue
+            hit = testrun.lookup(self.store, self.env, tree_id, nodeids) if self.use_cache else None
+            if hit is not None:
+                self._results[key] = hit
+                self.cached += 1
+            else:
+                todo.append((key, tree_id, nodeids, self.checkout(tree_id)))
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
+            futures = [pool.submit(testrun.run_and_store, self.store, self.env, tree_id, nodeids, cwd,
+                                   self.work / f"session-{self.ran + i}.jsonl")
+                       for i, (_key, tree_id, nodeids, cwd) in enumerate(todo)]
+            for (key, *_), fut in zip(todo, futures):
+                self._results[key] = fut.result()
+        self.ran += len(todo)
+
+    def results(self, tree_id: str, group: list[Patch], patch: Patch) -> list[testrun.TestResult]:
+        """``patch``'s results from the session of ``group`` on ``tree_id``; if that session
+        says nothing about them (pytest stopped early), from a session of its own."""
+        found = testrun.select(self.session(tree_id, [n for p in group for n in p.tests]), patch.tests)
+        if not found and len(group) > 1:
+            found = testrun.select(self.session(tree_id, patch.tests), patch.tests)
+        return found
+
+
+def _outcome(results: list[testrun.TestResult]) -> Outcome:
+    out = Outcome()
+    reasons = []
+    kinds = []
+    for r in results:
+        out.total += 1
+        if r.outcome == "failed":
+            out.failed += 1
+            msg = r.message.strip()
+            kinds.append("assert" if msg.startswith(("assert", "AssertionError")) else
+                         msg.split(":", 1)[0][:40] or "error")
+        elif r.outcome == "skipped":
+            out.skipped += 1
+            reasons.append(r.message)
+        else:
+            out.passed += 1
+    out.skip_reasons = tuple(sorted(set(reasons)))
+    out.failure_kinds = tuple(kinds)
+    return out
 
 
 def _selected(p: Patch, wanted: list[str] | None) -> bool:
@@ -149,23 +318,14 @@ def _selected(p: Patch, wanted: list[str] | None) -> bool:
 
 
 def _verify_patch(
-    pinrepo: tree.PinRepo,
     patch: Patch,
     status: engine.Status,
-    env: testenv.TestEnv,
-    work: Path,
-    after_dir: Path,
+    before: Outcome | None,
+    after: Outcome | None,
 ) -> dict[str, Any]:
-    stem = patch.name.split("-", 1)[0]
     if not patch.tests:
         return {"tests": [], "before": "-", "after": "-", "where": "-", "verdict": "no tests"}
-    before_dir = work / f"before-{stem}"
-    git.worktree_add(pinrepo.repo, before_dir, pinrepo.base_commit)
-    res = git.run(before_dir, ["apply", "--include=tests/*", str(patch.path)], check=False)
-    if not res.ok:
-        raise TreeError(f"{patch.name}: its test files do not apply to the unpatched pin: {res.stderr}")
-    before = run_tests(env, before_dir, patch.tests, work / f"{stem}-before.xml")
-    git.worktree_remove(pinrepo.repo, before_dir)
+    before = before or Outcome()
     if not status.applies:
         # Found upstream by check: the strongest signal is the patch's own tests
         # passing on the unpatched pin (the fix is present).
@@ -185,7 +345,7 @@ def _verify_patch(
         return {"tests": patch.tests, "status": status.value, "before": str(before),
                 "after": "-", "where": "cpu (unpatched pin)", "verdict": v,
                 "failure_kinds": list(before.failure_kinds)}
-    after = run_tests(env, after_dir, patch.tests, work / f"{stem}-after.xml")
+    after = after or Outcome()
     v = verdict(before, after)
     where = "cpu" if v != "skipped here" else "gpu only: " + "; ".join(after.skip_reasons)[:80]
     return {"tests": patch.tests, "before": str(before), "after": str(after), "where": where,

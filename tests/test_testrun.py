@@ -1,0 +1,140 @@
+"""One pytest session for several patches' tests, and its results cache (testrun.py).
+
+Real pytest in the real CPU test venv (the one verify uses) on a small tree of
+test files: every outcome is mapped back to the node ids that asked for it,
+one file that cannot be imported does not hide the others, and the cache is
+reused only when the tree, the node ids and the venv's contents all match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from types import SimpleNamespace
+
+from conftest import pin_requirements, sh
+from dsv4patch import testenv, testrun
+from dsv4patch.commands import verify
+from dsv4patch.store import Store
+from dsv4patch.tree import PinRepo
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+FILES = {
+    "tests/test_a.py": """\
+        import pytest
+
+        def test_pass():
+            assert 1 + 1 == 2
+
+        def test_fail():
+            assert 1 + 1 == 3
+
+        @pytest.mark.skip(reason="needs a GPU")
+        def test_skip():
+            pass
+
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_param(n):
+            assert n == 1
+        """,
+    "tests/test_b.py": "from nowhere import missing\n\ndef test_never():\n    pass\n",
+    "tests/test_c.py": "def test_other():\n    raise KeyError('k')\n",
+}
+A_IDS = ["tests/test_a.py::test_pass", "tests/test_a.py::test_fail", "tests/test_a.py::test_skip",
+         "tests/test_a.py::test_param"]
+B_IDS = ["tests/test_b.py::test_never"]
+C_IDS = ["tests/test_c.py::test_other"]
+
+
+@pytest.fixture(scope="module")
+def env(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> testenv.TestEnv:
+    req = pin_requirements("0.27.1", shared_cache, tmp_path_factory.mktemp("req"))
+    return testenv.ensure(req, Store.open(shared_cache))
+
+
+def _tree(root: Path) -> Path:
+    for rel, text in FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+    return root
+
+
+def test_one_session_serves_every_patch(env: testenv.TestEnv, tmp_path: Path) -> None:
+    rc, results = testrun.run_session(env, _tree(tmp_path / "t"), A_IDS + C_IDS, tmp_path / "r.jsonl")
+    assert rc == 1
+    got = {r.nodeid: r.outcome for r in testrun.select(results, A_IDS)}
+    assert got == {"tests/test_a.py::test_pass": "passed", "tests/test_a.py::test_fail": "failed",
+                   "tests/test_a.py::test_skip": "skipped", "tests/test_a.py::test_param[1]": "passed",
+                   "tests/test_a.py::test_param[2]": "failed"}
+    skip = next(r for r in results if r.nodeid.endswith("test_skip"))
+    assert skip.message == "needs a GPU"
+    fail = next(r for r in results if r.nodeid.endswith("test_fail"))
+    assert fail.message.startswith("assert")
+    other = testrun.select(results, C_IDS)
+    assert [(r.outcome, r.message.split(":")[0]) for r in other] == [("failed", "KeyError")]
+
+
+def test_a_file_that_cannot_be_imported_does_not_hide_the_others(env: testenv.TestEnv, tmp_path: Path) -> None:
+    """pytest stops a session whose named test sits in a file that cannot be imported (exit 4,
+    'not found'): that file is one failure for its patch, the other patches' tests run again
+    in sessions of their own (verify's fallback), and nothing of it is cached."""
+    repo = _tree(tmp_path / "repo")
+    sh(repo, "init", "-q")
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "tests")
+    commit = sh(repo, "rev-parse", "HEAD")
+    tree_id = sh(repo, "rev-parse", "HEAD^{tree}")
+    pinrepo = PinRepo(pin=None, repo=repo, base_commit=commit, base_tree=tree_id)  # type: ignore[arg-type]
+    work = tmp_path / "work"
+    work.mkdir()
+    store = Store.open(tmp_path / "store")
+    sessions = verify._Sessions(store, env, pinrepo, work, use_cache=True)
+    patches = [SimpleNamespace(tests=ids) for ids in (A_IDS, B_IDS, C_IDS)]
+    out = [sessions.results(tree_id, patches, p) for p in patches]  # type: ignore[arg-type]
+    assert len(out[0]) == 5 and {r.outcome for r in out[0]} == {"passed", "failed", "skipped"}
+    assert [(r.nodeid, r.outcome) for r in out[1]] == [("tests/test_b.py", "failed")]
+    assert [r.outcome for r in out[2]] == ["failed"]
+    assert sessions.ran == 3  # all together (stopped), then A alone, then C alone
+    assert len(list((store.root / "verify-results").glob("*.json"))) == 2  # not the stopped one
+
+
+def test_results_cache_is_reused_only_when_every_input_matches(
+        env: testenv.TestEnv, tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store")
+    tree = _tree(tmp_path / "t")
+    calls: list[str] = []
+
+    def session(tree_id: str, ids: list[str], e: testenv.TestEnv = env) -> bool:
+        def checkout() -> Path:
+            calls.append(tree_id)
+            return tree
+        _res, hit = testrun.cached_session(store, e, tree_id, ids, checkout, tmp_path / "r.jsonl")
+        return hit
+
+    assert not session("1" * 40, A_IDS)
+    assert session("1" * 40, A_IDS)
+    assert session("1" * 40, list(reversed(A_IDS)) + A_IDS[:1])  # order and repeats do not matter
+    assert calls == ["1" * 40]  # a hit never checks a tree out
+    # Each input in turn: another tree (other test files), other node ids, another venv.
+    assert not session("2" * 40, A_IDS)
+    assert not session("1" * 40, A_IDS[:2])
+    fake = tmp_path / "venv"
+    site = fake / "lib" / "python3.12" / "site-packages"
+    shutil.copytree(env.python.parent.parent / "lib", fake / "lib", symlinks=True,
+                    ignore=lambda d, names: [n for n in names if not n.endswith(".dist-info")
+                                             and d.endswith("site-packages")])
+    other = dataclasses.replace(env, python=fake / "bin" / "python")
+    key = testrun.session_key("1" * 40, A_IDS, other)
+    assert key == testrun.session_key("1" * 40, A_IDS, env)  # same packages, same key
+    next(site.parent.parent.glob("python*/site-packages")).joinpath("extra_pkg-1.0.dist-info").mkdir()
+    assert testrun.session_key("1" * 40, A_IDS, other) != key  # a package more: another key
+    assert testrun.session_key("1" * 40, A_IDS, dataclasses.replace(env, torch="0.0")) != key
+    # A session that could not run to the end (pytest usage error) is not cached.
+    assert not session("3" * 40, ["tests/test_a.py::no_such_test"])
+    assert not session("3" * 40, ["tests/test_a.py::no_such_test"])

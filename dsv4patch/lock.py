@@ -397,6 +397,8 @@ def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
     An ``expect_patches`` entry for that patch is removed: the variant is made
     to apply, so the pin's ``expect`` holds for it again.
     """
+    import tomlkit  # writing TOML only (keeps comments and layout); not loaded by read-only commands
+
     path = Path(path)
     doc = tomlkit.parse(path.read_text(encoding="utf-8"))
     table = doc["pins"][pin]

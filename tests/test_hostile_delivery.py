@@ -16,6 +16,7 @@ import base64
 import hashlib
 import http.server
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sdist_pin, write_lock
-from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_USAGE
-from test_hostile import Sdist
+from conftest import sdist_pin, sh, write_lock
+from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
+from test_hostile import Sdist, snapshot_dir
+from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401 (fixture)
 
 DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
 INDEX_VARS = ("DSV4PATCH_INDEX_URL", "PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "VIRTUAL_ENV")
@@ -181,3 +183,74 @@ def test_lock_download_url_that_is_not_http_is_refused(tmp_path, cli, no_index_c
     res = _fetch(cli, lock, tmp_path / "cache")
     assert res.rc == EXIT_INPUT, (res.rc, res.err)
     assert "is refused" in res.err and "url" in res.err
+
+
+# --- the conflict workspace's state file (.git/dsv4patch-resolve.json) --------------------
+
+
+def _workspace(tmp_path: Path, cli, lock: Path) -> tuple[Path, Path, dict]:
+    """(tree, state file, state): an open conflict workspace of pin fork, resolved by hand."""
+    tree = tmp_path / "fork-tree"
+    res = cli("apply", "--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "cache", "--tree", tree,
+              "--3way", "--no-build")
+    assert res.rc == EXIT_UNEXPECTED, res.err
+    (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
+    state_file = tree / ".git" / "dsv4patch-resolve.json"
+    return tree, state_file, json.loads(state_file.read_text())
+
+
+def test_tampered_state_cannot_choose_the_lock_resolve_writes(tmp_path, cli, monkeypatch, fork_lock):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    victim = tmp_path / "victim"
+    shutil.copytree(fork_lock.parent, victim)
+    before = snapshot_dir(victim)
+    state["lock"] = str(victim / fork_lock.name)
+    state_file.write_text(json.dumps(state))
+    mine = fork_lock.read_text()
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    res = cli("resolve", "--continue", "--tree", tree)
+    assert res.rc == EXIT_TREE, res.err
+    assert str(victim / fork_lock.name) in res.err and "--lock" in res.err
+    assert snapshot_dir(victim) == before and fork_lock.read_text() == mine
+    # Naming the lock the state names is the user's decision: then it proceeds.
+    ok = cli("resolve", "--continue", "--tree", tree, "--lock", victim / fork_lock.name)
+    assert ok.rc == EXIT_OK, ok.err
+    assert (victim / "variants" / "fork" / "0002-worker.patch").is_file()
+
+
+def test_tampered_state_cannot_choose_the_cache(tmp_path, cli, monkeypatch, fork_lock):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    state["cache_dir"] = str(tmp_path / "elsewhere")
+    state_file.write_text(json.dumps(state))
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    res = cli("resolve", "--continue", "--tree", tree)
+    assert res.rc == EXIT_OK, res.err
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("key,value,verb", [
+    ("orig_head", "HEAD~1", "--abort"),
+    ("orig_head", "--merge", "--abort"),
+    ("at", "HEAD@{1}", "--continue"),
+    ("conflicts", ["../outside.txt"], "--continue"),
+    ("conflicts", ["{outside}"], "--continue"),
+])
+def test_tampered_state_values_are_refused(tmp_path, cli, monkeypatch, fork_lock, key, value, verb):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("<<<<<<< ours\nsecret\n=======\n>>>>>>> theirs\n")
+    if isinstance(value, list):
+        value = [v.format(outside=outside) for v in value]
+    state[key] = value
+    state_file.write_text(json.dumps(state))
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    head = sh(tree, "rev-parse", "HEAD")
+    lock_text = fork_lock.read_text()
+    res = cli("resolve", verb, "--tree", tree)
+    assert res.rc == EXIT_TREE, (res.rc, res.err)
+    assert "dsv4patch-resolve.json" in res.err and key in res.err
+    assert sh(tree, "rev-parse", "HEAD") == head and fork_lock.read_text() == lock_text
+    assert (tree / "vllm/worker.py").read_text() == RESOLVED_WORKER

@@ -15,9 +15,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import io
 import json
 import shutil
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,3 +256,81 @@ def test_tampered_state_values_are_refused(tmp_path, cli, monkeypatch, fork_lock
     assert "dsv4patch-resolve.json" in res.err and key in res.err
     assert sh(tree, "rev-parse", "HEAD") == head and fork_lock.read_text() == lock_text
     assert (tree / "vllm/worker.py").read_text() == RESOLVED_WORKER
+
+
+# --- the stock wheel `dsv4patch wheel` repacks ----------------------------------------------
+
+WHEEL_NAME = "vllm-0.0.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+
+def _crafted_wheel(extra: dict[str, bytes], record_extra: str = "") -> bytes:
+    """A small vLLM 0.0.1 wheel whose RECORD lists every member (``extra`` included)."""
+    members = {"vllm/__init__.py": b"", "vllm/_version.py": b"__version__ = '0.0.1'\n",
+               "vllm-0.0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n",
+               "vllm-0.0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n", **extra}
+    rows = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+            for n, d in members.items()]
+    record = "\n".join([*rows, "vllm-0.0.1.dist-info/RECORD,,", record_extra]).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in [*members.items(), ("vllm-0.0.1.dist-info/RECORD", record)]:
+            zf.writestr(zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0)), d)
+    return buf.getvalue()
+
+
+def _wheel_lock(tmp_path: Path, wheel: bytes) -> tuple[Path, Path]:
+    """(lock, cache): the small sdist pin with ``wheel`` as its locked x86_64 wheel, both cached."""
+    data = Sdist().bytes()
+    sha, wsha = hashlib.sha256(data).hexdigest(), hashlib.sha256(wheel).hexdigest()
+    d = tmp_path / "lock"
+    d.mkdir(exist_ok=True)
+    pin = sdist_pin("s", "0123456789abcdef0123456789abcdef01234567", sha) + f'''
+        [pins."s".wheels.x86_64]
+        url = "{DEAD}/{WHEEL_NAME}"
+        sha256 = "{wsha}"
+        size = {len(wheel)}
+    '''
+    work = tmp_path / "patchwork"  # a patch made against the sdist's files: vllm/__init__.py gets A = 1
+    (work / "vllm").mkdir(parents=True)
+    sh(work, "init", "-q")
+    (work / "vllm/__init__.py").write_text("")
+    sh(work, "add", "-A")
+    sh(work, "commit", "-qm", "base")
+    (work / "vllm/__init__.py").write_text("A = 1\n")
+    sh(work, "commit", "-qam", "init: add A\n\nFix: 1")
+    Path(sh(work, "format-patch", "-1", "-o", str(d))).rename(d / "0001-init.patch")
+    lock = write_lock(d / "l.toml", {"s": pin}, {"main": ["0001-init.patch"]})
+    cache = tmp_path / "cache"
+    (cache / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (cache / "blobs" / "sha256" / sha).write_bytes(data)
+    (cache / "blobs" / "sha256" / wsha).write_bytes(wheel)
+    return lock, cache
+
+
+def _wheel(cli, lock: Path, cache: Path, out: Path):
+    return cli("wheel", "--lock", lock, "--pin", "s", "--platform", "x86_64", "--cache-dir", cache,
+               "--out", out, "--format", "json")
+
+
+def test_wheel_record_rows_outside_the_wheel_are_not_carried(tmp_path, cli, no_index_config):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}, "../../outside.py,sha256=AAAA,1\n/etc/x,,"))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_OK, res.err
+    built = Path(json.loads(res.out)["wheel"])
+    assert built.parent == out and sorted(p.name for p in out.iterdir()) == [built.name]
+    with zipfile.ZipFile(built) as zf:
+        record = zf.read("vllm-0.0.1+dsv4." + built.name.split("+dsv4.", 1)[1].split("-", 1)[0]
+                         + ".dist-info/RECORD").decode()
+    assert "outside.py" not in record and "/etc/x" not in record
+
+
+@pytest.mark.parametrize("member", ["../evil.py", "/tmp/evil.py", "vllm/../../evil.py", "vllm\\..\\..\\evil.py",
+                                    "vllm/./x.py", "vllm/.git/config"])
+def test_wheel_member_outside_the_wheel_is_refused(tmp_path, cli, no_index_config, member):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({member: b"import os\n"}))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert repr(member) in res.err or member in res.err
+    assert not out.exists() or list(out.iterdir()) == []

@@ -334,3 +334,30 @@ def test_wheel_member_outside_the_wheel_is_refused(tmp_path, cli, no_index_confi
     assert res.rc == EXIT_FETCH, (res.rc, res.err)
     assert repr(member) in res.err or member in res.err
     assert not out.exists() or list(out.iterdir()) == []
+
+
+# --- refresh: commit subjects and trailers become file names ----------------------------------
+
+
+def test_refresh_commit_subject_and_trailer_cannot_name_a_file_outside(tmp_path, cli, fork_lock):
+    tree = tmp_path / "up-tree"
+    base = ("--lock", fork_lock, "--pin", "upstream", "--cache-dir", tmp_path / "cache")
+    assert cli("apply", *base, "--tree", tree, "--no-build").rc == 0
+    d = fork_lock.parent
+    (tree / "vllm/new_mod.py").write_text("X = 1\n")
+    sh(tree, "add", "vllm/new_mod.py")
+    sh(tree, "commit", "-qm", "../../../evil\x1b[31m/..\\x\nsecond line /etc/passwd")
+    before = {p.name for p in tmp_path.iterdir()}
+    res = cli("refresh", *base, "--tree", tree, "--format", "json")
+    assert res.rc == EXIT_OK, res.err + res.out
+    [(name, entry)] = [(n, v) for n, v in json.loads(res.out)["patches"].items() if v["action"] == "new"]
+    assert name == "0004-evil-31m-x.patch" and Path(entry["file"]) == d / name
+    assert (d / "main.series").read_text().splitlines()[-1] == name
+    assert {p.name for p in tmp_path.iterdir()} == before
+    # A dsv4patch trailer naming a path is not a patch of the series: refused, nothing written.
+    sh(tree, "commit", "-q", "--allow-empty-message", "--amend", "-m",
+       "x\n\nDsv4patch-Patch: ../../evil.patch")
+    series = (d / "main.series").read_text()
+    again = cli("refresh", *base, "--tree", tree)
+    assert again.rc == EXIT_TREE and "../../evil.patch" in again.err
+    assert (d / "main.series").read_text() == series and not (tmp_path / "evil.patch").exists()

@@ -17,6 +17,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import shutil
 import threading
 import zipfile
@@ -28,7 +29,8 @@ import pytest
 
 from conftest import sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
-from test_hostile import Sdist, snapshot_dir
+from test_hostile import Sdist, marker_script, snapshot_dir
+from test_port_fork import _project as _port_project
 from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401 (fixture)
 
 DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
@@ -361,3 +363,39 @@ def test_refresh_commit_subject_and_trailer_cannot_name_a_file_outside(tmp_path,
     again = cli("refresh", *base, "--tree", tree)
     assert again.rc == EXIT_TREE and "../../evil.patch" in again.err
     assert (d / "main.series").read_text() == series and not (tmp_path / "evil.patch").exists()
+
+
+# --- port --local and --resolutions --------------------------------------------------------
+
+
+def test_port_local_checkout_filter_driver_never_runs(tmp_path, upstream, cli):
+    """A fork checkout's own clean filter would run in `git status` (the clean check): refused."""
+    lock, fork = _port_project(tmp_path, upstream)
+    script, marker = marker_script(tmp_path, "filter")
+    (fork / ".gitattributes").write_text("* filter=evil\n")
+    sh(fork, "add", ".gitattributes")
+    sh(fork, "commit", "-qm", "attributes")
+    sh(fork, "config", "filter.evil.clean", f"{script} %f; cat")
+    os.utime(fork / "vllm/worker.py", (946684800, 946684800))  # stat-dirty: status must re-read it
+    before = lock.read_text()
+    res = cli("port", "--lock", lock, "--local", fork, "--name", "fork", "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE, (res.rc, res.err)
+    assert "filter.evil.clean" in res.err
+    assert not marker.exists() and lock.read_text() == before
+
+
+def test_port_resolution_with_a_path_outside_is_refused(tmp_path, upstream, cli):
+    lock, fork = _port_project(tmp_path, upstream)
+    res_dir = tmp_path / "resolutions"
+    res_dir.mkdir()
+    (res_dir / "0001-many.patch").write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\n"
+        "Subject: [PATCH] many\n\n---\ndiff --git a/../evil.py b/../evil.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/../evil.py\n@@ -0,0 +1 @@\n+import os\n")
+    before = lock.read_text()
+    res = cli("port", "--lock", lock, "--local", fork, "--name", "fork", "--resolutions", res_dir,
+              "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT, (res.rc, res.err)
+    assert "../evil.py" in res.err
+    assert lock.read_text() == before and not (tmp_path / "evil.py").exists()
+    assert not (lock.parent.parent / "patches/variants/fork").exists()

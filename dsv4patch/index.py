@@ -303,4 +303,7 @@ def find_sdist(name: str, version: str) -> SdistInfo:
     if problem:
         raise FetchError(f"{redact(index)}/{normalize(name)}/ links {filename} to {redact(url)}, "
                          f"refused: {problem}")
-    return SdistInfo(filename, redact(url), str(sha), size)
+    # The lock records the URL without credentials (downloads go through the index first).
+    parts = urllib.parse.urlsplit(url)
+    url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return SdistInfo(filename, url, str(sha), size)

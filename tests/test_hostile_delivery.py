@@ -399,3 +399,37 @@ def test_port_resolution_with_a_path_outside_is_refused(tmp_path, upstream, cli)
     assert "../evil.py" in res.err
     assert lock.read_text() == before and not (tmp_path / "evil.py").exists()
     assert not (lock.parent.parent / "patches/variants/fork").exists()
+
+
+def test_lock_update_records_the_sdist_url_without_index_credentials(monkeypatch, no_index_config, servers):
+    index = servers[0]
+    index.auth = "Basic " + base64.b64encode(b"bob:t0ken").decode()
+    sha = "ab" * 32
+    index.pages["/simple/vllm/"] = ("text/html", (
+        f'<a href="../../files/vllm-0.0.1.tar.gz#sha256={sha}">vllm-0.0.1.tar.gz</a>').encode())
+    host = index.url.split("//", 1)[1]
+    monkeypatch.setenv("DSV4PATCH_INDEX_URL", f"http://bob:t0ken@{host}/simple")
+    from dsv4patch import index as index_mod
+
+    info = index_mod.find_sdist("vllm", "0.0.1")
+    assert info.url == f"http://{host}/files/vllm-0.0.1.tar.gz" and info.sha256 == sha
+
+
+# --- status --installed ------------------------------------------------------------------------
+
+
+def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
+    """build_info.json naming ../../x (a file that exists) does not make the library 'present'."""
+    from dsv4patch import installed
+
+    pkg = tmp_path / "site" / "dsv4patch_kernels_x"
+    pkg.mkdir(parents=True)
+    (tmp_path / "decoy.so").write_bytes(b"\x7fELF")
+    init = tmp_path / "site" / "vllm" / "__init__.py"
+    init.parent.mkdir()
+    init.write_text("")
+    for name in ("../../decoy.so", str(tmp_path / "decoy.so")):
+        found = {"dir": str(pkg), "build_info": {"tree_id": "t" * 40, "library": name},
+                 "entry_points": ["dsv4patch_kernels_x:register"]}
+        res = installed._kernels(found, "t" * 40, init, "dsv4patch_kernels_x")
+        assert res["library_present"] is False and res["ok"] is False

@@ -433,3 +433,22 @@ def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
                  "entry_points": ["dsv4patch_kernels_x:register"]}
         res = installed._kernels(found, "t" * 40, init, "dsv4patch_kernels_x")
         assert res["library_present"] is False and res["ok"] is False
+
+
+def test_kernel_wheel_member_outside_its_package_is_refused(tmp_path):
+    """``--kernels WHEEL`` is not pinned by any hash: its members are checked like the stock wheel's."""
+    from dsv4patch import vllm_wheel
+    from dsv4patch.errors import BuildError
+    from dsv4patch.lock import load
+
+    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    pin = load(lock).pin("s")
+    dist = vllm_wheel.dist_name(pin.name)
+    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(kw, "w") as zf:
+        zf.writestr(f"{dist}/build_info.json", json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1",
+                                                          "library": "lib.so"}))
+        zf.writestr(f"{dist}/lib.so", b"\x7fELF")
+        zf.writestr(f"{dist}/../../evil.py", b"import os\n")
+    with pytest.raises(BuildError, match=r"evil\.py"):
+        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")

@@ -17,10 +17,18 @@ accepted only if its size and sha256 are the lock's (``store.fetch_blob``).
 A file the index lacks, or lists with another sha256, is fetched from the
 lock's URL instead.  ``lock --update`` and ``port`` ask the same index for an
 sdist's URL, size and hash.
+
+None of these settings, nor the index's pages, are trusted (see "What
+dsv4patch trusts" in the README): an index URL must be ``http(s)://host/...``
+(a ``file:``, ``ftp:``, ``javascript:``... setting is refused, exit 2), a link
+or redirect to anything but http(s) is not followed, and credentials in an
+index URL (``https://user:token@host/simple``) are sent, as HTTP basic auth,
+only to that host and are never printed (:func:`redact`).
 """
 
 from __future__ import annotations
 
+import base64
 import configparser
 import json
 import os
@@ -31,8 +39,9 @@ import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from dsv4patch.errors import FetchError
+from dsv4patch.errors import FetchError, UsageError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -51,7 +60,78 @@ class Candidate:
     """A place to download a pinned file from, and why it is tried."""
 
     url: str
-    origin: str  # "index <url> (<setting>)" or "lock"
+    origin: str  # "index <url> (<setting>)" or "lock", credentials redacted
+    auth_from: str | None = None  # the index URL whose credentials its own host gets
+
+
+_HTTP_SCHEMES = ("http", "https")
+_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$")
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` may not be downloaded from, or None if it may (http/https to a host name only).
+
+    urllib would also open ``file:`` (any local file), ``ftp:`` and ``data:``
+    URLs, so index settings, index pages and lock URLs pass through here.
+    """
+    if not url:
+        return "it is empty"
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        return "it contains spaces or control characters"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in _HTTP_SCHEMES:
+        return f"scheme {parts.scheme or '(none)'!r} is not http or https"
+    host = parts.netloc.rpartition("@")[2]
+    if not _HOST.match(host):
+        return f"host {host!r} is not a host name"
+    return None
+
+
+def redact(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and JSON)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def _request(url: str, auth_from: str | None = None, accept: str | None = None) -> urllib.request.Request:
+    """A request for ``url`` without its userinfo; basic auth only for ``auth_from``'s own host."""
+    problem = http_url_problem(url)
+    if problem:
+        raise FetchError(f"refusing to download {redact(url)}: {problem}")
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    creds = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    if not creds and auth_from:
+        a = urllib.parse.urlsplit(auth_from)
+        if "@" in a.netloc and a.netloc.rpartition("@")[2].lower() == host.lower() and a.scheme == parts.scheme:
+            creds = a.netloc.rpartition("@")[0]
+    req = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=host)))
+    if accept:
+        req.add_header("Accept", accept)
+    if creds:
+        user, _, password = creds.partition(":")
+        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        req.add_unredirected_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
+    return req
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http(s) only (urllib's own handler also follows ``ftp:``)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        problem = http_url_problem(newurl)
+        if problem:
+            raise urllib.error.URLError(f"redirect to {redact(newurl)} refused: {problem}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def open_url(url: str, auth_from: str | None = None, accept: str | None = None,
+             timeout: float = 60) -> Any:
+    """urlopen for http(s) only, redirects included; see :func:`_request` for credentials."""
+    opener = urllib.request.build_opener(_HttpOnlyRedirects())
+    return opener.open(_request(url, auth_from, accept), timeout=timeout)
 
 
 def _pip_config_files() -> list[Path]:
@@ -83,13 +163,28 @@ def _from_pip_conf() -> tuple[str, str] | None:
     return found
 
 
-def configured_index() -> tuple[str, str] | None:
-    """(index URL, which setting gave it), or None when nothing is configured."""
+def _configured() -> tuple[str, str] | None:
     for var in ("DSV4PATCH_INDEX_URL", "PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
         value = os.environ.get(var, "").strip()
         if value:
             return value.split()[0], var
     return _from_pip_conf()
+
+
+def configured_index() -> tuple[str, str] | None:
+    """(index URL, which setting gave it), or None when nothing is configured.
+
+    A setting that is not an http(s) URL of a host is refused (exit 2), never opened.
+    """
+    found = _configured()
+    if found is not None:
+        problem = http_url_problem(found[0])
+        if problem:
+            raise UsageError(
+                f"{found[1]} = {redact(found[0])!r} is refused as a package index: {problem}; "
+                "set it to an https:// simple index (or set DSV4PATCH_INDEX_URL="
+                f"{DEFAULT_INDEX}, which takes precedence)")
+    return found
 
 
 def index_url() -> str:
@@ -134,14 +229,14 @@ class _Links(HTMLParser):
 def project_files(index: str, project: str) -> dict[str, tuple[str, str | None, int | None]]:
     """filename -> (absolute URL, sha256 or None, size or None) on the index's simple page."""
     page = f"{index.rstrip('/')}/{normalize(project)}/"
-    req = urllib.request.Request(page, headers={"Accept": _ACCEPT})
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (the user's index)
+        with open_url(page, accept=_ACCEPT) as resp:
             ctype = resp.headers.get("Content-Type", "")
             body = resp.read()
             base = resp.geturl()
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise FetchError(f"cannot query the package index at {page}: {getattr(exc, 'reason', exc)}") from None
+        raise FetchError(f"cannot query the package index at {redact(page)}: "
+                         f"{getattr(exc, 'reason', exc)}") from None
     files: dict[str, tuple[str, str | None, int | None]] = {}
     if "json" in ctype:
         try:
@@ -172,21 +267,26 @@ def download_candidates(url: str, sha256: str, notes: list[str] | None = None) -
     project = project_of(filename) if filename else None
     if found and project:
         index, origin = found
+        shown = redact(index)
         try:
             listed = project_files(index, project).get(filename)
         except FetchError as exc:
             listed = None
             if notes is not None:
                 notes.append(str(exc))
-        if listed is None:
+        problem = http_url_problem(listed[0]) if listed else None
+        if listed is not None and problem:
             if notes is not None:
-                notes.append(f"{filename} is not on the index {index} ({origin})")
+                notes.append(f"the index {shown} links {filename} to {redact(listed[0])}, refused: {problem}")
+        elif listed is None:
+            if notes is not None:
+                notes.append(f"{filename} is not on the index {shown} ({origin})")
         elif listed[1] and listed[1].lower() != sha256:
             if notes is not None:
-                notes.append(f"the index {index} lists {filename} with sha256 {listed[1]}, the lock "
+                notes.append(f"the index {shown} lists {filename} with sha256 {listed[1]}, the lock "
                              f"pins {sha256}: not using the index's file")
         else:
-            out.append(Candidate(listed[0], f"index {index} ({origin})"))
+            out.append(Candidate(listed[0], f"index {shown} ({origin})", index))
     if url and all(c.url != url for c in out):
         out.append(Candidate(url, "lock"))
     return out
@@ -197,6 +297,13 @@ def find_sdist(name: str, version: str) -> SdistInfo:
     filename = f"{name}-{version}.tar.gz"
     files = project_files(index, name)
     if filename not in files or not files[filename][1]:
-        raise FetchError(f"{index}/{normalize(name)}/ has no sdist {filename} with a sha256")
+        raise FetchError(f"{redact(index)}/{normalize(name)}/ has no sdist {filename} with a sha256")
     url, sha, size = files[filename]
+    problem = http_url_problem(url)
+    if problem:
+        raise FetchError(f"{redact(index)}/{normalize(name)}/ links {filename} to {redact(url)}, "
+                         f"refused: {problem}")
+    # The lock records the URL without credentials (downloads go through the index first).
+    parts = urllib.parse.urlsplit(url)
+    url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     return SdistInfo(filename, url, str(sha), size)

@@ -200,7 +200,11 @@ def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str)
         return {"package": kdist, "installed": False, "ok": False,
                 "note": f"{kdist} is not installed: the kernel fixes are not in effect"}
     info = found.get("build_info") or {}
-    lib = Path(found["dir"]) / str(info.get("library", ""))
+    # build_info.json is the installed package's word: its library must be a file in the package.
+    name = str(info.get("library", ""))
+    lib = Path(found["dir"]) / name
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        lib = Path(found["dir"]) / "<no library named>"
     try:
         hooked = vllm_wheel.hook_line(kdist) in init.read_text(encoding="utf-8")
     except OSError:

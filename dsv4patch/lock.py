@@ -294,10 +294,21 @@ def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, Whee
     for plat, entry in raw.items():
         t = _Table(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
         wheels[plat] = WheelFile(
-            platform=plat, url=t.get("url", str),
+            platform=plat, url=_download_url(path, f"{where}.{plat}", t.get("url", str)),
             sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.get("size", int, None),
         )
     return wheels
+
+
+def _download_url(path: Path, where: str, url: str) -> str:
+    """A lock URL dsv4patch downloads from: http(s) to a host only (urllib also opens file:, ftp:)."""
+    from dsv4patch.index import http_url_problem, redact
+
+    problem = http_url_problem(url) if url else None
+    if problem:
+        raise LockFileError(f"{path}: {where}.url = {redact(url)!r} is refused: {problem}; use the "
+                            "https:// URL of the file on the package index")
+    return url
 
 
 def _parse_source(path: Path, where: str, raw: Any) -> Source:
@@ -312,7 +323,7 @@ def _parse_source(path: Path, where: str, raw: Any) -> Source:
             version=t.get("version", str),
             sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"),
             size=t.get("size", int, None),
-            url=t.get("url", str, ""),
+            url=_download_url(path, where, t.get("url", str, "")),
         )
     if kind == "git":
         t = _Table(path, where, raw, {"kind", "url"})

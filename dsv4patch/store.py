@@ -148,7 +148,7 @@ class Store:
             errors: list[FetchError] = []
             for cand in index.download_candidates(url, sha256, notes):
                 try:
-                    self._download_to(dest, cand.url, sha256, size, what, progress)
+                    self._download_to(dest, cand.url, sha256, size, what, progress, cand.auth_from)
                     return dest
                 except FetchError as exc:
                     errors.append(exc)
@@ -159,13 +159,20 @@ class Store:
             raise cls("; then ".join([*notes, *(str(e) for e in errors)]))
 
     def _download_to(self, dest: Path, url: str, sha256: str, size: int | None, what: str,
-                     progress: Progress) -> None:
+                     progress: Progress, auth_from: str | None = None) -> None:
         """Download ``url`` into the cache as ``dest`` if its size and sha256 are right."""
+        from dsv4patch.index import http_url_problem, redact
+
+        problem = http_url_problem(url)
+        if problem:
+            raise FetchError(f"{what}: refusing to download {redact(url)}: {problem}; only http(s) "
+                             "URLs are downloaded (seed a local file with `dsv4patch fetch --sdist FILE`)")
         fd, tmp_name = tempfile.mkstemp(prefix="dl-", dir=self.root / "tmp")
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as fh:
-                got, digest, expected_len = _download(url, fh, what, progress, size)
+                got, digest, expected_len = _download(url, fh, what, progress, size, auth_from)
+            url = redact(url)
             if expected_len is not None and got < expected_len:
                 raise IntegrityError(
                     f"{what}: truncated download from {url}: got {got} of {expected_len} "
@@ -215,15 +222,18 @@ class Store:
 
 
 def _download(
-    url: str, fh: object, what: str, progress: Progress, size: int | None
+    url: str, fh: object, what: str, progress: Progress, size: int | None,
+    auth_from: str | None = None,
 ) -> tuple[int, str, int | None]:
     import urllib.error  # only a download needs them (a warm run never loads http/ssl)
-    import urllib.request
+
+    from dsv4patch.index import open_url, redact
 
     h = hashlib.sha256()
     got = 0
+    shown = redact(url)
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 (url from lock)
+        with open_url(url, auth_from) as resp:
             length = resp.headers.get("Content-Length")
             expected = int(length) if length and length.isdigit() else None
             with progress.task(f"download {what}", expected or size) as task:
@@ -232,7 +242,7 @@ def _download(
                         chunk = resp.read(CHUNK)
                     except Exception as exc:  # connection cut mid-body
                         raise IntegrityError(
-                            f"{what}: download from {url} broke off after {got} bytes ({exc}); "
+                            f"{what}: download from {shown} broke off after {got} bytes ({exc}); "
                             "nothing was cached, run the command again"
                         ) from None
                     if not chunk:
@@ -241,10 +251,10 @@ def _download(
                     h.update(chunk)
                     got += len(chunk)
                     task.advance(len(chunk))
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise NotFetchedError(
-            f"{what}: cannot download {url} ({reason}) and it is not in the cache. "
+            f"{what}: cannot download {shown} ({reason}) and it is not in the cache. "
             "Check network access to the package index, or copy the file into the cache "
             "with `dsv4patch fetch --sdist FILE`"
         ) from None

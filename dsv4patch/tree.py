@@ -295,15 +295,8 @@ def check_version_file(pin: Pin, root: Path) -> None:
         )
 
 
-def check_target_tree(path: Path) -> None:
-    """Refuse a target tree whose own git settings would rewrite files or run programs.
-
-    git.py pins every setting that changes ``git apply`` or checkout on the
-    command line, which beats the tree's ``.git/config``; what cannot be
-    pinned that way is a ``filter.<driver>`` (its clean/smudge commands run on
-    ``status`` and checkout) and ``$GIT_DIR/info/attributes`` lines that
-    rewrite files on checkout (eol, ident, filter, working-tree-encoding...).
-    """
+def unsafe_settings(path: Path) -> list[str]:
+    """The git settings of the repository at ``path`` that run programs or rewrite files."""
     problems: list[str] = []
     res = git.run(path, ["config", "--name-only", "--get-regexp", r"^filter\."], check=False)
     problems += [f"config {k}" for k in res.stdout.split()]
@@ -314,6 +307,19 @@ def check_target_tree(path: Path) -> None:
             attr = rewriting_attribute(line)
             if attr:
                 problems.append(f"{attributes}: {line.strip()!r}")
+    return problems
+
+
+def check_target_tree(path: Path) -> None:
+    """Refuse a target tree whose own git settings would rewrite files or run programs.
+
+    git.py pins every setting that changes ``git apply`` or checkout on the
+    command line, which beats the tree's ``.git/config``; what cannot be
+    pinned that way is a ``filter.<driver>`` (its clean/smudge commands run on
+    ``status`` and checkout) and ``$GIT_DIR/info/attributes`` lines that
+    rewrite files on checkout (eol, ident, filter, working-tree-encoding...).
+    """
+    problems = unsafe_settings(path)
     if problems:
         raise TreeError(
             f"{path}: its git settings would make the files on disk differ from the tree id or "
@@ -339,6 +345,14 @@ def _export_git(pin: Pin, store: Store, dest: Path) -> None:
             raise TreeError(
                 f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
                 f"{pin.commit}; check out that commit"
+            )
+        # `git status` would run the checkout's clean filters: its config is not ours to run.
+        problems = unsafe_settings(src.path)
+        if problems:
+            raise TreeError(
+                f"pin {pin.name}: local checkout {src.path} has git settings that run programs "
+                f"or rewrite files ({'; '.join(problems[:5])}); dsv4patch does not run them. "
+                "Remove them there, or use a clean clone of it as the source"
             )
         dirty = git.dirty_paths(src.path)
         if dirty:

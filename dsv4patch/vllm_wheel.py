@@ -174,6 +174,9 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
         with zipfile.ZipFile(path) as zf:
             for name in zf.namelist():
                 if name.startswith(dist + "/") and not name.endswith("/"):
+                    problem = member_problem(name)
+                    if problem:
+                        raise BuildError(f"--kernels {path}: member {name!r} {problem}")
                     members[name] = zf.read(name)
     except (zipfile.BadZipFile, OSError) as exc:
         raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
@@ -208,6 +211,24 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def member_problem(name: str) -> str | None:
+    """Why a wheel member ``name`` is not a plain path inside the wheel, or None.
+
+    The stock wheel is pinned by sha256, the ``--kernels`` wheel is not; either
+    way, what goes into the patched wheel must install under site-packages.
+    """
+    if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "is empty or has control characters"
+    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute or Windows path"
+    parts = name.rstrip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "has an empty, '.' or '..' path component"
+    if any(p.lower() == ".git" for p in parts):
+        return "is under a .git directory"
+    return None
+
+
 def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
           out_dir: Path) -> WheelBuild:
     """Write the patched wheel into ``out_dir`` (atomically) and return what it contains."""
@@ -221,6 +242,11 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
     old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
     infos = zipcopy.open_members(stock_path)
     names = [i.filename for i in infos]
+    for n in names:
+        problem = member_problem(n)
+        if problem:
+            raise IntegrityError(f"stock wheel {stock_name}: member {n!r} {problem}; refusing to repack "
+                                 "it (an installer would write it outside site-packages)")
     if f"{old_info}/RECORD" not in names:
         raise BuildError(f"stock wheel {stock_name} has no {old_info}/RECORD")
     top = {n.split("/", 1)[0] for n in names if "/" in n and not n.startswith(old_info + "/")}

@@ -46,7 +46,8 @@ def test_real_outputs_validate(tmp_path, cli, fork_lock):  # noqa: F811
     assert set(abort) >= {"tree", "head"}
     assert cli("apply", *fork, "--tree", tree, "--3way", "--no-build").rc == 1
     (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
-    cont = validate("resolve", cli("resolve", "--continue", "--tree", tree, "--format", "json").out)
+    cont = validate("resolve", cli("resolve", "--continue", "--tree", tree, "--lock", fork_lock, *cache,
+                                   "--format", "json").out)
     assert cont["ok"] is True and "pins" in cont
     validate("status", cli("status", "--tree", tree, "--lock", fork_lock, "--pin", "fork", "--format", "json").out)
     sh(tree, "commit", "-q", "--allow-empty", "-m", "Empty marker commit")

@@ -78,11 +78,12 @@ def test_conflict_workspace_continue_gives_a_variant_check_reports_clean(tmp_pat
     # apply refuses while the workspace is open; continue refuses while markers are left.
     again = cli("apply", *base, "--tree", tree, "--no-build")
     assert again.rc == EXIT_TREE and "resolve --continue" in again.err
-    early = cli("resolve", "--continue", "--tree", tree)
+    early = cli("resolve", "--continue", "--tree", tree, "--lock", fork_lock, "--cache-dir", cache)
     assert early.rc == EXIT_TREE and "vllm/worker.py" in early.err and "conflict markers" in early.err
     # The maintainer resolves, then continues: variant written, lock updated, the rest applied.
     (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
-    done = cli("resolve", "--continue", "--tree", tree, "--format", "json")
+    done = cli("resolve", "--continue", "--tree", tree, "--lock", fork_lock, "--cache-dir", cache,
+               "--format", "json")
     assert done.rc == 0, done.err + done.out
     out = json.loads(done.out)
     assert out["ok"] is True
@@ -263,7 +264,8 @@ def test_abort_after_a_continue_returns_to_before_the_first_apply(tmp_path, cli,
     assert cli("apply", *base, "--tree", tree, "--3way", "--no-build").rc == EXIT_UNEXPECTED
     start = sh(tree, "rev-parse", "HEAD")  # the base: nothing committed before 0001
     (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
-    second = cli("resolve", "--continue", "--tree", tree, "--format", "json")
+    second = cli("resolve", "--continue", "--tree", tree, "--lock", lock, "--cache-dir", tmp_path / "c",
+                 "--format", "json")
     assert second.rc == EXIT_UNEXPECTED, second.err
     assert json.loads(second.out)["workspace"]["patch"] == "0002-kernel.patch"
     assert sh(tree, "log", "--format=%s", "-1") == "worker"

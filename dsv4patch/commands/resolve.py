@@ -14,6 +14,14 @@ nothing else: resolving meant ``git am -3`` and ``format-patch`` by hand.
 * a state file inside the tree's git directory (``.git/dsv4patch-resolve.json``)
   naming the lock, pin, patch and the commits to return to.
 
+The state file lives in the tree, which dsv4patch does not trust (see "What
+dsv4patch trusts" in the README): its commits must be commit ids, its paths
+paths inside the tree, and it cannot choose where ``resolve`` writes.  The
+lock is the one this command finds (``--lock``, ``$DSV4PATCH_LOCK``, the
+checkout's ``locks/vllm.toml``) and must be the one the state names; the
+cache and the kernel wheel's directory are this command's ``--cache-dir`` and
+``--out`` (the state's values are only compared, never used).
+
 ``resolve --continue`` turns the resolved tree into the refreshed patch (a
 ``format-patch`` of the resolution on top of the committed prefix), writes
 it as the pin's variant (``patches/variants/PIN/NAME`` beside the series),
@@ -35,7 +43,7 @@ from typing import Any
 from dsv4patch import engine, git, report, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, FetchError, TreeError
+from dsv4patch.errors import EXIT_OK, FetchError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.series import Patch, Series, series_for_pin
 from dsv4patch.store import Store
@@ -49,13 +57,17 @@ _MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("resolve", help=HELP, description=HELP)
+    _common.add_lock(p, pins=False, series=False)
     p.add_argument("--tree", type=Path, required=True, help="the tree `apply --3way` left a conflict in")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--continue", dest="cont", action="store_true",
                       help="write the resolution as the pin's variant, update the lock, go on applying")
     what.add_argument("--abort", action="store_true",
                       help="put the tree back at the commit it had before `apply --3way`")
+    p.add_argument("--out", type=Path, default=None,
+                   help="--continue: where the kernel wheel goes when apply builds (default: ./dist)")
     _common.add_output(p)
+    _common.add_cache(p)
 
 
 def variants_dir(lock: Lock, pin: Pin) -> Path:
@@ -81,12 +93,58 @@ def read_state(gitdir: Path, path: Path) -> dict[str, Any]:
         for key in ("lock", "pin", "patch", "orig_head", "at"):
             if not isinstance(data.get(key), str):
                 raise ValueError(f"missing {key}")
+        _check_state(data)
     except (OSError, ValueError) as exc:
         raise TreeError(
             f"{sp} (the conflict workspace's state) is unreadable ({exc}); restore the tree "
             "yourself (`git reset --hard` to the commit you want) and delete the file"
         ) from None
     return data
+
+
+_COMMIT = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def _check_state(data: dict[str, Any]) -> None:
+    """Refuse (ValueError) a state whose values are not what dsv4patch writes.
+
+    The commits go to ``git reset --hard`` and ``commit-tree`` (an option or a
+    revision expression must not), the conflict paths are read from the tree.
+    """
+    for key in ("orig_head", "at", "base_commit"):
+        value = data.get(key)
+        if (key != "base_commit" or value is not None) and not (
+                isinstance(value, str) and _COMMIT.match(value)):
+            raise ValueError(f"{key} = {value!r} is not a full commit id")
+    conflicts = data.get("conflicts") or []
+    if not isinstance(conflicts, list):
+        raise ValueError("conflicts is not a list")
+    for name in conflicts:
+        if not (isinstance(name, str) and name and "\0" not in name and not name.startswith("/")
+                and ".." not in name.split("/") and ".git" not in name.lower().split("/")):
+            raise ValueError(f"conflicts names {name!r}, which is not a path inside the tree")
+    series = data.get("series")
+    if series is not None and not (isinstance(series, list) and all(isinstance(x, str) for x in series)):
+        raise ValueError("series is not a list of series names")
+
+
+def _state_lock(args: argparse.Namespace, state: dict[str, Any], path: Path) -> Path:
+    """The lock this command uses: found as every command finds it, and the one the state names."""
+    named = Path(state["lock"])
+    try:
+        found = _common.find_lock(getattr(args, "lock", None))
+    except UsageError:
+        raise TreeError(
+            f"the conflict workspace in {path} was opened with the lock {named}; pass it: "
+            f"`dsv4patch resolve --tree {path} --lock {named} ...`") from None
+    if os.path.abspath(found) != os.path.abspath(named):
+        raise TreeError(
+            f"the conflict workspace in {path} names the lock {named}, this command uses {found} "
+            f"(from --lock, $DSV4PATCH_LOCK or the current directory); resolve writes the variant "
+            f"into the lock it uses, so run it with `--lock {named}` if that is the lock you "
+            "opened the workspace with"
+        )
+    return found
 
 
 def _write_state(gitdir: Path, data: dict[str, Any]) -> None:
@@ -189,7 +247,7 @@ def start(
     # Through resolve --continue, --abort still returns to before the first apply --3way.
     orig = getattr(args, "orig_head", None) or head
     _write_state(gitdir, {
-        "lock": str(lock.path), "pin": pin.name, "series": getattr(args, "series", None),
+        "lock": os.path.abspath(lock.path), "pin": pin.name, "series": getattr(args, "series", None),
         "patch": patch.name, "patch_index": k, "orig_head": orig, "at": at,
         "base_commit": pinrepo.base_commit,
         "cache_dir": str(args.cache_dir) if args.cache_dir else None,
@@ -197,6 +255,8 @@ def start(
         "out": str(args.out) if getattr(args, "out", None) else None,
         "conflicts": conflicted,
     })
+    again = f" --lock {lock.path}" + (f" --cache-dir {args.cache_dir}" if args.cache_dir else "") + (
+        f" --out {args.out}" if getattr(args, "out", None) else "")
     if conflicted:
         where = f"conflicts in {', '.join(conflicted)} (conflict markers)"
         todo = "edit the files"
@@ -207,7 +267,7 @@ def start(
         f"{patch.name} conflicts on pin {pin.name}: {failing.message}",
         f"committed {len(commits)} earlier patch(es) (HEAD {at[:12]}) and applied {patch.name} "
         f"3-way: {where}",
-        f"next: {todo}, then `dsv4patch resolve --continue --tree {path}` (writes the "
+        f"next: {todo}, then `dsv4patch resolve --continue --tree {path}{again}` (writes the "
         f"resolution as pin {pin.name}'s variant of {patch.name}, updates {lock.path.name}, "
         f"applies the rest); `dsv4patch resolve --abort --tree {path}` puts the tree back at "
         f"{orig[:12]}",
@@ -233,7 +293,7 @@ def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace,
     with apply.tree_lock(path):
         gitdir = apply._git_dir(path)
         state = read_state(gitdir, path)
-        largs = argparse.Namespace(lock=Path(state["lock"]), series=state.get("series"))
+        largs = argparse.Namespace(lock=_state_lock(args, state, path), series=state.get("series"))
         lock = _common.open_lock(largs)
         pin = lock.pin(state["pin"])
         series = series_for_pin(lock, pin)
@@ -275,17 +335,21 @@ def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace,
         if not state.get("series"):
             lock = _common.open_lock(largs)
             pin = lock.pin(pin.name)
-            store = Store.open(Path(state["cache_dir"]) if state.get("cache_dir") else None)
+            store = _common.open_store(args)
             repo = tree.materialize(pin, store, _common.progress(args))
             res = engine.run_series(repo.repo, repo.base_commit, series_for_pin(lock, pin))
             values: dict[str, Any] = {"base_tree": repo.base_tree, "patched_tree": res.final_tree}
             lockmod.update_derived(lock.path, pin.name, values, {})
             if res.final_tree:
                 notes.append(f"pin {pin.name}: patched_tree {res.final_tree} in {lock.path}")
+    out = getattr(args, "out", None)
+    if state.get("build") and state.get("out") and str(out) != state["out"]:
+        notes.append(f"the workspace was opened with --out {state['out']}; the kernel wheel goes to "
+                     f"{out or './dist'} (pass --out to resolve to choose)")
     aargs = argparse.Namespace(
-        lock=Path(state["lock"]), pin=state["pin"], series=state.get("series"), tree=path,
-        build=bool(state.get("build")), out=Path(state["out"]) if state.get("out") else None,
-        format=args.format, cache_dir=Path(state["cache_dir"]) if state.get("cache_dir") else None,
+        lock=largs.lock, pin=state["pin"], series=state.get("series"), tree=path,
+        build=bool(state.get("build")), out=out,
+        format=args.format, cache_dir=getattr(args, "cache_dir", None),
         three_way=True, pre_notes=notes, orig_head=state["orig_head"],
     )
     return aargs, notes

@@ -1,0 +1,454 @@
+"""Hostile inputs to the code that downloads through an index, repacks wheels and resolves conflicts.
+
+The same trust boundary as ``test_hostile.py`` (issue 10), for what landed
+after it: the package index settings (``DSV4PATCH_INDEX_URL``,
+``PIP_INDEX_URL``, ``UV_*``, pip.conf) and the index's pages, the stock wheel
+``dsv4patch wheel`` repacks, commit subjects ``refresh`` turns into file
+names, and the conflict workspace's state file in the tree's ``.git``.
+Each is data: it never opens a local file or another scheme, never leaks a
+credential into a message, and never makes dsv4patch write outside the tree,
+the cache and the output directory the user named.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import sdist_pin, sh, write_lock
+from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
+from test_hostile import Sdist, marker_script, snapshot_dir
+from test_port_fork import _project as _port_project
+from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401 (fixture)
+
+DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
+INDEX_VARS = ("DSV4PATCH_INDEX_URL", "PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "VIRTUAL_ENV")
+
+
+@dataclass
+class Server:
+    url: str = ""
+    pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (type, body)
+    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
+    auth: str | None = None  # required Authorization header, if any
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    """Two HTTP servers on 127.0.0.1 (two hosts as far as URLs go: different ports)."""
+    out: list[Server] = []
+    running = []
+    for _ in range(2):
+        s = Server()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            srv = s
+
+            def do_GET(self):  # noqa: N802
+                auth = self.headers.get("Authorization")
+                self.srv.requests.append((self.path, auth))
+                if self.srv.auth is not None and auth != self.srv.auth:
+                    self.send_error(401)
+                    return
+                if self.path not in self.srv.pages:
+                    self.send_error(404)
+                    return
+                ctype, body = self.srv.pages[self.path]
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        s.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        out.append(s)
+        running.append(httpd)
+    yield out
+    for httpd in running:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def no_index_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in INDEX_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+
+
+def _sdist_lock(tmp_path: Path, url: str = f"{DEAD}/vllm-0.0.1.tar.gz") -> tuple[Path, bytes, str]:
+    """(lock, sdist bytes, sha256): a pin whose sdist is NOT cached; the lock's url is ``url``."""
+    data = Sdist().bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    d = tmp_path / "lock"
+    d.mkdir(exist_ok=True)
+    lock = write_lock(d / "l.toml", {"s": sdist_pin("s", "0123456789abcdef0123456789abcdef01234567",
+                                                     sha, url)}, {"main": []})
+    return lock, data, sha
+
+
+def _fetch(cli, lock: Path, cache: Path, *extra: str):
+    return cli("fetch", "--lock", lock, "--pin", "s", "--cache-dir", cache, *extra)
+
+
+# --- the package index -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting,value", [
+    ("DSV4PATCH_INDEX_URL", "file://{tmp}/simple"),
+    ("PIP_INDEX_URL", "ftp://127.0.0.1:9/simple"),
+    ("UV_INDEX_URL", "javascript:alert(1)"),
+    ("UV_DEFAULT_INDEX", "data:text/html,<a href='x'>x</a>"),
+    ("pip.conf", "$(touch {tmp}/MARKER)"),
+    ("pip.conf", "file:///etc"),
+])
+def test_index_setting_that_is_not_http_is_refused(tmp_path, cli, monkeypatch, no_index_config,
+                                                   setting, value):
+    value = value.format(tmp=tmp_path)
+    (tmp_path / "simple" / "vllm").mkdir(parents=True)
+    lock, _data, sha = _sdist_lock(tmp_path)
+    if setting == "pip.conf":
+        conf = tmp_path / "pip.conf"
+        conf.write_text(f"[global]\nindex-url = {value}\n")
+        monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    else:
+        monkeypatch.setenv(setting, value)
+    cache = tmp_path / "cache"
+    res = _fetch(cli, lock, cache, "--format", "json")
+    assert res.rc == EXIT_USAGE, (res.rc, res.err)
+    assert "refused as a package index" in res.err and (setting in res.err or "pip.conf" in res.err)
+    assert json.loads(res.out)["error"]["exit_code"] == EXIT_USAGE
+    assert not (tmp_path / "MARKER").exists()
+    assert not (cache / "blobs" / "sha256" / sha).exists()
+
+
+def test_index_link_to_a_local_file_is_not_followed(tmp_path, cli, monkeypatch, no_index_config, servers):
+    """A page that links the pinned file to file:///... (right sha256 and all) is not read."""
+    index = servers[0]
+    lock, data, sha = _sdist_lock(tmp_path)
+    outside = tmp_path / "outside" / "vllm-0.0.1.tar.gz"
+    outside.parent.mkdir()
+    outside.write_bytes(data)
+    index.pages["/simple/vllm/"] = ("application/vnd.pypi.simple.v1+json", json.dumps({
+        "meta": {"api-version": "1.0"},
+        "files": [{"filename": "vllm-0.0.1.tar.gz", "url": outside.as_uri(),
+                   "hashes": {"sha256": sha}}]}).encode())
+    monkeypatch.setenv("PIP_INDEX_URL", f"{index.url}/simple")
+    cache = tmp_path / "cache"
+    res = _fetch(cli, lock, cache)
+    assert res.rc == EXIT_FETCH, res.err
+    assert "refused" in res.err and "file" in res.err
+    assert not (cache / "blobs" / "sha256" / sha).exists()
+
+
+def test_index_credentials_are_used_for_the_index_host_only_and_never_printed(
+        tmp_path, cli, monkeypatch, no_index_config, servers):
+    index, files = servers
+    index.auth = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+    lock, data, sha = _sdist_lock(tmp_path)
+    files.pages["/f/vllm-0.0.1.tar.gz"] = ("application/octet-stream", data)
+    index.pages["/simple/vllm/"] = ("text/html", (
+        f'<a href="{files.url}/f/vllm-0.0.1.tar.gz#sha256={sha}">vllm-0.0.1.tar.gz</a>').encode())
+    host = index.url.split("//", 1)[1]
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://alice:s3cret@{host}/simple")
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_OK, res.err
+    assert index.requests == [("/simple/vllm/", index.auth)]
+    assert files.requests == [("/f/vllm-0.0.1.tar.gz", None)]  # another host: no credentials
+    # A failure names the index without its password, in text and JSON alike.
+    index.pages["/simple/vllm/"] = ("text/html", b"<html></html>")
+    res = _fetch(cli, lock, tmp_path / "cache2", "--format", "json")
+    assert res.rc == EXIT_FETCH
+    assert "s3cret" not in res.out + res.err
+    assert f"***@{host}" in json.loads(res.out)["error"]["message"]
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://127.0.0.1:9/vllm-0.0.1.tar.gz",
+                                 "http://-oProxyCommand=x/vllm-0.0.1.tar.gz"])
+def test_lock_download_url_that_is_not_http_is_refused(tmp_path, cli, no_index_config, url):
+    lock, _data, sha = _sdist_lock(tmp_path, url)
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_INPUT, (res.rc, res.err)
+    assert "is refused" in res.err and "url" in res.err
+
+
+# --- the conflict workspace's state file (.git/dsv4patch-resolve.json) --------------------
+
+
+def _workspace(tmp_path: Path, cli, lock: Path) -> tuple[Path, Path, dict]:
+    """(tree, state file, state): an open conflict workspace of pin fork, resolved by hand."""
+    tree = tmp_path / "fork-tree"
+    res = cli("apply", "--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "cache", "--tree", tree,
+              "--3way", "--no-build")
+    assert res.rc == EXIT_UNEXPECTED, res.err
+    (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
+    state_file = tree / ".git" / "dsv4patch-resolve.json"
+    return tree, state_file, json.loads(state_file.read_text())
+
+
+def test_tampered_state_cannot_choose_the_lock_resolve_writes(tmp_path, cli, monkeypatch, fork_lock):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    victim = tmp_path / "victim"
+    shutil.copytree(fork_lock.parent, victim)
+    before = snapshot_dir(victim)
+    state["lock"] = str(victim / fork_lock.name)
+    state_file.write_text(json.dumps(state))
+    mine = fork_lock.read_text()
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    res = cli("resolve", "--continue", "--tree", tree)
+    assert res.rc == EXIT_TREE, res.err
+    assert str(victim / fork_lock.name) in res.err and "--lock" in res.err
+    assert snapshot_dir(victim) == before and fork_lock.read_text() == mine
+    # Naming the lock the state names is the user's decision: then it proceeds.
+    ok = cli("resolve", "--continue", "--tree", tree, "--lock", victim / fork_lock.name)
+    assert ok.rc == EXIT_OK, ok.err
+    assert (victim / "variants" / "fork" / "0002-worker.patch").is_file()
+
+
+def test_tampered_state_cannot_choose_the_cache(tmp_path, cli, monkeypatch, fork_lock):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    state["cache_dir"] = str(tmp_path / "elsewhere")
+    state_file.write_text(json.dumps(state))
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    res = cli("resolve", "--continue", "--tree", tree)
+    assert res.rc == EXIT_OK, res.err
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("key,value,verb", [
+    ("orig_head", "HEAD~1", "--abort"),
+    ("orig_head", "--merge", "--abort"),
+    ("at", "HEAD@{1}", "--continue"),
+    ("conflicts", ["../outside.txt"], "--continue"),
+    ("conflicts", ["{outside}"], "--continue"),
+])
+def test_tampered_state_values_are_refused(tmp_path, cli, monkeypatch, fork_lock, key, value, verb):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("<<<<<<< ours\nsecret\n=======\n>>>>>>> theirs\n")
+    if isinstance(value, list):
+        value = [v.format(outside=outside) for v in value]
+    state[key] = value
+    state_file.write_text(json.dumps(state))
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    head = sh(tree, "rev-parse", "HEAD")
+    lock_text = fork_lock.read_text()
+    res = cli("resolve", verb, "--tree", tree)
+    assert res.rc == EXIT_TREE, (res.rc, res.err)
+    assert "dsv4patch-resolve.json" in res.err and key in res.err
+    assert sh(tree, "rev-parse", "HEAD") == head and fork_lock.read_text() == lock_text
+    assert (tree / "vllm/worker.py").read_text() == RESOLVED_WORKER
+
+
+# --- the stock wheel `dsv4patch wheel` repacks ----------------------------------------------
+
+WHEEL_NAME = "vllm-0.0.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+
+def _crafted_wheel(extra: dict[str, bytes], record_extra: str = "") -> bytes:
+    """A small vLLM 0.0.1 wheel whose RECORD lists every member (``extra`` included)."""
+    members = {"vllm/__init__.py": b"", "vllm/_version.py": b"__version__ = '0.0.1'\n",
+               "vllm-0.0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n",
+               "vllm-0.0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n", **extra}
+    rows = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+            for n, d in members.items()]
+    record = "\n".join([*rows, "vllm-0.0.1.dist-info/RECORD,,", record_extra]).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in [*members.items(), ("vllm-0.0.1.dist-info/RECORD", record)]:
+            zf.writestr(zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0)), d)
+    return buf.getvalue()
+
+
+def _wheel_lock(tmp_path: Path, wheel: bytes) -> tuple[Path, Path]:
+    """(lock, cache): the small sdist pin with ``wheel`` as its locked x86_64 wheel, both cached."""
+    data = Sdist().bytes()
+    sha, wsha = hashlib.sha256(data).hexdigest(), hashlib.sha256(wheel).hexdigest()
+    d = tmp_path / "lock"
+    d.mkdir(exist_ok=True)
+    pin = sdist_pin("s", "0123456789abcdef0123456789abcdef01234567", sha) + f'''
+        [pins."s".wheels.x86_64]
+        url = "{DEAD}/{WHEEL_NAME}"
+        sha256 = "{wsha}"
+        size = {len(wheel)}
+    '''
+    work = tmp_path / "patchwork"  # a patch made against the sdist's files: vllm/__init__.py gets A = 1
+    (work / "vllm").mkdir(parents=True)
+    sh(work, "init", "-q")
+    (work / "vllm/__init__.py").write_text("")
+    sh(work, "add", "-A")
+    sh(work, "commit", "-qm", "base")
+    (work / "vllm/__init__.py").write_text("A = 1\n")
+    sh(work, "commit", "-qam", "init: add A\n\nFix: 1")
+    Path(sh(work, "format-patch", "-1", "-o", str(d))).rename(d / "0001-init.patch")
+    lock = write_lock(d / "l.toml", {"s": pin}, {"main": ["0001-init.patch"]})
+    cache = tmp_path / "cache"
+    (cache / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (cache / "blobs" / "sha256" / sha).write_bytes(data)
+    (cache / "blobs" / "sha256" / wsha).write_bytes(wheel)
+    return lock, cache
+
+
+def _wheel(cli, lock: Path, cache: Path, out: Path):
+    return cli("wheel", "--lock", lock, "--pin", "s", "--platform", "x86_64", "--cache-dir", cache,
+               "--out", out, "--format", "json")
+
+
+def test_wheel_record_rows_outside_the_wheel_are_not_carried(tmp_path, cli, no_index_config):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}, "../../outside.py,sha256=AAAA,1\n/etc/x,,"))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_OK, res.err
+    built = Path(json.loads(res.out)["wheel"])
+    assert built.parent == out and sorted(p.name for p in out.iterdir()) == [built.name]
+    with zipfile.ZipFile(built) as zf:
+        record = zf.read("vllm-0.0.1+dsv4." + built.name.split("+dsv4.", 1)[1].split("-", 1)[0]
+                         + ".dist-info/RECORD").decode()
+    assert "outside.py" not in record and "/etc/x" not in record
+
+
+@pytest.mark.parametrize("member", ["../evil.py", "/tmp/evil.py", "vllm/../../evil.py", "vllm\\..\\..\\evil.py",
+                                    "vllm/./x.py", "vllm/.git/config"])
+def test_wheel_member_outside_the_wheel_is_refused(tmp_path, cli, no_index_config, member):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({member: b"import os\n"}))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert repr(member) in res.err or member in res.err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+# --- refresh: commit subjects and trailers become file names ----------------------------------
+
+
+def test_refresh_commit_subject_and_trailer_cannot_name_a_file_outside(tmp_path, cli, fork_lock):
+    tree = tmp_path / "up-tree"
+    base = ("--lock", fork_lock, "--pin", "upstream", "--cache-dir", tmp_path / "cache")
+    assert cli("apply", *base, "--tree", tree, "--no-build").rc == 0
+    d = fork_lock.parent
+    (tree / "vllm/new_mod.py").write_text("X = 1\n")
+    sh(tree, "add", "vllm/new_mod.py")
+    sh(tree, "commit", "-qm", "../../../evil\x1b[31m/..\\x\nsecond line /etc/passwd")
+    before = {p.name for p in tmp_path.iterdir()}
+    res = cli("refresh", *base, "--tree", tree, "--format", "json")
+    assert res.rc == EXIT_OK, res.err + res.out
+    [(name, entry)] = [(n, v) for n, v in json.loads(res.out)["patches"].items() if v["action"] == "new"]
+    assert name == "0004-evil-31m-x.patch" and Path(entry["file"]) == d / name
+    assert (d / "main.series").read_text().splitlines()[-1] == name
+    assert {p.name for p in tmp_path.iterdir()} == before
+    # A dsv4patch trailer naming a path is not a patch of the series: refused, nothing written.
+    sh(tree, "commit", "-q", "--allow-empty-message", "--amend", "-m",
+       "x\n\nDsv4patch-Patch: ../../evil.patch")
+    series = (d / "main.series").read_text()
+    again = cli("refresh", *base, "--tree", tree)
+    assert again.rc == EXIT_TREE and "../../evil.patch" in again.err
+    assert (d / "main.series").read_text() == series and not (tmp_path / "evil.patch").exists()
+
+
+# --- port --local and --resolutions --------------------------------------------------------
+
+
+def test_port_local_checkout_filter_driver_never_runs(tmp_path, upstream, cli):
+    """A fork checkout's own clean filter would run in `git status` (the clean check): refused."""
+    lock, fork = _port_project(tmp_path, upstream)
+    script, marker = marker_script(tmp_path, "filter")
+    (fork / ".gitattributes").write_text("* filter=evil\n")
+    sh(fork, "add", ".gitattributes")
+    sh(fork, "commit", "-qm", "attributes")
+    sh(fork, "config", "filter.evil.clean", f"{script} %f; cat")
+    os.utime(fork / "vllm/worker.py", (946684800, 946684800))  # stat-dirty: status must re-read it
+    before = lock.read_text()
+    res = cli("port", "--lock", lock, "--local", fork, "--name", "fork", "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE, (res.rc, res.err)
+    assert "filter.evil.clean" in res.err
+    assert not marker.exists() and lock.read_text() == before
+
+
+def test_port_resolution_with_a_path_outside_is_refused(tmp_path, upstream, cli):
+    lock, fork = _port_project(tmp_path, upstream)
+    res_dir = tmp_path / "resolutions"
+    res_dir.mkdir()
+    (res_dir / "0001-many.patch").write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: t <t@t>\n"
+        "Subject: [PATCH] many\n\n---\ndiff --git a/../evil.py b/../evil.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/../evil.py\n@@ -0,0 +1 @@\n+import os\n")
+    before = lock.read_text()
+    res = cli("port", "--lock", lock, "--local", fork, "--name", "fork", "--resolutions", res_dir,
+              "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT, (res.rc, res.err)
+    assert "../evil.py" in res.err
+    assert lock.read_text() == before and not (tmp_path / "evil.py").exists()
+    assert not (lock.parent.parent / "patches/variants/fork").exists()
+
+
+def test_lock_update_records_the_sdist_url_without_index_credentials(monkeypatch, no_index_config, servers):
+    index = servers[0]
+    index.auth = "Basic " + base64.b64encode(b"bob:t0ken").decode()
+    sha = "ab" * 32
+    index.pages["/simple/vllm/"] = ("text/html", (
+        f'<a href="../../files/vllm-0.0.1.tar.gz#sha256={sha}">vllm-0.0.1.tar.gz</a>').encode())
+    host = index.url.split("//", 1)[1]
+    monkeypatch.setenv("DSV4PATCH_INDEX_URL", f"http://bob:t0ken@{host}/simple")
+    from dsv4patch import index as index_mod
+
+    info = index_mod.find_sdist("vllm", "0.0.1")
+    assert info.url == f"http://{host}/files/vllm-0.0.1.tar.gz" and info.sha256 == sha
+
+
+# --- status --installed ------------------------------------------------------------------------
+
+
+def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
+    """build_info.json naming ../../x (a file that exists) does not make the library 'present'."""
+    from dsv4patch import installed
+
+    pkg = tmp_path / "site" / "dsv4patch_kernels_x"
+    pkg.mkdir(parents=True)
+    (tmp_path / "decoy.so").write_bytes(b"\x7fELF")
+    init = tmp_path / "site" / "vllm" / "__init__.py"
+    init.parent.mkdir()
+    init.write_text("")
+    for name in ("../../decoy.so", str(tmp_path / "decoy.so")):
+        found = {"dir": str(pkg), "build_info": {"tree_id": "t" * 40, "library": name},
+                 "entry_points": ["dsv4patch_kernels_x:register"]}
+        res = installed._kernels(found, "t" * 40, init, "dsv4patch_kernels_x")
+        assert res["library_present"] is False and res["ok"] is False
+
+
+def test_kernel_wheel_member_outside_its_package_is_refused(tmp_path):
+    """``--kernels WHEEL`` is not pinned by any hash: its members are checked like the stock wheel's."""
+    from dsv4patch import vllm_wheel
+    from dsv4patch.errors import BuildError
+    from dsv4patch.lock import load
+
+    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    pin = load(lock).pin("s")
+    dist = vllm_wheel.dist_name(pin.name)
+    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(kw, "w") as zf:
+        zf.writestr(f"{dist}/build_info.json", json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1",
+                                                          "library": "lib.so"}))
+        zf.writestr(f"{dist}/lib.so", b"\x7fELF")
+        zf.writestr(f"{dist}/../../evil.py", b"import os\n")
+    with pytest.raises(BuildError, match=r"evil\.py"):
+        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")

@@ -42,6 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dsv4patch.errors import FetchError, UsageError
+from dsv4patch.urls import http_url_problem, redact
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -64,35 +65,7 @@ class Candidate:
     auth_from: str | None = None  # the index URL whose credentials its own host gets
 
 
-_HTTP_SCHEMES = ("http", "https")
-_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$")
-
-
-def http_url_problem(url: str) -> str | None:
-    """Why ``url`` may not be downloaded from, or None if it may (http/https to a host name only).
-
-    urllib would also open ``file:`` (any local file), ``ftp:`` and ``data:``
-    URLs, so index settings, index pages and lock URLs pass through here.
-    """
-    if not url:
-        return "it is empty"
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        return "it contains spaces or control characters"
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme.lower() not in _HTTP_SCHEMES:
-        return f"scheme {parts.scheme or '(none)'!r} is not http or https"
-    host = parts.netloc.rpartition("@")[2]
-    if not _HOST.match(host):
-        return f"host {host!r} is not a host name"
-    return None
-
-
-def redact(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and JSON)."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+# http_url_problem and redact live in urls.py (no urllib.request: the lock loads them)
 
 
 def _request(url: str, auth_from: str | None = None, accept: str | None = None) -> urllib.request.Request:

@@ -302,7 +302,7 @@ def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, Whee
 
 def _download_url(path: Path, where: str, url: str) -> str:
     """A lock URL dsv4patch downloads from: http(s) to a host only (urllib also opens file:, ftp:)."""
-    from dsv4patch.index import http_url_problem, redact
+    from dsv4patch.urls import http_url_problem, redact
 
     problem = http_url_problem(url) if url else None
     if problem:

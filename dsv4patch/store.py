@@ -161,7 +161,7 @@ class Store:
     def _download_to(self, dest: Path, url: str, sha256: str, size: int | None, what: str,
                      progress: Progress, auth_from: str | None = None) -> None:
         """Download ``url`` into the cache as ``dest`` if its size and sha256 are right."""
-        from dsv4patch.index import http_url_problem, redact
+        from dsv4patch.urls import http_url_problem, redact
 
         problem = http_url_problem(url)
         if problem:

@@ -272,6 +272,14 @@ def run(args: argparse.Namespace) -> int:
                                    else f"not checked ({kernel['active']['reason']})"))
         else:
             out["notes"].append(kernel["note"])
+    for name, p in out["patches"].items():
+        if p["state"] not in ("present", "upstream"):
+            # In full (the table may fold a long name on a narrow terminal), with what to do.
+            bad = ", ".join(f"{f}: {v['state']}" for f, v in p["files"].items() if v["state"] != "present")
+            out["notes"].append(
+                f"{name}: {p['state']} ({bad or 'its kernels: see the kernel library line'})\n  next: install the patched wheel again "
+                f"(`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
+                "--no-deps <wheel>`)")
     out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
     table, md = report.simple_table(f"dsv4patch status --installed: {out['python']}",
                                     ["patch", "state", "files not present"], rows)

@@ -115,3 +115,38 @@ def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstr
     assert c["file"] == "vllm/envs.py" and c["target"] == "VAR_20 = 21" and c["patch"] == "VAR_20 = 200"
     assert lock.read_text() == before and not (root / "patches/variants/third").exists()
     del old_commit
+
+
+def test_port_numbers_each_series_on_its_own(tmp_path, upstream, cli):
+    """Refreshed variants are numbered within their series: [PATCH n/2] for the
+    two of "main", [PATCH 1/1] for the one of "extra" (not n/3 across both)."""
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    (root / "patches").mkdir()
+    worker = MINI_FILES["vllm/worker.py"]
+    envs = MINI_FILES["vllm/envs.py"]
+    upstream.patch(root / "patches/0001-a.patch", "a", {"vllm/worker.py": worker.replace("return 0", "return 2")}, "one")
+    upstream.patch(root / "patches/0002-b.patch", "b", {"vllm/envs.py": envs.replace("VAR_30 = 30", "VAR_30 = 300")}, "two")
+    upstream.patch(root / "patches/0003-c.patch", "c", {"vllm/envs.py": envs.replace("VAR_5 = 5", "VAR_5 = 50")}, "three")
+    lock = write_lock(root / "locks/vllm.toml",
+                      {"old": git_pin("old", upstream, extra='series = ["main", "extra"]')},
+                      {"main": ["../patches/0001-a.patch", "../patches/0002-b.patch"],
+                       "extra": ["../patches/0003-c.patch"]})
+    # Every patch needs a refresh: lines shifted at the top of both files.
+    (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n" + worker)
+    (upstream.path / "vllm/envs.py").write_text("# 1\n# 2\n" + envs)
+    sh(upstream.path, "commit", "-qam", "drift")
+    new_commit = sh(upstream.path, "rev-parse", "HEAD")
+    res = cli("port", "--lock", lock, "--from", "old", "--to", new_commit, "--git", upstream.path,
+              "--name", "new", "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    subjects = {
+        name: next(line for line in (root / "patches/variants/new" / name).read_text().splitlines()
+                   if line.startswith("Subject: "))
+        for name in ("0001-a.patch", "0002-b.patch", "0003-c.patch")
+    }
+    assert subjects == {
+        "0001-a.patch": "Subject: [PATCH 1/2] one",
+        "0002-b.patch": "Subject: [PATCH 2/2] two",
+        "0003-c.patch": "Subject: [PATCH 1/1] three",
+    }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, testenv, tree
+from dsv4patch import engine, git, report, testenv, tree, upstream_tests
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
 from dsv4patch.series import Patch, series_for_pin
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--patch", action="append", help="only these patches (file name or NNNN prefix)")
     p.add_argument("--torch", default=None, help="torch version for the test venv (default: the pin's)")
     p.add_argument("--keep", action="store_true", help="keep the before/after work trees")
+    upstream_tests.add_arguments(p)
     _common.add_output(p, markdown=True)
     _common.add_cache(p)
 
@@ -101,6 +102,8 @@ def verdict(before: Outcome, after: Outcome) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.upstream_tests:
+        return upstream_tests.command(args)
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     store = _common.open_store(args)

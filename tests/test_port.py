@@ -45,12 +45,14 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     rep = json.loads(res.out)
     assert res.rc == 1
     actions = {k[:4]: v["action"] for k, v in rep["patches"].items()}
-    assert actions == {"0001": "refresh", "0002": "merge", "0003": "refresh", "0004": "keep",
-                       "0005": "conflict", "0006": "not-ported", "0007": "not-ported",
+    # 0003 bounds the draft's seq_lens next to code 0.26.0 does not have (the
+    # sampling-state copy), so the automatic port stops there.
+    assert actions == {"0001": "refresh", "0002": "merge", "0003": "conflict", "0004": "not-ported",
+                       "0005": "not-ported", "0006": "not-ported", "0007": "not-ported",
                        "0008": "not-ported", "0009": "not-ported"}
-    hunk = rep["patches"][next(k for k in rep["patches"] if k.startswith("0005"))]["conflicts"][0]
-    assert hunk["file"] == "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
-    assert "_SPARSE_MLA_SUPPORTED_Q_HEADS" in hunk["patch"]  # the two sides are reported
+    hunk = rep["patches"][next(k for k in rep["patches"] if k.startswith("0003"))]["conflicts"][0]
+    assert hunk["file"] == "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+    assert "max_model_len" in hunk["patch"]  # the two sides are reported
     assert "nothing was written" in rep["notes"]
     assert lock.read_text() == before and not (tmp_path / "patches/variants/p026").exists()
 
@@ -66,8 +68,8 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     for n in ("0001", "0002"):
         assert details[n][0] == "resolved" and "gives the same tree" in details[n][1], details[n]
     assert "automatic 3-way merge conflicted" in details["0005"][1]
+    assert "automatic 3-way merge conflicted" in details["0003"][1]
     # The hand port adapted these tests to 0.26.0's signatures; the automatic one could not.
-    assert "differs in tests/v1/spec_decode/test_dsv4_fix3" in details["0003"][1]
     assert "differs in tests/v1/attention/test_dsv4_fix6" in details["0006"][1]
     ported = load(lock).pin("p026")
     hand = load(LOCK).pin("0.26.0")

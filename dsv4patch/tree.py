@@ -57,6 +57,10 @@ def cache_key(pin: Pin) -> str:
 
 
 def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
+    if pin.source.kind == "local":
+        # Revalidated on every run, warm cache or not: a checkout that has moved
+        # or has edits is refused the same way a cold cache refuses it.
+        check_local_checkout(pin)
     key = cache_key(pin)
     dest = store.root / "trees" / f"{key}.git"
     with store.lock(f"tree-{key}"):
@@ -308,25 +312,32 @@ def check_target_tree(path: Path) -> None:
         )
 
 
+def check_local_checkout(pin: Pin) -> None:
+    """A ``local`` pin's checkout must be a clean git checkout at the pinned commit."""
+    src = pin.source
+    assert src.path is not None
+    if not git.is_repo_root(src.path):
+        raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
+    head = git.head(src.path)
+    if head != pin.commit:
+        raise TreeError(
+            f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
+            f"{pin.commit}; check out that commit"
+        )
+    dirty = git.dirty_paths(src.path)
+    if dirty:
+        raise TreeError(
+            f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
+            f"({', '.join(dirty[:5])}); commit or stash them"
+        )
+
+
 def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     """Check out the pinned commit's files from a git remote or a local checkout."""
     src = pin.source
     if src.kind == "local":
         assert src.path is not None
-        if not git.is_repo_root(src.path):
-            raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
-        head = git.head(src.path)
-        if head != pin.commit:
-            raise TreeError(
-                f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
-                f"{pin.commit}; check out that commit"
-            )
-        dirty = git.dirty_paths(src.path)
-        if dirty:
-            raise TreeError(
-                f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
-                f"({', '.join(dirty[:5])}); commit or stash them"
-            )
+        check_local_checkout(pin)
         url = str(src.path)
     else:
         url = src.url

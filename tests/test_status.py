@@ -99,3 +99,18 @@ def test_status_uses_the_default_lock_when_a_pin_has_the_tree_base(applied, cli,
     assert rep.get("pin") == "p", rep
     assert _states(rep) == {
         "0001-a.patch": "applied", "0002-b.patch": "applied", "0003-c.patch": "applied"}
+
+
+def test_moved_local_checkout_is_reported_as_changed(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "first")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, kind="local")}, {"main": ["0001-a.patch"]})
+    tree = tmp_path / "vllm-src"
+    assert cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c").rc == 0
+    rep = json.loads(cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json").out)
+    assert rep["source"] == "unchanged" and rep["ok"]
+    sh(upstream.path, "commit", "-q", "--allow-empty", "-m", "moved on")
+    st = cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json")
+    rep = json.loads(st.out)
+    assert st.rc == 1 and rep["source"].startswith("changed:") and "check out that commit" in rep["source"]

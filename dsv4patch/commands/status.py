@@ -17,10 +17,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report
+from dsv4patch import engine, git, report, tree
 from dsv4patch.commands import _common
 from dsv4patch.commands.apply import JOURNAL
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, TreeError
 from dsv4patch.lock import Lock, Pin, load
 from dsv4patch.series import Series, series_for_pin
 
@@ -161,6 +161,14 @@ def run(args: argparse.Namespace) -> int:
         out["expected_tree_id"] = pin.patched_tree
         if pin.patched_tree and out["tree_id"] != pin.patched_tree:
             out["ok"] = False
+        if pin.source.kind == "local":
+            # The pin's own checkout, revalidated on every run (HEAD, cleanliness).
+            try:
+                tree.check_local_checkout(pin)
+                out["source"] = "unchanged"
+            except (TreeError, FetchError) as exc:
+                out["source"] = f"changed: {exc}"
+                out["ok"] = False
     rows = [[name, v["state"], v.get("commit", "")[:12]] for name, v in out["patches"].items()]
     rows += [[f"(foreign) {f['subject'][:60]}", "foreign", f["commit"][:12]] for f in foreign]
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], rows)
@@ -172,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     if "pin" in out:
         tree_note += f" (pin {out['pin']} of {out['lock']})"
     out["notes"] = [tree_note] + ([f"dirty: {', '.join(dirty[:10])}"] if dirty else [])
+    if str(out.get("source", "")).startswith("changed"):
+        out["notes"].append(f"pin source {out['source']}")
     if foreign:
         out["notes"].append(f"{len(foreign)} commit(s) not made by dsv4patch: "
                             + ", ".join(f["commit"][:12] for f in foreign))

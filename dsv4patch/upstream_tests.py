@@ -169,7 +169,10 @@ def command(args: argparse.Namespace) -> int:
         raise TreeError(
             f"pin {pin.name}: the series does not apply, nothing to verify; run dsv4patch check"
         )
-    rows = [Row(t) for p in series.patches for t in declared(p)]
+    wanted = getattr(args, "patch", None)
+    rows = [Row(t) for p in series.patches
+            if not wanted or any(p.name == w or p.name.startswith(w) for w in wanted)
+            for t in declared(p)]
     work = store.tmpdir(f"upstream-tests-{pin.name}-")
     torch = None
     try:

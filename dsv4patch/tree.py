@@ -63,6 +63,10 @@ def is_materialized(pin: Pin, store: Store) -> bool:
 
 
 def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
+    if pin.source.kind == "local":
+        # Revalidated on every run, warm cache or not: a checkout that has moved
+        # or has edits is refused the same way a cold cache refuses it.
+        check_local_checkout(pin)
     key = cache_key(pin)
     dest = store.root / "trees" / f"{key}.git"
     with store.lock(f"tree-{key}"):
@@ -328,38 +332,46 @@ def check_target_tree(path: Path) -> None:
         )
 
 
+def check_local_checkout(pin: Pin) -> None:
+    """A ``local`` pin's checkout must exist and be a clean git checkout at the pinned commit,
+    with no git settings that would run programs (checked before `git status` runs)."""
+    src = pin.source
+    assert src.path is not None
+    if not src.path.exists():
+        raise FetchError(
+            f"pin {pin.name}: local source {src.path} does not exist; a relative path in the "
+            "lock is relative to the lock file's directory, so a copied lock needs it adjusted"
+        )
+    if not git.is_repo_root(src.path):
+        raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
+    head = git.head(src.path)
+    if head != pin.commit:
+        raise TreeError(
+            f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
+            f"{pin.commit}; check out that commit"
+        )
+    # `git status` would run the checkout's clean filters: its config is not ours to run.
+    problems = unsafe_settings(src.path)
+    if problems:
+        raise TreeError(
+            f"pin {pin.name}: local checkout {src.path} has git settings that run programs "
+            f"or rewrite files ({'; '.join(problems[:5])}); dsv4patch does not run them. "
+            "Remove them there, or use a clean clone of it as the source"
+        )
+    dirty = git.dirty_paths(src.path)
+    if dirty:
+        raise TreeError(
+            f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
+            f"({', '.join(dirty[:5])}); commit or stash them"
+        )
+
+
 def _export_git(pin: Pin, store: Store, dest: Path) -> None:
     """Check out the pinned commit's files from a git remote or a local checkout."""
     src = pin.source
     if src.kind == "local":
         assert src.path is not None
-        if not src.path.exists():
-            raise FetchError(
-                f"pin {pin.name}: local source {src.path} does not exist; a relative path in the "
-                "lock is relative to the lock file's directory, so a copied lock needs it adjusted"
-            )
-        if not git.is_repo_root(src.path):
-            raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
-        head = git.head(src.path)
-        if head != pin.commit:
-            raise TreeError(
-                f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
-                f"{pin.commit}; check out that commit"
-            )
-        # `git status` would run the checkout's clean filters: its config is not ours to run.
-        problems = unsafe_settings(src.path)
-        if problems:
-            raise TreeError(
-                f"pin {pin.name}: local checkout {src.path} has git settings that run programs "
-                f"or rewrite files ({'; '.join(problems[:5])}); dsv4patch does not run them. "
-                "Remove them there, or use a clean clone of it as the source"
-            )
-        dirty = git.dirty_paths(src.path)
-        if dirty:
-            raise TreeError(
-                f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
-                f"({', '.join(dirty[:5])}); commit or stash them"
-            )
+        check_local_checkout(pin)
         url = str(src.path)
     else:
         url = src.url

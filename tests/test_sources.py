@@ -56,6 +56,24 @@ def test_local_checkout_must_be_clean_and_at_commit(tmp_path, upstream, cli):
     assert cli("fetch", "--lock", lock, "--cache-dir", tmp_path / "c").rc == 0
 
 
+def test_local_checkout_is_revalidated_with_a_warm_cache(tmp_path, upstream, cli):
+    """A warm cache must not say ok for a checkout that has moved or has edits."""
+    d = tmp_path / "l"
+    d.mkdir()
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, kind="local")}, {"main": []})
+    cache = tmp_path / "c"
+    assert cli("fetch", "--lock", lock, "--cache-dir", cache).rc == 0  # cache now warm
+    sh(upstream.path, "commit", "-q", "--allow-empty", "-m", "moved on")
+    res = cli("fetch", "--lock", lock, "--cache-dir", cache)
+    assert res.rc == EXIT_TREE and "check out that commit" in res.err, (res.rc, res.err)
+    sh(upstream.path, "checkout", "-q", upstream.commit)
+    (upstream.path / "vllm/envs.py").write_text("edited\n")
+    res = cli("fetch", "--lock", lock, "--cache-dir", cache)
+    assert res.rc == EXIT_TREE and "uncommitted changes" in res.err, (res.rc, res.err)
+    sh(upstream.path, "checkout", "-q", "--", "vllm/envs.py")
+    assert cli("fetch", "--lock", lock, "--cache-dir", cache).rc == 0
+
+
 def _served_lock(tmp_path: Path, http_body: bytes) -> tuple[Path, str]:
     import hashlib
     import http.server

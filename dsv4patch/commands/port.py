@@ -177,7 +177,6 @@ def port_series(
             prev = r.tree
     after_tree = {r.patch: r.tree for r in old_result.patches}
     out: list[Ported] = []
-    total = len(series.patches)
     with git.scratch_index(work_repo, new.base_commit) as env:
         parent = new.base_commit
         for number, patch in enumerate(series.patches, start=1):
@@ -228,7 +227,12 @@ def port_series(
                                          f"{auto.action} ({auto.detail}).")
             commit = git.commit_tree(work_repo, auto_tree or "", parent, message, patch.author)
             if auto.action != "keep":
-                auto.text = git.format_patch(work_repo, commit, number, total)
+                # Numbered within its own series: [PATCH n/7] for the seven
+                # fixes, the extra series on its own ([PATCH n/2]).
+                same = [p for p in series.patches if p.series == patch.series]
+                auto.text = git.format_patch(
+                    work_repo, commit, same.index(patch) + 1, len(same)
+                )
             parent = commit
     return out
 

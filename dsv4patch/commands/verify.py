@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, testenv, testrun, tree
+from dsv4patch import engine, git, report, testenv, testrun, tree, upstream_tests
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
 from dsv4patch.series import Patch, series_for_pin
@@ -59,6 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep the before/after work trees")
     p.add_argument("--no-cache", action="store_true",
                    help="run the tests even when results for the same tree, tests and venv are cached")
+    upstream_tests.add_arguments(p)
     _common.add_output(p, markdown=True)
     _common.add_cache(p)
 
@@ -115,6 +116,8 @@ def verdict(before: Outcome, after: Outcome) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.upstream_tests:
+        return upstream_tests.command(args)
     clock = _Phases()
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)

@@ -1,0 +1,125 @@
+"""Fix 5's SM120 gate against the FlashInfer releases where its inputs changed.
+
+The patched 0.27.1 gate (``has_flashinfer_sparse_mla_sm120_config``, behind
+``has_flashinfer_sparse_mla_sm120`` like the layer that uses it) must give, for
+a grid of (query heads, top-k), the same answer as 0.28.0's own gate with the
+same FlashInfer: 0.6.14 (pin 0.26.0), 0.6.16.post3 (pin 0.27.1), 0.6.18.post1
+(first with top-k 192/256), 0.7.0 (dispatch envelope, public query),
+0.7.2.post1 and 0.7.4 (the newest here).
+
+The wheels are pure Python (``py3-none-any``); they are fetched by sha256 into
+the shared store (``tests/flashinfer_wheels.lock.json``) and imported on CPU in
+the ``verify`` venv, with the four small packages ``flashinfer`` imports at
+module level.  Nothing is faked: both gates run the real vLLM code on the real
+FlashInfer modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCK, ROOT
+from dsv4patch import testenv
+from dsv4patch.main import main
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.slow,
+    # vLLM's has_flashinfer() (behind both gates) wants nvcc or flashinfer-cubin.
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH (vLLM's has_flashinfer)"),
+]
+
+WHEELS = json.loads((ROOT / "tests" / "flashinfer_wheels.lock.json").read_text())
+GRID = [(h, k) for h in (8, 16, 32, 64, 128) for k in (128, 192, 256, 512, 1024, 2048)]
+
+PROBE = """
+import json, sys
+from vllm.utils import flashinfer as fi
+grid = json.loads(sys.argv[1])
+api = fi.has_flashinfer_sparse_mla_sm120()
+gate = {f"{h},{k}": bool(fi.has_flashinfer_sparse_mla_sm120_config(h, k)) for h, k in grid}
+print(json.dumps({"api": api, "gate": gate}))
+"""
+
+
+def _tree(tmp_path_factory: pytest.TempPathFactory, cache: Path, pin: str) -> Path:
+    tree = tmp_path_factory.mktemp(f"fi-{pin}") / "vllm"
+    assert main(["apply", "--lock", str(LOCK), "--pin", pin, "--tree", str(tree),
+                 "--cache-dir", str(cache), "--format", "json", "--no-build"]) == 0
+    return tree
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory, shared_cache) -> dict[str, Path]:
+    return {pin: _tree(tmp_path_factory, shared_cache, pin) for pin in ("0.27.1", "0.28.0")}
+
+
+@pytest.fixture(scope="module")
+def env(trees, shared_cache) -> testenv.TestEnv:
+    return testenv.ensure(trees["0.27.1"], Store.open(shared_cache))
+
+
+@pytest.fixture(scope="module")
+def deps(env, shared_cache) -> Path:
+    """flashinfer's import-time dependencies, installed once into the store."""
+    store = Store.open(shared_cache)
+    key = "-".join(WHEELS["deps"]).replace("=", "").replace(".", "_")
+    dest = store.root / "derived" / f"flashinfer-deps-{key}"
+    with store.lock(f"flashinfer-deps-{key}"):
+        if not (dest / ".ready").exists():
+            subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--no-deps",
+                            "--target", str(dest), *WHEELS["deps"]], check=True)
+            (dest / ".ready").write_text("ok\n")
+    return dest
+
+
+def _flashinfer(shared_cache: Path, version: str) -> Path:
+    """The release's wheel, fetched by sha256 and unpacked once in the store."""
+    w = WHEELS["wheels"][version]
+    store = Store.open(shared_cache)
+    blob = store.fetch_blob(w["url"], w["sha256"], w["size"], f"flashinfer-python {version}",
+                            Progress(False))
+    dest = store.root / "derived" / f"flashinfer-{w['sha256']}"
+    with store.lock(f"flashinfer-{w['sha256']}"):
+        if not (dest / ".ready").exists():
+            with zipfile.ZipFile(blob) as z:
+                z.extractall(dest)
+            (dest / ".ready").write_text(version + "\n")
+    return dest
+
+
+def _probe(env: testenv.TestEnv, tree: Path, paths: list[Path]) -> dict:
+    e = env.env()
+    e["PYTHONPATH"] = os.pathsep.join([str(tree), *map(str, paths), e["PYTHONPATH"]])
+    res = subprocess.run([str(env.python), "-c", PROBE, json.dumps(GRID)], cwd=tree, env=e,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("version", list(WHEELS["wheels"]))
+def test_patched_gate_matches_028_gate(version, trees, env, deps, shared_cache):
+    fi = _flashinfer(shared_cache, version)
+    ours = _probe(env, trees["0.27.1"], [fi, deps])
+    upstream = _probe(env, trees["0.28.0"], [fi, deps])
+    # The layer that consults the gate exists only where the API does: compare
+    # what the patched 0.27.1 would accept with 0.28.0's answer.
+    accepted = {k: ours["api"] and v for k, v in ours["gate"].items()}
+    assert accepted == upstream["gate"], {
+        k: (accepted[k], upstream["gate"][k]) for k in accepted if accepted[k] != upstream["gate"][k]
+    }
+    assert ours["api"], "FlashInfer's SM120 sparse MLA API did not import: the test proves nothing"
+    supported = {k for k, v in accepted.items() if v}
+    # The table really was read: every release has (32, 512), and top-k 192
+    # arrived in 0.6.18.
+    assert "32,512" in supported
+    assert ("32,192" in supported) == (version not in ("0.6.14", "0.6.16.post3"))

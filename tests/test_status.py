@@ -1,0 +1,116 @@
+"""status tells the truth: decided by the tree's content, not by commit trailers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import MINI_FILES, Upstream, git_pin, sh, write_lock
+
+
+def _lock(d: Path, upstream: Upstream, extra: str = "") -> Path:
+    worker = MINI_FILES["vllm/worker.py"]
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "first")
+    # 0002 and 0003 touch the same line: 0003 must be peeled off before 0002 is judged.
+    upstream.patch(d / "0002-b.patch", "b", {"vllm/worker.py": worker.replace("return 0", "return 2")}, "second")
+    work = d / "stack"
+    sh(d, "clone", "-q", str(upstream.path), str(work))
+    sh(work, "am", "-q", str(d / "0002-b.patch"))
+    (work / "vllm/worker.py").write_text(worker.replace("return 0", "return 3"))
+    sh(work, "commit", "-qam", "third")
+    produced = sh(work, "format-patch", "-1", "-o", str(d))
+    Path(produced).rename(d / "0003-c.patch")
+    return write_lock(d / "l.toml", {"p": git_pin("p", upstream, extra)},
+                      {"main": ["0001-a.patch", "0002-b.patch", "0003-c.patch"]})
+
+
+@pytest.fixture
+def applied(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    lock = _lock(d, upstream)
+    tree = tmp_path / "vllm-src"
+    res = cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c",
+              "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    return lock, tree
+
+
+def _states(rep: dict) -> dict[str, str]:
+    return {k: v["state"] for k, v in rep["patches"].items()}
+
+
+def test_reverted_fix_is_missing_and_the_revert_is_foreign(applied, cli, tmp_path, upstream):
+    lock, tree = applied
+    st = cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json")
+    rep = json.loads(st.out)
+    # Stacked patches on one line are each found (peeled in reverse order).
+    assert st.rc == 0 and _states(rep) == {
+        "0001-a.patch": "applied", "0002-b.patch": "applied", "0003-c.patch": "applied"}, rep
+    assert rep["foreign_commits"] == []
+    good_tree = rep["tree_id"]
+
+    # git revert of the first fix: its commit and trailers are still in the history.
+    first = sh(tree, "log", "--format=%H", "--grep", "Dsv4patch-Patch: 0001-a.patch")
+    sh(tree, "-c", "user.name=t", "-c", "user.email=t@t", "revert", "--no-edit", first)
+    st = cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json")
+    rep = json.loads(st.out)
+    assert st.rc == 1
+    assert _states(rep) == {
+        "0001-a.patch": "missing", "0002-b.patch": "applied", "0003-c.patch": "applied"}, rep
+    assert "no longer has it" in rep["patches"]["0001-a.patch"]["note"]
+    assert [f["subject"] for f in rep["foreign_commits"]] == ['Revert "first"']
+
+    # Text mode: the expected tree id next to the actual one, and the foreign commit.
+    lock2 = write_lock(lock.parent / "l2.toml",
+                       {"p": git_pin("p", upstream, f'patched_tree = "{good_tree}"')},
+                       {"main": ["0001-a.patch", "0002-b.patch", "0003-c.patch"]})
+    st = cli("status", "--tree", tree, "--lock", lock2, "--pin", "p")
+    text = " ".join(st.out.split())
+    assert f"the lock expects {good_tree} (DIFFERS)" in text, st.out
+    assert "not made by dsv4patch" in text and "foreign" in text
+
+
+def test_hand_edit_of_an_applied_fix_is_not_applied(applied, cli):
+    lock, tree = applied
+    worker = tree / "vllm/worker.py"
+    worker.write_text(worker.read_text().replace("return 3", "return 4"))
+    sh(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tweak")
+    rep = json.loads(cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json").out)
+    # 0003 no longer reverse-applies, so 0002 below it cannot be peeled either.
+    assert _states(rep)["0003-c.patch"] == "missing"
+    assert _states(rep)["0001-a.patch"] == "applied"
+
+
+def test_status_uses_the_default_lock_when_a_pin_has_the_tree_base(applied, cli, tmp_path, upstream,
+                                                                   monkeypatch):
+    lock, tree = applied
+    base = sh(upstream.path, "rev-parse", f"{upstream.commit}^{{tree}}")
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    for p in lock.parent.glob("000*.patch"):
+        (root / "locks" / p.name).write_bytes(p.read_bytes())
+    write_lock(root / "locks/vllm.toml", {"p": git_pin("p", upstream, f'base_tree = "{base}"')},
+               {"main": ["0001-a.patch", "0002-b.patch", "0003-c.patch"]})
+    monkeypatch.chdir(root)
+    rep = json.loads(cli("status", "--tree", tree, "--format", "json").out)
+    assert rep.get("pin") == "p", rep
+    assert _states(rep) == {
+        "0001-a.patch": "applied", "0002-b.patch": "applied", "0003-c.patch": "applied"}
+
+
+def test_moved_local_checkout_is_reported_as_changed(tmp_path, upstream, cli):
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "first")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream, kind="local")}, {"main": ["0001-a.patch"]})
+    tree = tmp_path / "vllm-src"
+    assert cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--cache-dir", tmp_path / "c").rc == 0
+    rep = json.loads(cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json").out)
+    assert rep["source"] == "unchanged" and rep["ok"]
+    sh(upstream.path, "commit", "-q", "--allow-empty", "-m", "moved on")
+    st = cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json")
+    rep = json.loads(st.out)
+    assert st.rc == 1 and rep["source"].startswith("changed:") and "check out that commit" in rep["source"]

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import io
 import json
 import os
 import shutil
-import threading
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from conftest import sdist_pin, sh, write_lock
+from localindex import LocalIndex, serve
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
 from test_hostile import Sdist, marker_script, snapshot_dir
 from test_port_fork import _project as _port_project
@@ -37,53 +35,11 @@ DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
 INDEX_VARS = ("DSV4PATCH_INDEX_URL", "PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "VIRTUAL_ENV")
 
 
-@dataclass
-class Server:
-    url: str = ""
-    pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (type, body)
-    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
-    auth: str | None = None  # required Authorization header, if any
-
-
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
+def servers() -> Iterator[list[LocalIndex]]:
     """Two HTTP servers on 127.0.0.1 (two hosts as far as URLs go: different ports)."""
-    out: list[Server] = []
-    running = []
-    for _ in range(2):
-        s = Server()
-
-        class H(http.server.BaseHTTPRequestHandler):
-            srv = s
-
-            def do_GET(self):  # noqa: N802
-                auth = self.headers.get("Authorization")
-                self.srv.requests.append((self.path, auth))
-                if self.srv.auth is not None and auth != self.srv.auth:
-                    self.send_error(401)
-                    return
-                if self.path not in self.srv.pages:
-                    self.send_error(404)
-                    return
-                ctype, body = self.srv.pages[self.path]
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        s.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        out.append(s)
-        running.append(httpd)
-    yield out
-    for httpd in running:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve() as a, serve() as b:
+        yield [a, b]
 
 
 @pytest.fixture
@@ -170,8 +126,8 @@ def test_index_credentials_are_used_for_the_index_host_only_and_never_printed(
     monkeypatch.setenv("PIP_INDEX_URL", f"http://alice:s3cret@{host}/simple")
     res = _fetch(cli, lock, tmp_path / "cache")
     assert res.rc == EXIT_OK, res.err
-    assert index.requests == [("/simple/vllm/", index.auth)]
-    assert files.requests == [("/f/vllm-0.0.1.tar.gz", None)]  # another host: no credentials
+    assert index.requests_auth == [("/simple/vllm/", index.auth)]
+    assert files.requests_auth == [("/f/vllm-0.0.1.tar.gz", None)]  # another host: no credentials
     # A failure names the index without its password, in text and JSON alike.
     index.pages["/simple/vllm/"] = ("text/html", b"<html></html>")
     res = _fetch(cli, lock, tmp_path / "cache2", "--format", "json")

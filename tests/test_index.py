@@ -8,17 +8,16 @@ works came from the index.  The lock's sha256 stays the only trust anchor.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import LOCK, ROOT
+from localindex import LocalIndex, serve
 from dsv4patch import index
 from dsv4patch.errors import IntegrityError
 from dsv4patch.kernels import stock
@@ -29,45 +28,11 @@ from dsv4patch.store import Store
 DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
 
 
-class Index:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.requests: list[str] = []
-        self.pages: dict[str, tuple[str, bytes]] = {}  # path -> (content type, body)
-        self.url = ""
-
-
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Index]:
-    idx = Index(tmp_path / "www")
-    idx.root.mkdir()
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            idx.requests.append(self.path)
-            if self.path in idx.pages:
-                ctype, body = idx.pages[self.path]
-            else:
-                f = idx.root / self.path.lstrip("/")
-                if not f.is_file():
-                    self.send_error(404)
-                    return
-                ctype, body = "application/octet-stream", f.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    idx.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    yield idx
-    srv.shutdown()
-    srv.server_close()
+def served(tmp_path: Path) -> Iterator[LocalIndex]:
+    (tmp_path / "www").mkdir()
+    with serve(tmp_path / "www") as idx:
+        yield idx
 
 
 @pytest.fixture
@@ -78,7 +43,7 @@ def no_index_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_apply_fetch_through_a_local_index_named_by_pip_index_url(
-        served: Index, tmp_path: Path, shared_cache: Path, cli, monkeypatch: pytest.MonkeyPatch,
+        served: LocalIndex, tmp_path: Path, shared_cache: Path, cli, monkeypatch: pytest.MonkeyPatch,
         no_index_config: None) -> None:
     """The real 0.27.1 sdist from a PEP 503 index; the lock's url is dead (a hint only)."""
     pin = load(LOCK).pin("0.27.1")
@@ -110,14 +75,14 @@ def _blob(tmp_path: Path, data: bytes) -> tuple[Store, str]:
     return Store.open(tmp_path / "cache"), hashlib.sha256(data).hexdigest()
 
 
-def _json_page(served: Index, files: list[dict]) -> None:
+def _json_page(served: LocalIndex, files: list[dict]) -> None:
     served.pages["/pypi/simple/vllm/"] = ("application/vnd.pypi.simple.v1+json",
                                           json.dumps({"meta": {"api-version": "1.0"},
                                                       "files": files}).encode())
 
 
 def test_wheel_through_pip_conf_and_uv_index_url_pep691(
-        served: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_index_config: None) -> None:
+        served: LocalIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_index_config: None) -> None:
     data = b"a wheel's bytes" * 1000
     store, sha = _blob(tmp_path, data)
     name = "vllm-0.0.1-cp38-abi3-manylinux_2_28_x86_64.whl"
@@ -139,7 +104,7 @@ def test_wheel_through_pip_conf_and_uv_index_url_pep691(
 
 
 def test_the_lock_sha256_is_the_only_trust_anchor(
-        served: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_index_config: None) -> None:
+        served: LocalIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_index_config: None) -> None:
     """An index listing another hash is skipped for the lock's url; wrong bytes are never cached."""
     data = b"the pinned sdist" * 100
     store, sha = _blob(tmp_path, data)

@@ -42,28 +42,25 @@ def run(args: argparse.Namespace) -> int:
             wanted.setdefault(p.source.sha256, []).append(p.name)
     notes: list[str] = []
     seeded: dict[str, list[str]] = {}
-    wheels = {w.sha256: f"{p.name} ({w.platform} wheel)" for p in pins for w in p.wheels.values()}
-    for f in args.wheel:
+    wheels = {w.sha256: [f"{p.name} ({w.platform} wheel)"] for p in pins for w in p.wheels.values()}
+
+    def seed(f: Path, what: str, known: dict[str, list[str]], unknown: str) -> tuple[str, list[str], bool]:
+        """Copy F into the store if its sha256 is one a selected pin locks (else refuse)."""
         try:
             digest = hash_file(f)
         except OSError as exc:
-            raise FetchError(f"{f}: cannot read the wheel ({exc.strerror})") from None
-        if digest not in wheels:
-            raise IntegrityError(f"{f}: sha256 {digest} is not a stock wheel any selected pin locks")
-        added = store.seed_blob(f, digest)
-        seeded[str(f)] = [wheels[digest]]
-        notes.append(f"{f}: pin {wheels[digest]}; "
+            raise FetchError(f"{f}: cannot read the {what} ({exc.strerror})") from None
+        if digest not in known:
+            raise IntegrityError(f"{f}: sha256 {digest} is not {unknown}")
+        seeded[str(f)] = known[digest]
+        return digest, known[digest], store.seed_blob(f, digest)
+
+    for f in args.wheel:
+        _digest, names, added = seed(f, "wheel", wheels, "a stock wheel any selected pin locks")
+        notes.append(f"{f}: pin {names[0]}; "
                      + ("copied into the cache" if added else "already in the cache"))
     for f in args.sdist:
-        try:
-            digest = hash_file(f)
-        except OSError as exc:
-            raise FetchError(f"{f}: cannot read the sdist ({exc.strerror})") from None
-        if digest not in wanted:
-            raise IntegrityError(f"{f}: sha256 {digest} is not pinned by any selected pin")
-        added = store.seed_blob(f, digest)
-        names = wanted[digest]
-        seeded[str(f)] = names
+        digest, names, added = seed(f, "sdist", wanted, "pinned by any selected pin")
         notes.append(
             f"{f}: the sdist of pin{'s' if len(names) > 1 else ''} {', '.join(names)} "
             f"(sha256 {digest[:12]}...); "

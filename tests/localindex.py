@@ -1,0 +1,64 @@
+"""A package index (or any file host) on 127.0.0.1 for tests: pages, files, optional auth.
+
+One HTTP server for every test that needs an index: ``test_index.py`` (pip's
+and uv's settings, PEP 503/691 pages) and ``test_hostile_delivery.py`` (index
+pages and settings as hostile input, credentials).  Each request is recorded
+with its Authorization header.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class LocalIndex:
+    root: Path | None = None  # files served from here when no page matches
+    url: str = ""
+    pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (content type, body)
+    requests: list[str] = field(default_factory=list)  # paths, in order
+    requests_auth: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
+    auth: str | None = None  # required Authorization header, if any
+
+
+@contextmanager
+def serve(root: Path | None = None) -> Iterator[LocalIndex]:
+    idx = LocalIndex(root=root)
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            auth = self.headers.get("Authorization")
+            idx.requests.append(self.path)
+            idx.requests_auth.append((self.path, auth))
+            if idx.auth is not None and auth != idx.auth:
+                self.send_error(401)
+                return
+            if self.path in idx.pages:
+                ctype, body = idx.pages[self.path]
+            elif idx.root is not None and (idx.root / self.path.lstrip("/")).is_file():
+                ctype, body = "application/octet-stream", (idx.root / self.path.lstrip("/")).read_bytes()
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    idx.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        yield idx
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -160,6 +160,18 @@ def git_pin(name: str, upstream: Upstream, extra: str = "", kind: str = "git") -
     '''
 
 
+def local_pin(name: str, path: object, commit: str, version: str = "0.0.1") -> str:
+    """A ``local`` pin table: a fork checkout at PATH (absolute, or relative to the lock file)."""
+    return f'''
+        [pins."{name}"]
+        vllm_version = "{version}"
+        commit = "{commit}"
+        [pins."{name}".source]
+        kind = "local"
+        path = "{path}"
+    '''
+
+
 def sdist_pin(name: str, commit: str, sha: str, url: str | None = None) -> str:
     """A ``pypi-sdist`` pin table (vLLM 0.0.1) for ``sha``; without ``url`` the sdist must be cached."""
     url_line = f'url = "{url}"' if url is not None else ""

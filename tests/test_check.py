@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import MINI_FILES, git_pin, sh, write_lock
+from conftest import MINI_FILES, git_pin, local_pin, sh, write_lock
 
 
 def run_check(cli, lock: Path, cache: Path):
@@ -172,14 +172,7 @@ def test_a_copied_lock_says_its_paths_are_relative_to_it(tmp_path, upstream, cli
     d = tmp_path / "lock"
     d.mkdir()
     upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
-    fork_pin = f'''
-        [pins."fork"]
-        vllm_version = "0.0.1"
-        commit = "{upstream.commit}"
-        [pins."fork".source]
-        kind = "local"
-        path = "../upstream"
-    '''
+    fork_pin = local_pin("fork", "../upstream", upstream.commit)
     lock = write_lock(d / "l.toml", {"fork": fork_pin}, {"main": ["0001-a.patch"]})
     assert cli("check", "--lock", lock, "--cache-dir", tmp_path / "c").rc == 0
     elsewhere = tmp_path / "other" / "deeper"

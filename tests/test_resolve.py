@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MINI_FILES, Upstream, git_pin, sh, write_lock
+from conftest import MINI_FILES, Upstream, git_pin, local_pin, sh, write_lock
 from dsv4patch.errors import EXIT_TREE, EXIT_UNEXPECTED
 
 WORKER = MINI_FILES["vllm/worker.py"]
@@ -37,14 +37,7 @@ def fork_lock(tmp_path: Path, upstream: Upstream) -> Path:
                    "worker: add one\n\nFix: 2\nOrigin: local\nTest: tests/test_b.py::test_b")
     upstream.patch(d / "0003-kernel.patch", "c", {"csrc/kernel.cuh": "int length = row_len;\nint k = 8;\n"},
                    "kernel: k = 8\n\nFix: 3")
-    fork_pin = f'''
-        [pins."fork"]
-        vllm_version = "0.0.1+fork"
-        commit = "{fork_head}"
-        [pins."fork".source]
-        kind = "local"
-        path = "{fork}"
-    '''
+    fork_pin = local_pin("fork", fork, fork_head, version="0.0.1+fork")
     return write_lock(d / "vllm.toml", {"upstream": git_pin("upstream", upstream), "fork": fork_pin},
                       {"main": ["0001-envs.patch", "0002-worker.patch", "0003-kernel.patch"]},
                       extra_top='default_pin = "upstream"')
@@ -213,14 +206,7 @@ def test_offset_on_a_fork_becomes_an_exact_variant(tmp_path, cli, upstream):
     d.mkdir()
     upstream.patch(d / "0001-worker.patch", "a", {"vllm/worker.py": WORKER.replace("return 0", "return 1")},
                    "worker: other returns 1\n\nFix: 1")
-    fork_pin = f'''
-        [pins."fork"]
-        vllm_version = "0.0.1"
-        commit = "{sh(fork, "rev-parse", "HEAD")}"
-        [pins."fork".source]
-        kind = "local"
-        path = "{fork}"
-    '''
+    fork_pin = local_pin("fork", fork, sh(fork, "rev-parse", "HEAD"))
     lock = write_lock(d / "vllm.toml", {"fork": fork_pin}, {"main": ["0001-worker.patch"]})
     base = ("--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "c")
     chk = cli("check", *base, "--format", "json")
@@ -249,14 +235,7 @@ def test_abort_after_a_continue_returns_to_before_the_first_apply(tmp_path, cli,
     d.mkdir()
     upstream.patch(d / "0001-worker.patch", "a", {"vllm/worker.py": PATCHED_WORKER}, "worker")
     upstream.patch(d / "0002-kernel.patch", "b", {"csrc/kernel.cuh": "int length = row_len;\nint k = 8;\n"}, "kernel")
-    fork_pin = f'''
-        [pins."fork"]
-        vllm_version = "0.0.1"
-        commit = "{sh(fork, "rev-parse", "HEAD")}"
-        [pins."fork".source]
-        kind = "local"
-        path = "{fork}"
-    '''
+    fork_pin = local_pin("fork", fork, sh(fork, "rev-parse", "HEAD"))
     lock = write_lock(d / "vllm.toml", {"up": git_pin("up", upstream), "fork": fork_pin},
                       {"main": ["0001-worker.patch", "0002-kernel.patch"]}, extra_top='default_pin = "up"')
     base = ("--lock", lock, "--pin", "fork", "--cache-dir", tmp_path / "c")

@@ -89,6 +89,11 @@ class SeriesResult:
 
 
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
+
+
+def has_offsets(text: str) -> bool:
+    """Whether ``git apply -v`` output reports a hunk that applied at an offset."""
+    return any(int(m.group(3) or 0) for m in _OFFSET.finditer(text))
 _CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
 _FAILED_AT = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
 

@@ -176,6 +176,43 @@ def test_refresh_writes_commits_back_as_the_series(tmp_path, cli, fork_lock):
     assert set(json.loads(chk.out)["pins"]["upstream"]["patches"]) == set(actions)
 
 
+def test_refresh_after_amending_an_early_commit(tmp_path, cli, upstream):
+    """Amend patch 1 and rebase: only patch 1 is rewritten (the later ones are byte-identical),
+    each series is numbered on its own, and every pin that reads patch 1 gets its tree id."""
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-envs.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"},
+                   "envs: add A\n\nFix: 1")
+    upstream.patch(d / "0002-worker.patch", "b", {"vllm/worker.py": PATCHED_WORKER}, "worker: add one\n\nFix: 2")
+    upstream.patch(d / "0003-kernel.patch", "c", {"csrc/kernel.cuh": "int length = row_len;\nint k = 8;\n"},
+                   "kernel: k = 8\n\nFix: 3")
+    both = 'series = ["main", "extra"]'
+    lock = write_lock(d / "vllm.toml", {"a": git_pin("a", upstream, both), "b": git_pin("b", upstream, both)},
+                      {"main": ["0001-envs.patch", "0002-worker.patch"], "extra": ["0003-kernel.patch"]},
+                      extra_top='default_pin = "a"')
+    base = ("--lock", lock, "--pin", "a", "--cache-dir", tmp_path / "cache")
+    assert cli("lock", "--update", "--lock", lock, "--cache-dir", tmp_path / "cache").rc == 0
+    tree = tmp_path / "t"
+    assert cli("apply", *base, "--tree", tree, "--no-build").rc == 0
+    later = {n: (d / n).read_bytes() for n in ("0002-worker.patch", "0003-kernel.patch")}
+    first = sh(tree, "rev-list", "--reverse", "HEAD~3..HEAD").split()[0]
+    (tree / "vllm/envs.py").write_text(MINI_FILES["vllm/envs.py"] + "A = 2\n")
+    sh(tree, "commit", "-qa", "--fixup", first)
+    sh(tree, "-c", "sequence.editor=:", "rebase", "-q", "-i", "--autosquash", "HEAD~4")
+    res = cli("refresh", *base, "--tree", tree, "--format", "json")
+    assert res.rc == 0, res.err + res.out
+    rep = json.loads(res.out)
+    assert {n: v["action"] for n, v in rep["patches"].items()} == {
+        "0001-envs.patch": "refreshed", "0002-worker.patch": "unchanged", "0003-kernel.patch": "unchanged"}
+    assert {n: (d / n).read_bytes() for n in later} == later
+    text = (d / "0001-envs.patch").read_text()
+    assert "+A = 2" in text and "Subject: [PATCH 1/2] envs: add A" in text
+    head_tree = sh(tree, "rev-parse", "HEAD^{tree}")
+    assert any(n.startswith("pin b also reads a rewritten patch") for n in rep["notes"])
+    assert cli("check", "--lock", lock, "--cache-dir", tmp_path / "cache").rc == 0  # a and b agree with the lock
+    assert lock.read_text().count(f'patched_tree = "{head_tree}"') == 2
+
+
 def test_refresh_as_variant_leaves_the_shared_series_alone(tmp_path, cli, fork_lock):
     tree = tmp_path / "up-tree"
     base = ("--lock", fork_lock, "--pin", "upstream", "--cache-dir", tmp_path / "cache")

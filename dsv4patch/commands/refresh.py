@@ -4,9 +4,10 @@ This is the patch-package / ``quilt refresh`` step: edit a tree made by
 ``apply`` (amend a patch's commit, add commits with ``git commit``), then
 ``refresh`` writes each commit back as a ``git format-patch`` file:
 
-* a commit that still is exactly what ``apply`` makes for its patch (same
-  id: apply's commits are deterministic) is left alone, so an untouched
-  series gives no churn;
+* a commit that still is what its patch makes (the patch file, applied
+  exactly to the commit's parent, gives the commit's tree, and the message is
+  the one ``apply`` writes) is left alone, so an untouched patch gives no
+  churn even when an earlier commit was amended and the later ones rebased;
 * a changed commit of a known patch (its ``Dsv4patch-Patch`` trailer) is
   written where the pin reads that patch from (its variant, else the series
   file), or as the pin's variant with ``--as-variant``; the header fields
@@ -15,6 +16,9 @@ This is the patch-package / ``quilt refresh`` step: edit a tree made by
 * a new commit becomes a new patch ``NNNN-subject.patch`` beside the pin's
   last series file, listed after the patch before it, with a header
   template (``Fix:``, ``Origin:``) to fill in.
+
+Written patches are numbered within their own series (``[PATCH n/7]`` for
+the seven fixes, the extra series on its own), as ``port`` numbers them.
 
 The lock's derived fields (``base_tree``, ``patched_tree``) are then
 recomputed from the written series, exactly as ``lock --update`` does.
@@ -67,6 +71,20 @@ def _strip_ours(message: str) -> tuple[str, str | None]:
     return "\n".join(kept).rstrip("\n") + "\n", name
 
 
+def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Any) -> bool:
+    """Whether ``commit`` is still what ``patch`` makes: the patch applied exactly (no offset)
+    to the commit's parent gives the commit's tree, and the message is the one apply writes."""
+    from dsv4patch.commands.apply import commit_message
+
+    if message != commit_message(patch):
+        return False
+    with git.scratch_index(path, f"{commit}^") as env:
+        res = git.apply(path, patch.path, env=env)
+        if not res.ok or engine.has_offsets(res.stdout + res.stderr):
+            return False
+        return git.write_tree(path, env) == tree_id
+
+
 def _with_template(message: str) -> str:
     paras = message.rstrip("\n").split("\n\n")
     if len(paras) > 1 and re.search(r"^Fix:", paras[-1], re.M):
@@ -115,13 +133,20 @@ def run(args: argparse.Namespace) -> int:
         statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
         numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
         next_number = max(numbers, default=0) + 1
+        # Each commit's series (its patch's; a new commit joins the pin's last one), for
+        # numbering within a series.
+        commit_series = []
+        for c in commits:
+            cname = _strip_ours(git.commit_info(path, c)[0])[1]
+            commit_series.append(by_name[cname].series if cname in by_name else pin.series[-1])
         parent = base
         seen: list[str] = []
         writes: list[tuple[Path, str]] = []
         new_entries: list[tuple[str, str | None, str]] = []  # (series, after, name)
         variants: list[tuple[str, Path]] = []
         for i, c in enumerate(commits):
-            message, author, tree_id = git.commit_info(path, c)
+            full_message, author, tree_id = git.commit_info(path, c)
+            message = full_message
             if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
                 raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
                                 "it (`git rebase -i`) or amend a change into it, then refresh again")
@@ -131,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
                                 f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
                                 "make it a new patch")
             exact = name is not None and statuses.get(name) is not engine.Status.OFFSET
-            if name and exact and planned[: i + 1] == commits[: i + 1]:
+            if name and exact and (planned[: i + 1] == commits[: i + 1]
+                                   or _same_change(path, c, tree_id, full_message, by_name[name])):
                 rows.append([name, "unchanged", str(by_name[name].path)])
                 done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
                 parent = c
@@ -158,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
                 dest = by_name[name].path
                 action = "refreshed"
             parent = git.commit_tree(path, tree_id, parent, message, author)
-            writes.append((dest, git.format_patch(path, parent, i + 1, len(commits))))
+            same = [j for j, sn in enumerate(commit_series) if sn == commit_series[i]]
+            writes.append((dest, git.format_patch(path, parent, same.index(i) + 1, len(same))))
             rows.append([name, action, str(dest)])
             done[name] = {"action": action, "file": str(dest)}
             seen.append(name)
@@ -206,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
                      + ("" if getattr(args, "series", None) else f" (patched_tree in {fresh.path})"))
+    if writes and not getattr(args, "series", None):
+        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store, args)
     if writes:
         notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
                      "the refreshed series' commits on a new --tree")
@@ -214,3 +243,34 @@ def run(args: argparse.Namespace) -> int:
     table, md = report.simple_table(f"dsv4patch refresh {path}", ["patch", "action", "file"], rows)
     report.emit(args.format, out, table, md)
     return EXIT_OK if ok else EXIT_UNEXPECTED
+
+
+def _update_other_pins(lock: Any, done_pin: str, written: set[Path], store: Any,
+                       args: argparse.Namespace) -> list[str]:
+    """The other pins that read a rewritten patch file get their derived tree ids
+    recomputed too (as ``lock --update`` would), so the lock stays true for all of them."""
+    notes = []
+    for other in lock.pins.values():
+        if other.name == done_pin:
+            continue
+        try:
+            files = {p.path.resolve() for p in series_for_pin(lock, other).patches}
+        except Exception:  # noqa: BLE001 (its series does not resolve: check reports that)
+            continue
+        if not files & written:
+            continue
+        try:
+            repo, _s, res = check_pin(lock, other, store, _common.progress(args))
+        except Exception as exc:  # noqa: BLE001 (e.g. not fetched offline)
+            notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
+                         f"recomputed ({exc}): run `dsv4patch lock --update --pin {other.name}`")
+            continue
+        if res.final_tree is None:
+            notes.append(f"pin {other.name} also reads a rewritten patch and its series no longer "
+                         f"applies: `dsv4patch check --pin {other.name}`")
+            continue
+        if lockmod.update_derived(lock.path, other.name,
+                                  {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):
+            notes.append(f"pin {other.name} also reads a rewritten patch: its patched_tree is now "
+                         f"{res.final_tree}")
+    return notes

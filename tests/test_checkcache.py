@@ -155,3 +155,46 @@ def test_a_cache_hit_imports_no_parser_or_terminal_library(setup, tmp_path):
                           if line.startswith("import time:"))}
     heavy = {m for m in loaded if m.split(".")[0] in ("rich", "tomlkit", "unidiff")}
     assert heavy == set()
+
+
+def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
+    """Cold pins are checked in threads; the cache identity must never be seen half set.
+
+    (A fresh-clone CI run once stopped with an AssertionError: one thread had
+    set the git version, another read the not-yet-set tool identity.)"""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from conftest import LOCK
+    from dsv4patch import checkcache as cc
+    from dsv4patch.commands.check import _Cached
+    from dsv4patch.lock import load
+    from dsv4patch.store import Store
+
+    real = cc.tool_identity
+
+    def slow_identity() -> str:
+        time.sleep(0.3)  # widen the window between the two assignments
+        return real()
+
+    monkeypatch.setattr(cc, "tool_identity", slow_identity)
+    lock = load(LOCK)
+    ctx = _Cached(lock, Store.open(tmp_path / "store"), use=True)
+    pin = lock.pin("0.27.1")
+    repo = SimpleNamespace(base_tree=pin.base_tree, base_commit="0" * 40)
+    keys, errors = [], []
+
+    def worker(delay: float) -> None:
+        time.sleep(delay)
+        try:
+            keys.append(ctx._inputs(pin, repo).key())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(d,)) for d in (0.0, 0.1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(keys) == 2 and keys[0] == keys[1]

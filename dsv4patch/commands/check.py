@@ -161,15 +161,16 @@ class _Cached:
 
     def __init__(self, lock: Lock, store: Store, use: bool) -> None:
         self.lock, self.store, self.use = lock, store, use
-        self._git: str | None = None
-        self._tool: str | None = None
+        self._ident: tuple[str, str] | None = None  # (git --version, dsv4patch identity)
 
     def _inputs(self, pin: Pin, repo: tree.PinRepo) -> checkcache.Inputs | None:
-        if self._git is None:
-            self._git = checkcache.git_version(self.store.root)
-            self._tool = checkcache.tool_identity()
-        assert self._tool is not None
-        return checkcache.inputs(self.lock, pin, repo.base_tree, repo.base_commit, self._git, self._tool)
+        # Pins are computed in threads: the pair is assigned in one step (two threads may
+        # both compute it; they get the same values), never half set.
+        ident = self._ident
+        if ident is None:
+            ident = (checkcache.git_version(self.store.root), checkcache.tool_identity())
+            self._ident = ident
+        return checkcache.inputs(self.lock, pin, repo.base_tree, repo.base_commit, *ident)
 
     def lookup(self, pin: Pin) -> tuple[tree.PinRepo, engine.SeriesResult] | None:
         if not self.use or not tree.is_materialized(pin, self.store):

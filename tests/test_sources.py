@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT, git_pin, sh, write_lock
+from localindex import serve
 from dsv4patch.errors import EXIT_FETCH, EXIT_TREE
 
 
@@ -74,55 +75,42 @@ def test_local_checkout_is_revalidated_with_a_warm_cache(tmp_path, upstream, cli
     assert cli("fetch", "--lock", lock, "--cache-dir", cache).rc == 0
 
 
-def _served_lock(tmp_path: Path, http_body: bytes) -> tuple[Path, str]:
-    import hashlib
-    import http.server
-    import threading
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(http_body)))
-            self.end_headers()
-            self.wfile.write(http_body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+def _served_lock(tmp_path: Path, url: str) -> Path:
+    """A lock whose one sdist pin downloads from URL (its sha256 matches nothing: only the download matters)."""
     (tmp_path / "s.series").write_text("x.patch\n")
     lock = tmp_path / "l.toml"
     lock.write_text(
         'schema = 1\n[series.s]\npath = "s.series"\n[pins."s"]\nvllm_version = "0"\n'
         f'commit = "{"a" * 40}"\n[pins."s".source]\nkind = "pypi-sdist"\nname = "vllm"\n'
         f'version = "0"\nsha256 = "{"0" * 64}"\n'
-        f'url = "http://127.0.0.1:{srv.server_port}/x.tar.gz"\n'
+        f'url = "{url}"\n'
     )
-    return lock, hashlib.sha256(http_body).hexdigest()
+    return lock
 
 
 def test_progress_visible_on_a_tty_quiet_otherwise(tmp_path):
-    lock, _ = _served_lock(tmp_path, b"y" * (3 << 20))
-    cmd = [sys.executable, "-m", "dsv4patch", "fetch", "--lock", str(lock), "--cache-dir"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
-    # Not a TTY: nothing but the error on stderr.
-    plain = subprocess.run(cmd + [str(tmp_path / "c1")], capture_output=True, text=True, env=env)
-    assert "download" not in plain.stderr.replace("cannot download", "")
-    # A TTY: the download shows a progress bar.
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvpe(cmd[0], cmd + [str(tmp_path / "c2")], env)
-    chunks = []
-    while True:
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.waitpid(pid, 0)
-    text = b"".join(chunks).decode(errors="replace")
-    assert "download pin s: vllm-0.tar.gz" in text
-    assert "sha256 mismatch" in text  # and it still fails safely afterwards
+    with serve() as idx:
+        idx.pages["/x.tar.gz"] = ("application/octet-stream", b"y" * (3 << 20))
+        lock = _served_lock(tmp_path, f"{idx.url}/x.tar.gz")
+        cmd = [sys.executable, "-m", "dsv4patch", "fetch", "--lock", str(lock), "--cache-dir"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
+        # Not a TTY: nothing but the error on stderr.
+        plain = subprocess.run(cmd + [str(tmp_path / "c1")], capture_output=True, text=True, env=env)
+        assert "download" not in plain.stderr.replace("cannot download", "")
+        # A TTY: the download shows a progress bar.
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execvpe(cmd[0], cmd + [str(tmp_path / "c2")], env)
+        chunks = []
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.waitpid(pid, 0)
+        text = b"".join(chunks).decode(errors="replace")
+        assert "download pin s: vllm-0.tar.gz" in text
+        assert "sha256 mismatch" in text  # and it still fails safely afterwards

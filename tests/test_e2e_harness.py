@@ -156,6 +156,21 @@ def test_report_merges_result_files(tmp_path: Path) -> None:
     assert statuses[("mtp2", "short_b1")] == "pass"
 
 
+def test_report_merge_uses_the_plain_run_that_scored_each_method(tmp_path: Path) -> None:
+    # two device calls: each has its own plain run, scoring its own speculative methods
+    ns = type("NS", (), dict(model="m", weights="scaled", long_len=1, case_deadline=1, start_deadline=1))
+    for call, method, worst in (("a", "mtp1", 3.0), ("b", "mtp2", 0.1)):
+        plain = _run(tmp_path / call, "ok", method="plain") if (tmp_path / call).mkdir() is None else None
+        plain.scores = {"plain": {"short_b5": [[0.2, 1], [0.1, 0]]}, method: {"short_b5": [[worst, 1], [0.0, -1]]}}
+        run_e2e.write_results(tmp_path / call, [plain, _run(tmp_path / call, "differ", method=method)], ns)
+    run_e2e.report_main(tmp_path / "m", [tmp_path / "a/e2e_results.json", tmp_path / "b/e2e_results.json"])
+    data = json.loads((tmp_path / "m/e2e_results.json").read_text())
+    statuses = {(r["method"], c["case"]): c["status"] for r in data["runs"] for c in r["cases"]}
+    # mtp1 was scored only by call a's plain run (3.0 > tolerance 0.5): wrong, not "differ"
+    assert statuses[("mtp1", "short_b5")] == "wrong"
+    assert statuses[("mtp2", "short_b5")] == "noise"
+
+
 def test_first_difference_lengths() -> None:
     fd = run_e2e.first_difference
     assert fd([[1, 2, 3]], [[1, 2, 3]]) is None
@@ -433,6 +448,17 @@ def test_device_sh_stops_before_engines_on_import_problems(tmp_path: Path, modul
         got = subprocess.run([sys.executable, "-c", probe], env=env_p, capture_output=True, text=True,
                              check=True).stdout.split()
         assert got == [f"{e2e}/deps/deep_gemm/__init__.py", f"{e2e}/vllm-patched/vllm/__init__.py"]
+        # a second call on the same machine, same pieces and meta: preflight remembered
+        again = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"],
+                               capture_output=True, text=True, env=env, timeout=300)
+        assert again.returncode == 0 and "preflight: passed earlier" in again.stdout, again.stdout
+        # changed meta (another patched tree): it runs again
+        (src / "meta" / "note.txt").write_text("changed")
+        third = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"],
+                               capture_output=True, text=True, env=env, timeout=300)
+        assert third.returncode == 0 and "preflight ok" in third.stdout, third.stdout
+    if rc:
+        assert not (tmp_path / "e2e" / "preflight.ok").exists()
 
 
 def test_finalize_model_runs_each_classes_post_load_steps() -> None:
@@ -514,13 +540,11 @@ def test_oracle_noise_or_wrong_from_plain_scores() -> None:
     assert any("tolerance for speculative runs 3.000" in n for n in notes)
 
 
-def test_schedule_runs_plain_last_and_pairs_variants() -> None:
-    phases = run_e2e.schedule(["stock", "patched"], ["plain", "mtp1", "dspark5"])
-    assert phases == [
-        [("stock", "mtp1"), ("patched", "mtp1"), ("stock", "dspark5"), ("patched", "dspark5")],
-        [("stock", "plain"), ("patched", "plain")],
-    ]
-    assert run_e2e.schedule(["stock"], ["mtp1"]) == [[("stock", "mtp1")]]
+def test_schedule_plain_first_and_pairs_variants() -> None:
+    plain, spec = run_e2e.schedule(["stock", "patched"], ["plain", "mtp1", "dspark5"])
+    assert plain == [("stock", "plain"), ("patched", "plain")]
+    assert spec == [("stock", "mtp1"), ("patched", "mtp1"), ("stock", "dspark5"), ("patched", "dspark5")]
+    assert run_e2e.schedule(["stock"], ["mtp1"]) == ([], [("stock", "mtp1")])
 
 
 def test_run_child_collects_scores(tmp_path: Path) -> None:
@@ -531,19 +555,26 @@ def test_run_child_collects_scores(tmp_path: Path) -> None:
 
 ARGV_CHILD = textwrap.dedent(
     """
-    import argparse, json, time
+    import argparse, json, os, time
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true"); ap.add_argument("--method")
     ap.add_argument("--progress"); ap.add_argument("--score-from", action="append", default=[])
+    ap.add_argument("--score-wait", default="")
     a, _ = ap.parse_known_args()
     f = open(a.progress, "a", buffering=1)
     def emit(**kw):
         kw["t"] = time.time(); f.write(json.dumps(kw) + "\\n")
     emit(event="fingerprint", data={"method": a.method})
+    time.sleep(0.5 if a.method == "plain" else 0.0)  # an engine start the others must wait for
     emit(event="engine_ready")
     for case in ("short_b5", "short_b24", "long_b3", "short_b1", "long_b1"):
         emit(event="case_start", case=case)
         emit(event="case_done", case=case, tokens=[[1, 2, 3]], gaps=[[0.5, 0.5, 0.5]], seconds=0.01)
+    if a.score_wait:  # the real plain child waits for the parent's go file
+        emit(event="waiting")
+        while not os.path.exists(a.score_wait):
+            time.sleep(0.05)
+        a.score_from += json.load(open(a.score_wait))
     for path in a.score_from:  # what the real plain child scores
         src = path.rsplit("/", 1)[-1][:-len(".jsonl")].split("-", 1)[1]
         emit(event="score_done", source=src, case="short_b5", worst=[[0.0, -1]])
@@ -552,20 +583,49 @@ ARGV_CHILD = textwrap.dedent(
 )
 
 
-def test_parent_runs_plain_last_with_the_speculative_runs_to_score(tmp_path: Path) -> None:
+def test_parent_warms_up_then_plain_scores_the_speculative_runs(tmp_path: Path) -> None:
     child = tmp_path / "child.py"
     child.write_text(ARGV_CHILD)
     site = tmp_path / "site"
     site.mkdir()
-    out = tmp_path / "out"
-    rc = run_e2e.main(["--out", str(out), "--work", str(tmp_path / "work"), "--child-script", str(child),
+    out, work = tmp_path / "out", tmp_path / "work"
+    rc = run_e2e.main(["--out", str(out), "--work", str(work), "--child-script", str(child),
                        "--site", f"stock={site}", "--site", f"patched={site}", "--methods", "plain,mtp1,dspark5",
-                       "--parallel", "2", "--budget", "120", "--min-start", "1", "--plain-reserve", "30"])
+                       "--parallel", "2", "--budget", "120", "--min-start", "1", "--score-reserve", "30"])
     assert rc == 0
     data = json.loads((out / "e2e_results.json").read_text())
     runs = {(r["variant"], r["method"]): r for r in data["runs"]}
     assert set(runs) == {(v, m) for v in ("stock", "patched") for m in ("plain", "mtp1", "dspark5")}
     for v in ("stock", "patched"):
+        # each plain engine scored exactly its own variant's speculative runs
         assert sorted(runs[(v, "plain")]["scores"]) == ["dspark5", "mtp1"]
+        assert json.loads((work / f"{v}-plain.go").read_text()) == [
+            str(work / f"{v}-mtp1.jsonl"), str(work / f"{v}-dspark5.jsonl")]
         assert runs[(v, "mtp1")]["cases"][0]["status"] == "pass"
     assert [(r["variant"], r["method"]) for r in data["runs"]][-2:] == [("stock", "plain"), ("patched", "plain")]
+
+    def first_t(tag: str) -> float:
+        return json.loads((work / f"{tag}.jsonl").read_text().splitlines()[0])["t"]
+
+    ready = next(json.loads(ln)["t"] for ln in (work / "stock-plain.jsonl").read_text().splitlines()
+                 if json.loads(ln)["event"] == "engine_ready")
+    # warm-up: no other engine started before the first one was ready
+    for tag in ("patched-plain", "stock-mtp1", "patched-mtp1", "stock-dspark5", "patched-dspark5"):
+        assert first_t(tag) >= ready, tag
+
+
+def test_parent_without_warm_up_starts_engines_together(tmp_path: Path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(ARGV_CHILD)
+    site = tmp_path / "site"
+    site.mkdir()
+    work = tmp_path / "work"
+    rc = run_e2e.main(["--out", str(tmp_path / "out"), "--work", str(work), "--child-script", str(child),
+                       "--site", f"stock={site}", "--methods", "plain,mtp1", "--variants", "stock",
+                       "--no-warm-first", "--budget", "60", "--min-start", "1", "--score-reserve", "10"])
+    assert rc == 0
+    starts = {tag: json.loads((work / f"{tag}.jsonl").read_text().splitlines()[0])["t"]
+              for tag in ("stock-plain", "stock-mtp1")}
+    ready = next(json.loads(ln)["t"] for ln in (work / "stock-plain.jsonl").read_text().splitlines()
+                 if json.loads(ln)["event"] == "engine_ready")
+    assert starts["stock-mtp1"] < ready

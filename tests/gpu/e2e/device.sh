@@ -154,7 +154,14 @@ export VLLM_DEEP_GEMM_WARMUP="${VLLM_DEEP_GEMM_WARMUP:-skip}"
 #    engine start (exit 3; the problems are in preflight.txt and on stdout).
 #    E2E_PREFLIGHT_MODULES (comma-separated) replaces the list, for tests only;
 #    E2E_PREFLIGHT=warn starts the engines anyway (to read an engine's own error).
-if ! "$PY" "$HERE/run_e2e.py" --preflight --out "$RESULTS" \
+#    A clean preflight is remembered for the same pieces and meta (the sites are
+#    rebuilt from them identically on every call): later calls on the same
+#    machine skip it (~40 s).
+PF_KEY="$( (cat "$E2E/manifest.json"; cd "$SRC/meta" && find . -type f -print0 | sort -z | xargs -0 sha256sum;
+            echo "${E2E_PREFLIGHT_MODULES:-}") | sha256sum | cut -c1-64)"
+if [[ -f "$E2E/preflight.ok" && "$(cat "$E2E/preflight.ok")" == "$PF_KEY" ]]; then
+  echo "preflight: passed earlier on this machine for the same pieces and meta (key ${PF_KEY:0:12}); skipped"
+elif ! "$PY" "$HERE/run_e2e.py" --preflight --out "$RESULTS" \
     --site stock="$SITE_STOCK" --site patched="$SITE_PATCHED" \
     ${E2E_PREFLIGHT_MODULES:+--preflight-modules "$E2E_PREFLIGHT_MODULES"}; then
   if [[ "${E2E_PREFLIGHT:-strict}" != warn ]]; then
@@ -162,6 +169,8 @@ if ! "$PY" "$HERE/run_e2e.py" --preflight --out "$RESULTS" \
     exit 3
   fi
   echo "device.sh: E2E_PREFLIGHT=warn: starting the engines despite the problems above"
+else
+  echo "$PF_KEY" > "$E2E/preflight.ok"
 fi
 
 [[ $NO_RUN == 1 ]] && exit 0

@@ -333,9 +333,18 @@ def child_main(args: argparse.Namespace) -> int:
             own[case.name] = tokens
     if spec is None:
         # score: this plain engine's own tokens (the noise control), then each
-        # speculative run's, teacher-forced through prefill
+        # speculative run's, teacher-forced through prefill.  With --score-wait
+        # the engine stays up until the parent writes that file: a JSON list of
+        # the speculative runs' progress files (they ran alongside this engine).
+        score_from = list(args.score_from)
+        if args.score_wait:
+            emit(event="waiting")
+            go = Path(args.score_wait)
+            while not go.exists():
+                time.sleep(0.5)
+            score_from += json.loads(go.read_text())
         sources: list[tuple[str, dict[str, list[list[int]]]]] = [("plain", own)]
-        for path in args.score_from:
+        for path in score_from:
             src = Path(path).stem.split("-", 1)[-1]
             done = {e["case"]: e["tokens"] for e in _read_events(Path(path)) if e["event"] == "case_done"}
             sources.append((src, done))
@@ -425,8 +434,15 @@ def run_child(
     hard_stop: float | None = None,
     poll: float = 0.5,
     settle: float = 5.0,
+    on_event: Any = None,
 ) -> RunResult:
-    """Run one child in its own process group under the deadlines; collect results."""
+    """Run one child in its own process group under the deadlines; collect results.
+
+    ON_EVENT, when given, is called with each new progress event (the parent
+    starts the other engines when the first one reports ``engine_ready``).  A
+    plain child that reports ``waiting`` (for the speculative runs to score) has
+    no deadline but HARD_STOP.
+    """
     progress.write_text("")
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -450,6 +466,10 @@ def run_child(
                     deadline = case_deadline
                 if ev["event"] == "score_done":
                     stage, stage_start, deadline = "between scores", time.monotonic(), case_deadline
+                if ev["event"] == "waiting":
+                    stage, stage_start, deadline = "waiting for the speculative runs", time.monotonic(), float("inf")
+                if on_event is not None:
+                    on_event(ev)
             seen = len(events)
             over_budget = hard_stop is not None and time.monotonic() > hard_stop
             if over_budget or time.monotonic() - stage_start > deadline:
@@ -554,18 +574,20 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
     plain's greedy choice in its own context, ``wrong`` when one is not (a
     bug, not rounding).  ``differ`` when there is no score.
     """
-    plain_runs = {r.variant: r for r in runs if r.method == "plain"}
-    plain = {
-        (c.variant, c.case): c
-        for r in plain_runs.values()
-        for c in r.cases
-        if c.status == "finished"
-    }
+    plains = [r for r in runs if r.method == "plain"]
+
+    def plain_for(variant: str, method: str) -> RunResult | None:
+        # merged calls (--report) may hold several plain runs of a variant:
+        # the one that scored METHOD, else the last one
+        cands = [r for r in plains if r.variant == variant]
+        return next((r for r in reversed(cands) if method in r.scores), cands[-1] if cands else None)
+
     for r in runs:
+        pr = plain_for(r.variant, r.method) if r.method != "plain" else None
         for c in r.cases:
             if c.status not in ("finished", "pass", "differ", "noise", "wrong") or r.method == "plain":
                 continue
-            ref = plain.get((c.variant, c.case))
+            ref = next((x for x in pr.cases if x.case == c.case and x.status == "finished"), None) if pr else None
             if ref is None or ref.tokens is None or c.tokens is None:
                 c.status, c.detail = "finished", "no plain reference for this variant"
                 continue
@@ -579,7 +601,6 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
                 gap = ref.gaps[req][pos]
             tie = " (near tie)" if gap is not None and gap < tie_gap else ""
             first = f"first difference request {req} token {pos}; plain top-2 logprob gap there {gap}{tie}"
-            pr = plain_runs.get(c.variant)
             worst = pr.scores.get(r.method, {}).get(c.case) if pr is not None else None
             tol = tolerance(pr)
             if worst is None or tol is None:
@@ -808,16 +829,18 @@ def preflight_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def schedule(variants: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
-    """Phases of (variant, method) jobs: speculative methods first, plain decode last.
+def schedule(variants: list[str], methods: list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(plain jobs, speculative jobs), each a list of (variant, method) in start order.
 
-    Plain goes last because its engine scores the speculative runs' tokens
-    (``--score-from``); within a phase the variants of one method sit side by
-    side, so with ``--parallel 2`` stock and patched run the same method at once.
+    Plain decode runs alongside the speculative engines and scores their tokens
+    when they are done (``--score-wait``); the first job (plain decode of the
+    first variant, else the first speculative job) starts alone and warms the
+    JIT caches (TileLang, DeepGEMM, Triton, torch.compile) the others then read.
+    Within the speculative jobs the variants of one method sit side by side.
     """
-    spec = [(v, m) for m in methods if m != "plain" for v in variants]
     plain = [(v, "plain") for v in variants] if "plain" in methods else []
-    return [phase for phase in (spec, plain) if phase]
+    spec = [(v, m) for m in methods if m != "plain" for v in variants]
+    return plain, spec
 
 
 def parent_main(args: argparse.Namespace) -> int:
@@ -841,11 +864,21 @@ def parent_main(args: argparse.Namespace) -> int:
     log_all = out / "e2e_logs.txt"
     envs = {v: site_env(sites[v], dict(os.environ)) for v in variants}
     t0 = time.monotonic()
-    phases = schedule(variants, methods)
-    order = [job for phase in phases for job in phase]
+    plain_jobs, spec_jobs = schedule(variants, methods)
+    order = spec_jobs + plain_jobs  # report order: plain decode last
     results: dict[tuple[str, str], RunResult] = {}
     lock = threading.Lock()
     stopped: list[str] = []
+    warm = threading.Event()
+    end = t0 + args.budget
+    # the speculative engines leave plain decode its time to score them
+    spec_stop = end - (args.score_reserve if plain_jobs else 0.0)
+
+    def go_file(variant: str) -> Path:
+        return work / f"{variant}-plain.go"
+
+    for v in variants:
+        go_file(v).unlink(missing_ok=True)
 
     def skipped(variant: str, method: str, why: str) -> RunResult:
         return RunResult(variant, method, None, None, "not-run", why,
@@ -854,27 +887,29 @@ def parent_main(args: argparse.Namespace) -> int:
     def job(variant: str, method: str, hard_stop: float) -> None:
         tag = f"{variant}-{method}"
         left = hard_stop - time.monotonic()
-        if stopped:
-            res = skipped(variant, method, stopped[0])
-        elif left < args.min_start:
-            res = skipped(variant, method, f"budget: {left:.0f} s left")
-        else:
-            cmd = [sys.executable, args.child_script, "--child", "--method", method, "--model", args.model,
-                   "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
-                   "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                   "--kv-cache-gib", str(args.kv_cache_gib)]
-            if method == "plain":
-                for (v, m), r in results.items():
-                    if v == variant and m != "plain" and any(c.status == "finished" for c in r.cases):
-                        cmd += ["--score-from", str(work / f"{v}-{m}.jsonl")]
-            print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
-            res = run_child(cmd, envs[variant], work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
-                            args.start_deadline, args.case_deadline, variant, method,
-                            first_case_deadline=args.first_case_deadline, hard_stop=hard_stop)
-            print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
-            if args.stop_on_start_failure and res.start_seconds is None and res.outcome in ("crash", "hang"):
-                stopped.append(f"not started: {tag} failed at engine start (--stop-on-start-failure)")
+        try:
+            if stopped:
+                res = skipped(variant, method, stopped[0])
+            elif left < args.min_start:
+                res = skipped(variant, method, f"budget: {left:.0f} s left")
+            else:
+                cmd = [sys.executable, args.child_script, "--child", "--method", method, "--model", args.model,
+                       "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
+                       "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
+                       "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                       "--kv-cache-gib", str(args.kv_cache_gib)]
+                if method == "plain":
+                    cmd += ["--score-wait", str(go_file(variant))]
+                print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
+                res = run_child(cmd, envs[variant], work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
+                                args.start_deadline, args.case_deadline, variant, method,
+                                first_case_deadline=args.first_case_deadline, hard_stop=hard_stop,
+                                on_event=lambda ev: ev["event"] == "engine_ready" and warm.set())
+                print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
+                if args.stop_on_start_failure and res.start_seconds is None and res.outcome in ("crash", "hang"):
+                    stopped.append(f"not started: {tag} failed at engine start (--stop-on-start-failure)")
+        finally:
+            warm.set()  # the first job ended (or never ran): nothing more to wait for
         with lock:
             results[(variant, method)] = res
             if res.outcome != "not-run":
@@ -884,13 +919,31 @@ def parent_main(args: argparse.Namespace) -> int:
                     f.write("\n".join(lines[-args.log_lines:]) + "\n")
             write_results(out, [results[j] for j in order if j in results], args)
 
-    end = t0 + args.budget
-    for i, phase in enumerate(phases):
-        # the speculative phase leaves plain decode its reserve
-        hard_stop = end - (args.plain_reserve if i < len(phases) - 1 else 0.0)
-        with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-            for f in [pool.submit(job, v, m, hard_stop) for v, m in phase]:
-                f.result()
+    # Plain engines get their own threads (they wait for the speculative runs,
+    # so they must not hold --parallel slots); the first job starts alone.
+    jobs = plain_jobs + spec_jobs
+    first, rest_plain = jobs[0], [j for j in plain_jobs if j != jobs[0]]
+    rest_spec = [j for j in spec_jobs if j != first]
+    threads = [threading.Thread(target=job, args=(*first, end if first in plain_jobs else spec_stop))]
+    threads[0].start()
+    if args.warm_first:
+        warm.wait()
+    for v, m in rest_plain:
+        t = threading.Thread(target=job, args=(v, m, end))
+        t.start()
+        threads.append(t)
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for f in [pool.submit(job, v, m, spec_stop) for v, m in rest_spec]:
+            f.result()
+    if first in spec_jobs:
+        threads.pop(0).join()
+    # every speculative run is over: tell each plain engine which runs to score
+    for v in variants:
+        done = [str(work / f"{v}-{m}.jsonl") for vv, m in spec_jobs
+                if vv == v and any(c.status == "finished" for c in results[(vv, m)].cases)]
+        go_file(v).write_text(json.dumps(done))
+    for t in threads:
+        t.join()
     write_results(out, [results[j] for j in order if j in results], args)
     return 0
 
@@ -949,18 +1002,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all children")
     ap.add_argument("--start-deadline", type=float, default=300.0)
-    ap.add_argument("--case-deadline", type=float, default=90.0)
+    ap.add_argument("--case-deadline", type=float, default=120.0,
+                    help="one generate() call; engines share the GPU, so leave room")
     ap.add_argument("--min-start", type=float, default=60.0, help="skip a run with less budget left")
-    ap.add_argument("--first-case-deadline", type=float, default=180.0,
+    ap.add_argument("--first-case-deadline", type=float, default=240.0,
                     help="the first generate() may JIT-compile kernels for new shapes")
     ap.add_argument("--work", default="/tmp/e2e/work", help="progress files and full child logs")
     ap.add_argument("--log-lines", type=int, default=120)
     ap.add_argument("--parallel", type=int, default=1,
-                    help="engines at once on the one GPU (each gets --kv-cache-gib; 2 = stock and patched together)")
+                    help="speculative engines at once on the one GPU (each gets --kv-cache-gib); plain decode "
+                         "engines, one per variant, run alongside them")
     ap.add_argument("--kv-cache-gib", type=float, default=6.0)
-    ap.add_argument("--plain-reserve", type=float, default=240.0,
-                    help="seconds of --budget kept for plain decode, which runs last and scores the others")
+    ap.add_argument("--score-reserve", type=float, default=120.0,
+                    help="seconds at the end of --budget kept for plain decode to score the speculative runs")
+    ap.add_argument("--no-warm-first", dest="warm_first", action="store_false",
+                    help="start every engine at once (default: the first one alone, until its engine is ready, "
+                         "so the others find the JIT caches warm)")
     ap.add_argument("--score-from", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--score-wait", default="", help=argparse.SUPPRESS)
     ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")

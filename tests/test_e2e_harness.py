@@ -629,3 +629,36 @@ def test_parent_without_warm_up_starts_engines_together(tmp_path: Path) -> None:
     ready = next(json.loads(ln)["t"] for ln in (work / "stock-plain.jsonl").read_text().splitlines()
                  if json.loads(ln)["event"] == "engine_ready")
     assert starts["stock-mtp1"] < ready
+
+
+def test_method_suffixes_and_case_selection() -> None:
+    assert run_e2e.split_method("mtp3-v2-fd") == ("mtp3", {"v2", "fd"})
+    assert run_e2e.split_method("plain") == ("plain", set())
+    for bad in ("mtp4", "mtp3-v3", "dspark5-"):
+        with pytest.raises(SystemExit):
+            run_e2e.split_method(bad)
+    cases = run_e2e.build_cases()
+    assert [c.name for c in run_e2e.select_cases(cases, "short_b24,short_b5")] == ["short_b24", "short_b5"]
+    assert run_e2e.select_cases(cases, "") == cases
+    with pytest.raises(SystemExit):
+        run_e2e.select_cases(cases, "short_b99")
+
+
+def test_parent_passes_case_selection_to_children(tmp_path: Path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(ARGV_CHILD.replace('ap.add_argument("--score-wait", default="")',
+                                        'ap.add_argument("--score-wait", default=""); ap.add_argument("--cases")')
+                     .replace('for case in ("short_b5", "short_b24", "long_b3", "short_b1", "long_b1"):',
+                              'for case in a.cases.split(","):'))
+    site = tmp_path / "site"
+    site.mkdir()
+    out = tmp_path / "out"
+    rc = run_e2e.main(["--out", str(out), "--work", str(tmp_path / "work"), "--child-script", str(child),
+                       "--site", f"stock={site}", "--variants", "stock", "--methods", "mtp3-v2-fd",
+                       "--cases", "short_b24,short_b1", "--budget", "60", "--min-start", "1"])
+    assert rc == 0
+    data = json.loads((out / "e2e_results.json").read_text())
+    (run,) = data["runs"]
+    assert run["method"] == "mtp3-v2-fd" and run["outcome"] == "done"
+    assert [c["case"] for c in run["cases"]] == ["short_b24", "short_b1"]
+    assert all(c["status"] == "finished" for c in run["cases"])  # no plain run: no verdict

@@ -63,6 +63,20 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "dspark5": {"method": "dspark", "num_speculative_tokens": 5},
 }
 DEFAULT_METHODS = list(METHODS)
+# Engine variants of a method, as a suffix: ``-v2`` runs vLLM's V2 model
+# runner (``VLLM_USE_V2_MODEL_RUNNER=1``; DSpark always uses it), ``-fd`` CUDA
+# graphs for decode only (``cudagraph_mode=FULL_DECODE_ONLY``: no piecewise
+# graphs, prefill eager).  E.g. ``mtp3-v2-fd``, ``dspark5-fd``, ``plain-fd``.
+SUFFIXES = ("v2", "fd")
+
+
+def split_method(name: str) -> tuple[str, set[str]]:
+    """``mtp3-v2-fd`` -> (``mtp3``, {``v2``, ``fd``}); unknown parts raise SystemExit."""
+    base, *flags = name.split("-")
+    if base not in METHODS or any(f not in SUFFIXES for f in flags):
+        raise SystemExit(f"unknown method {name!r}; known: {', '.join(METHODS)}, each optionally "
+                         f"with suffixes {', '.join('-' + s for s in SUFFIXES)}")
+    return base, set(flags)
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,17 @@ def _prompt(length: int, seed: int, vocab: int = 1000) -> list[int]:
         x = (1103515245 * x + 12345) % 2**31
         out.append(2 + x % (vocab - 2))
     return out
+
+
+def select_cases(cases: list[Case], names: str) -> list[Case]:
+    """The cases named in NAMES (comma-separated, in that order); all when empty."""
+    if not names:
+        return cases
+    by = {c.name: c for c in cases}
+    unknown = [n for n in names.split(",") if n and n not in by]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(by)}")
+    return [by[n] for n in names.split(",") if n]
 
 
 def build_cases(long_len: int = 2300) -> list[Case]:
@@ -268,13 +293,19 @@ def child_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # engine core in this process: the loader registered below is the one it uses
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if "v2" in split_method(args.method)[1]:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     emit(event="fingerprint", data=_fingerprint())
     load_format = register_loader(args.weights, emit)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = METHODS[args.method]
+    base, flags = split_method(args.method)
+    spec = METHODS[base]
     own: dict[str, list[list[int]]] = {}
+    extra: dict[str, Any] = {}
+    if "fd" in flags:
+        extra["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
     llm = LLM(
         model=args.model,
         load_format=load_format,
@@ -291,9 +322,10 @@ def child_main(args: argparse.Namespace) -> int:
         enforce_eager=False,
         speculative_config=spec,
         disable_log_stats=False,  # spec-decode acceptance counters for the report
+        **extra,
     )
     emit(event="engine_ready")
-    for case in build_cases(args.long_len):
+    for case in select_cases(build_cases(args.long_len), args.cases):
         emit(event="case_start", case=case.name)
         params = [
             SamplingParams(
@@ -853,12 +885,11 @@ def parent_main(args: argparse.Namespace) -> int:
     variants = [v for v in args.variants.split(",") if v]
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
-        if m not in METHODS:
-            raise SystemExit(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+        split_method(m)
     for v in variants:
         if v not in sites:
             raise SystemExit(f"no --site {v}=DIR given")
-    case_names = [c.name for c in build_cases(args.long_len)]
+    case_names = [c.name for c in select_cases(build_cases(args.long_len), args.cases)]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     log_all = out / "e2e_logs.txt"
@@ -897,7 +928,7 @@ def parent_main(args: argparse.Namespace) -> int:
                        "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
                        "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
                        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                       "--kv-cache-gib", str(args.kv_cache_gib)]
+                       "--kv-cache-gib", str(args.kv_cache_gib), "--cases", ",".join(case_names)]
                 if method == "plain":
                     cmd += ["--score-wait", str(go_file(variant))]
                 print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
@@ -998,6 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--weights", choices=("scaled", "dummy"), default="scaled")
     ap.add_argument("--long-len", type=int, default=2300)
+    ap.add_argument("--cases", default="", help="comma-separated case names, in run order (default: all)")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all children")

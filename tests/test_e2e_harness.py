@@ -662,3 +662,56 @@ def test_parent_passes_case_selection_to_children(tmp_path: Path) -> None:
     assert run["method"] == "mtp3-v2-fd" and run["outcome"] == "done"
     assert [c["case"] for c in run["cases"]] == ["short_b24", "short_b1"]
     assert all(c["status"] == "finished" for c in run["cases"])  # no plain run: no verdict
+
+
+def test_forced_deficits() -> None:
+    inf = float("inf")
+    lps = [{5: -0.1}, {6: -0.2, 9: -1.7}, {7: -0.5, 8: -0.4}, None]
+    # token 0 is plain's own choice, token 1 is 1.5 below, token 2 just below a near tie
+    assert run_e2e.forced_deficits([5, 9, 7], [5, 9, 7], lps) == [0.0, 1.5, pytest.approx(0.1)]
+    # forcing did not hold at step 1 (another token came out), a missing entry, a short output
+    assert run_e2e.forced_deficits([5, 9, 7, 3], [5, 6, 7], lps) == [0.0, inf, pytest.approx(0.1), inf]
+
+
+class _Params:
+    def __init__(self, forced: list[int] | None) -> None:
+        self.extra_args = {run_e2e.FORCE_KEY: forced} if forced is not None else None
+
+
+class _Dir:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_force_state_follows_batch_updates() -> None:
+    st = run_e2e.ForceState()
+    out_a: list[int] = []
+    out_b: list[int] = [11]
+    out_c: list[int] = []
+    st.update([(0, _Params([1, 2, 3]), [9], out_a), (1, _Params([4, 5]), [9], out_b), (2, _Params(None), [9], out_c)],
+              [], [])
+    # the live output list's length is the index of the token sampled next
+    assert sorted(st.targets()) == [(0, 1), (1, 5)]
+    out_a.append(1)
+    out_b.append(5)
+    assert sorted(st.targets()) == [(0, 2)]  # row 1 has all its tokens
+    st.update([], [], [(0, 2, _Dir("SWAP"))])  # rows 0 and 2 swap
+    assert sorted(st.targets()) == [(2, 2)]
+    st.update([], [], [(2, 0, _Dir("UNIDIRECTIONAL"))])  # condensed: 2 -> 0
+    assert sorted(st.targets()) == [(0, 2)]
+    st.update([(0, _Params(None), [9], [])], [], [])  # a new unforced request takes row 0
+    assert st.targets() == []
+    st.update([(3, _Params([7]), [9], [])], [3], [])
+    assert st.targets() == []
+
+
+def test_report_counts_deficits_beyond_thresholds(tmp_path: Path) -> None:
+    plain = _run(tmp_path, "ok", method="plain")
+    plain.scores = {"plain": {"short_b5": [[0.0, -1], [0.0, -1]]}, "mtp1": {"short_b5": [[0.7, 1], [0.05, 0]]}}
+    plain.score_counts = {"mtp1": {"short_b5": [[2, 1, 1, 0], [2, 0, 0, 0]]}}
+    plain.score_mode = "decode"
+    runs = [plain, _run(tmp_path, "differ", method="mtp1")]
+    run_e2e.apply_oracle(runs)
+    c = {x.case: x for x in runs[1].cases}["short_b5"]
+    assert c.status == "wrong"  # 0.7 > tolerance max(0.5, 2 x 0.0)
+    assert "decode scoring" in c.detail and "tokens beyond 0.1/0.5/1.0: 1/1/0 of 4" in c.detail

@@ -274,6 +274,98 @@ def deficits(prompt_len: int, seq: list[int], plp: list[dict[int, float] | None]
     return out
 
 
+FORCE_KEY = "dsv4e2e_force"
+
+
+def forced_deficits(seq: list[int], got: list[int], step_lps: list[dict[int, float] | None]) -> list[float]:
+    """Per token of SEQ: plain decode's best raw logprob minus SEQ's token's, forced decode.
+
+    The plain engine decodes the case again with each step's token forced to
+    SEQ's (``ForceTokens``) and ``logprobs=1``; vLLM reports raw logprobs
+    (before logits processors), so STEP_LPS[j] holds plain decode's top-1 and
+    the forced token at step j, in plain decode's own kernels, batch shapes and
+    KV cache.  A step where forcing did not hold (GOT differs) or a missing
+    entry counts as inf.
+    """
+    out: list[float] = []
+    for j, tok in enumerate(seq):
+        d = step_lps[j] if j < len(step_lps) else None
+        if j >= len(got) or got[j] != tok or not d or tok not in d:
+            out.append(float("inf"))
+            continue
+        best, have = max(d.values()), d[tok]
+        out.append(best - have if best == best and have == have and have != float("-inf") else float("inf"))
+    return out
+
+
+class ForceState:
+    """Which batch row decodes which forced sequence (vLLM's persistent-batch updates).
+
+    The bookkeeping of ``ForceTokens`` without vLLM or torch, so it is tested
+    on CPU: rows are added with their SamplingParams and the live list of
+    output token ids (its length is the index of the token sampled next,
+    placeholders of in-flight steps included), removed, moved or swapped.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[list[int], list[int]]] = {}
+
+    def update(self, added: Any, removed: Any, moved: Any) -> None:
+        for index, params, _prompt, output_ids in added:
+            forced = (getattr(params, "extra_args", None) or {}).get(FORCE_KEY)
+            if forced is not None:
+                self.rows[index] = (list(forced), output_ids)
+            else:
+                self.rows.pop(index, None)
+        for index in removed:
+            self.rows.pop(index, None)
+        for a, b, direction in moved:
+            ea, eb = self.rows.pop(a, None), self.rows.pop(b, None)
+            if ea is not None:
+                self.rows[b] = ea
+            if eb is not None and getattr(direction, "name", str(direction)) == "SWAP":
+                self.rows[a] = eb
+
+    def targets(self) -> list[tuple[int, int]]:
+        """(row, token) for every row whose next token is forced."""
+        out = []
+        for row, (forced, output_ids) in self.rows.items():
+            n = len(output_ids)
+            if n < len(forced):
+                out.append((row, forced[n]))
+        return out
+
+
+def force_tokens_processor() -> type:
+    """vLLM logits processor forcing each request's tokens to ``extra_args[FORCE_KEY]``."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    class ForceTokens(LogitsProcessor):
+        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+            self.state = ForceState()
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def update_state(self, batch_update: Any) -> None:
+            if batch_update is not None:
+                self.state.update(batch_update.added, batch_update.removed, batch_update.moved)
+
+        def apply(self, logits: Any) -> Any:
+            for row, tok in self.state.targets():
+                if row < logits.shape[0]:
+                    keep = logits[row, tok].clone()
+                    logits[row].fill_(float("-inf"))
+                    logits[row, tok] = keep
+            return logits
+
+    return ForceTokens
+
+
+# deficit thresholds counted per request (score_done "counts": [tokens, > 0.1, > 0.5, > 1.0])
+COUNT_THRESHOLDS = (0.1, 0.5, 1.0)
+
+
 def worst_deficit(ds: list[float]) -> list[float]:
     """[largest deficit, its position] (position -1 for an empty sequence); inf stays a float."""
     if not ds:
@@ -306,6 +398,9 @@ def child_main(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if "fd" in flags:
         extra["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    if spec is None and args.score_mode == "decode":
+        # rows without extra_args[FORCE_KEY] are left alone: plain decode is unchanged
+        extra["logits_processors"] = [force_tokens_processor()]
     llm = LLM(
         model=args.model,
         load_format=load_format,
@@ -383,19 +478,38 @@ def child_main(args: argparse.Namespace) -> int:
         cases = {c.name: c for c in build_cases(args.long_len)}
         for src, by_case in sources:
             for name, seqs in by_case.items():
-                emit(event="score_start", source=src, case=name)
+                emit(event="score_start", source=src, case=name, mode=args.score_mode)
                 prompts = cases[name].prompts
-                outs = llm.generate(
-                    [TokensPrompt(prompt_token_ids=p + s) for p, s in zip(prompts, seqs)],
-                    SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False),
-                    use_tqdm=False,
-                )
-                worst = []
-                for o, p, s in zip(outs, prompts, seqs):
-                    plp = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
-                           for d in (o.prompt_logprobs or [])]
-                    worst.append(worst_deficit(deficits(len(p), s, plp)))
-                emit(event="score_done", source=src, case=name, worst=worst)
+                worst, counts = [], []
+                if args.score_mode == "decode":
+                    # the case again, every token forced to the source's: plain
+                    # decode's own numerics judge each token in the source's context
+                    outs = llm.generate(
+                        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                        [SamplingParams(temperature=0.0, max_tokens=len(s), ignore_eos=True, detokenize=False,
+                                        logprobs=1, extra_args={FORCE_KEY: s}) for s in seqs],
+                        use_tqdm=False,
+                    )
+                    per_req = []
+                    for o, s in zip(outs, seqs):
+                        lps = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
+                               for d in (o.outputs[0].logprobs or [])]
+                        per_req.append(forced_deficits(s, list(o.outputs[0].token_ids), lps))
+                else:
+                    outs = llm.generate(
+                        [TokensPrompt(prompt_token_ids=p + s) for p, s in zip(prompts, seqs)],
+                        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False),
+                        use_tqdm=False,
+                    )
+                    per_req = []
+                    for o, p, s in zip(outs, prompts, seqs):
+                        plp = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
+                               for d in (o.prompt_logprobs or [])]
+                        per_req.append(deficits(len(p), s, plp))
+                for ds in per_req:
+                    worst.append(worst_deficit(ds))
+                    counts.append([len(ds)] + [sum(1 for d in ds if d > t) for t in COUNT_THRESHOLDS])
+                emit(event="score_done", source=src, case=name, worst=worst, counts=counts)
     emit(event="child_done")
     return 0
 
@@ -428,6 +542,9 @@ class RunResult:
     cases: list[CaseResult]
     # plain runs only: source ("plain" or a method) -> case -> [[worst deficit, position], ...]
     scores: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    # source -> case -> per request [tokens, deficits > 0.1, > 0.5, > 1.0] (COUNT_THRESHOLDS)
+    score_counts: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
+    score_mode: str = ""
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -561,10 +678,16 @@ def run_child(
             why = f"earlier {outcome}" if outcome != "done" else "not reached"
             cases.append(CaseResult(variant, method, name, "not-run", why))
     scores: dict[str, dict[str, list[list[float]]]] = {}
+    counts: dict[str, dict[str, list[list[int]]]] = {}
+    mode = ""
     for e in events:
+        if e["event"] == "score_start":
+            mode = e.get("mode", "prefill")
         if e["event"] == "score_done":
             scores.setdefault(e["source"], {})[e["case"]] = e["worst"]
-    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases, scores)
+            if "counts" in e:
+                counts.setdefault(e["source"], {})[e["case"]] = e["counts"]
+    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases, scores, counts, mode)
 
 
 def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
@@ -642,7 +765,12 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
             w, w_pos = worst[w_req]
             c.status = "noise" if w <= tol else "wrong"
             c.detail = (f"{first}; worst token: request {w_req} token {int(w_pos)}, "
-                        f"{w} below plain's best logprob (tolerance {tol:.3f})")
+                        f"{w} below plain's best logprob (tolerance {tol:.3f}, {pr.score_mode or 'prefill'} scoring)")
+            cnt = pr.score_counts.get(r.method, {}).get(c.case)
+            if cnt:
+                tot = [sum(row[i] for row in cnt) for i in range(len(cnt[0]))]
+                c.detail += "; tokens beyond " + "/".join(str(t) for t in COUNT_THRESHOLDS) + ": " + \
+                    "/".join(str(x) for x in tot[1:]) + f" of {tot[0]}"
 
 
 def controls(runs: list[RunResult]) -> list[str]:
@@ -928,7 +1056,8 @@ def parent_main(args: argparse.Namespace) -> int:
                        "--progress", str(work / f"{tag}.jsonl"), "--weights", args.weights,
                        "--long-len", str(args.long_len), "--max-model-len", str(args.max_model_len),
                        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                       "--kv-cache-gib", str(args.kv_cache_gib), "--cases", ",".join(case_names)]
+                       "--kv-cache-gib", str(args.kv_cache_gib), "--cases", ",".join(case_names),
+                       "--score-mode", args.score_mode]
                 if method == "plain":
                     cmd += ["--score-wait", str(go_file(variant))]
                 print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
@@ -1052,6 +1181,10 @@ def main(argv: list[str] | None = None) -> int:
                          "so the others find the JIT caches warm)")
     ap.add_argument("--score-from", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--score-wait", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--score-mode", choices=("decode", "prefill"), default="decode",
+                    help="how plain decode judges a token: decode = the case decoded again with every token "
+                         "forced (plain decode's own kernels and KV cache; default), prefill = the sequence "
+                         "scored as one prompt (prompt_logprobs; prefill's kernels, run 4)")
     ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")

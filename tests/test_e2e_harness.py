@@ -715,3 +715,20 @@ def test_report_counts_deficits_beyond_thresholds(tmp_path: Path) -> None:
     c = {x.case: x for x in runs[1].cases}["short_b5"]
     assert c.status == "wrong"  # 0.7 > tolerance max(0.5, 2 x 0.0)
     assert "decode scoring" in c.detail and "tokens beyond 0.1/0.5/1.0: 1/1/0 of 4" in c.detail
+
+
+def test_sm120_topk_route_changes_only_the_family_answer() -> None:
+    class Platform:
+        device_name = "H200"
+
+        def is_device_capability_family(self, family: int) -> bool:
+            return family == 90
+
+        def has_device_capability(self, cap: int) -> bool:
+            return cap <= 90
+
+    route = run_e2e.Sm120TopkRoute(Platform())
+    assert route.is_device_capability_family(120) is True
+    assert route.is_device_capability_family(90) is True and route.is_device_capability_family(100) is False
+    assert route.has_device_capability(90) is True and route.device_name == "H200"
+    assert run_e2e.split_method("mtp1-tk120") == ("mtp1", {"tk120"})

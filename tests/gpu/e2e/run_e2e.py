@@ -66,8 +66,52 @@ DEFAULT_METHODS = list(METHODS)
 # Engine variants of a method, as a suffix: ``-v2`` runs vLLM's V2 model
 # runner (``VLLM_USE_V2_MODEL_RUNNER=1``; DSpark always uses it), ``-fd`` CUDA
 # graphs for decode only (``cudagraph_mode=FULL_DECODE_ONLY``: no piecewise
-# graphs, prefill eager).  E.g. ``mtp3-v2-fd``, ``dspark5-fd``, ``plain-fd``.
-SUFFIXES = ("v2", "fd")
+# graphs, prefill eager), ``-tk120`` routes the indexer's decode top-k as
+# vLLM 0.26.0 routes it on SM120 (``Sm120TopkRoute``).  E.g. ``mtp3-v2-fd``,
+# ``mtp1-tk120``.
+SUFFIXES = ("v2", "fd", "tk120")
+
+
+class Sm120TopkRoute:
+    """vLLM's platform object, except that it answers "SM120 family" (and only that).
+
+    Installed as ``current_platform`` of ``vllm.model_executor.layers.
+    sparse_attn_indexer`` alone.  In vLLM 0.26.0 that module asks
+    ``is_device_capability_family(120)`` in one place only: the decode top-k
+    choice (``use_cooperative_topk = ... and not
+    current_platform.is_device_capability_family(120)``).  On sm_90, decode
+    batches of at most 32 indexer rows then go to ``persistent_topk`` as they
+    do on SM120 GPUs, instead of ``cooperative_topk``.  Fix 6's -1 lengths
+    (CUDA-graph padding requests, ``seq_len == 0``, ``next_n > 1``) hang
+    stock's persistent kernel only on that route: ``cooperative_topk``
+    compares signed, and more than 32 rows go to FilteredTopK.  The kernels,
+    the lengths and the engine are vLLM's own; only the route is SM120's.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def is_device_capability_family(self, family: int, *args: Any, **kwargs: Any) -> bool:
+        if family == 120:
+            return True
+        return self._real.is_device_capability_family(family, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def install_sm120_topk_route() -> str:
+    """Install ``Sm120TopkRoute`` in vLLM's sparse-attention indexer module; returns what was done."""
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+
+    src = Path(sai.__file__).read_text()
+    uses = src.count("is_device_capability_family(")
+    if uses != 1 or "not current_platform.is_device_capability_family(120)" not in src:
+        # another vLLM: the answer could change more than the top-k route
+        raise RuntimeError(f"{sai.__file__}: expected exactly the top-k route to ask for the SM120 "
+                           f"family, found {uses} call site(s); -tk120 is not safe here")
+    sai.current_platform = Sm120TopkRoute(sai.current_platform)
+    return f"{sai.__name__}.current_platform answers SM120 family ({uses} call site(s) in the module)"
 
 
 def split_method(name: str) -> tuple[str, set[str]]:
@@ -387,7 +431,10 @@ def child_main(args: argparse.Namespace) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if "v2" in split_method(args.method)[1]:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    emit(event="fingerprint", data=_fingerprint())
+    fp = _fingerprint()
+    if "tk120" in split_method(args.method)[1]:
+        fp["topk_route"] = install_sm120_topk_route()
+    emit(event="fingerprint", data=fp)
     load_format = register_loader(args.weights, emit)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -732,3 +732,40 @@ def test_sm120_topk_route_changes_only_the_family_answer() -> None:
     assert route.is_device_capability_family(90) is True and route.is_device_capability_family(100) is False
     assert route.has_device_capability(90) is True and route.device_name == "H200"
     assert run_e2e.split_method("mtp1-tk120") == ("mtp1", {"tk120"})
+
+
+def test_device_sh_saves_jit_caches_and_a_fresh_machine_restores_them(tmp_path: Path) -> None:
+    src = _fake_payload(tmp_path)
+    home1, home2 = tmp_path / "home1", tmp_path / "home2"
+    (home1 / ".tilelang/cache").mkdir(parents=True)
+    (home1 / ".tilelang/cache/kernel.so").write_bytes(os.urandom(2048))
+    (home1 / ".cache/vllm/deep_gemm").mkdir(parents=True)
+    (home1 / ".cache/vllm/deep_gemm/k.cubin").write_bytes(b"cubin" * 100)
+    home2.mkdir()
+    base = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable,
+            "E2E_SRC": str(src), "E2E_PREFLIGHT_MODULES": "fakepkg"}
+    out1 = tmp_path / "out1"
+    env1 = {**base, "HOME": str(home1), "E2E_DIR": str(tmp_path / "e2e1"), "OUT": str(out1), "E2E_SAVE_CACHES": "1"}
+    first = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
+                           env=env1, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "jit caches saved: .tilelang .triton .cache" not in first.stdout  # no .triton here
+    assert "jit caches saved: .tilelang .cache" in first.stdout, first.stdout
+    pieces = sorted(p.name for p in out1.glob("jit-cache.*"))
+    assert pieces == ["jit-cache.dirs", "jit-cache.sha256", "jit-cache.tar.xz.00"]
+    # the next machine: the pieces are carried as .e2e/jit, HOME is bare
+    (src / "jit").mkdir()
+    for name in pieces:
+        (src / "jit" / name).write_bytes((out1 / name).read_bytes())
+    env2 = {**base, "HOME": str(home2), "E2E_DIR": str(tmp_path / "e2e2"), "OUT": str(tmp_path / "out2")}
+    second = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
+                            env=env2, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "jit caches restored" in second.stdout
+    assert (home2 / ".tilelang/cache/kernel.so").read_bytes() == (home1 / ".tilelang/cache/kernel.so").read_bytes()
+    assert (home2 / ".cache/vllm/deep_gemm/k.cubin").is_file()
+    # a damaged piece is refused before anything is staged
+    (src / "jit" / "jit-cache.tar.xz.00").write_bytes(b"x")
+    third = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
+                           env={**env2, "E2E_DIR": str(tmp_path / "e2e3")}, timeout=300)
+    assert third.returncode == 2 and "sha256 mismatch" in third.stdout

@@ -39,6 +39,15 @@ fi
 [[ -f "$SRC/meta/manifest.json" ]] || { echo "no $SRC/meta/manifest.json: carry .e2e/meta (run pack.py first)"; exit 2; }
 cp "$SRC/meta/manifest.json" "$E2E/manifest.json"
 
+# 0. JIT cache pieces of an earlier machine (E2E_SAVE_CACHES=1 below), when
+#    this call carries them as .e2e/jit/: kept in $E2E/jit like the pieces
+#    (a call cannot carry them together with a 49 MiB piece), restored in step 4
+if compgen -G "$SRC/jit/jit-cache.tar.xz.*" > /dev/null; then
+  (cd "$SRC/jit" && sha256sum -c --quiet jit-cache.sha256) || { echo "jit cache pieces: sha256 mismatch"; exit 2; }
+  mkdir -p "$E2E/jit" && cp "$SRC"/jit/jit-cache.* "$E2E/jit/"
+  echo "jit cache pieces staged: $(ls "$E2E"/jit/jit-cache.tar.xz.* | wc -l)"
+fi
+
 # 1. stage and verify the pieces
 "$PY" - "$SRC" "$E2E" <<'EOF'
 import hashlib, json, shutil, sys
@@ -146,10 +155,47 @@ SITE_PATCHED="$E2E/vllm-patched:$E2E/deps"
 # compile when first used.
 export VLLM_DEEP_GEMM_WARMUP="${VLLM_DEEP_GEMM_WARMUP:-skip}"
 
-# 4. the tiny model
+# 4. the JIT caches of an earlier machine, when carried (.e2e/jit/, made by
+#    E2E_SAVE_CACHES=1 below): a fresh machine's first engine otherwise spends
+#    5 minutes or more compiling (runs 4a and 4e).  Once per machine.
+if compgen -G "$E2E/jit/jit-cache.tar.xz.*" > /dev/null && [[ ! -f "$E2E/jit.restored" ]]; then
+  cat "$E2E"/jit/jit-cache.tar.xz.* | xz -d | tar -x --no-same-owner -C "$HOME"
+  touch "$E2E/jit.restored"
+  echo "jit caches restored into $HOME:$(cat "$E2E/jit/jit-cache.dirs" 2>/dev/null)"
+fi
+# E2E_SAVE_CACHES=1: at the end of the call, the JIT caches go to $OUT as
+# pieces of 15 MiB (at most 8 files come back from a call, 16 MiB each), the
+# largest set that fits E2E_CACHE_MAX_MIB (45) compressed.  Carry them as
+# .e2e/jit/ in the next session.
+save_caches() {
+  [[ "${E2E_SAVE_CACHES:-0}" == 1 ]] || return 0
+  local max=$(( ${E2E_CACHE_MAX_MIB:-45} * 1048576 )) tmp="$E2E/jit-save" set dirs d
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  for d in .tilelang .triton .cache/vllm .cache/flashinfer .cache; do
+    [[ -d "$HOME/$d" ]] && echo "jit cache candidate: $d $(du -sh "$HOME/$d" | cut -f1)"
+  done
+  for set in ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do
+    dirs=""
+    for d in $set; do [[ -d "$HOME/$d" ]] && dirs="$dirs $d"; done
+    [[ -n "$dirs" ]] || continue
+    # shellcheck disable=SC2086
+    tar -c -C "$HOME" $dirs | xz -T0 -6 > "$tmp/jit-cache.tar.xz"
+    if (( $(stat -c %s "$tmp/jit-cache.tar.xz") <= max )); then
+      (cd "$tmp" && split -b 15M -d jit-cache.tar.xz jit-cache.tar.xz. && rm jit-cache.tar.xz &&
+       sha256sum jit-cache.tar.xz.* > jit-cache.sha256 && echo "$dirs" > jit-cache.dirs)
+      cp "$tmp"/jit-cache.* "$RESULTS/"
+      echo "jit caches saved:$dirs ($(cat "$tmp"/jit-cache.tar.xz.* | wc -c) bytes in $(ls "$tmp"/jit-cache.tar.xz.* | wc -l) pieces)"
+      return 0
+    fi
+    echo "jit caches:$dirs compress to $(stat -c %s "$tmp/jit-cache.tar.xz") bytes, over ${E2E_CACHE_MAX_MIB:-45} MiB"
+  done
+  echo "jit caches: nothing saved"
+}
+
+# 5. the tiny model
 "$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4"
 
-# 5. import check in both sites, as the engines will see them: a module that
+# 6. import check in both sites, as the engines will see them: a module that
 #    DeepSeek-V4 needs and that does not import stops the call here, before any
 #    engine start (exit 3; the problems are in preflight.txt and on stdout).
 #    E2E_PREFLIGHT_MODULES (comma-separated) replaces the list, for tests only;
@@ -173,8 +219,8 @@ else
   echo "$PF_KEY" > "$E2E/preflight.ok"
 fi
 
-[[ $NO_RUN == 1 ]] && exit 0
-# 6. the cases; unless --budget is given, what is left of a 600 s device call (E2E_CALL_LIMIT)
+[[ $NO_RUN == 1 ]] && { save_caches; exit 0; }
+# 7. the cases; unless --budget is given, what is left of a 600 s device call (E2E_CALL_LIMIT)
 EXTRA=()
 if [[ " $* " != *" --budget "* ]]; then
   left=$(( ${E2E_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 40 ))
@@ -183,3 +229,4 @@ if [[ " $* " != *" --budget "* ]]; then
 fi
 PYTHONUNBUFFERED=1 "$PY" "$HERE/run_e2e.py" --model "$E2E/tiny-dsv4" --out "$RESULTS" \
   --site stock="$SITE_STOCK" --site patched="$SITE_PATCHED" "${EXTRA[@]}" "$@" 2>&1 | tee "$RESULTS/run.txt"
+save_caches

@@ -533,7 +533,7 @@ def child_main(args: argparse.Namespace) -> int:
                     # decode's own numerics judge each token in the source's context
                     outs = llm.generate(
                         [TokensPrompt(prompt_token_ids=p) for p in prompts],
-                        [SamplingParams(temperature=0.0, max_tokens=len(s), ignore_eos=True, detokenize=False,
+                        [SamplingParams(temperature=0.0, max_tokens=max(1, len(s)), ignore_eos=True, detokenize=False,
                                         logprobs=1, extra_args={FORCE_KEY: s}) for s in seqs],
                         use_tqdm=False,
                     )

@@ -769,3 +769,125 @@ def test_device_sh_saves_jit_caches_and_a_fresh_machine_restores_them(tmp_path: 
     third = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
                            env={**env2, "E2E_DIR": str(tmp_path / "e2e3")}, timeout=300)
     assert third.returncode == 2 and "sha256 mismatch" in third.stdout
+
+
+# A stand-in for the parts of vLLM the child touches (no GPU, no torch here): a
+# deterministic "model" whose greedy next token depends on the context, so the
+# child's decode, forced-decode scoring and prefill scoring run end to end.
+FAKE_VLLM = {
+    "vllm/__init__.py": """
+import types
+__version__ = "0.0-fake"
+
+def _greedy(ctx):
+    return 2 + (sum(ctx) * 7 + len(ctx)) % 50
+
+def _lps(ctx, tok):
+    best = _greedy(ctx)
+    d = {best: Logprob(-0.1)}
+    if tok != best:
+        d[tok] = Logprob(-0.1 - 0.4 * (1 + tok % 3))
+    return d
+
+class Logprob:
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+class SamplingParams:
+    def __init__(self, temperature=1.0, max_tokens=16, ignore_eos=False, detokenize=True, logprobs=None,
+                 prompt_logprobs=None, extra_args=None):
+        self.max_tokens, self.logprobs, self.prompt_logprobs = max_tokens, logprobs, prompt_logprobs
+        self.extra_args = extra_args
+
+class LLM:
+    def __init__(self, model, **kw):
+        self.kw = kw
+        procs = kw.get("logits_processors") or []
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+        assert all(issubclass(p, LogitsProcessor) for p in procs)
+        self.force = bool(procs)
+
+    def get_metrics(self):
+        return []
+
+    def generate(self, prompts, params, use_tqdm=True):
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        outs = []
+        for pr, sp in zip(prompts, params):
+            ctx = list(pr["prompt_token_ids"])
+            forced = (sp.extra_args or {}).get("dsv4e2e_force")
+            assert forced is None or self.force, "forced tokens need the logits processor"
+            toks, lps = [], []
+            for j in range(sp.max_tokens):
+                tok = forced[j] if forced is not None else _greedy(ctx)
+                lps.append(_lps(ctx, tok))
+                toks.append(tok)
+                ctx.append(tok)
+            plp = None
+            if sp.prompt_logprobs:
+                ids = pr["prompt_token_ids"]
+                plp = [None] + [_lps(ids[:i], ids[i]) for i in range(1, len(ids))]
+            out = types.SimpleNamespace(token_ids=toks, logprobs=lps if sp.logprobs else None)
+            outs.append(types.SimpleNamespace(outputs=[out], prompt_logprobs=plp))
+        return outs
+""",
+    "vllm/inputs.py": "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n",
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/model_loader/__init__.py":
+        "def register_model_loader(name):\n    return lambda cls: cls\n",
+    "vllm/model_executor/model_loader/dummy_loader.py": "class DummyModelLoader:\n    pass\n",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/sample/__init__.py": "",
+    "vllm/v1/sample/logits_processor.py": "class LogitsProcessor:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_child_decodes_and_scores_with_a_stand_in_vllm(tmp_path: Path, mode: str) -> None:
+    site = tmp_path / "site"
+    for rel, text in FAKE_VLLM.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    # a speculative run's tokens: plain's own, except one token replaced in short_b1
+    spec = tmp_path / "stock-mtp1.jsonl"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
+    code = ("import sys; sys.argv[0] = 'run_e2e'; import importlib.util as u; "
+            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
+            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    base = ["--child", "--model", "m", "--cases", "short_b1,short_b5", "--score-mode", mode]
+    first = subprocess.run([sys.executable, "-c", code, *base, "--method", "mtp1", "--progress", str(spec)],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    events = [json.loads(ln) for ln in spec.read_text().splitlines()]
+    done = [e for e in events if e["event"] == "case_done"]
+    assert [e["case"] for e in done] == ["short_b1", "short_b5"]
+    # make the speculative run wrong at token 5 of short_b1
+    lines = spec.read_text().splitlines()
+    for i, ln in enumerate(lines):
+        e = json.loads(ln)
+        if e.get("event") == "case_done" and e["case"] == "short_b1":
+            e["tokens"][0][5] = (e["tokens"][0][5] + 1 - 2) % 50 + 2
+            lines[i] = json.dumps(e)
+    spec.write_text("\n".join(lines) + "\n")
+    plain = tmp_path / "stock-plain.jsonl"
+    go = tmp_path / "stock-plain.go"
+    go.write_text(json.dumps([str(spec)]))
+    second = subprocess.run([sys.executable, "-c", code, *base, "--method", "plain", "--progress", str(plain),
+                             "--score-wait", str(go)], env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    ev = [json.loads(ln) for ln in plain.read_text().splitlines()]
+    assert [e["event"] for e in ev].count("waiting") == 1
+    scores = {(e["source"], e["case"]): e for e in ev if e["event"] == "score_done"}
+    assert {e.get("mode") for e in ev if e["event"] == "score_start"} == {mode}
+    # plain's own tokens are its greedy choices: deficit 0 everywhere
+    for case in ("short_b1", "short_b5"):
+        assert all(w == [0.0, -1] or w[0] == 0.0 for w in scores[("plain", case)]["worst"]), scores[("plain", case)]
+    # every token is judged in the run's own context: from token 5 on the run is
+    # off plain's greedy path (the changed token, then tokens chosen after plain's
+    # original context); before it, nothing counts
+    (w,) = scores[("mtp1", "short_b1")]["worst"]
+    assert w[1] >= 5 and w[0] >= 0.4
+    assert scores[("mtp1", "short_b5")]["worst"] == scores[("plain", "short_b5")]["worst"]
+    (cnt,) = scores[("mtp1", "short_b1")]["counts"]
+    assert cnt[0] == 300 and cnt[1] >= 1

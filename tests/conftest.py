@@ -21,6 +21,20 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "locks" / "vllm.toml"
 
 
+def validate_json(command: str, text: str) -> dict:
+    """Parse TEXT (a command's --format json output) and validate it against schemas/COMMAND."""
+    import json
+
+    import jsonschema
+
+    data = json.loads(text)
+    assert data["schema_version"] == 1
+    schema = json.loads((ROOT / "schemas" / f"{command}.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(data)
+    return data
+
+
 def sh(cwd: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",

@@ -13,20 +13,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import ROOT, sh
+from conftest import ROOT, sh, validate_json
 from dsv4patch.main import COMMANDS
 from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401  (fixture)
 
 SCHEMAS = ROOT / "schemas"
 
 
-def validate(command: str, text: str) -> dict:
-    data = json.loads(text)
-    assert data["schema_version"] == 1
-    schema = json.loads((SCHEMAS / f"{command}.schema.json").read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.Draft202012Validator(schema).validate(data)
-    return data
+validate = validate_json
 
 
 def test_every_command_and_the_error_object_have_a_schema():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK
+from conftest import LOCK, validate_json
 from dsv4patch import testenv
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
@@ -173,7 +173,7 @@ def test_full_build_dry_run(cli, patched_tree: Path, shared_cache: Path) -> None
     r = cli("build", "--lock", LOCK, "--tree", patched_tree, "--full", "--dry-run",
             "--format", "json", "--cache-dir", shared_cache)
     assert r.rc == 0, r.err
-    out = json.loads(r.out)
+    out = validate_json("build", r.out)
     assert out["command"][-4:] == ["pip", "install", "-v", "."]
     # No cuda_arch_list in the lock: vLLM's release list for this machine.
     assert out["env"]["TORCH_CUDA_ARCH_LIST"] == " ".join(
@@ -182,7 +182,7 @@ def test_full_build_dry_run(cli, patched_tree: Path, shared_cache: Path) -> None
     assert out["env"]["MAX_JOBS"] == "2" and out["env"]["NVCC_THREADS"] == "1"
     r = cli("build", "--lock", LOCK, "--tree", patched_tree, "--full", "--docker", "--dry-run",
             "--format", "json", "--cache-dir", shared_cache)
-    cmd = json.loads(r.out)["command"]
+    cmd = validate_json("build", r.out)["command"]
     assert cmd[:4] == ["docker", "build", "-f", "docker/Dockerfile"]
     assert f"torch_cuda_arch_list={out['env']['TORCH_CUDA_ARCH_LIST']}" in cmd
 

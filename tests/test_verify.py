@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import LOCK
+from conftest import LOCK, validate_json
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 def test_verify_0271_proves_fixes_1_to_6_on_cpu(shared_cache, cli):
     res = cli("verify", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--format", "json")
     assert res.out.strip().startswith("{"), (res.rc, res.err[-3000:])
-    rep = json.loads(res.out)
+    rep = validate_json("verify", res.out)
     verdicts = {name.split("-")[0]: v["verdict"] for name, v in rep["patches"].items()}
     assert verdicts == {
         "0001": "proven", "0002": "proven", "0003": "proven", "0004": "proven",
@@ -37,7 +37,7 @@ def test_verify_0271_proves_fixes_1_to_6_on_cpu(shared_cache, cli):
     assert rep["sessions"]["run"] + rep["sessions"]["cached"] == 2, rep["sessions"]
     # With nothing changed, the results come from the cache: no session runs.
     again = cli("verify", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--format", "json")
-    rep2 = json.loads(again.out)
+    rep2 = validate_json("verify", again.out)
     assert again.rc == 0 and rep2["sessions"] == {"run": 0, "cached": 2}, rep2["sessions"]
     assert rep2["patches"] == rep["patches"]
 

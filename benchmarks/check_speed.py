@@ -33,11 +33,9 @@ commit) against warm (tree cached).  Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +49,8 @@ from dsv4patch.lock import load  # noqa: E402
 from dsv4patch.progress import Progress  # noqa: E402
 from dsv4patch.series import series_for_pin  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
+
+from bench_cli import ENV, run_cli, write_report  # noqa: E402
 
 
 ONE = "0.27.1"
@@ -66,21 +66,10 @@ def baseline(pins: list[tuple[Path, str, list[Path]]]) -> float:
     return time.perf_counter() - t0
 
 
-# As after `pip install` (which compiles bytecode): a PYTHONDONTWRITEBYTECODE=1 left in
-# the caller's environment would make every run compile dsv4patch's modules again.
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def dsv4patch_check(lock: Path, cache: Path, *extra: str) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-m", "dsv4patch", "check", "--lock", str(lock), "--cache-dir", str(cache),
-         "--format", "json", *extra], capture_output=True, text=True, cwd=ROOT, env=ENV,
-    )
-    elapsed = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"dsv4patch check failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return elapsed
+    return run_cli(["check", "--lock", str(lock), "--cache-dir", str(cache), *extra], env=ENV)[0]
 
 
 def main() -> int:
@@ -185,9 +174,7 @@ def main() -> int:
         f"| cold (verified sdist in cache; extract + git commit) | {c:.3f} | {c / w:.0f} |", "",
         "A cold cache with no sdist adds the download (39 MB from PyPI; network-dependent, not timed here).",
     ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "check_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "check_speed.md").write_text("\n".join(md) + "\n")
+    write_report(args.out, "check_speed", result, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import platform
 import re
@@ -76,6 +75,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from bench_cli import run_cli, write_report  # noqa: E402
 
 from dsv4patch.kernels import build as kbuild  # noqa: E402
 from dsv4patch.kernels import sources  # noqa: E402
@@ -133,13 +134,7 @@ def find_python(seed_cache: Path) -> str:
 
 def cli(args: list[str], cache: Path) -> tuple[float, dict[str, Any]]:
     """Run ``dsv4patch ARGS --format json --cache-dir CACHE``; (wall seconds, parsed JSON)."""
-    cmd = [sys.executable, "-m", "dsv4patch", *args, "--format", "json", "--cache-dir", str(cache)]
-    t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
-    wall = time.monotonic() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"`{' '.join(cmd)}` failed (exit {res.returncode}):\n{res.stderr[-4000:]}")
-    return wall, json.loads(res.stdout)
+    return run_cli([*args, "--cache-dir", str(cache)])
 
 
 def seed_cublas(seed_cache: Path, cache: Path) -> list[str]:
@@ -463,9 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             data["ratios"]["whole_list_is_estimate"] = not data["baseline"]["whole_list_measured"]
             data["ratios"]["targeted_cold_over_compiled_part"] = cold / data["baseline"]["sample_wall_s"]
         data["failures"] = failures
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "kernel_build.json").write_text(json.dumps(data, indent=2) + "\n")
-        (a.out / "kernel_build.md").write_text(render(data))
+        write_report(a.out, "kernel_build", data, render(data))
         log(f"wrote {a.out / 'kernel_build.md'} and .json")
         print(render(data))
     finally:

@@ -19,26 +19,16 @@ time).  Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+from bench_cli import ENV, ROOT, run_cli, write_report
 
 
 def verify(lock: Path, pin: str, cache: Path | None, *extra: str) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "dsv4patch", "verify", "--lock", str(lock), "--pin", pin,
-           "--format", "json", *extra] + (["--cache-dir", str(cache)] if cache else [])
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV)
-    elapsed = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"verify failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return elapsed, json.loads(res.stdout)
+    args = ["verify", "--lock", str(lock), "--pin", pin, *extra] + (["--cache-dir", str(cache)] if cache else [])
+    return run_cli(args, env=ENV)
 
 
 def main() -> int:
@@ -69,9 +59,7 @@ def main() -> int:
           + " | ".join(f"{same['phases'].get(p, 0):.2f}" for p in phases)
           + f" | {same['sessions']['cached']} cached |", "",
           "Verdicts: " + ", ".join(f"{k} {v}" for k, v in verdicts.items())]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "verify_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "verify_speed.md").write_text("\n".join(md) + "\n")
+    write_report(args.out, "verify_speed", result, "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

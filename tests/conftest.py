@@ -161,45 +161,28 @@ def write_lock(path: Path, pins: dict[str, str], series: dict[str, list[str]] | 
     return path
 
 
+def pin_table(name: str, commit: str, source: dict[str, str], version: str | None = None,
+              extra: str = "") -> str:
+    """A ``[pins."NAME"]`` table (``vllm_version`` defaults to NAME) with its ``source`` sub-table."""
+    src = "".join(f'{k} = "{v}"\n' for k, v in source.items())
+    return (f'[pins."{name}"]\nvllm_version = "{version or name}"\ncommit = "{commit}"\n'
+            f'{textwrap.dedent(extra).strip()}\n[pins."{name}".source]\n{src}')
+
+
 def git_pin(name: str, upstream: Upstream, extra: str = "", kind: str = "git") -> str:
     key = "url" if kind == "git" else "path"
-    return f'''
-        [pins."{name}"]
-        vllm_version = "{name}"
-        commit = "{upstream.commit}"
-        {extra}
-        [pins."{name}".source]
-        kind = "{kind}"
-        {key} = "{upstream.path}"
-    '''
+    return pin_table(name, upstream.commit, {"kind": kind, key: str(upstream.path)}, extra=extra)
 
 
 def local_pin(name: str, path: object, commit: str, version: str = "0.0.1") -> str:
     """A ``local`` pin table: a fork checkout at PATH (absolute, or relative to the lock file)."""
-    return f'''
-        [pins."{name}"]
-        vllm_version = "{version}"
-        commit = "{commit}"
-        [pins."{name}".source]
-        kind = "local"
-        path = "{path}"
-    '''
+    return pin_table(name, commit, {"kind": "local", "path": str(path)}, version=version)
 
 
 def sdist_pin(name: str, commit: str, sha: str, url: str | None = None) -> str:
     """A ``pypi-sdist`` pin table (vLLM 0.0.1) for ``sha``; without ``url`` the sdist must be cached."""
-    url_line = f'url = "{url}"' if url is not None else ""
-    return f'''
-        [pins."{name}"]
-        vllm_version = "0.0.1"
-        commit = "{commit}"
-        [pins."{name}".source]
-        kind = "pypi-sdist"
-        name = "vllm"
-        version = "0.0.1"
-        sha256 = "{sha}"
-        {url_line}
-    '''
+    source = {"kind": "pypi-sdist", "name": "vllm", "version": "0.0.1", "sha256": sha}
+    return pin_table(name, commit, {**source, **({"url": url} if url is not None else {})}, version="0.0.1")
 
 
 def pin_requirements(pin_name: str, cache: Path, dest: Path) -> Path:

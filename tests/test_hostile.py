@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MINI_FILES, git_pin, sdist_pin, sh, write_lock
+from conftest import MINI_FILES, git_pin, pin_table, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -306,14 +306,7 @@ def test_hostile_git_url_is_refused(tmp_path, upstream, cli, url):
 def test_ordinary_git_urls_are_accepted(tmp_path, url):
     from dsv4patch.lock import load
 
-    lock = write_lock(tmp_path / "l.toml", {"p": f'''
-        [pins."p"]
-        vllm_version = "p"
-        commit = "{COMMIT}"
-        [pins."p".source]
-        kind = "git"
-        url = "{url}"
-    '''})
+    lock = write_lock(tmp_path / "l.toml", {"p": pin_table("p", COMMIT, {"kind": "git", "url": url})})
     assert load(lock).pin("p").source.url
 
 

@@ -703,6 +703,12 @@ def test_force_state_follows_batch_updates() -> None:
     assert st.targets() == []
     st.update([(3, _Params([7]), [9], [])], [3], [])
     assert st.targets() == []
+    # two forced rows swap: each keeps its own sequence and position
+    out_x: list[int] = [8]
+    out_y: list[int] = []
+    st.update([(0, _Params([8, 9]), [9], out_x), (1, _Params([6, 5]), [9], out_y)], [], [])
+    st.update([], [], [(0, 1, _Dir("SWAP"))])
+    assert sorted(st.targets()) == [(0, 6), (1, 9)]
 
 
 def test_report_counts_deficits_beyond_thresholds(tmp_path: Path) -> None:

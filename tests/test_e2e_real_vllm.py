@@ -1,0 +1,100 @@
+"""The end-to-end harness's hooks into vLLM, against vLLM 0.26.0's own Python (PyPI wheel).
+
+``tests/gpu/e2e/run_e2e.py`` reaches into vLLM in two places that a stand-in
+cannot vouch for: ``ForceTokens`` (forced-decode scoring) subclasses vLLM's
+``LogitsProcessor`` and follows its ``BatchUpdate`` protocol, and ``-tk120``
+replaces ``current_platform`` in ``vllm.model_executor.layers.sparse_attn_indexer``.
+Here both run against the Python files of the 0.26.0 wheel the device runs
+(sha256 from the lock, through the store), in the CPU test venv of the 0.26.0
+pin (torch 2.13.0 CPU); no GPU is needed for either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCK, ROOT
+from dsv4patch import testenv
+from dsv4patch.kernels import stock
+from dsv4patch.lock import load
+from dsv4patch.store import Store
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+PROBE = r"""
+import importlib.util, json, sys
+import torch
+s = importlib.util.spec_from_file_location("r", sys.argv[1])
+r = importlib.util.module_from_spec(s); sys.modules["r"] = r; s.loader.exec_module(r)
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+out = {}
+FT = r.force_tokens_processor()
+out["subclass"] = issubclass(FT, LogitsProcessor)
+lp = FT(None, torch.device("cpu"), False)
+out_a, out_b, out_c = [], [], [4]
+sp = lambda toks: SamplingParams(temperature=0.0, max_tokens=3, extra_args={r.FORCE_KEY: toks})
+lp.update_state(BatchUpdate(batch_size=3, removed=[], moved=[], added=[
+    (0, sp([3, 1, 2]), [9], out_a), (1, sp([5, 6]), [9], out_b), (2, SamplingParams(temperature=0.0), [9], out_c)]))
+torch.manual_seed(0)
+logits = torch.randn(3, 8)
+before = logits.clone()
+got = lp.apply(logits)
+out["argmax"] = [int(got[0].argmax()), int(got[1].argmax())]
+out["raw_kept"] = bool(got[0, 3] == before[0, 3]) and bool(got[1, 5] == before[1, 5])
+out["unforced_untouched"] = bool(torch.equal(got[2], before[2]))
+out_a.append(3); out_b.append(5)  # vLLM appends each sampled token to the live lists
+lp.update_state(BatchUpdate(batch_size=3, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+got = lp.apply(torch.randn(3, 8))
+out["after_swap_argmax"] = [int(got[0].argmax()), int(got[1].argmax())]
+lp.update_state(BatchUpdate(batch_size=2, removed=[1], added=[], moved=[]))
+out["after_remove_targets"] = lp.state.targets()
+out["route"] = r.install_sm120_topk_route()
+import vllm.model_executor.layers.sparse_attn_indexer as sai
+import vllm.platforms as vp
+out["indexer_family_120"] = sai.current_platform.is_device_capability_family(120)
+out["indexer_is_cuda_delegates"] = sai.current_platform.is_cuda() == vp.current_platform.is_cuda()
+out["global_platform_untouched"] = type(vp.current_platform).__name__ != "Sm120TopkRoute"
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_026(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict:
+    from dsv4patch.main import main
+
+    base = tmp_path_factory.mktemp("e2e026")
+    tree = base / "tree"
+    assert main(["apply", "--lock", str(LOCK), "--pin", "0.26.0", "--tree", str(tree), "--cache-dir",
+                 str(shared_cache), "--no-build", "--format", "json"]) == 0
+    store = Store.open(shared_cache)
+    env = testenv.ensure(tree, store, torch="2.13.0")  # 0.26.0 pins torch 2.11 (CUDA); CPU build here
+    site = base / "site"
+    with zipfile.ZipFile(stock.wheel_path(store, stock.wheel_for(load(LOCK).pin("0.26.0"), "x86_64"))) as zf:
+        for name in zf.namelist():
+            if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
+                zf.extract(name, site)
+    return {"python": str(env.python), "site": site}
+
+
+def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([vllm_026["python"], "-c", PROBE, str(ROOT / "tests/gpu/e2e/run_e2e.py")],
+                         env=e, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {
+        "subclass": True, "argmax": [3, 5], "raw_kept": True, "unforced_untouched": True,
+        # rows swapped: row 0 now decodes [5, 6] (next: 6), row 1 [3, 1, 2] (next: 1)
+        "after_swap_argmax": [6, 1], "after_remove_targets": [[0, 6]],
+        "route": "vllm.model_executor.layers.sparse_attn_indexer.current_platform answers SM120 family "
+                 "(1 call site(s) in the module)",
+        "indexer_family_120": True, "indexer_is_cuda_delegates": True, "global_platform_untouched": True,
+    }, out

@@ -306,16 +306,15 @@ def deficits(prompt_len: int, seq: list[int], plp: list[dict[int, float] | None]
     of the actual token i given tokens < i.  0 means the token is plain's own
     greedy choice in that context; a missing or non-finite entry counts as inf.
     """
-    out: list[float] = []
-    for j, tok in enumerate(seq):
-        i = prompt_len + j
-        d = plp[i] if i < len(plp) else None
-        if not d or tok not in d:
-            out.append(float("inf"))
-            continue
-        best, got = max(d.values()), d[tok]
-        out.append(best - got if best == best and got == got and got != float("-inf") else float("inf"))
-    return out
+    return [_deficit(plp[prompt_len + j] if prompt_len + j < len(plp) else None, tok) for j, tok in enumerate(seq)]
+
+
+def _deficit(d: dict[int, float] | None, tok: int) -> float:
+    """Best logprob in D minus TOK's; inf when TOK or a finite value is missing."""
+    if not d or tok not in d:
+        return float("inf")
+    best, got = max(d.values()), d[tok]
+    return best - got if best == best and got == got and got != float("-inf") else float("inf")
 
 
 FORCE_KEY = "dsv4e2e_force"
@@ -331,15 +330,8 @@ def forced_deficits(seq: list[int], got: list[int], step_lps: list[dict[int, flo
     KV cache.  A step where forcing did not hold (GOT differs) or a missing
     entry counts as inf.
     """
-    out: list[float] = []
-    for j, tok in enumerate(seq):
-        d = step_lps[j] if j < len(step_lps) else None
-        if j >= len(got) or got[j] != tok or not d or tok not in d:
-            out.append(float("inf"))
-            continue
-        best, have = max(d.values()), d[tok]
-        out.append(best - have if best == best and have == have and have != float("-inf") else float("inf"))
-    return out
+    return [_deficit(step_lps[j] if j < len(step_lps) else None, tok)
+            if j < len(got) and got[j] == tok else float("inf") for j, tok in enumerate(seq)]
 
 
 class ForceState:

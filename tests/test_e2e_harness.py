@@ -40,7 +40,8 @@ tiny = _load("make_tiny_dsv4")
 
 FAKE_CHILD = textwrap.dedent(
     """
-    import json, os, subprocess, sys, time
+    import faulthandler, json, os, signal, subprocess, sys, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as child_main does
     mode, progress = sys.argv[1], sys.argv[2]
     f = open(progress, "a", buffering=1)
     def emit(**kw):
@@ -73,7 +74,7 @@ FAKE_CHILD = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, mode: str, method: str = "mtp1") -> run_e2e.RunResult:
+def _run(tmp_path: Path, mode: str, method: str = "mtp1", hang_probe_s: float = 0.0) -> run_e2e.RunResult:
     script = tmp_path / "fake_child.py"
     script.write_text(FAKE_CHILD)
     progress = tmp_path / f"{mode}.jsonl"
@@ -89,6 +90,7 @@ def _run(tmp_path: Path, mode: str, method: str = "mtp1") -> run_e2e.RunResult:
         method=method,
         poll=0.1,
         settle=0.2,
+        hang_probe_s=hang_probe_s,
     )
 
 
@@ -111,6 +113,58 @@ def test_hang_in_a_case_kills_the_group_and_keeps_earlier_cases(tmp_path: Path) 
     gc_pid = int((tmp_path / "hang.jsonl.gc").read_text())
     time.sleep(0.3)
     assert not _alive(gc_pid), "the engine-core-like grandchild survived the kill"
+
+
+def test_a_hung_child_is_probed_before_the_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cuda-gdb cannot run here (no GPU): a stand-in on PATH records how it is called
+    # and answers as cuda-gdb does for a spinning kernel
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gdb = bin_dir / "cuda-gdb"
+    gdb.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\n'
+                   'echo "Kernel 0 persistent_topk_kernel<512, 4>(params) sm 3 running"\n')
+    gdb.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    res = _run(tmp_path, "hang", hang_probe_s=10.0)
+    assert res.outcome == "hang"
+    log = (tmp_path / "hang.log").read_text()
+    # the child's own Python stack, from its SIGUSR1 handler: where the host waits
+    assert "hang probe: python stacks" in log
+    stacks = log.split("hang probe: python stacks")[1].split("hang probe: cuda-gdb")[0]
+    assert "most recent call first" in stacks and 'fake_child.py", line' in stacks
+    # the kernel still on the GPU, named by cuda-gdb attached to the child
+    assert "persistent_topk_kernel<512, 4>" in log
+    args = (bin_dir / "args").read_text().split()
+    assert args[args.index("-p") + 1].isdigit() and "info cuda kernels" in " ".join(args)
+
+
+def test_no_probe_when_the_budget_cuts_a_child(tmp_path: Path) -> None:
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    progress = tmp_path / "cut.jsonl"
+    res = run_e2e.run_child([sys.executable, str(script), "hang", str(progress)], {"PATH": "/usr/bin:/bin"},
+                            progress, tmp_path / "cut.log", ["short_b1", "short_b5"], start_deadline=30.0,
+                            case_deadline=30.0, variant="stock", method="mtp1", poll=0.1, settle=0.2,
+                            hard_stop=time.monotonic() + 2.0, hang_probe_s=10.0)
+    assert res.outcome == "cut"
+    assert "hang probe" not in (tmp_path / "cut.log").read_text()
+
+
+def test_tk120_needs_logits_wide_enough_to_split_a_row() -> None:
+    # the hang input of the kernel proof (4 rows of 16,384; tests/gpu/run_vllm_binary_proof.py)
+    # hung stock's kernel on the H200: two CTAs per row
+    assert run_e2e.persistent_topk_ctas(16384, 4) == 2
+    assert run_e2e.persistent_topk_ctas(16384, 8) == 2
+    assert run_e2e.persistent_topk_ctas(16384, 16) == 1  # 227 KiB: one CTA holds the row
+    assert run_e2e.persistent_topk_ctas(1024, 4) == 1
+    assert run_e2e.tk120_problem(["plain", "mtp1-tk120"], 65536) is None
+    assert run_e2e.tk120_problem(["plain", "mtp1"], 4096) is None  # no -tk120: any length
+    msg = run_e2e.tk120_problem(["mtp1-tk120"], 4096)
+    assert msg and "1024 wide" in msg
+    with pytest.raises(SystemExit, match="cannot hang"):
+        run_e2e.main(["--methods", "plain,mtp1-tk120", "--max-model-len", "4096", "--site", "stock=/x",
+                      "--site", "patched=/y", "--out", "/tmp/never-written-e2e"])
 
 
 def test_hang_at_engine_start(tmp_path: Path) -> None:

@@ -42,8 +42,10 @@ Imports only (device.sh runs it before any engine; exit 3 on a problem):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +114,43 @@ def install_sm120_topk_route() -> str:
                            f"family, found {uses} call site(s); -tk120 is not safe here")
     sai.current_platform = Sm120TopkRoute(sai.current_platform)
     return f"{sai.__name__}.current_platform answers SM120 family ({uses} call site(s) in the module)"
+
+
+# vLLM 0.26.0's persistent_topk launcher (csrc/libtorch_stable/topk.cu and
+# persistent_topk.cuh): a row of the indexer's decode logits is split over
+# ceil(stride / chunk) CTAs, where a CTA's chunk is what fits its shared memory
+# after the radix histograms (2080 bytes), in 4-byte elements: 35,968 bytes
+# for at most 4 rows, 48 KiB for 5-8 rows, the whole opt-in maximum (227 KiB
+# on sm_90 and sm_120) above that.  The hang needs that split: with a -1 length
+# the leader CTA enters the radix path and waits for CTAs that left early.
+TOPK_FIXED_SMEM = 2080
+TOPK_THREADS = 1024
+
+
+def persistent_topk_ctas(stride: int, rows: int, smem_optin: int = 227 * 1024) -> int:
+    """CTAs per row that vLLM 0.26.0's ``persistent_topk`` uses for decode logits STRIDE wide."""
+    smem = min(smem_optin, 35968) if rows <= 4 else min(smem_optin, 48 * 1024) if rows <= 8 else smem_optin
+    vec = 4 if stride % 4 == 0 else 2 if stride % 2 == 0 else 1
+    chunk = (smem - TOPK_FIXED_SMEM) // 4 // vec * vec
+    chunk = max(chunk, vec * TOPK_THREADS)
+    return -(-stride // chunk)
+
+
+def tk120_problem(methods: list[str], max_model_len: int, compress_ratio: int = 4) -> str | None:
+    """Why ``-tk120`` could not reach the hang at MAX_MODEL_LEN, or None.
+
+    The indexer's decode logits are ``max_model_len // compress_ratio`` wide
+    (``vllm/models/deepseek_v4/attention.py``); padded decode batches of at
+    most 8 rows must split a row over more than one CTA.
+    """
+    if not any("tk120" in split_method(m)[1] for m in methods):
+        return None
+    stride = max_model_len // compress_ratio
+    if persistent_topk_ctas(stride, 4) > 1 and persistent_topk_ctas(stride, 8) > 1:
+        return None
+    return (f"-tk120 with --max-model-len {max_model_len}: the indexer's decode logits are {stride} wide, "
+            f"one CTA per row for padded batches of 4-8 rows, so stock's persistent_topk cannot hang "
+            f"(use --max-model-len 65536)")
 
 
 def split_method(name: str) -> tuple[str, set[str]]:
@@ -419,6 +458,9 @@ def child_main(args: argparse.Namespace) -> int:
         progress.flush()
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # SIGUSR1 dumps every thread's Python stack into the log: the parent sends
+    # it to a child that stopped making progress, before killing it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # engine core in this process: the loader registered below is the one it uses
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if "v2" in split_method(args.method)[1]:
@@ -608,6 +650,49 @@ def _error_from_log(log: str) -> str:
     return (lines[-1].strip()[:500] if lines else "no output")
 
 
+def cuda_gdb() -> str | None:
+    """cuda-gdb of the CUDA toolkit, if this machine has one."""
+    found = shutil.which("cuda-gdb")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME")
+    cand = Path(home) / "bin" / "cuda-gdb" if home else None
+    return str(cand) if cand is not None and cand.is_file() else None
+
+
+def probe_hang(pid: int, log: Any, budget: float) -> None:
+    """Say in LOG where a child that stopped making progress is stuck.
+
+    Its Python stack (SIGUSR1, see ``child_main``) shows where the host waits;
+    with BUDGET > 0 and cuda-gdb on the machine, ``info cuda kernels`` names
+    the kernel still running on the GPU (a spinning ``persistent_topk_kernel``
+    is fix 7's hang).  Best effort: a probe that fails says so and the child
+    is killed as before.
+    """
+    log.write("\n===== hang probe: python stacks (SIGUSR1) =====\n")
+    log.flush()
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(2.0)
+    except ProcessLookupError:
+        return
+    gdb = cuda_gdb() if budget > 0 else None
+    log.write(f"\n===== hang probe: cuda-gdb {'(none on this machine)' if gdb is None and budget > 0 else gdb or '(off)'} =====\n")
+    log.flush()
+    if gdb is None:
+        return
+    try:
+        out = subprocess.run(
+            [gdb, "-q", "-batch", "-p", str(pid), "-ex", "info cuda kernels", "-ex", "info cuda blocks",
+             "-ex", "detach"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=budget,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = f"cuda-gdb failed: {exc!r}"
+    log.write(out[-6000:] + "\n===== hang probe end =====\n")
+    log.flush()
+
+
 def run_child(
     cmd: list[str],
     env: dict[str, str],
@@ -623,6 +708,7 @@ def run_child(
     poll: float = 0.5,
     settle: float = 5.0,
     on_event: Any = None,
+    hang_probe_s: float = 0.0,
 ) -> RunResult:
     """Run one child in its own process group under the deadlines; collect results.
 
@@ -666,6 +752,9 @@ def run_child(
                     if over_budget
                     else f"{stage}: no progress within {deadline:.0f} s"
                 )
+                if not over_budget:
+                    room = hang_probe_s if hard_stop is None else min(hang_probe_s, hard_stop - time.monotonic() - 10)
+                    probe_hang(proc.pid, log, budget=max(0.0, room))
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -1053,6 +1142,9 @@ def parent_main(args: argparse.Namespace) -> int:
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
         split_method(m)
+    problem = tk120_problem(methods, args.max_model_len)
+    if problem:
+        raise SystemExit(problem)
     for v in variants:
         if v not in sites:
             raise SystemExit(f"no --site {v}=DIR given")
@@ -1103,7 +1195,8 @@ def parent_main(args: argparse.Namespace) -> int:
                 res = run_child(cmd, envs[variant], work / f"{tag}.jsonl", work / f"{tag}.log", case_names,
                                 args.start_deadline, args.case_deadline, variant, method,
                                 first_case_deadline=args.first_case_deadline, hard_stop=hard_stop,
-                                on_event=lambda ev: ev["event"] == "engine_ready" and warm.set())
+                                on_event=lambda ev: ev["event"] == "engine_ready" and warm.set(),
+                                hang_probe_s=args.hang_probe)
                 print(f"[{time.monotonic() - t0:6.0f}s] {tag}: {res.outcome} {res.detail[:200]}", flush=True)
                 if args.stop_on_start_failure and res.start_seconds is None and res.outcome in ("crash", "hang"):
                     stopped.append(f"not started: {tag} failed at engine start (--stop-on-start-failure)")
@@ -1198,7 +1291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("scaled", "dummy"), default="scaled")
     ap.add_argument("--long-len", type=int, default=2300)
     ap.add_argument("--cases", default="", help="comma-separated case names, in run order (default: all)")
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-model-len", type=int, default=65536,
+                    help="the tiny model's max_position_embeddings; -tk120 needs the indexer's logits this wide "
+                         "(see persistent_topk_ctas)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all children")
     ap.add_argument("--start-deadline", type=float, default=300.0)
@@ -1213,6 +1308,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="speculative engines at once on the one GPU (each gets --kv-cache-gib); plain decode "
                          "engines, one per variant, run alongside them")
     ap.add_argument("--kv-cache-gib", type=float, default=6.0)
+    ap.add_argument("--hang-probe", type=float, default=45.0,
+                    help="seconds cuda-gdb may spend naming the kernels a hung engine still runs, before it is "
+                         "killed (0: Python stacks only)")
     ap.add_argument("--score-reserve", type=float, default=120.0,
                     help="seconds at the end of --budget kept for plain decode to score the speculative runs")
     ap.add_argument("--no-warm-first", dest="warm_first", action="store_false",

@@ -9,6 +9,7 @@ first differing token, and pack.py's stripped wheel must still be installable.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -775,6 +776,47 @@ def test_report_counts_deficits_beyond_thresholds(tmp_path: Path) -> None:
     c = {x.case: x for x in runs[1].cases}["short_b5"]
     assert c.status == "wrong"  # 0.7 > tolerance max(0.5, 2 x 0.0)
     assert "decode scoring" in c.detail and "tokens beyond 0.1/0.5/1.0: 1/1/0 of 4" in c.detail
+
+
+def test_noise_table_sets_each_case_beside_plain_decodes_own_tokens(tmp_path: Path) -> None:
+    plain = _run(tmp_path, "ok", method="plain")
+    plain.scores = {"plain": {"short_b5": [[0.2, 3], [0.0, -1]]}, "mtp1": {"short_b5": [[1.5, 1], [0.05, 0]]}}
+    plain.score_counts = {"plain": {"short_b5": [[2, 1, 0, 0], [2, 0, 0, 0]]},
+                          "mtp1": {"short_b5": [[2, 2, 1, 1], [2, 1, 0, 0]]}}
+    plain.score_mode = "decode"
+    spec = _run(tmp_path, "differ", method="mtp1")
+    runs = [spec, plain]
+    run_e2e.apply_oracle(runs)
+    rows = run_e2e.noise_table(runs)
+    assert rows[2] == "| - | stock | mtp1 | short_b5 | 4 | 3 (75%)/1 (25%)/1 (25%) | 1 (25%)/0 (0%)/0 (0%) |"
+    md = run_e2e.render_markdown(runs, run_e2e.controls(runs), {})
+    assert "## Per-case noise" in md and "own tokens scored by its own engine (forced decode)" in md
+    plain.score_counts = {}
+    assert run_e2e.noise_table(runs) == []  # nothing scored: no section
+
+
+def test_merged_report_judges_each_run_by_the_plain_engine_of_its_own_call(tmp_path: Path) -> None:
+    # the same method in two calls, each scored by its own call's plain engine
+    # (run 5: mtp1-tk120 ran in two calls; the merge used to judge both by the last)
+    files = []
+    for i, worst in enumerate((0.25, 9.0)):
+        (tmp_path / f"c{i}").mkdir()
+        plain = _run(tmp_path / f"c{i}", "ok", method="plain")
+        plain.scores = {"plain": {"short_b5": [[0.1, 1], [0.0, -1]]}, "mtp1": {"short_b5": [[worst, 1], [0.0, -1]]}}
+        plain.score_counts = {"plain": {"short_b5": [[2, 0, 0, 0], [2, 0, 0, 0]]},
+                              "mtp1": {"short_b5": [[2, 1, 1, int(worst > 1)], [2, 0, 0, 0]]}}
+        plain.score_mode = "decode"
+        runs = [_run(tmp_path / f"c{i}", "differ", method="mtp1"), plain]
+        run_e2e.write_results(tmp_path / f"c{i}" / "out", runs, argparse.Namespace(
+            model="m", weights="scaled", long_len=1, case_deadline=1, start_deadline=1))
+        files.append(str(tmp_path / f"c{i}" / "out" / "e2e_results.json"))
+    assert run_e2e.main(["--report", str(tmp_path / "merged"), *files]) == 0
+    merged = json.loads((tmp_path / "merged" / "e2e_results.json").read_text())
+    verdicts = [(r["call"], {c["case"]: c["status"] for c in r["cases"]}["short_b5"])
+                for r in merged["runs"] if r["method"] == "mtp1"]
+    assert verdicts == [("1:out", "noise"), ("2:out", "wrong")]
+    md = (tmp_path / "merged" / "e2e_results.md").read_text()
+    assert "| 1:out | stock | mtp1 | short_b5 | 4 |" in md and "| 2:out | stock | mtp1 | short_b5 | 4 |" in md
 
 
 def test_sm120_topk_route_changes_only_the_family_answer() -> None:

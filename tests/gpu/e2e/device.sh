@@ -171,10 +171,13 @@ save_caches() {
   [[ "${E2E_SAVE_CACHES:-0}" == 1 ]] || return 0
   local max=$(( ${E2E_CACHE_MAX_MIB:-45} * 1048576 )) tmp="$E2E/jit-save" set dirs d
   rm -rf "$tmp" && mkdir -p "$tmp"
-  for d in .tilelang .triton .cache/vllm .cache/flashinfer .cache; do
+  for d in .tilelang .triton .cache/vllm .cache/flashinfer .cache .nv; do
     [[ -d "$HOME/$d" ]] && echo "jit cache candidate: $d $(du -sh "$HOME/$d" | cut -f1)"
   done
-  for set in ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do
+  # anything else a cold start may have written (run 5a: 520 s with only 20 MiB in the sets below)
+  du -sh "$HOME"/.[!.]* /tmp/* 2>/dev/null | sort -h | tail -8 | sed 's/^/jit cache survey: /'
+  # .nv/ComputeCache: the driver's cache of PTX compiled at load time
+  for set in ".tilelang .triton .cache .nv" ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do
     dirs=""
     for d in $set; do [[ -d "$HOME/$d" ]] && dirs="$dirs $d"; done
     [[ -n "$dirs" ]] || continue

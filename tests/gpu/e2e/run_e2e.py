@@ -541,7 +541,7 @@ def child_main(args: argparse.Namespace) -> int:
             own[case.name] = tokens
     if spec is None:
         # score: this plain engine's own tokens (the noise control), then each
-        # speculative run's, teacher-forced through prefill.  With --score-wait
+        # speculative run's, teacher-forced (--score-mode).  With --score-wait
         # the engine stays up until the parent writes that file: a JSON list of
         # the speculative runs' progress files (they ran alongside this engine).
         score_from = list(args.score_from)
@@ -626,6 +626,23 @@ class RunResult:
     # source -> case -> per request [tokens, deficits > 0.1, > 0.5, > 1.0] (COUNT_THRESHOLDS)
     score_counts: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
     score_mode: str = ""
+    # merged reports (--report): which input file (one device call) the run came from
+    call: str = ""
+
+
+def scoring_plain(runs: list[RunResult], r: RunResult) -> RunResult | None:
+    """The plain run that judges R: plain decode of R's variant in R's own call.
+
+    Merged calls hold several plain runs of a variant, and a method may have
+    run in more than one call: R is judged by the plain engine that scored R's
+    tokens, i.e. the one of its call that has R's method among its scores,
+    else the last plain run of R's call; another call's only when R's call
+    has no plain run of R's variant.
+    """
+    cands = [p for p in runs if p.method == "plain" and p.variant == r.variant]
+    group = [p for p in cands if p.call == r.call] or cands  # another call's only without one of R's own
+    hit = next((p for p in reversed(group) if r.method in p.scores or r.method in p.score_counts), None)
+    return hit or (group[-1] if group else None)
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -836,9 +853,11 @@ def tolerance(plain: RunResult | None, floor: float = 0.5, factor: float = 2.0) 
     """How far from plain's greedy choice a token may be and still be numerical noise.
 
     FACTOR times the worst deficit of plain decode's own tokens when the same
-    engine scores them through prefill (decode and prefill kernels round
-    differently: that is the noise a speculative run's verify step adds too),
-    and never under FLOOR.  None without plain's self-score.
+    engine scores them again (--score-mode: through prefill, whose kernels
+    round differently from decode, or by forced decode, which shows how far
+    plain decode is from reproducing itself), and never under FLOOR.  None
+    without plain's self-score.  One global number: ``noise_table`` shows the
+    same comparison case by case.
     """
     if plain is None or "plain" not in plain.scores:
         return None
@@ -857,16 +876,8 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
     plain's greedy choice in its own context, ``wrong`` when one is not (a
     bug, not rounding).  ``differ`` when there is no score.
     """
-    plains = [r for r in runs if r.method == "plain"]
-
-    def plain_for(variant: str, method: str) -> RunResult | None:
-        # merged calls (--report) may hold several plain runs of a variant:
-        # the one that scored METHOD, else the last one
-        cands = [r for r in plains if r.variant == variant]
-        return next((r for r in reversed(cands) if method in r.scores), cands[-1] if cands else None)
-
     for r in runs:
-        pr = plain_for(r.variant, r.method) if r.method != "plain" else None
+        pr = scoring_plain(runs, r) if r.method != "plain" else None
         for c in r.cases:
             if c.status not in ("finished", "pass", "differ", "noise", "wrong") or r.method == "plain":
                 continue
@@ -924,8 +935,9 @@ def controls(runs: list[RunResult]) -> list[str]:
                 ((cn, i, row) for cn, rows in self_scores.items() for i, row in enumerate(rows)),
                 key=lambda t: t[2][0],
             )
+            how = "forced decode" if p.score_mode == "decode" else "prefill"
             notes.append(
-                f"{variant} plain decode scored by its own engine through prefill: worst token "
+                f"{variant} plain decode's own tokens scored by its own engine ({how}): worst token "
                 f"{w} below the best logprob ({case} request {req} token {int(pos)}); "
                 f"tolerance for speculative runs {tolerance(p):.3f}"
             )
@@ -941,25 +953,70 @@ def controls(runs: list[RunResult]) -> list[str]:
     return notes
 
 
+def _count_totals(rows: list[list[int]]) -> list[int]:
+    """Sum per-request [n, beyond 0.1, beyond 0.5, beyond 1.0] rows of one case."""
+    return [sum(r[i] for r in rows) for i in range(len(rows[0]))] if rows else []
+
+
+def noise_table(runs: list[RunResult]) -> list[str]:
+    """Markdown rows: each scored speculative case next to plain decode's own tokens in the same case.
+
+    Both columns come from the same plain engine (the one that scored the
+    speculative run), forced to each sequence in turn: the speculative run's
+    tokens, and plain's own from its first pass.  Plain's column is the noise
+    that engine shows on that very case; a speculative column far above it is
+    what a bug in the speculative path would look like, even inside the
+    global tolerance.
+    """
+    heads = "/".join(str(t) for t in COUNT_THRESHOLDS)
+    out = [f"| call | variant | method | case | tokens | speculative beyond {heads} nats | plain's own beyond {heads} |",
+           "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if r.method == "plain":
+            continue
+        pr = scoring_plain(runs, r)
+        if pr is None or r.method not in pr.score_counts:
+            continue
+        scored = {c.case for c in r.cases if c.status in ("pass", "differ", "noise", "wrong", "finished")}
+        for case, rows in pr.score_counts[r.method].items():
+            if case not in scored:
+                continue
+            spec, own = _count_totals(rows), _count_totals(pr.score_counts.get("plain", {}).get(case, []))
+            if not spec:
+                continue
+
+            def fmt(t: list[int]) -> str:
+                return "/".join(f"{x} ({100 * x / t[0]:.0f}%)" for x in t[1:]) if t and t[0] else "-"
+
+            out.append(f"| {r.call or '-'} | {r.variant} | {r.method} | {case} | {spec[0]} | {fmt(spec)} | {fmt(own)} |")
+    return out if len(out) > 2 else []
+
+
 def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any]) -> str:
     out = ["# DeepSeek-V4 end to end: plain decode vs MTP / DSpark (greedy oracle)", ""]
     for k, v in meta.items():
         out.append(f"- {k}: {v}")
-    out += ["", "| variant | method | engine start s | case | result | detail | gen s |", "|---|---|---|---|---|---|---|"]
+    merged = any(r.call for r in runs)  # --report: say which call each row comes from
+    out += ["", ("| call " if merged else "") + "| variant | method | engine start s | case | result | detail | gen s |",
+            ("|---" if merged else "") + "|---|---|---|---|---|---|---|"]
     for r in runs:
         for c in r.cases:
             detail = (c.detail or "").replace("|", "/")
             if c.spec_metrics:
                 detail += (" " if detail else "") + json.dumps(c.spec_metrics)
             out.append(
-                f"| {r.variant} | {r.method} | {r.start_seconds if r.start_seconds is not None else '-'} "
+                (f"| {r.call} " if merged else "")
+                + f"| {r.variant} | {r.method} | {r.start_seconds if r.start_seconds is not None else '-'} "
                 f"| {c.case} | {c.status} | {detail[:300]} | {c.seconds if c.seconds is not None else '-'} |"
             )
     out += ["", "## Runs", ""]
     for r in runs:
-        out.append(f"- {r.variant}/{r.method}: {r.outcome} {r.detail[:400]}")
+        out.append(f"- {r.variant}/{r.method}{f' (call {r.call})' if r.call else ''}: {r.outcome} {r.detail[:400]}")
         if r.fingerprint:
             out.append(f"  - fingerprint: `{json.dumps(r.fingerprint)}`")
+    table = noise_table(runs)
+    if table:
+        out += ["", "## Per-case noise: speculative tokens against plain decode's own", ""] + table
     out += ["", "## Controls", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
 
@@ -1263,8 +1320,10 @@ def load_runs(path: Path) -> list[RunResult]:
 
 def report_main(out: Path, inputs: list[Path]) -> int:
     runs: list[RunResult] = []
-    for p in inputs:
-        runs += load_runs(p)
+    for i, p in enumerate(inputs):
+        for r in load_runs(p):
+            r.call = f"{i + 1}:{p.parent.name or p.name}"
+            runs.append(r)
     for r in runs:  # recompute the oracle over the merged set
         for c in r.cases:
             if c.status in ("pass", "differ", "noise", "wrong"):

@@ -277,6 +277,21 @@ def test_tiny_config_obeys_its_constraints(tmp_path: Path) -> None:
     assert any("C4" in e for e in tiny.check_config(bad))
     out = tiny.write_model(tmp_path / "m")
     assert json.loads((out / "config.json").read_text())["model_type"] == "deepseek_v4"
+    # the diagnostic model: the same network without compressed layers, asked for by name
+    assert tiny.main([str(tmp_path / "swa"), "--compress-ratios", "0,0,0,0,0"]) == 0
+    swa = json.loads((tmp_path / "swa" / "config.json").read_text())
+    assert swa["compress_ratios"] == [0, 0, 0, 0, 0] and swa["hidden_size"] == cfg["hidden_size"]
+    with pytest.raises(SystemExit, match="one entry per layer"):
+        tiny.main([str(tmp_path / "short"), "--compress-ratios", "0,0"])
+
+
+def test_diagnostic_suffixes_parse_and_plain_r2_is_judged_like_a_speculative_run() -> None:
+    assert run_e2e.split_method("mtp2-sync-eager-r2") == ("mtp2", {"sync", "eager", "r2"})
+    plain, spec = run_e2e.schedule(["stock"], ["plain", "plain-r2", "mtp2", "mtp2-r2"])
+    assert plain == [("stock", "plain")]
+    assert spec == [("stock", "plain-r2"), ("stock", "mtp2"), ("stock", "mtp2-r2")]
+    with pytest.raises(SystemExit, match="unknown method"):
+        run_e2e.split_method("mtp2-fast")
 
 
 def test_stripped_wheel_is_installable(tmp_path: Path) -> None:
@@ -904,6 +919,10 @@ class SamplingParams:
 class LLM:
     def __init__(self, model, **kw):
         self.kw = kw
+        import json, os
+        if os.environ.get("FAKE_VLLM_KW"):  # what the engine was asked for, for the tests
+            keep = {k: v for k, v in kw.items() if isinstance(v, (bool, int, float, str, dict, type(None)))}
+            open(os.environ["FAKE_VLLM_KW"], "w").write(json.dumps(keep))
         procs = kw.get("logits_processors") or []
         from vllm.v1.sample.logits_processor import LogitsProcessor
         assert all(issubclass(p, LogitsProcessor) for p in procs)
@@ -993,3 +1012,26 @@ def test_child_decodes_and_scores_with_a_stand_in_vllm(tmp_path: Path, mode: str
     assert scores[("mtp1", "short_b5")]["worst"] == scores[("plain", "short_b5")]["worst"]
     (cnt,) = scores[("mtp1", "short_b1")]["counts"]
     assert cnt[0] == 300 and cnt[1] >= 1
+
+
+def test_diagnostic_suffixes_reach_the_engine(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    for rel, text in FAKE_VLLM.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    code = ("import sys; import importlib.util as u; "
+            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
+            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    seen = {}
+    for method in ("mtp2", "mtp2-sync-eager-r2"):
+        kw = tmp_path / f"{method}.kw.json"
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "FAKE_VLLM_KW": str(kw)}
+        res = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1",
+                              "--method", method, "--progress", str(tmp_path / f"{method}.jsonl")],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        seen[method] = json.loads(kw.read_text())
+    assert seen["mtp2"]["enforce_eager"] is False and "async_scheduling" not in seen["mtp2"]
+    assert seen["mtp2-sync-eager-r2"]["enforce_eager"] is True
+    assert seen["mtp2-sync-eager-r2"]["async_scheduling"] is False
+    assert seen["mtp2"]["speculative_config"] == seen["mtp2-sync-eager-r2"]["speculative_config"]

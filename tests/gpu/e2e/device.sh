@@ -197,6 +197,10 @@ save_caches() {
 
 # 5. the tiny model
 "$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4"
+#    and the same network with sliding-window attention only (no compressor,
+#    indexer or top-k): `--model /tmp/e2e/tiny-dsv4-swa` tells a
+#    compressed-path bug from anything else (run 5's open question)
+"$PY" "$HERE/make_tiny_dsv4.py" "$E2E/tiny-dsv4-swa" --compress-ratios 0,0,0,0,0
 
 # 6. import check in both sites, as the engines will see them: a module that
 #    DeepSeek-V4 needs and that does not import stops the call here, before any

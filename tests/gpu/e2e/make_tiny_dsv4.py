@@ -137,7 +137,7 @@ def tiny_config() -> dict[str, object]:
     }
 
 
-def check_config(cfg: dict[str, object]) -> list[str]:
+def check_config(cfg: dict[str, object], need_indexer: bool = True) -> list[str]:
     """The constraints above, checked on the dict; returns the violations."""
     errs: list[str] = []
 
@@ -161,7 +161,7 @@ def check_config(cfg: dict[str, object]) -> list[str]:
         errs.append("compress_ratios needs one entry per layer plus the MTP layers")
     if any(r not in (0, 1, 4, 128) for r in ratios):
         errs.append("compress_ratios entries must be 0, 1, 4 or 128")
-    if 4 not in ratios[: ival("num_hidden_layers")]:
+    if need_indexer and 4 not in ratios[: ival("num_hidden_layers")]:
         errs.append("at least one C4 layer is needed (the indexer / top-k path)")
     if ival("num_attention_heads") % ival("o_groups"):
         errs.append("num_attention_heads must be divisible by o_groups")
@@ -178,10 +178,17 @@ def check_config(cfg: dict[str, object]) -> list[str]:
     return errs
 
 
-def write_model(outdir: Path) -> Path:
-    """Write config.json and generation_config.json into OUTDIR; return OUTDIR."""
+def write_model(outdir: Path, compress_ratios: list[int] | None = None) -> Path:
+    """Write config.json and generation_config.json into OUTDIR; return OUTDIR.
+
+    COMPRESS_RATIOS replaces the layers' ratios for diagnostic models: all 0
+    is the same network with sliding-window attention only (no compressor, no
+    indexer, no top-k), to tell a compressed-path bug from anything else.
+    """
     cfg = tiny_config()
-    errs = check_config(cfg)
+    if compress_ratios is not None:
+        cfg["compress_ratios"] = list(compress_ratios)
+    errs = check_config(cfg, need_indexer=compress_ratios is None)
     if errs:
         raise SystemExit("tiny DeepSeek-V4 config violates: " + "; ".join(errs))
     outdir.mkdir(parents=True, exist_ok=True)
@@ -200,8 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also load it through vLLM's own config classes (needs vllm importable)",
     )
+    ap.add_argument(
+        "--compress-ratios",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="comma-separated, one per layer plus the MTP layer (default: "
+        + ",".join(str(r) for r in COMPRESS_RATIOS) + "); e.g. all 0 for a diagnostic model without compressed layers",
+    )
     args = ap.parse_args(argv)
-    out = write_model(args.outdir)
+    out = write_model(args.outdir, args.compress_ratios)
     print(f"wrote {out / 'config.json'}")
     if args.validate:
         from vllm.transformers_utils.config import get_config

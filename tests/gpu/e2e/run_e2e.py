@@ -70,8 +70,11 @@ DEFAULT_METHODS = list(METHODS)
 # graphs for decode only (``cudagraph_mode=FULL_DECODE_ONLY``: no piecewise
 # graphs, prefill eager), ``-tk120`` routes the indexer's decode top-k as
 # vLLM 0.26.0 routes it on SM120 (``Sm120TopkRoute``).  E.g. ``mtp3-v2-fd``,
-# ``mtp1-tk120``.
-SUFFIXES = ("v2", "fd", "tk120")
+# ``mtp1-tk120``.  For telling a bug from noise (run 5's open question):
+# ``-sync`` turns vLLM's asynchronous scheduling off, ``-eager`` runs without
+# CUDA graphs, ``-r2`` is a second, identical engine (``plain-r2``: plain
+# decode judged by plain decode, the run-to-run noise of a whole engine).
+SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2")
 
 
 class Sm120TopkRoute:
@@ -479,6 +482,8 @@ def child_main(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if "fd" in flags:
         extra["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    if "sync" in flags:
+        extra["async_scheduling"] = False
     if spec is None and args.score_mode == "decode":
         # rows without extra_args[FORCE_KEY] are left alone: plain decode is unchanged
         extra["logits_processors"] = [force_tokens_processor()]
@@ -495,7 +500,7 @@ def child_main(args: argparse.Namespace) -> int:
         # the GPU (--parallel), and profiling would count the others' memory
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
         seed=0,
-        enforce_eager=False,
+        enforce_eager="eager" in flags,
         speculative_config=spec,
         disable_log_stats=False,  # spec-decode acceptance counters for the report
         **extra,

@@ -650,6 +650,11 @@ def scoring_plain(runs: list[RunResult], r: RunResult) -> RunResult | None:
     return hit or (group[-1] if group else None)
 
 
+# case statuses of a run that finished its case: the oracle's verdicts and plain's "finished"
+VERDICTS = ("pass", "differ", "noise", "wrong")
+FINISHED = ("finished", *VERDICTS)
+
+
 def _read_events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -699,7 +704,8 @@ def probe_hang(pid: int, log: Any, budget: float) -> None:
     except ProcessLookupError:
         return
     gdb = cuda_gdb() if budget > 0 else None
-    log.write(f"\n===== hang probe: cuda-gdb {'(none on this machine)' if gdb is None and budget > 0 else gdb or '(off)'} =====\n")
+    which = gdb or ("(none on this machine)" if budget > 0 else "(off)")
+    log.write(f"\n===== hang probe: cuda-gdb {which} =====\n")
     log.flush()
     if gdb is None:
         return
@@ -884,7 +890,7 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
     for r in runs:
         pr = scoring_plain(runs, r) if r.method != "plain" else None
         for c in r.cases:
-            if c.status not in ("finished", "pass", "differ", "noise", "wrong") or r.method == "plain":
+            if c.status not in FINISHED or r.method == "plain":
                 continue
             ref = next((x for x in pr.cases if x.case == c.case and x.status == "finished"), None) if pr else None
             if ref is None or ref.tokens is None or c.tokens is None:
@@ -912,7 +918,7 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
                         f"{w} below plain's best logprob (tolerance {tol:.3f}, {pr.score_mode or 'prefill'} scoring)")
             cnt = pr.score_counts.get(r.method, {}).get(c.case)
             if cnt:
-                tot = [sum(row[i] for row in cnt) for i in range(len(cnt[0]))]
+                tot = _count_totals(cnt)
                 c.detail += "; tokens beyond " + "/".join(str(t) for t in COUNT_THRESHOLDS) + ": " + \
                     "/".join(str(x) for x in tot[1:]) + f" of {tot[0]}"
 
@@ -973,6 +979,9 @@ def noise_table(runs: list[RunResult]) -> list[str]:
     what a bug in the speculative path would look like, even inside the
     global tolerance.
     """
+    def fmt(t: list[int]) -> str:
+        return "/".join(f"{x} ({100 * x / t[0]:.0f}%)" for x in t[1:]) if t and t[0] else "-"
+
     heads = "/".join(str(t) for t in COUNT_THRESHOLDS)
     out = [f"| call | variant | method | case | tokens | speculative beyond {heads} nats | plain's own beyond {heads} |",
            "|---|---|---|---|---|---|---|"]
@@ -982,17 +991,13 @@ def noise_table(runs: list[RunResult]) -> list[str]:
         pr = scoring_plain(runs, r)
         if pr is None or r.method not in pr.score_counts:
             continue
-        scored = {c.case for c in r.cases if c.status in ("pass", "differ", "noise", "wrong", "finished")}
+        scored = {c.case for c in r.cases if c.status in FINISHED}
         for case, rows in pr.score_counts[r.method].items():
             if case not in scored:
                 continue
             spec, own = _count_totals(rows), _count_totals(pr.score_counts.get("plain", {}).get(case, []))
             if not spec:
                 continue
-
-            def fmt(t: list[int]) -> str:
-                return "/".join(f"{x} ({100 * x / t[0]:.0f}%)" for x in t[1:]) if t and t[0] else "-"
-
             out.append(f"| {r.call or '-'} | {r.variant} | {r.method} | {case} | {spec[0]} | {fmt(spec)} | {fmt(own)} |")
     return out if len(out) > 2 else []
 
@@ -1331,7 +1336,7 @@ def report_main(out: Path, inputs: list[Path]) -> int:
             runs.append(r)
     for r in runs:  # recompute the oracle over the merged set
         for c in r.cases:
-            if c.status in ("pass", "differ", "noise", "wrong"):
+            if c.status in VERDICTS:
                 c.status = "finished"
     out.mkdir(parents=True, exist_ok=True)
     ns = argparse.Namespace(model="(merged)", weights="(see inputs)", long_len="-", case_deadline="-",

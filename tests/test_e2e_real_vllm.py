@@ -1,7 +1,8 @@
 """The end-to-end harness's hooks into vLLM, against vLLM 0.26.0's own Python (PyPI wheel).
 
-``tests/gpu/e2e/run_e2e.py`` reaches into vLLM in two places that a stand-in
-cannot vouch for: ``ForceTokens`` (forced-decode scoring) subclasses vLLM's
+``tests/gpu/e2e/run_e2e.py`` reaches into vLLM in places that a stand-in
+cannot vouch for (the engine arguments it passes and the tiny models' configs are
+checked here too): ``ForceTokens`` (forced-decode scoring) subclasses vLLM's
 ``LogitsProcessor`` and follows its ``BatchUpdate`` protocol, and ``-tk120``
 replaces ``current_platform`` in ``vllm.model_executor.layers.sparse_attn_indexer``.
 Here both run against the Python files of the 0.26.0 wheel the device runs
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 PROBE = r"""
 import importlib.util, json, sys
+from pathlib import Path
 import torch
 s = importlib.util.spec_from_file_location("r", sys.argv[1])
 r = importlib.util.module_from_spec(s); sys.modules["r"] = r; s.loader.exec_module(r)
@@ -61,6 +63,21 @@ import vllm.platforms as vp
 out["indexer_family_120"] = sai.current_platform.is_device_capability_family(120)
 out["indexer_is_cuda_delegates"] = sai.current_platform.is_cuda() == vp.current_platform.is_cuda()
 out["global_platform_untouched"] = type(vp.current_platform).__name__ != "Sm120TopkRoute"
+# what the child passes LLM() for the diagnostic suffixes (-sync, -eager) and always: vLLM's own fields
+import dataclasses
+from vllm.engine.arg_utils import EngineArgs
+fields = {f.name for f in dataclasses.fields(EngineArgs)}
+out["engine_args_known"] = sorted({"async_scheduling", "enforce_eager", "compilation_config", "kv_cache_memory_bytes",
+                                   "logits_processors", "speculative_config"} - fields)
+# both tiny models (the diagnostic one has no compressed layers) load through vLLM's own config class
+s2 = importlib.util.spec_from_file_location("tiny", sys.argv[2]); tiny = importlib.util.module_from_spec(s2)
+s2.loader.exec_module(tiny)
+from vllm.transformers_utils.config import get_config
+import tempfile
+d = tempfile.mkdtemp()
+for name, ratios in (("tiny", None), ("swa", [0, 0, 0, 0, 0])):
+    hf = get_config(str(tiny.write_model(Path(d) / name, ratios)), trust_remote_code=False)
+    out[f"config_{name}"] = [type(hf).__name__, list(hf.compress_ratios)]
 print(json.dumps(out))
 """
 
@@ -86,7 +103,8 @@ def vllm_026(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> di
 def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([vllm_026["python"], "-c", PROBE, str(ROOT / "tests/gpu/e2e/run_e2e.py")],
+    res = subprocess.run([vllm_026["python"], "-c", PROBE, str(ROOT / "tests/gpu/e2e/run_e2e.py"),
+                          str(ROOT / "tests/gpu/e2e/make_tiny_dsv4.py")],
                          env=e, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -97,4 +115,7 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         "route": "vllm.model_executor.layers.sparse_attn_indexer.current_platform answers SM120 family "
                  "(1 call site(s) in the module)",
         "indexer_family_120": True, "indexer_is_cuda_delegates": True, "global_platform_untouched": True,
+        "engine_args_known": [],
+        "config_tiny": [out["config_tiny"][0], [0, 4, 128, 4, 0]], "config_swa": [out["config_tiny"][0], [0] * 5],
     }, out
+    assert "DeepseekV4" in out["config_tiny"][0], out

@@ -244,6 +244,10 @@ def test_cases_cross_window_blocks_and_topk() -> None:
     assert cases["long_b1"].prompts[0] == cases["long_b3"].prompts[0]
     # > 32 indexer decode rows even for MTP with one token (persistent_topk path)
     assert len(cases["short_b24"].prompts) * 2 > 32 >= len(cases["short_b5"].prompts) * 4
+    # short_b24's shape, no prompt short enough to be scheduled as a decode (1 + k tokens, k <= 5)
+    mid, short = cases["mid_b24"], cases["short_b24"]
+    assert mid.max_tokens == short.max_tokens and len(mid.prompts) == len(short.prompts)
+    assert min(map(len, mid.prompts)) > 1 + 5 and min(map(len, short.prompts)) <= 1 + 2
     for c in cases.values():
         for p, n in zip(c.prompts, c.max_tokens):
             assert all(2 <= t < tiny.VOCAB_SIZE for t in p)
@@ -803,7 +807,10 @@ def test_noise_table_sets_each_case_beside_plain_decodes_own_tokens(tmp_path: Pa
     runs = [spec, plain]
     run_e2e.apply_oracle(runs)
     rows = run_e2e.noise_table(runs)
-    assert rows[2] == "| - | stock | mtp1 | short_b5 | 4 | 3 (75%)/1 (25%)/1 (25%) | 1 (25%)/0 (0%)/0 (0%) |"
+    assert rows[2] == "| - | stock | mtp1 | short_b5 | 4 | 3 (75%)/1 (25%)/1 (25%) | 1 (25%)/0 (0%)/0 (0%) | - / - |"
+    # token 0 (the prefill's, same context in both engines): mtp1's request 0 is 1.5 nats off there
+    plain.score_first = {"plain": {"short_b5": [[0.0, -1], [0.0, -1]]}, "mtp1": {"short_b5": [[1.5, 0], [0.05, -1]]}}
+    assert run_e2e.noise_table(runs)[2].endswith("| 1/2 / 0/2 |")
     md = run_e2e.render_markdown(runs, run_e2e.controls(runs), {})
     assert "## Per-case noise" in md and "own tokens scored by its own engine (forced decode)" in md
     plain.score_counts = {}
@@ -931,6 +938,15 @@ class LLM:
     def get_metrics(self):
         return []
 
+    def reset_prefix_cache(self):
+        self.resets = getattr(self, "resets", 0) + 1
+        return True
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        # the real one runs METHOD(worker) in each worker (here: one); no torch here to run it
+        assert callable(method) and method.__name__ == "zero_kv_caches"
+        return [[3, 4096]]
+
     def generate(self, prompts, params, use_tqdm=True):
         if not isinstance(params, list):
             params = [params] * len(prompts)
@@ -1035,3 +1051,67 @@ def test_diagnostic_suffixes_reach_the_engine(tmp_path: Path) -> None:
     assert seen["mtp2-sync-eager-r2"]["enforce_eager"] is True
     assert seen["mtp2-sync-eager-r2"]["async_scheduling"] is False
     assert seen["mtp2"]["speculative_config"] == seen["mtp2-sync-eager-r2"]["speculative_config"]
+
+
+def test_zero_kv_zeroes_before_every_case_and_every_scoring_pass(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    for rel, text in FAKE_VLLM.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    code = ("import sys; import importlib.util as u; "
+            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
+            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
+    seqs = {}
+    for zero in (False, True):
+        prog = tmp_path / f"stock-plain-{zero}.jsonl"
+        go = tmp_path / f"go-{zero}"
+        go.write_text("[]")
+        res = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1,short_b5",
+                              "--method", "plain", "--progress", str(prog), "--score-wait", str(go),
+                              *(["--zero-kv"] if zero else [])], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        seqs[zero] = [json.loads(ln)["event"] for ln in prog.read_text().splitlines()]
+    assert "kv_zeroed" not in seqs[False]
+    # each generate() (two cases, then plain's own tokens scored per case) follows a zeroing
+    z = seqs[True]
+    starts = [i for i, e in enumerate(z) if e in ("case_start", "score_start")]
+    assert len(starts) == 4 and all(z[i - 1] == "kv_zeroed" for i in starts), z
+    assert z.count("kv_zeroed") == 4
+    assert [e for e in z if e != "kv_zeroed"] == seqs[False]
+
+
+def test_parent_passes_zero_kv_to_every_child(tmp_path: Path) -> None:
+    script = tmp_path / "fake_child.py"
+    script.write_text(textwrap.dedent('''
+        import json, sys, time
+        a = sys.argv
+        prog = a[a.index("--progress") + 1]
+        def emit(**kw):
+            kw["t"] = time.time()
+            open(prog, "a").write(json.dumps(kw) + "\\n")
+        emit(event="fingerprint", data={"argv": a[1:], "zero": "--zero-kv" in a})
+        emit(event="engine_ready")
+        if "--score-wait" in a:
+            import pathlib
+            w = pathlib.Path(a[a.index("--score-wait") + 1])
+            while not w.exists():
+                time.sleep(0.1)
+        emit(event="child_done")
+    '''))
+    out = tmp_path / "out"
+    rc = run_e2e.main(["--out", str(out), "--site", f"stock={tmp_path}", "--variants", "stock",
+                       "--methods", "plain,mtp2", "--cases", "short_b1", "--budget", "60", "--score-reserve", "0", "--zero-kv",
+                       "--work", str(tmp_path / "work"), "--child-script", str(script), "--min-start", "0"])
+    assert rc == 0
+    data = json.loads((out / "e2e_results.json").read_text())
+    assert {r["method"]: r["fingerprint"]["zero"] for r in data["runs"]} == {"plain": True, "mtp2": True}
+    assert data["meta"]["KV caches zeroed before each generate"] is True
+
+
+def test_first_marks_token_0_and_first_position_beyond_one_nat() -> None:
+    assert run_e2e.first_marks([0.0, 0.3, 1.2, 5.0]) == [0.0, 2]
+    assert run_e2e.first_marks([2.5, 0.0]) == [2.5, 0]
+    assert run_e2e.first_marks([0.2, 0.9]) == [0.2, -1]
+    assert run_e2e.first_marks([]) == [0.0, -1]
+    assert run_e2e.first_marks([float("inf")]) == [float("inf"), 0]

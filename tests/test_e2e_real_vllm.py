@@ -78,6 +78,23 @@ d = tempfile.mkdtemp()
 for name, ratios in (("tiny", None), ("swa", [0, 0, 0, 0, 0])):
     hf = get_config(str(tiny.write_model(Path(d) / name, ratios)), trust_remote_code=False)
     out[f"config_{name}"] = [type(hf).__name__, list(hf.compress_ratios)]
+# --zero-kv: the caches as vLLM's own bind_kv_cache binds them (two layers share one backing, as packed
+# layouts do; a DeepSeek-V4 module without a cache keeps torch.tensor([])), zeroed through the forward context
+import inspect, types
+from vllm import LLM
+from vllm.v1.worker.utils import bind_kv_cache
+backing = torch.ones(64, dtype=torch.int8)
+kvs = {"model.layers.0.self_attn.attn": torch.ones(2, 4, dtype=torch.bfloat16),
+       "model.layers.1.self_attn.attn": backing[:32], "model.layers.2.self_attn.attn": backing[32:]}
+fc = {n: types.SimpleNamespace() for n in kvs}
+fc["model.layers.3.self_attn.compressor"] = types.SimpleNamespace(kv_cache=torch.tensor([]))
+bind_kv_cache(kvs, fc, [], 1)
+worker = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+    compilation_config=types.SimpleNamespace(static_forward_context=fc)))
+out["zeroed"] = r.zero_kv_caches(worker)
+out["all_zero"] = not any(bool(t.any()) for t in kvs.values())
+out["llm_api"] = [list(inspect.signature(LLM.collective_rpc).parameters)[1],
+                  list(inspect.signature(LLM.reset_prefix_cache).parameters)[1:]]
 print(json.dumps(out))
 """
 
@@ -117,5 +134,8 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         "indexer_family_120": True, "indexer_is_cuda_delegates": True, "global_platform_untouched": True,
         "engine_args_known": [],
         "config_tiny": [out["config_tiny"][0], [0, 4, 128, 4, 0]], "config_swa": [out["config_tiny"][0], [0] * 5],
+        # two storages (the shared backing once), 16 + 64 bytes, all zero after
+        "zeroed": [2, 80], "all_zero": True,
+        "llm_api": ["method", ["reset_running_requests", "reset_connector"]],
     }, out
     assert "DeepseekV4" in out["config_tiny"][0], out

@@ -211,6 +211,10 @@ def build_cases(long_len: int = 2300) -> list[Case]:
         Case("long_b3", longs, [200, 150, 100]),
         Case("short_b1", short[:1], [300]),
         Case("long_b1", longs[:1], [200]),
+        # short_b24's shape with prompts of 9-14 tokens: longer than 1 + k for
+        # every method, so no prompt is scheduled as a decode (vLLM classifies a
+        # request with at most 1 + k new tokens as a decode)
+        Case("mid_b24", [_prompt(9 + i % 6, 100 + i) for i in range(24)], [300 - 10 * i for i in range(24)]),
     ]
 
 
@@ -444,12 +448,68 @@ def force_tokens_processor() -> type:
 COUNT_THRESHOLDS = (0.1, 0.5, 1.0)
 
 
+def first_marks(ds: list[float], over: float = 1.0) -> list[float]:
+    """[deficit of token 0, first position more than OVER nats below plain's best (-1: none)].
+
+    Token 0 comes from the prompt alone, the same context in every engine: a
+    large deficit there is the prefill's, before any speculative step ran.
+    """
+    d0 = ds[0] if ds else 0.0
+    pos = next((j for j, d in enumerate(ds) if d > over), -1)
+    return [round(d0, 6) if d0 != float("inf") else float("inf"), pos]
+
+
 def worst_deficit(ds: list[float]) -> list[float]:
     """[largest deficit, its position] (position -1 for an empty sequence); inf stays a float."""
     if not ds:
         return [0.0, -1]
     j = max(range(len(ds)), key=lambda k: ds[k])
     return [round(ds[j], 6) if ds[j] != float("inf") else float("inf"), j]
+
+
+def zero_kv_caches(worker: Any) -> list[int]:
+    """Zero every KV-cache storage of WORKER's layers; returns [storages, bytes].
+
+    Runs inside vLLM's worker (``LLM.collective_rpc``).  The caches are found
+    where vLLM binds them, as ``kv_cache`` of each layer in the compilation
+    config's ``static_forward_context`` (target, MTP and DSpark layers, the
+    compressor state and indexer caches included); storages shared by several
+    layers (packed layouts) are zeroed once.
+    """
+    import torch
+
+    ctx = worker.vllm_config.compilation_config.static_forward_context
+    storages: dict[int, Any] = {}
+    for layer in ctx.values():
+        kv = getattr(layer, "kv_cache", None)
+        for t in kv if isinstance(kv, (list, tuple)) else [kv]:
+            if isinstance(t, torch.Tensor) and t.numel():
+                st = t.untyped_storage()
+                storages.setdefault(st.data_ptr(), st)
+    cuda = bool(storages) and torch.cuda.is_available()
+    if cuda:  # the last step's kernels (another stream) are done before the caches change
+        torch.cuda.synchronize()
+    for st in storages.values():
+        st.fill_(0)
+    if cuda:
+        torch.cuda.synchronize()
+    return [len(storages), sum(st.nbytes() for st in storages.values())]
+
+
+def fresh_state(llm: Any) -> list[int]:
+    """--zero-kv: drop the prefix cache and zero every KV cache; returns [storages, bytes].
+
+    Between generate() calls no request is running, so every block is free:
+    each case (and each scoring pass) then starts from the same all-zero cache
+    a fresh engine has (vLLM allocates it with ``torch.zeros``).  vLLM 0.26.0
+    does not zero reused blocks for DeepSeek-V4 (0.28.0 does); this tells a
+    kernel that reads slots no token of the case wrote (stale bytes from
+    earlier cases) from a difference of the speculative path itself.
+    """
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("reset_prefix_cache() refused: requests still running between cases")
+    (res,) = llm.collective_rpc(zero_kv_caches)
+    return res
 
 
 def child_main(args: argparse.Namespace) -> int:
@@ -506,7 +566,14 @@ def child_main(args: argparse.Namespace) -> int:
         **extra,
     )
     emit(event="engine_ready")
+
+    def before_generate() -> None:
+        if args.zero_kv:
+            storages, nbytes = fresh_state(llm)
+            emit(event="kv_zeroed", storages=storages, bytes=nbytes)
+
     for case in select_cases(build_cases(args.long_len), args.cases):
+        before_generate()
         emit(event="case_start", case=case.name)
         params = [
             SamplingParams(
@@ -564,9 +631,10 @@ def child_main(args: argparse.Namespace) -> int:
         cases = {c.name: c for c in build_cases(args.long_len)}
         for src, by_case in sources:
             for name, seqs in by_case.items():
+                before_generate()
                 emit(event="score_start", source=src, case=name, mode=args.score_mode)
                 prompts = cases[name].prompts
-                worst, counts = [], []
+                worst, counts, first = [], [], []
                 if args.score_mode == "decode":
                     # the case again, every token forced to the source's: plain
                     # decode's own numerics judge each token in the source's context
@@ -595,7 +663,8 @@ def child_main(args: argparse.Namespace) -> int:
                 for ds in per_req:
                     worst.append(worst_deficit(ds))
                     counts.append([len(ds)] + [sum(1 for d in ds if d > t) for t in COUNT_THRESHOLDS])
-                emit(event="score_done", source=src, case=name, worst=worst, counts=counts)
+                    first.append(first_marks(ds))
+                emit(event="score_done", source=src, case=name, worst=worst, counts=counts, first=first)
     emit(event="child_done")
     return 0
 
@@ -631,6 +700,8 @@ class RunResult:
     # source -> case -> per request [tokens, deficits > 0.1, > 0.5, > 1.0] (COUNT_THRESHOLDS)
     score_counts: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
     score_mode: str = ""
+    # source -> case -> per request [deficit of token 0, first position beyond 1 nat or -1] (first_marks)
+    score_first: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     # merged reports (--report): which input file (one device call) the run came from
     call: str = ""
 
@@ -835,6 +906,7 @@ def run_child(
             cases.append(CaseResult(variant, method, name, "not-run", why))
     scores: dict[str, dict[str, list[list[float]]]] = {}
     counts: dict[str, dict[str, list[list[int]]]] = {}
+    first: dict[str, dict[str, list[list[float]]]] = {}
     mode = ""
     for e in events:
         if e["event"] == "score_start":
@@ -843,7 +915,10 @@ def run_child(
             scores.setdefault(e["source"], {})[e["case"]] = e["worst"]
             if "counts" in e:
                 counts.setdefault(e["source"], {})[e["case"]] = e["counts"]
-    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases, scores, counts, mode)
+            if "first" in e:
+                first.setdefault(e["source"], {})[e["case"]] = e["first"]
+    return RunResult(variant, method, start_seconds, fingerprint, outcome, detail, cases, scores, counts, mode,
+                     score_first=first)
 
 
 def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
@@ -982,9 +1057,14 @@ def noise_table(runs: list[RunResult]) -> list[str]:
     def fmt(t: list[int]) -> str:
         return "/".join(f"{x} ({100 * x / t[0]:.0f}%)" for x in t[1:]) if t and t[0] else "-"
 
+    def off0(marks: list[list[float]]) -> str:
+        # requests whose token 0 (the prefill's, same context everywhere) is more than 1 nat off
+        return f"{sum(1 for m in marks if m[0] > 1.0)}/{len(marks)}" if marks else "-"
+
     heads = "/".join(str(t) for t in COUNT_THRESHOLDS)
-    out = [f"| call | variant | method | case | tokens | speculative beyond {heads} nats | plain's own beyond {heads} |",
-           "|---|---|---|---|---|---|---|"]
+    out = [f"| call | variant | method | case | tokens | speculative beyond {heads} nats | plain's own beyond {heads} "
+           "| token 0 off > 1 nat: speculative / plain's own |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if r.method == "plain":
             continue
@@ -998,7 +1078,10 @@ def noise_table(runs: list[RunResult]) -> list[str]:
             spec, own = _count_totals(rows), _count_totals(pr.score_counts.get("plain", {}).get(case, []))
             if not spec:
                 continue
-            out.append(f"| {r.call or '-'} | {r.variant} | {r.method} | {case} | {spec[0]} | {fmt(spec)} | {fmt(own)} |")
+            first = pr.score_first.get(r.method, {}).get(case, [])
+            own_first = pr.score_first.get("plain", {}).get(case, [])
+            out.append(f"| {r.call or '-'} | {r.variant} | {r.method} | {case} | {spec[0]} | {fmt(spec)} | {fmt(own)} "
+                       f"| {off0(first)} / {off0(own_first)} |")
     return out if len(out) > 2 else []
 
 
@@ -1256,6 +1339,8 @@ def parent_main(args: argparse.Namespace) -> int:
                        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                        "--kv-cache-gib", str(args.kv_cache_gib), "--cases", ",".join(case_names),
                        "--score-mode", args.score_mode]
+                if args.zero_kv:
+                    cmd.append("--zero-kv")
                 if method == "plain":
                     cmd += ["--score-wait", str(go_file(variant))]
                 print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
@@ -1312,7 +1397,8 @@ def write_results(out: Path, runs: list[RunResult], args: argparse.Namespace) ->
     apply_oracle(runs)
     notes = controls(runs)
     meta = {"model": args.model, "weights": args.weights, "long prompt tokens": args.long_len,
-            "case deadline s": args.case_deadline, "start deadline s": args.start_deadline}
+            "case deadline s": args.case_deadline, "start deadline s": args.start_deadline,
+            "KV caches zeroed before each generate": getattr(args, "zero_kv", False)}
     (out / "e2e_results.json").write_text(
         json.dumps({"meta": meta, "runs": [asdict(r) for r in runs], "controls": notes}, indent=1) + "\n"
     )
@@ -1340,7 +1426,7 @@ def report_main(out: Path, inputs: list[Path]) -> int:
                 c.status = "finished"
     out.mkdir(parents=True, exist_ok=True)
     ns = argparse.Namespace(model="(merged)", weights="(see inputs)", long_len="-", case_deadline="-",
-                            start_deadline="-")
+                            start_deadline="-", zero_kv="(see inputs)")
     write_results(out, runs, ns)
     print((out / "e2e_results.md").read_text())
     return 0
@@ -1391,6 +1477,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="how plain decode judges a token: decode = the case decoded again with every token "
                          "forced (plain decode's own kernels and KV cache; default), prefill = the sequence "
                          "scored as one prompt (prompt_logprobs; prefill's kernels, run 4)")
+    ap.add_argument("--zero-kv", action="store_true",
+                    help="every engine drops its prefix cache and zeroes all KV caches before each generate() "
+                         "(cases and scoring): each case starts from a fresh engine's cache")
     ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")

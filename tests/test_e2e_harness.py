@@ -950,6 +950,10 @@ class LLM:
     def generate(self, prompts, params, use_tqdm=True):
         if not isinstance(params, list):
             params = [params] * len(prompts)
+        import os
+        if os.environ.get("FAKE_VLLM_GEN"):  # each generate's batch: [(prompt length, max_tokens)]
+            with open(os.environ["FAKE_VLLM_GEN"], "a") as f:
+                f.write(repr([(len(p["prompt_token_ids"]), sp.max_tokens) for p, sp in zip(prompts, params)]) + "\\n")
         outs = []
         for pr, sp in zip(prompts, params):
             ctx = list(pr["prompt_token_ids"])
@@ -1115,3 +1119,60 @@ def test_first_marks_token_0_and_first_position_beyond_one_nat() -> None:
     assert run_e2e.first_marks([0.2, 0.9]) == [0.2, -1]
     assert run_e2e.first_marks([]) == [0.0, -1]
     assert run_e2e.first_marks([float("inf")]) == [float("inf"), 0]
+
+
+def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    for rel, text in FAKE_VLLM.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    code = ("import sys; import importlib.util as u; "
+            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
+            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    out = {}
+    for method in ("plain-r2", "plain-bm"):
+        kw, gen, prog = (tmp_path / f"{method}.{x}" for x in ("kw", "gen", "jsonl"))
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "FAKE_VLLM_KW": str(kw), "FAKE_VLLM_GEN": str(gen)}
+        res = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b5",
+                              "--method", method, "--progress", str(prog)], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        done = [json.loads(ln) for ln in prog.read_text().splitlines() if '"case_done"' in ln]
+        out[method] = (json.loads(kw.read_text()), gen.read_text().splitlines(), done[0]["tokens"])
+    kw_r2, gen_r2, tok_r2 = out["plain-r2"]
+    kw_bm, gen_bm, tok_bm = out["plain-bm"]
+    case = {c.name: c for c in run_e2e.build_cases()}["short_b5"]
+    real = [(len(p), n) for p, n in zip(case.prompts, case.max_tokens)]
+    # one generate each (only the scorer, method "plain", scores); -bm: each request and its mate
+    assert [eval(g) for g in gen_r2] == [real] and [eval(g) for g in gen_bm] == [real + [(2, n) for _, n in real]]
+    assert kw_r2["max_num_seqs"] == 32 and kw_bm["max_num_seqs"] == 64
+    assert kw_bm["compilation_config"] == {"cudagraph_capture_sizes": run_e2e.CAPTURE_SIZES}
+    assert "compilation_config" not in kw_r2
+    # the stand-in's tokens depend only on each prompt: the real requests' come back, the mates' do not
+    assert tok_bm == tok_r2 and len(tok_bm) == len(case.prompts)
+    bad = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1",
+                          "--method", "mtp1-bm", "--progress", str(tmp_path / "x.jsonl")],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode != 0 and "control for plain decode" in bad.stderr
+
+
+def test_mates_match_each_request_and_differ_from_it() -> None:
+    case = {c.name: c for c in run_e2e.build_cases()}["mid_b24"]
+    m = run_e2e.with_mates(case)
+    n = len(case.prompts)
+    assert m.prompts[:n] == case.prompts and m.max_tokens == case.max_tokens * 2
+    assert [len(p) for p in m.prompts[n:]] == [2] * n and len({tuple(p) for p in m.prompts[n:]}) == n
+
+
+def test_speculative_runs_are_compared_with_plain_bm(tmp_path: Path) -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    plain = R("patched", "plain", 1.0, None, "done", "", [C("patched", "plain", "mid_b24", "finished", tokens=[[1, 2, 3], [4, 5, 6]])])
+    bm = R("patched", "plain-bm", 1.0, None, "done", "", [C("patched", "plain-bm", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 6]])])
+    mtp = R("patched", "mtp1", 1.0, None, "done", "", [C("patched", "mtp1", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 7]])])
+    runs = [mtp, bm, plain]
+    run_e2e.apply_oracle(runs)
+    notes = run_e2e.controls(runs)
+    assert "patched mtp1 vs plain-bm mid_b24: 1/2 requests equal; the others first differ at tokens 2-2 (median 2)" in notes
+    # plain-bm itself is judged against plain like a speculative run, and is not compared with itself
+    assert bm.cases[0].status == "differ" and not any(n.startswith("patched plain-bm vs") for n in notes)

@@ -68,7 +68,11 @@ import dataclasses
 from vllm.engine.arg_utils import EngineArgs
 fields = {f.name for f in dataclasses.fields(EngineArgs)}
 out["engine_args_known"] = sorted({"async_scheduling", "enforce_eager", "compilation_config", "kv_cache_memory_bytes",
-                                   "logits_processors", "speculative_config"} - fields)
+                                   "logits_processors", "speculative_config", "max_num_seqs"} - fields)
+# compilation_config keys the child sets (-fd, -bm)
+from vllm.config import CompilationConfig
+out["compilation_keys_known"] = sorted({"cudagraph_mode", "cudagraph_capture_sizes"}
+                                       - {f.name for f in dataclasses.fields(CompilationConfig)})
 # both tiny models (the diagnostic one has no compressed layers) load through vLLM's own config class
 s2 = importlib.util.spec_from_file_location("tiny", sys.argv[2]); tiny = importlib.util.module_from_spec(s2)
 s2.loader.exec_module(tiny)
@@ -132,7 +136,7 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         "route": "vllm.model_executor.layers.sparse_attn_indexer.current_platform answers SM120 family "
                  "(1 call site(s) in the module)",
         "indexer_family_120": True, "indexer_is_cuda_delegates": True, "global_platform_untouched": True,
-        "engine_args_known": [],
+        "engine_args_known": [], "compilation_keys_known": [],
         "config_tiny": [out["config_tiny"][0], [0, 4, 128, 4, 0]], "config_swa": [out["config_tiny"][0], [0] * 5],
         # two storages (the shared backing once), 16 + 64 bytes, all zero after
         "zeroed": [2, 80], "all_zero": True,

@@ -74,7 +74,27 @@ DEFAULT_METHODS = list(METHODS)
 # ``-sync`` turns vLLM's asynchronous scheduling off, ``-eager`` runs without
 # CUDA graphs, ``-r2`` is a second, identical engine (``plain-r2``: plain
 # decode judged by plain decode, the run-to-run noise of a whole engine).
-SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2")
+# ``-bm`` (plain decode only) adds a batch-mate to every request: a 2-token
+# prompt with the same max_tokens, so each decode step runs twice the tokens
+# (what MTP 1's verify runs) and the batch drains as MTP 1's does, while the
+# first step (the prompts) grows only by 2 tokens a request; only the real
+# requests' tokens are kept.  It tells a speculative bug from kernels whose
+# numerics depend on how many tokens a step runs.
+SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm")
+# vLLM 0.26.0's CUDA-graph sizes for max_num_seqs=32 (the engines' default);
+# ``-bm`` engines (max_num_seqs=64) are given the same list, so they capture
+# the same graphs (and JIT-compile no new shapes)
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def with_mates(case: Case) -> Case:
+    """CASE with one batch-mate per request (a 2-token prompt, the same max_tokens), mates last.
+
+    Two tokens, not one: vLLM schedules a 1-token prompt as a decode, which
+    would make plain decode's first step a mixed batch.
+    """
+    mates = [_prompt(2, 7000 + i) for i in range(len(case.prompts))]
+    return Case(case.name, case.prompts + mates, case.max_tokens + case.max_tokens)
 
 
 class Sm120TopkRoute:
@@ -540,8 +560,15 @@ def child_main(args: argparse.Namespace) -> int:
     spec = METHODS[base]
     own: dict[str, list[list[int]]] = {}
     extra: dict[str, Any] = {}
+    cc: dict[str, Any] = {}
     if "fd" in flags:
-        extra["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+        cc["cudagraph_mode"] = "FULL_DECODE_ONLY"
+    if "bm" in flags:
+        if spec is not None:
+            raise SystemExit("-bm is a control for plain decode (plain-bm)")
+        cc["cudagraph_capture_sizes"] = CAPTURE_SIZES
+    if cc:
+        extra["compilation_config"] = cc
     if "sync" in flags:
         extra["async_scheduling"] = False
     if spec is None and args.score_mode == "decode":
@@ -554,7 +581,7 @@ def child_main(args: argparse.Namespace) -> int:
         kv_cache_dtype="fp8",
         block_size=256,
         max_model_len=args.max_model_len,
-        max_num_seqs=32,
+        max_num_seqs=64 if "bm" in flags else 32,
         gpu_memory_utilization=args.gpu_memory_utilization,
         # a fixed KV cache instead of memory profiling: several engines share
         # the GPU (--parallel), and profiling would count the others' memory
@@ -572,7 +599,9 @@ def child_main(args: argparse.Namespace) -> int:
             storages, nbytes = fresh_state(llm)
             emit(event="kv_zeroed", storages=storages, bytes=nbytes)
 
-    for case in select_cases(build_cases(args.long_len), args.cases):
+    for real in select_cases(build_cases(args.long_len), args.cases):
+        case = with_mates(real) if "bm" in flags else real
+        n_real = len(real.prompts)  # the mates' outputs (after the real requests') are dropped
         before_generate()
         emit(event="case_start", case=case.name)
         params = [
@@ -589,6 +618,7 @@ def child_main(args: argparse.Namespace) -> int:
         outs = llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in case.prompts], params, use_tqdm=False
         )
+        outs = outs[:n_real]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         gaps: list[list[float]] | None = None
         if spec is None:
@@ -611,7 +641,7 @@ def child_main(args: argparse.Namespace) -> int:
              seconds=round(time.time() - t0, 3), spec_metrics=metrics)
         if spec is None:
             own[case.name] = tokens
-    if spec is None:
+    if args.method == "plain":
         # score: this plain engine's own tokens (the noise control), then each
         # speculative run's, teacher-forced (--score-mode).  With --score-wait
         # the engine stays up until the parent writes that file: a JSON list of
@@ -998,9 +1028,36 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
                     "/".join(str(x) for x in tot[1:]) + f" of {tot[0]}"
 
 
+def same_token_count_notes(runs: list[RunResult]) -> list[str]:
+    """Each speculative run's tokens against ``plain-bm`` of its variant and call, case by case.
+
+    ``plain-bm`` is plain decode with each step running as many tokens as
+    MTP 1's verify: where a speculative run differs from plain decode but
+    equals plain-bm, the difference is the kernels' dependence on the step's
+    token count, not the speculative path.
+    """
+    notes: list[str] = []
+    for bm in (r for r in runs if r.method == "plain-bm"):
+        ref = {c.case: c.tokens for c in bm.cases if c.status in FINISHED and c.tokens}
+        for r in runs:
+            if r.variant != bm.variant or r.call != bm.call or r.method.startswith("plain"):
+                continue
+            for c in r.cases:
+                if c.case not in ref or c.status not in FINISHED or not c.tokens:
+                    continue
+                firsts = [first_difference([a], [b]) for a, b in zip(ref[c.case], c.tokens)]
+                equal = sum(1 for f in firsts if f is None)
+                pos = sorted(f[1] for f in firsts if f is not None)
+                where = f"; the others first differ at tokens {pos[0]}-{pos[-1]} (median {pos[len(pos) // 2]})" \
+                    if pos else ""
+                notes.append(f"{r.variant} {r.method} vs plain-bm {c.case}: {equal}/{len(firsts)} requests "
+                             f"equal{where}")
+    return notes
+
+
 def controls(runs: list[RunResult]) -> list[str]:
     """Cross checks that bound the oracle's noise."""
-    notes: list[str] = []
+    notes: list[str] = same_token_count_notes(runs)
     by = {(r.variant, r.method): r for r in runs}
     for variant in sorted({r.variant for r in runs}):
         p = by.get((variant, "plain"))

@@ -204,7 +204,10 @@ def test_report_merges_result_files(tmp_path: Path) -> None:
     ns = type("NS", (), dict(model="m", weights="scaled", long_len=1, case_deadline=1, start_deadline=1))
     run_e2e.write_results(tmp_path / "a", [plain], ns)
     run_e2e.write_results(tmp_path / "b", [diff], ns)
-    run_e2e.report_main(tmp_path / "m", [tmp_path / "a/e2e_results.json", tmp_path / "b/e2e_results.json"])
+    # results are committed gzipped: the merge reads either form
+    import gzip
+    (tmp_path / "b/e2e_results.json.gz").write_bytes(gzip.compress((tmp_path / "b/e2e_results.json").read_bytes()))
+    run_e2e.report_main(tmp_path / "m", [tmp_path / "a/e2e_results.json", tmp_path / "b/e2e_results.json.gz"])
     data = json.loads((tmp_path / "m/e2e_results.json").read_text())
     statuses = {(r["method"], c["case"]): c["status"] for r in data["runs"] for c in r["cases"]}
     assert statuses[("mtp2", "short_b5")] == "differ"
@@ -1130,7 +1133,7 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
             f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
             "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
     out = {}
-    for method in ("plain-r2", "plain-bm"):
+    for method in ("plain-r2", "plain-bm", "plain-bm3"):
         kw, gen, prog = (tmp_path / f"{method}.{x}" for x in ("kw", "gen", "jsonl"))
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "FAKE_VLLM_KW": str(kw), "FAKE_VLLM_GEN": str(gen)}
         res = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b5",
@@ -1141,15 +1144,18 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
         out[method] = (json.loads(kw.read_text()), gen.read_text().splitlines(), done[0]["tokens"])
     kw_r2, gen_r2, tok_r2 = out["plain-r2"]
     kw_bm, gen_bm, tok_bm = out["plain-bm"]
+    kw_bm3, gen_bm3, tok_bm3 = out["plain-bm3"]
     case = {c.name: c for c in run_e2e.build_cases()}["short_b5"]
     real = [(len(p), n) for p, n in zip(case.prompts, case.max_tokens)]
     # one generate each (only the scorer, method "plain", scores); -bm: each request and its mate
     assert [eval(g) for g in gen_r2] == [real] and [eval(g) for g in gen_bm] == [real + [(2, n) for _, n in real]]
-    assert kw_r2["max_num_seqs"] == 32 and kw_bm["max_num_seqs"] == 64
+    assert [eval(g) for g in gen_bm3] == [real + [(2, n) for _, n in real] * 3]
+    assert kw_r2["max_num_seqs"] == 32 and kw_bm["max_num_seqs"] == 64 and kw_bm3["max_num_seqs"] == 128
+    assert kw_bm3["compilation_config"] == kw_bm["compilation_config"]
     assert kw_bm["compilation_config"] == {"cudagraph_capture_sizes": run_e2e.CAPTURE_SIZES}
     assert "compilation_config" not in kw_r2
     # the stand-in's tokens depend only on each prompt: the real requests' come back, the mates' do not
-    assert tok_bm == tok_r2 and len(tok_bm) == len(case.prompts)
+    assert tok_bm == tok_r2 == tok_bm3 and len(tok_bm) == len(case.prompts)
     bad = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1",
                           "--method", "mtp1-bm", "--progress", str(tmp_path / "x.jsonl")],
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, capture_output=True, text=True,
@@ -1159,10 +1165,12 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
 
 def test_mates_match_each_request_and_differ_from_it() -> None:
     case = {c.name: c for c in run_e2e.build_cases()}["mid_b24"]
-    m = run_e2e.with_mates(case)
     n = len(case.prompts)
-    assert m.prompts[:n] == case.prompts and m.max_tokens == case.max_tokens * 2
-    assert [len(p) for p in m.prompts[n:]] == [2] * n and len({tuple(p) for p in m.prompts[n:]}) == n
+    for k in (1, 2, 5):
+        m = run_e2e.with_mates(case, k)
+        assert m.prompts[:n] == case.prompts and m.max_tokens == case.max_tokens * (1 + k)
+        assert [len(p) for p in m.prompts[n:]] == [2] * n * k and len({tuple(p) for p in m.prompts[n:]}) == n * k
+    assert [run_e2e.mates_of(run_e2e.split_method(m)[1]) for m in ("plain", "plain-bm", "plain-bm3-eager")] == [0, 1, 3]
 
 
 def test_speculative_runs_are_compared_with_plain_bm(tmp_path: Path) -> None:
@@ -1170,9 +1178,14 @@ def test_speculative_runs_are_compared_with_plain_bm(tmp_path: Path) -> None:
     plain = R("patched", "plain", 1.0, None, "done", "", [C("patched", "plain", "mid_b24", "finished", tokens=[[1, 2, 3], [4, 5, 6]])])
     bm = R("patched", "plain-bm", 1.0, None, "done", "", [C("patched", "plain-bm", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 6]])])
     mtp = R("patched", "mtp1", 1.0, None, "done", "", [C("patched", "mtp1", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 7]])])
-    runs = [mtp, bm, plain]
+    # MTP 2 runs 3 tokens a request: plain-bm (2) is not its comparison, plain-bm2 is
+    mtp2 = R("patched", "mtp2", 1.0, None, "done", "", [C("patched", "mtp2", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 6]])])
+    bm2 = R("patched", "plain-bm2", 1.0, None, "done", "", [C("patched", "plain-bm2", "mid_b24", "finished", tokens=[[1, 9, 3], [4, 5, 6]])])
+    runs = [mtp, mtp2, bm, bm2, plain]
     run_e2e.apply_oracle(runs)
     notes = run_e2e.controls(runs)
     assert "patched mtp1 vs plain-bm mid_b24: 1/2 requests equal; the others first differ at tokens 2-2 (median 2)" in notes
+    assert "patched mtp2 vs plain-bm2 mid_b24: 2/2 requests equal" in notes
+    assert not any(n.startswith(("patched mtp2 vs plain-bm ", "patched mtp1 vs plain-bm2")) for n in notes)
     # plain-bm itself is judged against plain like a speculative run, and is not compared with itself
     assert bm.cases[0].status == "differ" and not any(n.startswith("patched plain-bm vs") for n in notes)

@@ -74,27 +74,34 @@ DEFAULT_METHODS = list(METHODS)
 # ``-sync`` turns vLLM's asynchronous scheduling off, ``-eager`` runs without
 # CUDA graphs, ``-r2`` is a second, identical engine (``plain-r2``: plain
 # decode judged by plain decode, the run-to-run noise of a whole engine).
-# ``-bm`` (plain decode only) adds a batch-mate to every request: a 2-token
-# prompt with the same max_tokens, so each decode step runs twice the tokens
-# (what MTP 1's verify runs) and the batch drains as MTP 1's does, while the
-# first step (the prompts) grows only by 2 tokens a request; only the real
-# requests' tokens are kept.  It tells a speculative bug from kernels whose
-# numerics depend on how many tokens a step runs.
-SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm")
+# ``-bmN`` (plain decode only; ``-bm`` = ``-bm1``) adds N batch-mates to every
+# request: 2-token prompts with the same max_tokens, so each decode step runs
+# 1 + N tokens per request, as the verify of N speculative tokens does (MTP N;
+# DSpark 5: ``-bm5``), and the batch drains as the speculative run's does,
+# while the first step (the prompts) grows only by 2N tokens a request; only
+# the real requests' tokens are kept.  It tells a speculative bug from kernels
+# whose numerics depend on how many tokens a step runs.
+SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5")
 # vLLM 0.26.0's CUDA-graph sizes for max_num_seqs=32 (the engines' default);
 # ``-bm`` engines (max_num_seqs=64) are given the same list, so they capture
 # the same graphs (and JIT-compile no new shapes)
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 
 
-def with_mates(case: Case) -> Case:
-    """CASE with one batch-mate per request (a 2-token prompt, the same max_tokens), mates last.
+def mates_of(flags: set[str]) -> int:
+    """Batch-mates per request that a method's ``-bm``/``-bmN`` suffix asks for (0: none)."""
+    return max((int(f[2:] or 1) for f in flags if f.startswith("bm")), default=0)
+
+
+def with_mates(case: Case, n: int = 1) -> Case:
+    """CASE with N batch-mates per request (2-token prompts, the same max_tokens), mates last.
 
     Two tokens, not one: vLLM schedules a 1-token prompt as a decode, which
     would make plain decode's first step a mixed batch.
     """
-    mates = [_prompt(2, 7000 + i) for i in range(len(case.prompts))]
-    return Case(case.name, case.prompts + mates, case.max_tokens + case.max_tokens)
+    k = len(case.prompts)
+    mates = [_prompt(2, 7000 + j) for j in range(n * k)]
+    return Case(case.name, case.prompts + mates, case.max_tokens + case.max_tokens * n)
 
 
 class Sm120TopkRoute:
@@ -563,7 +570,8 @@ def child_main(args: argparse.Namespace) -> int:
     cc: dict[str, Any] = {}
     if "fd" in flags:
         cc["cudagraph_mode"] = "FULL_DECODE_ONLY"
-    if "bm" in flags:
+    mates = mates_of(flags)
+    if mates:
         if spec is not None:
             raise SystemExit("-bm is a control for plain decode (plain-bm)")
         cc["cudagraph_capture_sizes"] = CAPTURE_SIZES
@@ -581,7 +589,7 @@ def child_main(args: argparse.Namespace) -> int:
         kv_cache_dtype="fp8",
         block_size=256,
         max_model_len=args.max_model_len,
-        max_num_seqs=64 if "bm" in flags else 32,
+        max_num_seqs=32 * (1 + mates),
         gpu_memory_utilization=args.gpu_memory_utilization,
         # a fixed KV cache instead of memory profiling: several engines share
         # the GPU (--parallel), and profiling would count the others' memory
@@ -600,7 +608,7 @@ def child_main(args: argparse.Namespace) -> int:
             emit(event="kv_zeroed", storages=storages, bytes=nbytes)
 
     for real in select_cases(build_cases(args.long_len), args.cases):
-        case = with_mates(real) if "bm" in flags else real
+        case = with_mates(real, mates) if mates else real
         n_real = len(real.prompts)  # the mates' outputs (after the real requests') are dropped
         before_generate()
         emit(event="case_start", case=case.name)
@@ -1029,18 +1037,21 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
 
 
 def same_token_count_notes(runs: list[RunResult]) -> list[str]:
-    """Each speculative run's tokens against ``plain-bm`` of its variant and call, case by case.
+    """Each speculative run's tokens against plain decode with as many tokens a step, case by case.
 
-    ``plain-bm`` is plain decode with each step running as many tokens as
-    MTP 1's verify: where a speculative run differs from plain decode but
-    equals plain-bm, the difference is the kernels' dependence on the step's
-    token count, not the speculative path.
+    ``plain-bmN`` is plain decode with each step running 1 + N tokens per
+    request, as the verify of N speculative tokens does: where a speculative
+    run differs from plain decode but equals the plain-bmN of its own N (same
+    variant and call), the difference is the kernels' dependence on the
+    step's token count, not the speculative path.
     """
     notes: list[str] = []
-    for bm in (r for r in runs if r.method == "plain-bm"):
+    for bm in (r for r in runs if split_method(r.method)[0] == "plain" and mates_of(split_method(r.method)[1])):
+        n = mates_of(split_method(bm.method)[1])
         ref = {c.case: c.tokens for c in bm.cases if c.status in FINISHED and c.tokens}
         for r in runs:
-            if r.variant != bm.variant or r.call != bm.call or r.method.startswith("plain"):
+            spec = METHODS[split_method(r.method)[0]]
+            if r.variant != bm.variant or r.call != bm.call or spec is None or spec["num_speculative_tokens"] != n:
                 continue
             for c in r.cases:
                 if c.case not in ref or c.status not in FINISHED or not c.tokens:
@@ -1050,7 +1061,7 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
                 pos = sorted(f[1] for f in firsts if f is not None)
                 where = f"; the others first differ at tokens {pos[0]}-{pos[-1]} (median {pos[len(pos) // 2]})" \
                     if pos else ""
-                notes.append(f"{r.variant} {r.method} vs plain-bm {c.case}: {equal}/{len(firsts)} requests "
+                notes.append(f"{r.variant} {r.method} vs {bm.method} {c.case}: {equal}/{len(firsts)} requests "
                              f"equal{where}")
     return notes
 
@@ -1463,7 +1474,11 @@ def write_results(out: Path, runs: list[RunResult], args: argparse.Namespace) ->
 
 
 def load_runs(path: Path) -> list[RunResult]:
-    data = json.loads(path.read_text())
+    """The runs of one ``e2e_results.json`` (``.json.gz``: as committed under tests/gpu/results/e2e)."""
+    import gzip
+
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    data = json.loads(raw)
     runs = []
     for r in data["runs"]:
         cases = [CaseResult(**c) for c in r.pop("cases")]

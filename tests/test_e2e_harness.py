@@ -987,12 +987,24 @@ class LLM:
 }
 
 
-@pytest.mark.parametrize("mode", ["decode", "prefill"])
-def test_child_decodes_and_scores_with_a_stand_in_vllm(tmp_path: Path, mode: str) -> None:
+# run_e2e.py's main() in a fresh interpreter (the child side, as the parent starts it)
+CHILD_CODE = ("import sys; import importlib.util as u; "
+              f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
+              "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+
+
+def _stand_in_site(tmp_path: Path) -> Path:
+    """A site directory holding the stand-in vLLM (FAKE_VLLM)."""
     site = tmp_path / "site"
     for rel, text in FAKE_VLLM.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(textwrap.dedent(text))
+    return site
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_child_decodes_and_scores_with_a_stand_in_vllm(tmp_path: Path, mode: str) -> None:
+    site = _stand_in_site(tmp_path)
     # a speculative run's tokens: plain's own, except one token replaced in short_b1
     spec = tmp_path / "stock-mtp1.jsonl"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
@@ -1038,13 +1050,7 @@ def test_child_decodes_and_scores_with_a_stand_in_vllm(tmp_path: Path, mode: str
 
 
 def test_diagnostic_suffixes_reach_the_engine(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    for rel, text in FAKE_VLLM.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text))
-    code = ("import sys; import importlib.util as u; "
-            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
-            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    site, code = _stand_in_site(tmp_path), CHILD_CODE
     seen = {}
     for method in ("mtp2", "mtp2-sync-eager-r2"):
         kw = tmp_path / f"{method}.kw.json"
@@ -1061,13 +1067,7 @@ def test_diagnostic_suffixes_reach_the_engine(tmp_path: Path) -> None:
 
 
 def test_zero_kv_zeroes_before_every_case_and_every_scoring_pass(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    for rel, text in FAKE_VLLM.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text))
-    code = ("import sys; import importlib.util as u; "
-            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
-            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    site, code = _stand_in_site(tmp_path), CHILD_CODE
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     seqs = {}
     for zero in (False, True):
@@ -1125,13 +1125,7 @@ def test_first_marks_token_0_and_first_position_beyond_one_nat() -> None:
 
 
 def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    for rel, text in FAKE_VLLM.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text))
-    code = ("import sys; import importlib.util as u; "
-            f"s = u.spec_from_file_location('r', {str(E2E / 'run_e2e.py')!r}); r = u.module_from_spec(s); "
-            "sys.modules['r'] = r; s.loader.exec_module(r); sys.exit(r.main(sys.argv[1:]))")
+    site, code = _stand_in_site(tmp_path), CHILD_CODE
     out = {}
     for method in ("plain-r2", "plain-bm", "plain-bm3"):
         kw, gen, prog = (tmp_path / f"{method}.{x}" for x in ("kw", "gen", "jsonl"))

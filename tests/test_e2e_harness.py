@@ -869,28 +869,38 @@ def test_device_sh_saves_jit_caches_and_a_fresh_machine_restores_them(tmp_path: 
     (home1 / ".cache/vllm/deep_gemm").mkdir(parents=True)
     (home1 / ".cache/vllm/deep_gemm/k.cubin").write_bytes(b"cubin" * 100)
     home2.mkdir()
+    # Triton's and Inductor's cache outside $HOME (on the device /tmp/torchinductor_root)
+    tmp1, tmp2 = tmp_path / "tmp1/torchinductor_u", tmp_path / "tmp2/torchinductor_u"
+    (tmp1 / "triton/0/abc").mkdir(parents=True)
+    (tmp1 / "triton/0/abc/fused_moe_kernel.cubin").write_bytes(os.urandom(512))
     base = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable,
             "E2E_SRC": str(src), "E2E_PREFLIGHT_MODULES": "fakepkg"}
     out1 = tmp_path / "out1"
-    env1 = {**base, "HOME": str(home1), "E2E_DIR": str(tmp_path / "e2e1"), "OUT": str(out1), "E2E_SAVE_CACHES": "1"}
+    env1 = {**base, "HOME": str(home1), "E2E_DIR": str(tmp_path / "e2e1"), "OUT": str(out1), "E2E_SAVE_CACHES": "1",
+            "E2E_TMP_CACHE": str(tmp1)}
     first = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
                            env=env1, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "jit caches saved: .tilelang .triton .cache" not in first.stdout  # no .triton here
-    assert "jit caches saved: .tilelang .cache" in first.stdout, first.stdout
+    assert "jit caches saved: .tilelang .cache @torchinductor_u" in first.stdout, first.stdout
     pieces = sorted(p.name for p in out1.glob("jit-cache.*"))
     assert pieces == ["jit-cache.dirs", "jit-cache.sha256", "jit-cache.tar.xz.00"]
     # the next machine: the pieces are carried as .e2e/jit, HOME is bare
     (src / "jit").mkdir()
     for name in pieces:
         (src / "jit" / name).write_bytes((out1 / name).read_bytes())
-    env2 = {**base, "HOME": str(home2), "E2E_DIR": str(tmp_path / "e2e2"), "OUT": str(tmp_path / "out2")}
+    env2 = {**base, "HOME": str(home2), "E2E_DIR": str(tmp_path / "e2e2"), "OUT": str(tmp_path / "out2"),
+            "E2E_TMP_CACHE": str(tmp2)}
     second = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,
                             env=env2, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "jit caches restored" in second.stdout
     assert (home2 / ".tilelang/cache/kernel.so").read_bytes() == (home1 / ".tilelang/cache/kernel.so").read_bytes()
     assert (home2 / ".cache/vllm/deep_gemm/k.cubin").is_file()
+    # the /tmp cache goes back next to E2E_TMP_CACHE, not into $HOME
+    cubin = "triton/0/abc/fused_moe_kernel.cubin"
+    assert (tmp2 / cubin).read_bytes() == (tmp1 / cubin).read_bytes()
+    assert not (home2 / "torchinductor_u").exists()
     # a damaged piece is refused before anything is staged
     (src / "jit" / "jit-cache.tar.xz.00").write_bytes(b"x")
     third = subprocess.run(["bash", str(E2E / "device.sh"), "--no-run"], capture_output=True, text=True,

@@ -158,10 +158,18 @@ export VLLM_DEEP_GEMM_WARMUP="${VLLM_DEEP_GEMM_WARMUP:-skip}"
 # 4. the JIT caches of an earlier machine, when carried (.e2e/jit/, made by
 #    E2E_SAVE_CACHES=1 below): a fresh machine's first engine otherwise spends
 #    5 minutes or more compiling (runs 4a and 4e).  Once per machine.
+#    Entries written "@name" in jit-cache.dirs are the directory next to
+#    E2E_TMP_CACHE (Triton's and Inductor's cache in /tmp), not $HOME's.
+TMP_CACHE="${E2E_TMP_CACHE:-/tmp/torchinductor_$(id -un)}"
 if compgen -G "$E2E/jit/jit-cache.tar.xz.*" > /dev/null && [[ ! -f "$E2E/jit.restored" ]]; then
   cat "$E2E"/jit/jit-cache.tar.xz.* | xz -d | tar -x --no-same-owner -C "$HOME"
+  for d in $(cat "$E2E/jit/jit-cache.dirs" 2>/dev/null); do
+    [[ "$d" == @* && -d "$HOME/${d#@}" ]] || continue
+    mkdir -p "$(dirname "$TMP_CACHE")"
+    cp -a "$HOME/${d#@}" "$(dirname "$TMP_CACHE")/" && rm -rf "${HOME:?}/${d#@}"
+  done
   touch "$E2E/jit.restored"
-  echo "jit caches restored into $HOME:$(cat "$E2E/jit/jit-cache.dirs" 2>/dev/null)"
+  echo "jit caches restored into $HOME:$(cat "$E2E/jit/jit-cache.dirs" 2>/dev/null) (@: into $(dirname "$TMP_CACHE"))"
 fi
 # E2E_SAVE_CACHES=1: at the end of the call, the JIT caches go to $OUT as
 # pieces of 15 MiB (at most 8 files come back from a call, 16 MiB each), the
@@ -174,15 +182,24 @@ save_caches() {
   for d in .tilelang .triton .cache/vllm .cache/flashinfer .cache .nv; do
     [[ -d "$HOME/$d" ]] && echo "jit cache candidate: $d $(du -sh "$HOME/$d" | cut -f1)"
   done
+  [[ -d "$TMP_CACHE" ]] && echo "jit cache candidate: $TMP_CACHE $(du -sh "$TMP_CACHE" | cut -f1)"
   # anything else a cold start may have written (run 5a: 520 s with only 20 MiB in the sets below)
   du -sh "$HOME"/.[!.]* /tmp/* 2>/dev/null | sort -h | tail -8 | sed 's/^/jit cache survey: /'
   # .nv/ComputeCache: the driver's cache of PTX compiled at load time
-  for set in ".tilelang .triton .cache .nv" ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do
+  # @tmp: TMP_CACHE (run 6b: /tmp/torchinductor_root, 37 MB, Triton's kernels)
+  for set in ".tilelang .triton .cache .nv @tmp" ".tilelang .triton .cache .nv" ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do
     dirs=""
-    for d in $set; do [[ -d "$HOME/$d" ]] && dirs="$dirs $d"; done
+    local args=(-C "$HOME") extra=()
+    for d in $set; do
+      if [[ "$d" == @tmp ]]; then
+        [[ -d "$TMP_CACHE" ]] && dirs="$dirs @$(basename "$TMP_CACHE")" &&
+          extra=(-C "$(dirname "$TMP_CACHE")" "$(basename "$TMP_CACHE")")
+      elif [[ -d "$HOME/$d" ]]; then
+        dirs="$dirs $d" && args+=("$d")
+      fi
+    done
     [[ -n "$dirs" ]] || continue
-    # shellcheck disable=SC2086
-    tar -c -C "$HOME" $dirs | xz -T0 -6 > "$tmp/jit-cache.tar.xz"
+    tar -c "${args[@]}" "${extra[@]}" | xz -T0 -6 > "$tmp/jit-cache.tar.xz"
     if (( $(stat -c %s "$tmp/jit-cache.tar.xz") <= max )); then
       (cd "$tmp" && split -b 15M -d jit-cache.tar.xz jit-cache.tar.xz. && rm jit-cache.tar.xz &&
        sha256sum jit-cache.tar.xz.* > jit-cache.sha256 && echo "$dirs" > jit-cache.dirs)

@@ -1098,7 +1098,7 @@ def test_zero_kv_zeroes_before_every_case_and_every_scoring_pass(tmp_path: Path)
     assert [e for e in z if e != "kv_zeroed"] == seqs[False]
 
 
-def test_parent_passes_zero_kv_to_every_child(tmp_path: Path) -> None:
+def test_parent_passes_zero_kv_and_trace_split_to_every_child(tmp_path: Path) -> None:
     script = tmp_path / "fake_child.py"
     script.write_text(textwrap.dedent('''
         import json, sys, time
@@ -1118,11 +1118,14 @@ def test_parent_passes_zero_kv_to_every_child(tmp_path: Path) -> None:
     '''))
     out = tmp_path / "out"
     rc = run_e2e.main(["--out", str(out), "--site", f"stock={tmp_path}", "--variants", "stock",
-                       "--methods", "plain,mtp2", "--cases", "short_b1", "--budget", "60", "--score-reserve", "0", "--zero-kv",
+                       "--methods", "plain,mtp2", "--cases", "short_b1", "--budget", "60", "--score-reserve", "0", "--zero-kv", "--trace-split", "7",
                        "--work", str(tmp_path / "work"), "--child-script", str(script), "--min-start", "0"])
     assert rc == 0
     data = json.loads((out / "e2e_results.json").read_text())
     assert {r["method"]: r["fingerprint"]["zero"] for r in data["runs"]} == {"plain": True, "mtp2": True}
+    for r in data["runs"]:
+        argv = r["fingerprint"]["argv"]
+        assert argv[argv.index("--trace-split") + 1] == "7"
     assert data["meta"]["KV caches zeroed before each generate"] is True
 
 

@@ -99,6 +99,16 @@ out["zeroed"] = r.zero_kv_caches(worker)
 out["all_zero"] = not any(bool(t.any()) for t in kvs.values())
 out["llm_api"] = [list(inspect.signature(LLM.collective_rpc).parameters)[1],
                   list(inspect.signature(LLM.reset_prefix_cache).parameters)[1:]]
+# --trace-split: vLLM's own split_decodes_and_prefills, rebound in the builders' modules
+events = []
+status = r.install_split_trace(lambda **kw: events.append(kw), 1)
+out["split_trace"] = {k.rsplit(".", 1)[-1]: v.split(":")[0] for k, v in status.items()}
+import vllm.v1.attention.backends.mla.sparse_swa as swa
+cam = types.SimpleNamespace(max_query_len=8, num_reqs=3, num_actual_tokens=14, is_prefilling=None,
+                            query_start_loc_cpu=torch.tensor([0, 3, 6, 14], dtype=torch.int32))
+out["split_results"] = [list(swa.split_decodes_and_prefills(cam, decode_threshold=3)),
+                        list(swa.split_decodes_and_prefills(cam, 2))]
+out["split_events"] = [{k: e[k] for k in ("event", "who", "threshold", "result", "query_lens")} for e in events]
 print(json.dumps(out))
 """
 
@@ -141,5 +151,11 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         # two storages (the shared backing once), 16 + 64 bytes, all zero after
         "zeroed": [2, 80], "all_zero": True,
         "llm_api": ["method", ["reset_running_requests", "reset_connector"]],
+        "split_trace": {"sparse_swa": "traced", "indexer": "traced", "sparse_mla": "traced", "compressor": "traced",
+                        "sparse_mla_attention": "traced"},
+        # two 3-token prompts scheduled as decodes beside an 8-token one (threshold 1 + k = 3); one event (limit 1)
+        "split_results": [[2, 1, 6, 8], [0, 3, 0, 14]],
+        "split_events": [{"event": "split", "who": "sparse_swa", "threshold": 3, "result": [2, 1, 6, 8],
+                          "query_lens": [3, 3, 8]}],
     }, out
     assert "DeepseekV4" in out["config_tiny"][0], out

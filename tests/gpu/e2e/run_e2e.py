@@ -494,6 +494,65 @@ def worst_deficit(ds: list[float]) -> list[float]:
     return [round(ds[j], 6) if ds[j] != float("inf") else float("inf"), j]
 
 
+# Modules that import vLLM's ``split_decodes_and_prefills`` by name and use it
+# on DeepSeek-V4's path (vLLM 0.26.0): each attention metadata builder splits
+# the batch into decodes and prefills with its own threshold.
+SPLIT_USERS = (
+    "vllm.v1.attention.backends.mla.sparse_swa",
+    "vllm.v1.attention.backends.mla.indexer",
+    "vllm.models.deepseek_v4.sparse_mla",
+    "vllm.models.deepseek_v4.compressor",
+    "vllm.model_executor.layers.attention.sparse_mla_attention",
+)
+
+
+def install_split_trace(emit: Any, limit: int) -> dict[str, str]:
+    """--trace-split: report the first LIMIT decode/prefill splits of the builders in SPLIT_USERS.
+
+    Each module's name ``split_decodes_and_prefills`` is rebound to a wrapper
+    that calls vLLM's function unchanged and emits a ``split`` event: which
+    module, its threshold and flags, the result (decodes, prefills, decode
+    tokens, prefill tokens) and the step's query lengths.  It shows how a
+    step with short prompts is cut (run 6's open question: prompts of at
+    most 1 + k tokens scheduled as decodes beside longer ones).  Returns
+    module -> "traced" or why not.
+    """
+    import importlib
+
+    import vllm.v1.attention.backends.utils as utils
+
+    real = utils.split_decodes_and_prefills
+    seen = [0]
+
+    def wrap(who: str) -> Any:
+        def traced(cam: Any, decode_threshold: int = 1, require_uniform: bool = False,
+                   treat_short_extends_as_decodes: bool = True) -> Any:
+            out = real(cam, decode_threshold, require_uniform, treat_short_extends_as_decodes)
+            if seen[0] < limit:
+                seen[0] += 1
+                qsl = cam.query_start_loc_cpu
+                lens = [int(x) for x in (qsl[1:] - qsl[:-1])[:64]]
+                emit(event="split", who=who, threshold=decode_threshold, require_uniform=require_uniform,
+                     short_extends_as_decodes=treat_short_extends_as_decodes, result=[int(x) for x in out],
+                     num_reqs=int(cam.num_reqs), query_lens=lens)
+            return out
+        return traced
+
+    status: dict[str, str] = {}
+    for name in SPLIT_USERS:
+        try:
+            mod = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a module this vLLM lacks or cannot import here
+            status[name] = f"not imported: {type(exc).__name__}: {exc}"[:200]
+            continue
+        if getattr(mod, "split_decodes_and_prefills", None) is real:
+            mod.split_decodes_and_prefills = wrap(name.rsplit(".", 1)[-1])
+            status[name] = "traced"
+        else:
+            status[name] = "does not import split_decodes_and_prefills by name"
+    return status
+
+
 def zero_kv_caches(worker: Any) -> list[int]:
     """Zero every KV-cache storage of WORKER's layers; returns [storages, bytes].
 
@@ -540,12 +599,16 @@ def fresh_state(llm: Any) -> list[int]:
 
 
 def child_main(args: argparse.Namespace) -> int:
+    import threading
+
     progress = open(args.progress, "a", buffering=1)  # noqa: SIM115
+    lock = threading.Lock()  # --trace-split emits from vLLM's threads too
 
     def emit(**kw: Any) -> None:
         kw["t"] = time.time()
-        progress.write(json.dumps(kw) + "\n")
-        progress.flush()
+        with lock:
+            progress.write(json.dumps(kw) + "\n")
+            progress.flush()
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # SIGUSR1 dumps every thread's Python stack into the log: the parent sends
@@ -558,6 +621,8 @@ def child_main(args: argparse.Namespace) -> int:
     fp = _fingerprint()
     if "tk120" in split_method(args.method)[1]:
         fp["topk_route"] = install_sm120_topk_route()
+    if args.trace_split:
+        fp["split_trace"] = install_split_trace(emit, args.trace_split)
     emit(event="fingerprint", data=fp)
     load_format = register_loader(args.weights, emit)
     from vllm import LLM, SamplingParams
@@ -1409,6 +1474,8 @@ def parent_main(args: argparse.Namespace) -> int:
                        "--score-mode", args.score_mode]
                 if args.zero_kv:
                     cmd.append("--zero-kv")
+                if args.trace_split:
+                    cmd += ["--trace-split", str(args.trace_split)]
                 if method == "plain":
                     cmd += ["--score-wait", str(go_file(variant))]
                 print(f"[{time.monotonic() - t0:6.0f}s] {tag} ...", flush=True)
@@ -1552,6 +1619,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zero-kv", action="store_true",
                     help="every engine drops its prefix cache and zeroes all KV caches before each generate() "
                          "(cases and scoring): each case starts from a fresh engine's cache")
+    ap.add_argument("--trace-split", type=int, default=0, metavar="N",
+                    help="each engine reports its first N decode/prefill splits (split_decodes_and_prefills, per "
+                         "metadata builder) as 'split' events in its progress file (work dir)")
     ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")

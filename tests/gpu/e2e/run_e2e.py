@@ -83,8 +83,8 @@ DEFAULT_METHODS = list(METHODS)
 # whose numerics depend on how many tokens a step runs.
 SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5")
 # vLLM 0.26.0's CUDA-graph sizes for max_num_seqs=32 (the engines' default);
-# ``-bm`` engines (max_num_seqs=64) are given the same list, so they capture
-# the same graphs (and JIT-compile no new shapes)
+# ``-bmN`` engines (max_num_seqs=32 * (1 + N), room for the mates) are given
+# the same list, so they capture the same graphs (no new shapes to JIT-compile)
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 
 
@@ -588,7 +588,8 @@ def fresh_state(llm: Any) -> list[int]:
     Between generate() calls no request is running, so every block is free:
     each case (and each scoring pass) then starts from the same all-zero cache
     a fresh engine has (vLLM allocates it with ``torch.zeros``).  vLLM 0.26.0
-    does not zero reused blocks for DeepSeek-V4 (0.28.0 does); this tells a
+    does not zero reused blocks for DeepSeek-V4 (0.27.1 and 0.28.0 zero new
+    blocks of mixed-precision caches); this tells a
     kernel that reads slots no token of the case wrote (stale bytes from
     earlier cases) from a difference of the speculative path itself.
     """

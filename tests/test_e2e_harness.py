@@ -1196,3 +1196,19 @@ def test_speculative_runs_are_compared_with_plain_bm(tmp_path: Path) -> None:
     assert not any(n.startswith(("patched mtp2 vs plain-bm ", "patched mtp1 vs plain-bm2")) for n in notes)
     # plain-bm itself is judged against plain like a speculative run, and is not compared with itself
     assert bm.cases[0].status == "differ" and not any(n.startswith("patched plain-bm vs") for n in notes)
+
+
+def test_merged_controls_report_each_calls_plain_engine() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+
+    def plain(call: str, worst: float) -> run_e2e.RunResult:
+        r = R("patched", "plain", 1.0, None, "done", "", [C("patched", "plain", "short_b1", "finished", tokens=[[1]])],
+              call=call)
+        r.scores, r.score_mode = {"plain": {"short_b1": [[worst, 0]]}}, "decode"
+        return r
+
+    notes = run_e2e.controls([plain("1:a", 0.0), plain("2:b", 1.5)])
+    own = [n for n in notes if "own tokens" in n]
+    assert len(own) == 2, notes  # one line per call, not only the last call's engine
+    assert own[0].startswith("patched (call 1:a) plain decode's own tokens") and "worst token 0.0 " in own[0]
+    assert own[1].startswith("patched (call 2:b)") and "worst token 1.5 " in own[1]

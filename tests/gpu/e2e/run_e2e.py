@@ -1135,11 +1135,9 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
 def controls(runs: list[RunResult]) -> list[str]:
     """Cross checks that bound the oracle's noise."""
     notes: list[str] = same_token_count_notes(runs)
-    by = {(r.variant, r.method): r for r in runs}
-    for variant in sorted({r.variant for r in runs}):
-        p = by.get((variant, "plain"))
-        if p is None:
-            continue
+    plains = [r for r in runs if r.method == "plain"]  # one per variant and call (merged reports: several calls)
+    for p in sorted(plains, key=lambda r: (r.variant, r.call)):
+        variant = p.variant + (f" (call {p.call})" if p.call else "")
         cs = {c.case: c for c in p.cases if c.status == "finished"}
         for one, many in (("short_b1", "short_b5"), ("long_b1", "long_b3")):
             if one in cs and many in cs and cs[one].tokens and cs[many].tokens:
@@ -1161,15 +1159,18 @@ def controls(runs: list[RunResult]) -> list[str]:
                 f"{w} below the best logprob ({case} request {req} token {int(pos)}); "
                 f"tolerance for speculative runs {tolerance(p):.3f}"
             )
-    s, q = by.get(("stock", "plain")), by.get(("patched", "plain"))
-    if s and q:
-        for cs_, cq in zip(s.cases, q.cases):
-            if cs_.tokens and cq.tokens:
-                d = first_difference(cs_.tokens, cq.tokens)
-                notes.append(
-                    f"plain stock vs patched {cs_.case}: "
-                    + ("equal" if d is None else f"differ at request {d[0]} token {d[1]}")
-                )
+    for call in sorted({p.call for p in plains}):
+        s = next((p for p in plains if p.variant == "stock" and p.call == call), None)
+        q = next((p for p in plains if p.variant == "patched" and p.call == call), None)
+        if s and q:
+            tag = f" (call {call})" if call else ""
+            for cs_, cq in zip(s.cases, q.cases):
+                if cs_.tokens and cq.tokens:
+                    d = first_difference(cs_.tokens, cq.tokens)
+                    notes.append(
+                        f"plain stock vs patched {cs_.case}{tag}: "
+                        + ("equal" if d is None else f"differ at request {d[0]} token {d[1]}")
+                    )
     return notes
 
 

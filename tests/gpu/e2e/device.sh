@@ -164,7 +164,8 @@ TMP_CACHE="${E2E_TMP_CACHE:-/tmp/torchinductor_$(id -un)}"
 if compgen -G "$E2E/jit/jit-cache.tar.xz.*" > /dev/null && [[ ! -f "$E2E/jit.restored" ]]; then
   cat "$E2E"/jit/jit-cache.tar.xz.* | xz -d | tar -x --no-same-owner -C "$HOME"
   for d in $(cat "$E2E/jit/jit-cache.dirs" 2>/dev/null); do
-    [[ "$d" == @* && -d "$HOME/${d#@}" ]] || continue
+    # a plain directory name only (the file is carried data): never ".." or a path
+    [[ "$d" =~ ^@[A-Za-z0-9_][A-Za-z0-9._-]*$ && -d "$HOME/${d#@}" ]] || continue
     mkdir -p "$(dirname "$TMP_CACHE")"
     cp -a "$HOME/${d#@}" "$(dirname "$TMP_CACHE")/" && rm -rf "${HOME:?}/${d#@}"
   done

@@ -185,7 +185,8 @@ save_caches() {
   done
   [[ -d "$TMP_CACHE" ]] && echo "jit cache candidate: $TMP_CACHE $(du -sh "$TMP_CACHE" | cut -f1)"
   # anything else a cold start may have written (run 5a: 520 s with only 20 MiB in the sets below)
-  du -sh "$HOME"/.[!.]* /tmp/* 2>/dev/null | sort -h | tail -8 | sed 's/^/jit cache survey: /'
+  # (du exits 1 when a file vanishes while it reads: /tmp changes under it; a survey never stops the call)
+  { du -sh "$HOME"/.[!.]* /tmp/* 2>/dev/null || true; } | sort -h | tail -8 | sed 's/^/jit cache survey: /'
   # .nv/ComputeCache: the driver's cache of PTX compiled at load time
   # @tmp: TMP_CACHE (run 6b: /tmp/torchinductor_root, 37 MB, Triton's kernels)
   for set in ".tilelang .triton .cache .nv @tmp" ".tilelang .triton .cache .nv" ".tilelang .triton .cache" ".tilelang .triton .cache/vllm" ".tilelang .cache/vllm/deep_gemm" ".tilelang"; do

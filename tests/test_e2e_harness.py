@@ -947,6 +947,9 @@ class LLM:
         from vllm.v1.sample.logits_processor import LogitsProcessor
         assert all(issubclass(p, LogitsProcessor) for p in procs)
         self.force = bool(procs)
+        from vllm.v1.core.sched.scheduler import Scheduler
+        self.sched = Scheduler() if kw.get("speculative_config") else None
+        self.next_id = 0
 
     def get_metrics(self):
         return []
@@ -972,8 +975,14 @@ class LLM:
             ctx = list(pr["prompt_token_ids"])
             forced = (sp.extra_args or {}).get("dsv4e2e_force")
             assert forced is None or self.force, "forced tokens need the logits processor"
+            rid, self.next_id = str(self.next_id), self.next_id + 1
             toks, lps = [], []
             for j in range(sp.max_tokens):
+                if self.sched is not None and j % 7 == 3:  # a verify that accepts one draft, as vLLM reports it
+                    internal = rid + "-abcd1234"
+                    self.sched.requests[internal] = types.SimpleNamespace(_output_token_ids=list(toks))
+                    self.sched.make_spec_decoding_stats(None, num_draft_tokens=1, num_accepted_tokens=1,
+                                                        num_invalid_spec_tokens=None, request_id=internal)
                 tok = forced[j] if forced is not None else _greedy(ctx)
                 lps.append(_lps(ctx, tok))
                 toks.append(tok)
@@ -983,7 +992,7 @@ class LLM:
                 ids = pr["prompt_token_ids"]
                 plp = [None] + [_lps(ids[:i], ids[i]) for i in range(1, len(ids))]
             out = types.SimpleNamespace(token_ids=toks, logprobs=lps if sp.logprobs else None)
-            outs.append(types.SimpleNamespace(outputs=[out], prompt_logprobs=plp))
+            outs.append(types.SimpleNamespace(outputs=[out], prompt_logprobs=plp, request_id=rid))
         return outs
 """,
     "vllm/inputs.py": "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n",
@@ -994,6 +1003,18 @@ class LLM:
     "vllm/v1/__init__.py": "",
     "vllm/v1/sample/__init__.py": "",
     "vllm/v1/sample/logits_processor.py": "class LogitsProcessor:\n    pass\n",
+    "vllm/v1/core/__init__.py": "",
+    "vllm/v1/core/sched/__init__.py": "",
+    # vLLM's signature; the real one feeds SpecDecodingStats
+    "vllm/v1/core/sched/scheduler.py": """
+class Scheduler:
+    def __init__(self):
+        self.requests = {}
+
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        return spec_decoding_stats
+""",
 }
 
 
@@ -1158,8 +1179,9 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
     assert [eval(g) for g in gen_r2] == [real] and [eval(g) for g in gen_bm] == [real + [(2, n) for _, n in real]]
     assert [eval(g) for g in gen_bm3] == [real + [(2, n) for _, n in real] * 3]
     assert kw_r2["max_num_seqs"] == 32 and kw_bm["max_num_seqs"] == 64 and kw_bm3["max_num_seqs"] == 128
-    assert kw_bm3["compilation_config"] == kw_bm["compilation_config"]
-    assert kw_bm["compilation_config"] == {"cudagraph_capture_sizes": run_e2e.CAPTURE_SIZES}
+    # each pads its steps as the speculative engine of its N does (MTP 1, MTP 3: multiples of 1 + N)
+    assert kw_bm["compilation_config"] == {"cudagraph_capture_sizes": [2, 4, 8, 16, 24, 32, 40, 48]}
+    assert kw_bm3["compilation_config"] == {"cudagraph_capture_sizes": [4, *range(8, 97, 8)]}
     assert "compilation_config" not in kw_r2
     # the stand-in's tokens depend only on each prompt: the real requests' come back, the mates' do not
     assert tok_bm == tok_r2 == tok_bm3 and len(tok_bm) == len(case.prompts)
@@ -1191,8 +1213,10 @@ def test_speculative_runs_are_compared_with_plain_bm(tmp_path: Path) -> None:
     runs = [mtp, mtp2, bm, bm2, plain]
     run_e2e.apply_oracle(runs)
     notes = run_e2e.controls(runs)
-    assert "patched mtp1 vs plain-bm mid_b24: 1/2 requests equal; the others first differ at tokens 2-2 (median 2)" in notes
-    assert "patched mtp2 vs plain-bm2 mid_b24: 2/2 requests equal" in notes
+    # without the acceptance trace a difference cannot be placed before or after a bonus token
+    assert ("patched mtp1 vs plain-bm mid_b24: 1/2 requests equal; 1 differ before any bonus token, at tokens 2-2 "
+            "(median 2) (accepted drafts not traced): untraced") in notes
+    assert "patched mtp2 vs plain-bm2 mid_b24: 2/2 requests equal: pass" in notes
     assert not any(n.startswith(("patched mtp2 vs plain-bm ", "patched mtp1 vs plain-bm2")) for n in notes)
     # plain-bm itself is judged against plain like a speculative run, and is not compared with itself
     assert bm.cases[0].status == "differ" and not any(n.startswith("patched plain-bm vs") for n in notes)
@@ -1212,3 +1236,61 @@ def test_merged_controls_report_each_calls_plain_engine() -> None:
     assert len(own) == 2, notes  # one line per call, not only the last call's engine
     assert own[0].startswith("patched (call 1:a) plain decode's own tokens") and "worst token 0.0 " in own[0]
     assert own[1].startswith("patched (call 2:b)") and "worst token 1.5 " in own[1]
+
+
+def test_same_shape_oracle_allows_differences_only_from_a_bonus_token() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    bm = R("stock", "plain-bm", 1.0, None, "done", "",
+           [C("stock", "plain-bm", "mid_b24", "finished", tokens=[[1, 2, 3, 4], [5, 6, 7, 8], [1, 1, 1, 1]])])
+
+    def mtp(tokens: list[list[int]], accepts: list[list[list[int]]]) -> run_e2e.RunResult:
+        return R("stock", "mtp1", 1.0, None, "done", "", [C("stock", "mtp1", "mid_b24", "finished", tokens=tokens,
+                                                              accepts=accepts)])
+
+    # request 1 accepted one draft at position 1 (tokens 1 = the draft, 2 = the bonus): it may leave plain-bm at 2
+    ok = mtp([[1, 2, 3, 4], [5, 6, 0, 0], [1, 1, 1, 1]], [[], [[1, 1]], [[0, 1], [2, 1]]])
+    (row,) = run_e2e.same_shape_rows([bm, ok])
+    assert (row.equal, row.after_accept, row.before, row.verdict) == (2, 1, [], "pass")
+    # ... but not at 1 (the draft itself, checked at query row 0), and request 0 accepted nothing
+    bad = mtp([[1, 2, 9, 4], [5, 0, 0, 0], [1, 1, 1, 1]], [[], [[1, 1]], []])
+    (row,) = run_e2e.same_shape_rows([bm, bad])
+    assert (row.equal, row.after_accept, row.before, row.verdict) == (1, 0, [(0, 2, -1), (1, 1, 2)], "fail")
+    table = "\n".join(run_e2e.same_shape_table([bm, bad]))
+    assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0: 2, -, 1: 1, 2 | fail |" in table
+    md = run_e2e.render_markdown([bm, bad], run_e2e.controls([bm, bad]), {})
+    assert "## Same step shape" in md and "1 differ before any bonus token" not in md.split("## Controls")[0]
+
+
+def test_bm_capture_sizes_pad_as_the_speculative_engine_does() -> None:
+    # vLLM 0.26.0 (VllmConfig._set_cudagraph_sizes): max min(32 * (1 + k) * 2, 512); 1, 2, 4, then 8s, 16s from 256
+    assert run_e2e.spec_capture_sizes(0) == run_e2e.CAPTURE_SIZES
+    assert run_e2e.spec_capture_sizes(5)[-4:] == [336, 352, 368, 384] and 248 in run_e2e.spec_capture_sizes(5)
+    # MTP (V1 runner) rounds to multiples of 1 + k; each list stops at the first size >= 24 requests' step
+    assert run_e2e.bm_capture_sizes(2) == [3, 6, 9, 18, 24, 33, 42, 48, 57, 66, 72]
+    assert all(s % 3 == 0 for s in run_e2e.bm_capture_sizes(2))
+    # DSpark (V2 runner) keeps vLLM's list: up to 24 * 6 = 144
+    assert run_e2e.bm_capture_sizes(5, v1_runner=False)[-3:] == [128, 136, 144]
+    assert run_e2e.DSPARK_KS == {5}
+
+
+def test_child_reports_accepted_drafts_of_speculative_runs_only(tmp_path: Path) -> None:
+    site = _stand_in_site(tmp_path)
+    got = {}
+    for method in ("mtp1", "plain-r2"):
+        prog = tmp_path / f"{method}.jsonl"
+        res = subprocess.run([sys.executable, "-c", CHILD_CODE, "--child", "--model", "m", "--cases", "short_b5",
+                              "--method", method, "--progress", str(prog)],
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        ev = [json.loads(ln) for ln in prog.read_text().splitlines()]
+        fp = next(e for e in ev if e["event"] == "fingerprint")["data"]
+        got[method] = (fp.get("accept_trace"), next(e for e in ev if e["event"] == "case_done")["accepts"])
+    # the stand-in scheduler accepts one draft at every 7th output position (3, 10, ...) of each request,
+    # under its internal id (external id + "-" + 8 characters)
+    trace, accepts = got["mtp1"]
+    case = {c.name: c for c in run_e2e.build_cases()}["short_b5"]
+    assert trace == "traced"
+    assert accepts == [[[p, 1] for p in range(3, n, 7)] for n in case.max_tokens]
+    assert got["plain-r2"] == (None, None)
+

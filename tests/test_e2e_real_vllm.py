@@ -3,8 +3,9 @@
 ``tests/gpu/e2e/run_e2e.py`` reaches into vLLM in places that a stand-in
 cannot vouch for (the engine arguments it passes and the tiny models' configs are
 checked here too): ``ForceTokens`` (forced-decode scoring) subclasses vLLM's
-``LogitsProcessor`` and follows its ``BatchUpdate`` protocol, and ``-tk120``
-replaces ``current_platform`` in ``vllm.model_executor.layers.sparse_attn_indexer``.
+``LogitsProcessor`` and follows its ``BatchUpdate`` protocol, ``-tk120``
+replaces ``current_platform`` in ``vllm.model_executor.layers.sparse_attn_indexer``,
+and the acceptance trace wraps ``Scheduler.make_spec_decoding_stats``.
 Here both run against the Python files of the 0.26.0 wheel the device runs
 (sha256 from the lock, through the store), in the CPU test venv of the 0.26.0
 pin (torch 2.13.0 CPU); no GPU is needed for either.
@@ -109,6 +110,20 @@ cam = types.SimpleNamespace(max_query_len=8, num_reqs=3, num_actual_tokens=14, i
 out["split_results"] = [list(swa.split_decodes_and_prefills(cam, decode_threshold=3)),
                         list(swa.split_decodes_and_prefills(cam, 2))]
 out["split_events"] = [{k: e[k] for k in ("event", "who", "threshold", "result", "query_lens")} for e in events]
+# acceptance trace: vLLM's own Scheduler.make_spec_decoding_stats, wrapped; called as update_from_output calls it
+log, out["accept_trace"] = r.install_accept_trace()
+from vllm.v1.core.sched.scheduler import Scheduler
+fake = types.SimpleNamespace(log_stats=True, num_spec_tokens=2,
+                             requests={"7-abcd1234": types.SimpleNamespace(_output_token_ids=[5, 6, 7])})
+stats = Scheduler.make_spec_decoding_stats(fake, None, num_draft_tokens=2, num_accepted_tokens=1,
+                                           num_invalid_spec_tokens=None, request_id="7-abcd1234")
+Scheduler.make_spec_decoding_stats(fake, stats, 2, 0, None, "7-abcd1234")  # positional, nothing accepted
+out["accept_log"] = log
+out["accept_stats"] = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens]
+# ... where the request's output is still the tokens before the step (pos), with request_id by keyword
+src = inspect.getsource(Scheduler.update_from_output)
+out["accept_before_append"] = 0 < src.index("self.make_spec_decoding_stats(") < src.index("self._update_request_with_output(")
+out["accept_by_request_id"] = "request_id=req_id" in src
 print(json.dumps(out))
 """
 
@@ -157,5 +172,8 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         "split_results": [[2, 1, 6, 8], [0, 3, 0, 14]],
         "split_events": [{"event": "split", "who": "sparse_swa", "threshold": 3, "result": [2, 1, 6, 8],
                           "query_lens": [3, 3, 8]}],
+        # one accepted draft at output position 3, under the external id; vLLM's own stats still counted
+        "accept_trace": "traced", "accept_log": {"7": [[3, 1]]}, "accept_stats": [2, 4, 1],
+        "accept_before_append": True, "accept_by_request_id": True,
     }, out
     assert "DeepseekV4" in out["config_tiny"][0], out

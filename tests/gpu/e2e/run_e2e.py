@@ -65,6 +65,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "dspark5": {"method": "dspark", "num_speculative_tokens": 5},
 }
 DEFAULT_METHODS = list(METHODS)
+# speculative token counts only DSpark uses (it always runs vLLM's V2 model runner)
+DSPARK_KS = {m["num_speculative_tokens"] for m in METHODS.values() if m and m["method"] == "dspark"} - {
+    m["num_speculative_tokens"] for m in METHODS.values() if m and m["method"] == "mtp"}
 # Engine variants of a method, as a suffix: ``-v2`` runs vLLM's V2 model
 # runner (``VLLM_USE_V2_MODEL_RUNNER=1``; DSpark always uses it), ``-fd`` CUDA
 # graphs for decode only (``cudagraph_mode=FULL_DECODE_ONLY``: no piecewise
@@ -82,10 +85,44 @@ DEFAULT_METHODS = list(METHODS)
 # the real requests' tokens are kept.  It tells a speculative bug from kernels
 # whose numerics depend on how many tokens a step runs.
 SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5")
-# vLLM 0.26.0's CUDA-graph sizes for max_num_seqs=32 (the engines' default);
-# ``-bmN`` engines (max_num_seqs=32 * (1 + N), room for the mates) are given
-# the same list, so they capture the same graphs (no new shapes to JIT-compile)
+# vLLM 0.26.0's CUDA-graph sizes for plain decode with max_num_seqs=32 (the engines' default)
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+# the most requests a case has (short_b24, mid_b24)
+MOST_REQUESTS = 24
+
+
+def spec_capture_sizes(k: int, max_num_seqs: int = 32) -> list[int]:
+    """The CUDA-graph sizes vLLM 0.26.0 gives an engine with K speculative tokens.
+
+    ``VllmConfig._set_cudagraph_sizes``: the largest is
+    ``min(max_num_seqs * (1 + k) * 2, 512)`` (no ``max_num_batched_tokens``
+    cap bites here: 16,384), the list 1, 2, 4, then steps of 8 below 256 and
+    of 16 from 256.  K = 0 is plain decode (``CAPTURE_SIZES``).
+    """
+    top = min(max_num_seqs * (1 + k) * 2, 512)
+    sizes = [i for i in (1, 2, 4) if i <= top] + list(range(8, min(top + 1, 256), 8))
+    return sorted(set(sizes + list(range(256, top + 1, 16))))
+
+
+def bm_capture_sizes(n: int, requests: int = MOST_REQUESTS, v1_runner: bool = True) -> list[int]:
+    """CUDA-graph sizes of a ``-bmN`` engine: those of MTP N, up to the largest step a case makes.
+
+    A decode step of ``plain-bmN`` runs ``requests * (1 + N)`` tokens, as MTP
+    N's verify does; both must pad it to the same graph size (an eager step or
+    another padding changes the numerics: run 6's ``plain-eager``).  vLLM's V1
+    runner (MTP) rounds its sizes up to multiples of 1 + N
+    (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``), so the
+    list here is rounded too; DSpark runs the V2 runner, which does not
+    (``v1_runner=False``).  Sizes above the largest step are left out: each
+    new size makes the JIT compilers (TileLang) compile again at start-up.
+    """
+    sizes = spec_capture_sizes(n)
+    if v1_runner and n > 0:
+        q = 1 + n
+        sizes = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= sizes[-1]})
+    need = requests * (1 + n)
+    top = next((s for s in sizes if s >= need), sizes[-1])
+    return [s for s in sizes if s <= top]
 
 
 def mates_of(flags: set[str]) -> int:
@@ -553,6 +590,48 @@ def install_split_trace(emit: Any, limit: int) -> dict[str, str]:
     return status
 
 
+def install_accept_trace() -> tuple[dict[str, list[list[int]]], str]:
+    """Record, per request, each verify step that accepted drafts: ``[tokens before it, accepted]``.
+
+    The exact oracle needs it (``same_shape_rows``): with A drafts accepted
+    at a step, that step's tokens at positions ``pos .. pos + A - 1`` are
+    the drafts, each checked by the target model at query row ``0 .. A - 1``,
+    and the bonus token at ``pos + A`` is the target's choice at query row A.
+    Plain decode computes every token at row 0, so from ``pos + A`` on the
+    two may round differently; before it they must agree token for token.
+    vLLM 0.26.0's ``Scheduler.update_from_output`` reports each request's
+    accepted drafts to ``make_spec_decoding_stats`` before the step's tokens
+    are appended, so the request's output length there is ``pos``; that
+    method is wrapped (in the scheduler class: the engine runs in this
+    process).  Keys are the external request ids (``RequestOutput.request_id``:
+    the scheduler's id less its random ``-xxxxxxxx`` suffix).  Returns the log
+    and "traced" or why not.
+    """
+    import inspect
+
+    log: dict[str, list[list[int]]] = {}
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except Exception as exc:  # noqa: BLE001 - a vLLM without this scheduler: no trace
+        return log, f"not imported: {type(exc).__name__}: {exc}"[:200]
+    real = Scheduler.make_spec_decoding_stats
+    sig = inspect.signature(real)
+    if not {"num_accepted_tokens", "request_id"} <= set(sig.parameters):
+        return log, f"make_spec_decoding_stats{sig} has no num_accepted_tokens/request_id"
+
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        a = sig.bind(self, *args, **kwargs).arguments
+        n, rid = int(a["num_accepted_tokens"] or 0), str(a["request_id"])
+        req = self.requests.get(rid)
+        if n > 0 and req is not None:
+            head, _, tail = rid.rpartition("-")
+            log.setdefault(head if head and len(tail) == 8 else rid, []).append([len(req._output_token_ids), n])
+        return real(self, *args, **kwargs)
+
+    Scheduler.make_spec_decoding_stats = traced
+    return log, "traced"
+
+
 def zero_kv_caches(worker: Any) -> list[int]:
     """Zero every KV-cache storage of WORKER's layers; returns [storages, bytes].
 
@@ -624,13 +703,16 @@ def child_main(args: argparse.Namespace) -> int:
         fp["topk_route"] = install_sm120_topk_route()
     if args.trace_split:
         fp["split_trace"] = install_split_trace(emit, args.trace_split)
+    base, flags = split_method(args.method)
+    spec = METHODS[base]
+    accepted: dict[str, list[list[int]]] | None = None
+    if spec is not None:
+        accepted, fp["accept_trace"] = install_accept_trace()
     emit(event="fingerprint", data=fp)
     load_format = register_loader(args.weights, emit)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    base, flags = split_method(args.method)
-    spec = METHODS[base]
     own: dict[str, list[list[int]]] = {}
     extra: dict[str, Any] = {}
     cc: dict[str, Any] = {}
@@ -640,7 +722,8 @@ def child_main(args: argparse.Namespace) -> int:
     if mates:
         if spec is not None:
             raise SystemExit("-bm is a control for plain decode (plain-bm)")
-        cc["cudagraph_capture_sizes"] = CAPTURE_SIZES
+        # as the speculative engine of the same N pads its steps (DSpark: V2 runner, -bm5)
+        cc["cudagraph_capture_sizes"] = bm_capture_sizes(mates, v1_runner=mates not in DSPARK_KS)
     if cc:
         extra["compilation_config"] = cc
     if "sync" in flags:
@@ -688,12 +771,17 @@ def child_main(args: argparse.Namespace) -> int:
             )
             for n in case.max_tokens
         ]
+        if accepted is not None:
+            accepted.clear()
         t0 = time.time()
         outs = llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in case.prompts], params, use_tqdm=False
         )
         outs = outs[:n_real]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
+        # per request, its steps that accepted drafts (None: not traced)
+        accepts = None if accepted is None or fp.get("accept_trace") != "traced" else \
+            [sorted(accepted.get(str(o.request_id), [])) for o in outs]
         gaps: list[list[float]] | None = None
         if spec is None:
             gaps = []
@@ -712,7 +800,7 @@ def child_main(args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001
             pass
         emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps,
-             seconds=round(time.time() - t0, 3), spec_metrics=metrics)
+             seconds=round(time.time() - t0, 3), spec_metrics=metrics, accepts=accepts)
         if spec is None:
             own[case.name] = tokens
     if args.method == "plain":
@@ -788,6 +876,9 @@ class CaseResult:
     tokens: list[list[int]] | None = None
     gaps: list[list[float]] | None = None
     spec_metrics: dict[str, Any] = field(default_factory=dict)
+    # speculative runs: per request, [position, accepted drafts] of each step that accepted
+    # some (install_accept_trace); None where not traced
+    accepts: list[list[list[int]]] | None = None
 
 
 @dataclass
@@ -998,7 +1089,8 @@ def run_child(
         if name in done:
             ev = done[name]
             cases.append(CaseResult(variant, method, name, "finished", "", ev.get("seconds"),
-                                    ev.get("tokens"), ev.get("gaps"), ev.get("spec_metrics") or {}))
+                                    ev.get("tokens"), ev.get("gaps"), ev.get("spec_metrics") or {},
+                                    ev.get("accepts")))
         elif outcome == "cut":
             cases.append(CaseResult(variant, method, name, "not-run", detail))
         elif started and started[-1] == name and outcome in ("hang", "crash"):
@@ -1102,16 +1194,50 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
                     "/".join(str(x) for x in tot[1:]) + f" of {tot[0]}"
 
 
-def same_token_count_notes(runs: list[RunResult]) -> list[str]:
-    """Each speculative run's tokens against plain decode with as many tokens a step, case by case.
+@dataclass
+class SameShape:
+    """One speculative case against plain decode at its own step shape (``plain-bmN``): the exact oracle."""
+
+    variant: str
+    call: str
+    method: str
+    reference: str  # plain-bmN
+    case: str
+    requests: int
+    equal: int
+    # differ, but not before the request's first bonus token (first accepted step's pos + accepted)
+    after_accept: int
+    # (request, first differing token, its first bonus token or -1 when it accepted no draft)
+    before: list[tuple[int, int, int]]
+    traced: bool
+
+    @property
+    def verdict(self) -> str:
+        if not self.before and not self.after_accept:
+            return "pass"
+        if not self.traced:  # which differences follow accepted drafts is unknown
+            return "untraced"
+        return "fail" if self.before else "pass"
+
+
+def first_bonus(accepts: list[list[int]]) -> int | None:
+    """Position of a request's first bonus token (computed at a query row > 0), None without one."""
+    return min((pos + n for pos, n in accepts if n > 0), default=None)
+
+
+def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
+    """Each speculative case against the ``plain-bmN`` of its own N, same variant and call.
 
     ``plain-bmN`` is plain decode with each step running 1 + N tokens per
-    request, as the verify of N speculative tokens does: where a speculative
-    run differs from plain decode but equals the plain-bmN of its own N (same
-    variant and call), the difference is the kernels' dependence on the
-    step's token count, not the speculative path.
+    request, as the verify of N speculative tokens does, padded to the same
+    CUDA-graph size (``bm_capture_sizes``).  Every token a speculative run
+    makes at query row 0 must then be plain-bmN's very token; only a bonus
+    token (after accepted drafts, ``install_accept_trace``) is computed at
+    another row, so a request may leave plain-bmN's tokens there and
+    nowhere earlier.  A request that differs before its first bonus token
+    fails the case.
     """
-    notes: list[str] = []
+    rows: list[SameShape] = []
     for bm in (r for r in runs if split_method(r.method)[0] == "plain" and mates_of(split_method(r.method)[1])):
         n = mates_of(split_method(bm.method)[1])
         ref = {c.case: c.tokens for c in bm.cases if c.status in FINISHED and c.tokens}
@@ -1122,14 +1248,53 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
             for c in r.cases:
                 if c.case not in ref or c.status not in FINISHED or not c.tokens:
                     continue
-                firsts = [first_difference([a], [b]) for a, b in zip(ref[c.case], c.tokens)]
-                equal = sum(1 for f in firsts if f is None)
-                pos = sorted(f[1] for f in firsts if f is not None)
-                where = f"; the others first differ at tokens {pos[0]}-{pos[-1]} (median {pos[len(pos) // 2]})" \
-                    if pos else ""
-                notes.append(f"{r.variant} {r.method} vs {bm.method} {c.case}: {equal}/{len(firsts)} requests "
-                             f"equal{where}")
+                equal, after, before = 0, 0, []
+                for i, (a, b) in enumerate(zip(ref[c.case], c.tokens)):
+                    d = first_difference([a], [b])
+                    if d is None:
+                        equal += 1
+                        continue
+                    fb = first_bonus(c.accepts[i]) if c.accepts is not None and i < len(c.accepts) else None
+                    if fb is not None and d[1] >= fb:
+                        after += 1
+                    else:
+                        before.append((i, d[1], -1 if fb is None else fb))
+                rows.append(SameShape(r.variant, r.call, r.method, bm.method, c.case, len(c.tokens), equal, after,
+                                      before, c.accepts is not None))
+    return rows
+
+
+def same_token_count_notes(runs: list[RunResult]) -> list[str]:
+    """``same_shape_rows`` as control lines."""
+    notes: list[str] = []
+    for x in same_shape_rows(runs):
+        line = f"{x.variant} {x.method} vs {x.reference} {x.case}: {x.equal}/{x.requests} requests equal"
+        if x.after_accept:
+            line += f"; {x.after_accept} differ only from their first bonus token on (after accepted drafts)"
+        if x.before:
+            pos = sorted(p for _, p, _ in x.before)
+            line += (f"; {len(x.before)} differ before any bonus token, at tokens {pos[0]}-{pos[-1]} "
+                     f"(median {pos[len(pos) // 2]})")
+        if x.verdict == "untraced":
+            line += " (accepted drafts not traced)"
+        notes.append(f"{line}: {x.verdict}")
     return notes
+
+
+def same_shape_table(runs: list[RunResult]) -> list[str]:
+    """Markdown rows of ``same_shape_rows``: the oracle at equal step shape, pass or fail per case."""
+    rows = same_shape_rows(runs)
+    if not rows:
+        return []
+    out = ["| call | variant | method | against | case | requests equal | differ after a bonus token "
+           "| differ before (request: token, first bonus) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        before = ", ".join(f"{i}: {p}, {'-' if b < 0 else b}" for i, p, b in x.before[:6]) + \
+            (" ..." if len(x.before) > 6 else "")
+        after = str(x.after_accept) if x.traced else f"{x.after_accept} (not traced)"
+        out.append(f"| {x.call or '-'} | {x.variant} | {x.method} | {x.reference} | {x.case} | {x.equal}/{x.requests} "
+                   f"| {after} | {before or '-'} | {x.verdict} |")
+    return out
 
 
 def controls(runs: list[RunResult]) -> list[str]:
@@ -1242,6 +1407,12 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
         out.append(f"- {r.variant}/{r.method}{f' (call {r.call})' if r.call else ''}: {r.outcome} {r.detail[:400]}")
         if r.fingerprint:
             out.append(f"  - fingerprint: `{json.dumps(r.fingerprint)}`")
+    shape = same_shape_table(runs)
+    if shape:
+        out += ["", "## Same step shape: speculative runs against plain-bmN (exact, up to each bonus token)", "",
+                "Tokens a speculative run makes at query row 0 must be plain-bmN's very tokens; a request may "
+                "leave them only at a bonus token (after accepted drafts: computed at another query row).", ""]
+        out += shape
     table = noise_table(runs)
     if table:
         out += ["", "## Per-case noise: speculative tokens against plain decode's own", ""] + table

@@ -1241,7 +1241,8 @@ def test_merged_controls_report_each_calls_plain_engine() -> None:
 def test_same_shape_oracle_allows_differences_only_from_a_bonus_token() -> None:
     R, C = run_e2e.RunResult, run_e2e.CaseResult
     bm = R("stock", "plain-bm", 1.0, None, "done", "",
-           [C("stock", "plain-bm", "mid_b24", "finished", tokens=[[1, 2, 3, 4], [5, 6, 7, 8], [1, 1, 1, 1]])])
+           [C("stock", "plain-bm", "mid_b24", "finished", tokens=[[1, 2, 3, 4], [5, 6, 7, 8], [1, 1, 1, 1]],
+              gaps=[[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5], [0.5] * 4])])
 
     def mtp(tokens: list[list[int]], accepts: list[list[list[int]]]) -> run_e2e.RunResult:
         return R("stock", "mtp1", 1.0, None, "done", "", [C("stock", "mtp1", "mid_b24", "finished", tokens=tokens,
@@ -1254,9 +1255,10 @@ def test_same_shape_oracle_allows_differences_only_from_a_bonus_token() -> None:
     # ... but not at 1 (the draft itself, checked at query row 0), and request 0 accepted nothing
     bad = mtp([[1, 2, 9, 4], [5, 0, 0, 0], [1, 1, 1, 1]], [[], [[1, 1]], []])
     (row,) = run_e2e.same_shape_rows([bm, bad])
-    assert (row.equal, row.after_accept, row.before, row.verdict) == (1, 0, [(0, 2, -1), (1, 1, 2)], "fail")
+    assert (row.equal, row.after_accept, row.before, row.verdict) == \
+        (1, 0, [(0, 2, -1, 0.5, None), (1, 1, 2, 0.5, None)], "fail")
     table = "\n".join(run_e2e.same_shape_table([bm, bad]))
-    assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0: 2, -, 1: 1, 2 | fail |" in table
+    assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0: 2, -, 0.5; 1: 1, 2, 0.5 | fail |" in table
     md = run_e2e.render_markdown([bm, bad], run_e2e.controls([bm, bad]), {})
     assert "## Same step shape" in md and "1 differ before any bonus token" not in md.split("## Controls")[0]
 
@@ -1285,7 +1287,9 @@ def test_child_reports_accepted_drafts_of_speculative_runs_only(tmp_path: Path) 
         assert res.returncode == 0, res.stderr
         ev = [json.loads(ln) for ln in prog.read_text().splitlines()]
         fp = next(e for e in ev if e["event"] == "fingerprint")["data"]
-        got[method] = (fp.get("accept_trace"), next(e for e in ev if e["event"] == "case_done")["accepts"])
+        done = next(e for e in ev if e["event"] == "case_done")
+        got[method] = (fp.get("accept_trace"), done["accepts"])
+        got[method + " runner_up"] = done["runner_up"]
     # the stand-in scheduler accepts one draft at every 7th output position (3, 10, ...) of each request,
     # under its internal id (external id + "-" + 8 characters)
     trace, accepts = got["mtp1"]
@@ -1293,4 +1297,77 @@ def test_child_reports_accepted_drafts_of_speculative_runs_only(tmp_path: Path) 
     assert trace == "traced"
     assert accepts == [[[p, 1] for p in range(3, n, 7)] for n in case.max_tokens]
     assert got["plain-r2"] == (None, None)
+    # plain engines record each position's second choice (the stand-in reports only its greedy token: -1)
+    assert got["mtp1 runner_up"] is None
+    assert got["plain-r2 runner_up"] == [[-1] * n for n in case.max_tokens]
+
+
+
+def test_split_trace_counts_only_once_the_gate_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import types
+
+    def split(cam, decode_threshold=1, require_uniform=False, treat_short_extends_as_decodes=True):
+        return (1, 1, 3, 5)
+
+    names = ["vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils",
+             "vllm.v1.attention.backends.mla", "vllm.v1.attention.backends.mla.sparse_swa"]
+    for n in names:
+        monkeypatch.setitem(sys.modules, n, types.ModuleType(n))
+    sys.modules["vllm.v1.attention.backends.utils"].split_decodes_and_prefills = split
+    swa = sys.modules["vllm.v1.attention.backends.mla.sparse_swa"]
+    swa.split_decodes_and_prefills = split  # imported by name, as vLLM's builders do
+    for n in run_e2e.SPLIT_USERS:
+        if n not in sys.modules:
+            monkeypatch.setitem(sys.modules, n, types.ModuleType(n))  # modules without the name
+    events: list[dict] = []
+    gate = threading.Event()
+    status = run_e2e.install_split_trace(lambda **kw: events.append(kw), 2, gate)
+    assert status["vllm.v1.attention.backends.mla.sparse_swa"] == "traced"
+    cam = types.SimpleNamespace(num_reqs=2, query_start_loc_cpu=_Lens([0, 3, 8]))
+    for _ in range(3):  # warm-up and capture: not counted
+        assert swa.split_decodes_and_prefills(cam, 3) == (1, 1, 3, 5)
+    assert events == []
+    gate.set()
+    for _ in range(3):
+        swa.split_decodes_and_prefills(cam, decode_threshold=3)
+    assert [(e["who"], e["threshold"], e["result"], e["query_lens"]) for e in events] == [("sparse_swa", 3, [1, 1, 3, 5], [3, 5])] * 2
+
+
+class _Lens(list):
+    """query_start_loc_cpu stand-in: slicing and element-wise subtraction as a tensor does."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        out = super().__getitem__(i)
+        return _Lens(out) if isinstance(i, slice) else out
+
+    def __sub__(self, other):  # type: ignore[override]
+        return _Lens(a - b for a, b in zip(self, other))
+
+
+def test_same_shape_oracle_tells_near_tie_flips_from_other_differences() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+
+    def rows(gap: float, runner_up: list[list[int]] | None, took: int) -> run_e2e.SameShape:
+        bm = R("patched", "plain-bm2", 1.0, None, "done", "", [C(
+            "patched", "plain-bm2", "mid_b24", "finished", tokens=[[1, 2, 3], [4, 5, 6]],
+            gaps=[[1.0, gap, 1.0], [1.0] * 3], runner_up=runner_up)])
+        mtp = R("patched", "mtp2", 1.0, None, "done", "", [C(
+            "patched", "mtp2", "mid_b24", "finished", tokens=[[1, took, 0], [4, 5, 6]], accepts=[[], []])])
+        (row,) = run_e2e.same_shape_rows([bm, mtp])
+        return row
+
+    # plain-bm2 nearly tied at token 1 and the run took its second choice: a rounding flip
+    assert rows(0.03125, [[7, 9, 7], [7, 7, 7]], 9).verdict == "tie"
+    assert rows(0.03125, None, 9).verdict == "tie"  # results without runner_up: the gap alone
+    # a clear choice left, or a token that was not the second choice: not a tie
+    assert rows(0.5, [[7, 9, 7], [7, 7, 7]], 9).verdict == "fail"
+    row = rows(0.03125, [[7, 8, 7], [7, 7, 7]], 9)
+    assert row.verdict == "fail" and row.before == [(0, 1, -1, 0.03125, False)]
+    assert "(not its 2nd choice)" in "\n".join(run_e2e.same_shape_table([
+        R("patched", "plain-bm2", 1.0, None, "done", "", [C("patched", "plain-bm2", "mid_b24", "finished",
+                                                               tokens=[[1, 2, 3]], gaps=[[1.0, 0.03, 1.0]],
+                                                               runner_up=[[7, 8, 7]])]),
+        R("patched", "mtp2", 1.0, None, "done", "", [C("patched", "mtp2", "mid_b24", "finished", tokens=[[1, 9, 0]],
+                                                         accepts=[[]])])]))
 

@@ -251,6 +251,13 @@ def test_cases_cross_window_blocks_and_topk() -> None:
     mid, short = cases["mid_b24"], cases["short_b24"]
     assert mid.max_tokens == short.max_tokens and len(mid.prompts) == len(short.prompts)
     assert min(map(len, mid.prompts)) > 1 + 5 and min(map(len, short.prompts)) <= 1 + 2
+    # short_b24's first step (132 tokens, padded to MTP 2's 138) without a prompt MTP 2 takes for a decode;
+    # and with decodes but a first step of exactly 138 tokens (an MTP 2 graph size: no padding rows)
+    pf, nopad = cases["short_b24_pf"], cases["short_b24_nopad"]
+    assert sum(map(len, pf.prompts)) == sum(map(len, short.prompts)) == 132 and min(map(len, pf.prompts)) > 1 + 2
+    assert sum(map(len, nopad.prompts)) == 138 in run_e2e.bm_capture_sizes(2, requests=46)
+    assert nopad.prompts[:-1] == short.prompts[:-1] and min(map(len, nopad.prompts)) <= 1 + 2
+    assert pf.max_tokens == nopad.max_tokens == short.max_tokens
     for c in cases.values():
         for p, n in zip(c.prompts, c.max_tokens):
             assert all(2 <= t < tiny.VOCAB_SIZE for t in p)

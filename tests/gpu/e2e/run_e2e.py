@@ -282,6 +282,13 @@ def build_cases(long_len: int = 2300) -> list[Case]:
         # every method, so no prompt is scheduled as a decode (vLLM classifies a
         # request with at most 1 + k new tokens as a decode)
         Case("mid_b24", [_prompt(9 + i % 6, 100 + i) for i in range(24)], [300 - 10 * i for i in range(24)]),
+        # run 7's open question (MTP 2/3 with CUDA graphs put token 0 of short_b24 off): the same
+        # first-step total (132 tokens, padded to MTP 2's graph of 138) with prompts of 4-7
+        # tokens, so MTP 2 schedules none as a decode ...
+        Case("short_b24_pf", [_prompt(4 + i % 4, 100 + i) for i in range(24)], [300 - 10 * i for i in range(24)]),
+        # ... and short_b24 with its last prompt 6 tokens longer: 138 tokens, MTP 2's graph size
+        # exactly, so its first step has decodes beside prefills but no padding rows
+        Case("short_b24_nopad", many[:-1] + [_prompt(3 + 23 % 6 + 6, 123)], [300 - 10 * i for i in range(24)]),
     ]
 
 

@@ -1378,3 +1378,18 @@ def test_same_shape_oracle_tells_near_tie_flips_from_other_differences() -> None
         R("patched", "mtp2", 1.0, None, "done", "", [C("patched", "mtp2", "mid_b24", "finished", tokens=[[1, 9, 0]],
                                                          accepts=[[]])])]))
 
+
+
+def test_controls_give_the_gaps_where_plain_and_plain_bm_part() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    plain = R("patched", "plain", 1.0, None, "done", "", [C("patched", "plain", "mid_b24", "finished",
+                                                          tokens=[[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+                                                          gaps=[[0.5, 0.25, 1.0], [0.0625, 1.0, 1.0], [1.0] * 3])])
+    bm = R("patched", "plain-bm5", 1.0, None, "done", "", [C("patched", "plain-bm5", "mid_b24", "finished",
+                                                            tokens=[[1, 0, 3], [0, 5, 6], [7, 8, 9]])])
+    other_call = R("patched", "plain-bm2", 1.0, None, "done", "", [C("patched", "plain-bm2", "mid_b24", "finished",
+                                                                     tokens=[[0, 0, 0]] * 3)], call="2:x")
+    notes = run_e2e.controls([plain, bm, other_call])
+    assert "patched plain vs plain-bm5 mid_b24: 2/3 requests part, at plain's top-2 gaps 0.0625-0.25 (median 0.25)" \
+        in notes
+    assert not any("plain-bm2" in n and "part" in n for n in notes)  # no plain engine in its call

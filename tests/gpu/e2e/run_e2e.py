@@ -66,7 +66,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
 }
 DEFAULT_METHODS = list(METHODS)
 # the same-shape oracle's near tie: plain-bmN's two best tokens at most this far apart (nats;
-# bf16 logits near 2-4 step by 1/64, and run 7's rounding flips were 0-0.08 apart)
+# bf16 logits near 2-4 step by 1/64; plain decode and plain-bmN, whose steps differ in shape
+# only, part at gaps up to 0.64 in run 7, median 0.11-0.14: flip_gap_notes)
 TIE_NATS = 0.1
 # speculative token counts only DSpark uses (it always runs vLLM's V2 model runner)
 DSPARK_KS = {m["num_speculative_tokens"] for m in METHODS.values() if m and m["method"] == "dspark"} - {
@@ -1341,9 +1342,40 @@ def same_shape_table(runs: list[RunResult]) -> list[str]:
     return out
 
 
+def flip_gap_notes(runs: list[RunResult]) -> list[str]:
+    """Plain decode against each ``plain-bmN`` of its call: the top-2 gaps where their tokens part.
+
+    Both are plain decode; only the step's shape differs.  Where a request
+    first leaves plain's tokens, plain's two best tokens were this close: the
+    scale of the ties a change of step shape flips by rounding alone, next to
+    which the same-shape table's gaps can be read.
+    """
+    notes: list[str] = []
+    for bm in (r for r in runs if split_method(r.method)[0] == "plain" and mates_of(split_method(r.method)[1])):
+        plain = next((r for r in runs if r.method == "plain" and r.variant == bm.variant and r.call == bm.call), None)
+        if plain is None:
+            continue
+        mine = {c.case: c for c in plain.cases if c.status == "finished" and c.tokens}
+        for c in bm.cases:
+            ref = mine.get(c.case)
+            if ref is None or c.status not in FINISHED or not c.tokens or not ref.gaps:
+                continue
+            gaps = []
+            for i, (a, b) in enumerate(zip(ref.tokens or [], c.tokens)):
+                d = first_difference([a], [b])
+                if d is not None and i < len(ref.gaps) and d[1] < len(ref.gaps[i]):
+                    gaps.append(ref.gaps[i][d[1]])
+            if gaps:
+                gaps.sort()
+                notes.append(f"{bm.variant}{f' (call {bm.call})' if bm.call else ''} plain vs {bm.method} {c.case}: "
+                             f"{len(gaps)}/{len(c.tokens)} requests part, at plain's top-2 gaps "
+                             f"{gaps[0]}-{gaps[-1]} (median {gaps[len(gaps) // 2]})")
+    return notes
+
+
 def controls(runs: list[RunResult]) -> list[str]:
     """Cross checks that bound the oracle's noise."""
-    notes: list[str] = same_token_count_notes(runs)
+    notes: list[str] = same_token_count_notes(runs) + flip_gap_notes(runs)
     plains = [r for r in runs if r.method == "plain"]  # one per variant and call (merged reports: several calls)
     for p in sorted(plains, key=lambda r: (r.variant, r.call)):
         variant = p.variant + (f" (call {p.call})" if p.call else "")

@@ -1869,8 +1869,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="every engine drops its prefix cache and zeroes all KV caches before each generate() "
                          "(cases and scoring): each case starts from a fresh engine's cache")
     ap.add_argument("--trace-split", type=int, default=0, metavar="N",
-                    help="each engine reports its first N decode/prefill splits (split_decodes_and_prefills, per "
-                         "metadata builder) as 'split' events in its progress file (work dir)")
+                    help="each engine reports its first N decode/prefill splits once it is ready (not those of "
+                         "warm-up and CUDA-graph capture; split_decodes_and_prefills, per metadata builder) as "
+                         "'split' events in its progress file (work dir)")
     ap.add_argument("--child-script", default=str(HERE), help=argparse.SUPPRESS)  # tests: a stand-in child
     ap.add_argument("--stop-on-start-failure", action="store_true",
                     help="after an engine that does not start, run no further engine (saves device time)")

@@ -123,7 +123,8 @@ def bm_capture_sizes(n: int, requests: int = MOST_REQUESTS, v1_runner: bool = Tr
     sizes = spec_capture_sizes(n)
     if v1_runner and n > 0:
         q = 1 + n
-        sizes = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= sizes[-1]})
+        rounded = {-(-s // q) * q for s in sizes}
+        sizes = sorted(r for r in rounded if r <= sizes[-1])
     need = requests * (1 + n)
     top = next((s for s in sizes if s >= need), sizes[-1])
     return [s for s in sizes if s <= top]
@@ -605,7 +606,7 @@ def install_split_trace(emit: Any, limit: int, gate: Any = None) -> dict[str, st
     return status
 
 
-def install_accept_trace() -> tuple[dict[str, list[list[int]]], str]:
+def install_accept_trace() -> tuple[dict[str, list[list[int]]] | None, str]:
     """Record, per request, each verify step that accepted drafts: ``[tokens before it, accepted]``.
 
     The exact oracle needs it (``same_shape_rows``): with A drafts accepted
@@ -620,19 +621,19 @@ def install_accept_trace() -> tuple[dict[str, list[list[int]]], str]:
     method is wrapped (in the scheduler class: the engine runs in this
     process).  Keys are the external request ids (``RequestOutput.request_id``:
     the scheduler's id less its random ``-xxxxxxxx`` suffix).  Returns the log
-    and "traced" or why not.
+    (None when not traced) and "traced" or why not.
     """
     import inspect
 
-    log: dict[str, list[list[int]]] = {}
     try:
         from vllm.v1.core.sched.scheduler import Scheduler
     except Exception as exc:  # noqa: BLE001 - a vLLM without this scheduler: no trace
-        return log, f"not imported: {type(exc).__name__}: {exc}"[:200]
+        return None, f"not imported: {type(exc).__name__}: {exc}"[:200]
     real = Scheduler.make_spec_decoding_stats
     sig = inspect.signature(real)
     if not {"num_accepted_tokens", "request_id"} <= set(sig.parameters):
-        return log, f"make_spec_decoding_stats{sig} has no num_accepted_tokens/request_id"
+        return None, f"make_spec_decoding_stats{sig} has no num_accepted_tokens/request_id"
+    log: dict[str, list[list[int]]] = {}
 
     def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
         a = sig.bind(self, *args, **kwargs).arguments
@@ -798,8 +799,7 @@ def child_main(args: argparse.Namespace) -> int:
         outs = outs[:n_real]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         # per request, its steps that accepted drafts (None: not traced)
-        accepts = None if accepted is None or fp.get("accept_trace") != "traced" else \
-            [sorted(accepted.get(str(o.request_id), [])) for o in outs]
+        accepts = None if accepted is None else [sorted(accepted.get(str(o.request_id), [])) for o in outs]
         gaps: list[list[float]] | None = None
         runner_up: list[list[int]] | None = None  # plain engines: each position's second choice
         if spec is None:
@@ -1247,15 +1247,28 @@ class SameShape:
         batch's work) can flip such a tie; a bug in the speculative path
         need not stop at one.
         """
-        if not self.before and not self.after_accept:
+        if not self.before:  # an untraced row puts every difference here
             return "pass"
         if not self.traced:  # which differences follow accepted drafts is unknown
             return "untraced"
-        if not self.before:
-            return "pass"
         if all(g is not None and g <= TIE_NATS and second is not False for _, _, _, g, second in self.before):
             return "tie"
         return "fail"
+
+
+def bm_runs(runs: list[RunResult]) -> list[tuple[RunResult, int]]:
+    """The ``plain-bmN`` runs among RUNS, each with its N."""
+    out = []
+    for r in runs:
+        base, flags = split_method(r.method)
+        if base == "plain" and mates_of(flags):
+            out.append((r, mates_of(flags)))
+    return out
+
+
+def _at(rows: list[list[Any]] | None, i: int, j: int) -> Any:
+    """ROWS[i][j], or None where a row or position is missing (per request, per token lists)."""
+    return rows[i][j] if rows and i < len(rows) and j < len(rows[i]) else None
 
 
 def first_bonus(accepts: list[list[int]]) -> int | None:
@@ -1276,8 +1289,7 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
     fails the case.
     """
     rows: list[SameShape] = []
-    for bm in (r for r in runs if split_method(r.method)[0] == "plain" and mates_of(split_method(r.method)[1])):
-        n = mates_of(split_method(bm.method)[1])
+    for bm, n in bm_runs(runs):
         ref = {c.case: c for c in bm.cases if c.status in FINISHED and c.tokens}
         for r in runs:
             spec = METHODS[split_method(r.method)[0]]
@@ -1297,11 +1309,9 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
                     if fb is not None and d[1] >= fb:
                         after += 1
                         continue
-                    gaps = refc.gaps[i] if refc.gaps and i < len(refc.gaps) else []
-                    seconds = refc.runner_up[i] if refc.runner_up and i < len(refc.runner_up) else []
-                    gap = gaps[d[1]] if d[1] < len(gaps) else None
-                    took_second = (b[d[1]] == seconds[d[1]]) if d[1] < len(seconds) and d[1] < len(b) else None
-                    before.append((i, d[1], -1 if fb is None else fb, gap, took_second))
+                    second = _at(refc.runner_up, i, d[1])
+                    took_second = None if second is None or d[1] >= len(b) else b[d[1]] == second
+                    before.append((i, d[1], -1 if fb is None else fb, _at(refc.gaps, i, d[1]), took_second))
                 rows.append(SameShape(r.variant, r.call, r.method, bm.method, c.case, len(c.tokens), equal, after,
                                       before, c.accepts is not None))
     return rows
@@ -1351,7 +1361,7 @@ def flip_gap_notes(runs: list[RunResult]) -> list[str]:
     which the same-shape table's gaps can be read.
     """
     notes: list[str] = []
-    for bm in (r for r in runs if split_method(r.method)[0] == "plain" and mates_of(split_method(r.method)[1])):
+    for bm, _ in bm_runs(runs):
         plain = next((r for r in runs if r.method == "plain" and r.variant == bm.variant and r.call == bm.call), None)
         if plain is None:
             continue
@@ -1360,13 +1370,9 @@ def flip_gap_notes(runs: list[RunResult]) -> list[str]:
             ref = mine.get(c.case)
             if ref is None or c.status not in FINISHED or not c.tokens or not ref.gaps:
                 continue
-            gaps = []
-            for i, (a, b) in enumerate(zip(ref.tokens or [], c.tokens)):
-                d = first_difference([a], [b])
-                if d is not None and i < len(ref.gaps) and d[1] < len(ref.gaps[i]):
-                    gaps.append(ref.gaps[i][d[1]])
+            firsts = [(i, first_difference([a], [b])) for i, (a, b) in enumerate(zip(ref.tokens or [], c.tokens))]
+            gaps = sorted(g for g in (_at(ref.gaps, i, d[1]) for i, d in firsts if d is not None) if g is not None)
             if gaps:
-                gaps.sort()
                 notes.append(f"{bm.variant}{f' (call {bm.call})' if bm.call else ''} plain vs {bm.method} {c.case}: "
                              f"{len(gaps)}/{len(c.tokens)} requests part, at plain's top-2 gaps "
                              f"{gaps[0]}-{gaps[-1]} (median {gaps[len(gaps) // 2]})")

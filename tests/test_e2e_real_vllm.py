@@ -102,11 +102,15 @@ out["llm_api"] = [list(inspect.signature(LLM.collective_rpc).parameters)[1],
                   list(inspect.signature(LLM.reset_prefix_cache).parameters)[1:]]
 # --trace-split: vLLM's own split_decodes_and_prefills, rebound in the builders' modules
 events = []
-status = r.install_split_trace(lambda **kw: events.append(kw), 1)
+import threading
+ready = threading.Event()  # the child's gate: splits before the engine is ready are not counted
+status = r.install_split_trace(lambda **kw: events.append(kw), 1, ready)
 out["split_trace"] = {k.rsplit(".", 1)[-1]: v.split(":")[0] for k, v in status.items()}
 import vllm.v1.attention.backends.mla.sparse_swa as swa
 cam = types.SimpleNamespace(max_query_len=8, num_reqs=3, num_actual_tokens=14, is_prefilling=None,
                             query_start_loc_cpu=torch.tensor([0, 3, 6, 14], dtype=torch.int32))
+swa.split_decodes_and_prefills(cam, decode_threshold=4)  # warm-up: no event (split_events has one, below)
+ready.set()
 out["split_results"] = [list(swa.split_decodes_and_prefills(cam, decode_threshold=3)),
                         list(swa.split_decodes_and_prefills(cam, 2))]
 out["split_events"] = [{k: e[k] for k in ("event", "who", "threshold", "result", "query_lens")} for e in events]

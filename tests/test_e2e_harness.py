@@ -1168,7 +1168,7 @@ def test_first_marks_token_0_and_first_position_beyond_one_nat() -> None:
 def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) -> None:
     site, code = _stand_in_site(tmp_path), CHILD_CODE
     out = {}
-    for method in ("plain-r2", "plain-bm", "plain-bm3"):
+    for method in ("plain-r2", "plain-bm", "plain-bm3", "plain-cg2", "mtp2-fd-na"):
         kw, gen, prog = (tmp_path / f"{method}.{x}" for x in ("kw", "gen", "jsonl"))
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "FAKE_VLLM_KW": str(kw), "FAKE_VLLM_GEN": str(gen)}
         res = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b5",
@@ -1180,6 +1180,10 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
     kw_r2, gen_r2, tok_r2 = out["plain-r2"]
     kw_bm, gen_bm, tok_bm = out["plain-bm"]
     kw_bm3, gen_bm3, tok_bm3 = out["plain-bm3"]
+    kw_cg2, gen_cg2, tok_cg2 = out["plain-cg2"]
+    # -na: vLLM's synthetic rejection sampling at rate 0 (no draft accepted), on the -fd engine
+    assert out["mtp2-fd-na"][0]["speculative_config"] == run_e2e.speculative_config("mtp2", {"na"})
+    assert out["mtp2-fd-na"][0]["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     case = {c.name: c for c in run_e2e.build_cases()}["short_b5"]
     real = [(len(p), n) for p, n in zip(case.prompts, case.max_tokens)]
     # one generate each (only the scorer, method "plain", scores); -bm: each request and its mate
@@ -1190,6 +1194,10 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
     assert kw_bm["compilation_config"] == {"cudagraph_capture_sizes": [2, 4, 8, 16, 24, 32, 40, 48]}
     assert kw_bm3["compilation_config"] == {"cudagraph_capture_sizes": [4, *range(8, 97, 8)]}
     assert "compilation_config" not in kw_r2
+    # -cg2: plain decode with MTP 2's graph sizes (multiples of 3 up to 192), nothing else changed
+    assert kw_cg2["compilation_config"] == {"cudagraph_capture_sizes": run_e2e.mtp_capture_sizes(2)}
+    assert kw_cg2["max_num_seqs"] == 32 and [eval(g) for g in gen_cg2] == [real] and tok_cg2 == tok_r2
+    assert run_e2e.mtp_capture_sizes(2)[-1] == 192 and all(x % 3 == 0 for x in run_e2e.mtp_capture_sizes(2))
     # the stand-in's tokens depend only on each prompt: the real requests' come back, the mates' do not
     assert tok_bm == tok_r2 == tok_bm3 and len(tok_bm) == len(case.prompts)
     bad = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1",
@@ -1197,6 +1205,11 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode != 0 and "control for plain decode" in bad.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "--child", "--model", "m", "--cases", "short_b1",
+                          "--method", "mtp2-cg2", "--progress", str(tmp_path / "y.jsonl")],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode != 0 and "-cg is a control for plain decode" in bad.stderr
 
 
 def test_mates_match_each_request_and_differ_from_it() -> None:
@@ -1265,9 +1278,86 @@ def test_same_shape_oracle_allows_differences_only_from_a_bonus_token() -> None:
     assert (row.equal, row.after_accept, row.before, row.verdict) == \
         (1, 0, [(0, 2, -1, 0.5, None), (1, 1, 2, 0.5, None)], "fail")
     table = "\n".join(run_e2e.same_shape_table([bm, bad]))
-    assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0: 2, -, 0.5; 1: 1, 2, 0.5 | fail |" in table
+    assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0 (3) | 0: 2, -, 0.5; 1: 1, 2, 0.5 | fail |" in table
     md = run_e2e.render_markdown([bm, bad], run_e2e.controls([bm, bad]), {})
     assert "## Same step shape" in md and "1 differ before any bonus token" not in md.split("## Controls")[0]
+
+
+def test_step_of_and_the_step_at_which_the_batches_part() -> None:
+    # one draft accepted before position 5: positions 5 and 6 share step 5; two more before 10
+    acc = [[5, 1], [10, 2]]
+    assert [run_e2e.step_of(acc, p) for p in (0, 4, 5, 6, 7, 10, 11, 12, 13)] == [0, 4, 5, 5, 6, 9, 9, 9, 10]
+    # request 1 (6 tokens, 1 accepted) ends at step 4, so from step 5 its copy in plain-bmN runs alone;
+    # request 2 (8 tokens, 2 accepted) ends at step 5; a request that accepted nothing changes nothing
+    tokens = [[0] * 9, [0] * 6, [0] * 8]
+    assert run_e2e.batch_change_step(tokens, [[], [[2, 1]], [[1, 1], [3, 1]]]) == 5
+    assert run_e2e.batch_change_step(tokens, [[], [], []]) is None
+
+
+def test_same_shape_oracle_allows_differences_once_the_batches_part() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    ref = [[1] * 8, [2] * 8, [3] * 4]
+    bm = R("patched", "plain-bm2-fd", 1.0, None, "done", "",
+           [C("patched", "plain-bm2-fd", "short_b24", "finished", tokens=ref, gaps=[[0.5] * 8, [0.5] * 8, [0.5] * 4])])
+
+    def mtp(method: str, tokens: list[list[int]]) -> run_e2e.RunResult:
+        # request 2 accepts one draft before position 1: its 4 tokens end at step 2, plain-bm2's copy at step 3
+        return R("patched", method, 1.0, None, "done", "", [C("patched", method, "short_b24", "finished",
+                                                               tokens=tokens, accepts=[[], [], [[1, 1]]])])
+
+    late = mtp("mtp2-fd", [[1] * 5 + [9] * 3, [2] * 3 + [9] * 5, [3] * 4])  # requests 0, 1 part at steps 5, 3
+    (row,) = run_e2e.same_shape_rows([bm, late])
+    assert (row.change_step, row.equal, row.after_change, row.before, row.verdict) == (3, 1, 2, [], "pass")
+    early = mtp("mtp2-fd", [[1] * 8, [2] * 2 + [9] * 6, [3] * 4])  # request 1 parts at step 2: a failure
+    (row,) = run_e2e.same_shape_rows([bm, early])
+    assert (row.after_change, row.before, row.verdict) == (0, [(1, 2, -1, 0.5, None)], "fail")
+    assert "| patched | mtp2-fd | plain-bm2-fd | short_b24 | 2/3 | 0 | 0 (3) |" in "\n".join(
+        run_e2e.same_shape_table([bm, early]))
+    # each run is held to the plain-bmN of its own CUDA-graph mode: mtp2 (default graphs) is not compared here
+    assert run_e2e.same_shape_rows([bm, mtp("mtp2", [[9] * 8] * 3)]) == []
+    assert len(run_e2e.same_shape_rows([bm, mtp("mtp2-fd-tk120", [[9] * 8] * 3)])) == 1
+
+
+def test_na_rejects_every_draft_through_vllms_synthetic_sampling_and_judges_its_own_method() -> None:
+    assert run_e2e.speculative_config("mtp2", {"fd", "na"}) == {
+        "method": "mtp", "num_speculative_tokens": 2, "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rates": [0.0, 0.0]}
+    assert run_e2e.speculative_config("dspark5", {"fd"}) == {"method": "dspark", "num_speculative_tokens": 5}
+    assert run_e2e.speculative_config("plain", set()) is None
+    with pytest.raises(SystemExit, match="speculative method only"):
+        run_e2e.speculative_config("plain", {"na"})
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+
+    def run(method: str, tokens: list[list[int]], accepts: list[list[list[int]]] | None) -> run_e2e.RunResult:
+        return R("patched", method, 1.0, None, "done", "", [C("patched", method, "short_b1", "finished",
+                                                               tokens=tokens, accepts=accepts)])
+
+    na = run("dspark5-fd-na", [[1, 2, 3, 4, 5]], [[]])
+    ok = run("dspark5-fd", [[1, 2, 3, 9, 9]], [[[2, 1]]])  # leaves the -na tokens at its bonus token (3)
+    bad = run("dspark5-fd", [[1, 9, 3, 4, 5]], [[[2, 1]]])  # ... but not before it
+    other = run("dspark5", [[9] * 5], [[]])  # another engine (default graphs): not judged by dspark5-fd-na
+    rows = run_e2e.same_shape_rows([na, ok, other])
+    assert [(x.method, x.reference, x.after_accept, x.verdict) for x in rows] == [("dspark5-fd", "dspark5-fd-na", 1,
+                                                                                 "pass")]
+    (row,) = run_e2e.same_shape_rows([na, bad])
+    # the -na engine records no logprobs: an early difference has no tie to excuse it
+    assert (row.before, row.verdict) == ([(0, 1, 3, None, None)], "fail")
+
+
+def test_eager_prefill_references_report_exact_agreement_per_case() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+
+    def run(method: str, tokens: list[list[int]], variant: str = "stock") -> run_e2e.RunResult:
+        return R(variant, method, 1.0, None, "done", "", [C(variant, method, "short_b5", "finished", tokens=tokens)])
+
+    fd = run("plain-fd", [[1, 2, 3], [4, 5, 6]])
+    runs = [fd, run("plain", [[9, 2, 3], [4, 5, 6]]), run("mtp2-fd", [[1, 2, 3], [4, 5, 6]]),
+            run("plain-bm2-fd", [[7, 7, 7], [7, 7, 7]]), run("mtp2-fd", [[9] * 3] * 2, variant="patched")]
+    notes = run_e2e.eager_prefill_notes(runs)
+    # plain-bmN (mates) and another variant's runs are not compared; plain itself (default graphs) is, as a subject
+    assert notes == ["stock plain vs plain-fd short_b5: 1/2 requests equal, the others part at tokens 0-0",
+                     "stock mtp2-fd vs plain-fd short_b5: 2/2 requests equal"], notes
+    assert run_e2e.eager_prefill_notes([run("plain-cg2", [[1]]), run("mtp1", [[1]])]) == []
 
 
 def test_bm_capture_sizes_pad_as_the_speculative_engine_does() -> None:

@@ -128,6 +128,34 @@ out["accept_stats"] = [stats.num_drafts, stats.num_draft_tokens, stats.num_accep
 src = inspect.getsource(Scheduler.update_from_output)
 out["accept_before_append"] = 0 < src.index("self.make_spec_decoding_stats(") < src.index("self._update_request_with_output(")
 out["accept_by_request_id"] = "request_id=req_id" in src
+# -na: the speculative_config keys are vLLM's own, and it takes an acceptance rate of 0 at every position
+from vllm.config import SpeculativeConfig
+out["spec_keys_known"] = sorted(set(r.speculative_config("mtp2", {"na"}))
+                                - {f.name for f in dataclasses.fields(SpeculativeConfig)})
+out["synthetic_rates"] = SpeculativeConfig._resolve_synthetic_acceptance_rates(5, [0.0] * 5, None)
+from vllm.v1.spec_decode.utils import unconditional_to_conditional_rates
+out["conditional_rates"] = unconditional_to_conditional_rates([0.0] * 5)
+import vllm.v1.worker.gpu.spec_decode.rejection_sampler as v2rs  # DSpark's (V2 runner) sampler reads the same rates
+out["v2_synthetic"] = 'rejection_sample_method == "synthetic"' in inspect.getsource(v2rs.RejectionSampler.__init__)
+print(json.dumps(out))
+"""
+
+# vLLM 0.26.0's own V1 rejection sampler (MTP), its Triton kernel under the interpreter: two requests whose drafts
+# all equal the target's argmax; standard sampling accepts them all, synthetic at rate 0 (-na) none
+REJECT = r"""
+import json, types, torch
+from vllm.v1.sample.rejection_sampler import rejection_sample, PLACEHOLDER_TOKEN_ID
+logits = torch.full((4, 8), -5.0)
+argmax = [3, 6, 1, 2]
+for i, t in enumerate(argmax):
+    logits[i, t] = 5.0
+meta = types.SimpleNamespace(all_greedy=True, all_random=False, generators={}, temperature=None)
+out = {}
+for mode, rates in (("standard", None), ("na", torch.zeros(2))):
+    got = rejection_sample(torch.tensor(argmax, dtype=torch.int32), [2, 2], 2, torch.tensor([2, 4], dtype=torch.int32),
+                           None, logits, torch.tensor([[7], [7]], dtype=torch.int32), meta,
+                           synthetic_mode=rates is not None, synthetic_conditional_rates=rates)
+    out[mode] = [[int(x) if int(x) != PLACEHOLDER_TOKEN_ID else None for x in row] for row in got]
 print(json.dumps(out))
 """
 
@@ -179,5 +207,17 @@ def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
         # one accepted draft at output position 3, under the external id; vLLM's own stats still counted
         "accept_trace": "traced", "accept_log": {"7": [[3, 1]]}, "accept_stats": [2, 4, 1],
         "accept_before_append": True, "accept_by_request_id": True,
+        "spec_keys_known": [], "synthetic_rates": [0.0] * 5, "conditional_rates": [0.0] * 5, "v2_synthetic": True,
     }, out
     assert "DeepseekV4" in out["config_tiny"][0], out
+
+
+def test_na_rejects_every_draft_in_vllm_026s_own_rejection_sampler(vllm_026: dict) -> None:
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
+    res = subprocess.run([vllm_026["python"], "-c", REJECT], env=e, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    # standard: both drafts of each request match, so both are kept and the bonus token (7) follows;
+    # -na: the first draft is rejected and replaced by the target's own choice at query row 0, nothing after
+    assert out == {"standard": [[3, 6, 7], [1, 2, 7]], "na": [[3, None, None], [1, None, None]]}, out

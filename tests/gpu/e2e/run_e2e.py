@@ -52,7 +52,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve()
 
@@ -87,8 +87,20 @@ DSPARK_KS = {m["num_speculative_tokens"] for m in METHODS.values() if m and m["m
 # DSpark 5: ``-bm5``), and the batch drains as the speculative run's does,
 # while the first step (the prompts) grows only by 2N tokens a request; only
 # the real requests' tokens are kept.  It tells a speculative bug from kernels
-# whose numerics depend on how many tokens a step runs.
-SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5")
+# whose numerics depend on how many tokens a step runs.  ``-cgN`` (plain
+# decode only) gives plain decode the CUDA-graph sizes of MTP N
+# (``spec_capture_sizes``, rounded as the V1 runner rounds them) and nothing
+# else: a first step of up to 192 (N = 2) or 256 (N = 3) tokens then runs in a
+# piecewise graph, as MTP N's does, where plain decode's own sizes (up to 64)
+# run it eagerly.  It tells a fault of the speculative path from one of the
+# piecewise prefill itself (run 8).  ``-na`` (speculative methods only) rejects
+# every draft through vLLM's own synthetic rejection sampling (acceptance rate
+# 0 at every position): the same engine, graphs and step shapes, each token the
+# target's choice at query row 0, i.e. plain greedy decode run in the
+# speculative engine's steps.  ``mtp2-fd`` against ``mtp2-fd-na`` is the exact
+# oracle with nothing but acceptance changed (``same_shape_rows``).
+SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5",
+            "cg1", "cg2", "cg3", "cg5", "na")
 # vLLM 0.26.0's CUDA-graph sizes for plain decode with max_num_seqs=32 (the engines' default)
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 # the most requests a case has (short_b24, mid_b24)
@@ -108,6 +120,26 @@ def spec_capture_sizes(k: int, max_num_seqs: int = 32) -> list[int]:
     return sorted(set(sizes + list(range(256, top + 1, 16))))
 
 
+def mtp_capture_sizes(n: int, v1_runner: bool = True) -> list[int]:
+    """The CUDA-graph sizes an engine with N speculative tokens captures (``-cgN`` gives them to plain decode).
+
+    vLLM's V1 runner (MTP) rounds ``spec_capture_sizes`` up to multiples of
+    1 + N (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``),
+    never past the largest; DSpark runs the V2 runner, which does not round
+    (``v1_runner=False``).
+    """
+    sizes = spec_capture_sizes(n)
+    if v1_runner and n > 0:
+        q = 1 + n
+        sizes = sorted(r for r in {-(-s // q) * q for s in sizes} if r <= sizes[-1])
+    return sizes
+
+
+def graphs_of(flags: set[str]) -> int:
+    """N of a method's ``-cgN`` suffix (0: none): plain decode with MTP N's CUDA-graph sizes."""
+    return max((int(f[2:]) for f in flags if f.startswith("cg")), default=0)
+
+
 def bm_capture_sizes(n: int, requests: int = MOST_REQUESTS, v1_runner: bool = True) -> list[int]:
     """CUDA-graph sizes of a ``-bmN`` engine: those of MTP N, up to the largest step a case makes.
 
@@ -120,14 +152,28 @@ def bm_capture_sizes(n: int, requests: int = MOST_REQUESTS, v1_runner: bool = Tr
     (``v1_runner=False``).  Sizes above the largest step are left out: each
     new size makes the JIT compilers (TileLang) compile again at start-up.
     """
-    sizes = spec_capture_sizes(n)
-    if v1_runner and n > 0:
-        q = 1 + n
-        rounded = {-(-s // q) * q for s in sizes}
-        sizes = sorted(r for r in rounded if r <= sizes[-1])
+    sizes = mtp_capture_sizes(n, v1_runner)
     need = requests * (1 + n)
     top = next((s for s in sizes if s >= need), sizes[-1])
     return [s for s in sizes if s <= top]
+
+
+def speculative_config(base: str, flags: set[str]) -> dict[str, Any] | None:
+    """The ``speculative_config`` an engine of method BASE with suffixes FLAGS passes vLLM (None: plain decode).
+
+    ``-na`` asks vLLM 0.26.0's ``rejection_sample_method="synthetic"`` for an
+    acceptance rate of 0 at each of the N positions: both model runners'
+    greedy rejection kernels then accept no draft (``u < 0`` never holds) and
+    emit the target's argmax at the first position, so every token is made
+    at query row 0.
+    """
+    spec = METHODS[base]
+    if "na" in flags:
+        if spec is None:
+            raise SystemExit("-na rejects every draft: a speculative method only (mtp2-na, dspark5-fd-na)")
+        return {**spec, "rejection_sample_method": "synthetic",
+                "synthetic_acceptance_rates": [0.0] * spec["num_speculative_tokens"]}
+    return None if spec is None else dict(spec)
 
 
 def mates_of(flags: set[str]) -> int:
@@ -721,7 +767,7 @@ def child_main(args: argparse.Namespace) -> int:
     if args.trace_split:
         fp["split_trace"] = install_split_trace(emit, args.trace_split, ready)
     base, flags = split_method(args.method)
-    spec = METHODS[base]
+    spec = speculative_config(base, flags)
     accepted: dict[str, list[list[int]]] | None = None
     if spec is not None:
         accepted, fp["accept_trace"] = install_accept_trace()
@@ -741,6 +787,11 @@ def child_main(args: argparse.Namespace) -> int:
             raise SystemExit("-bm is a control for plain decode (plain-bm)")
         # as the speculative engine of the same N pads its steps (DSpark: V2 runner, -bm5)
         cc["cudagraph_capture_sizes"] = bm_capture_sizes(mates, v1_runner=mates not in DSPARK_KS)
+    graphs = graphs_of(flags)
+    if graphs:
+        if spec is not None or mates:
+            raise SystemExit("-cg is a control for plain decode (plain-cg2)")
+        cc["cudagraph_capture_sizes"] = mtp_capture_sizes(graphs, v1_runner=graphs not in DSPARK_KS)
     if cc:
         extra["compilation_config"] = cc
     if "sync" in flags:
@@ -1235,6 +1286,10 @@ class SameShape:
     #  there: True/False, None when the reference has no runner_up)
     before: list[tuple[int, int, int, float | None, bool | None]]
     traced: bool
+    # differ, but not before the engine step at which the two batches stopped having the same
+    # requests (``batch_change_step``); that step, None when every request ran to the end in both
+    after_change: int = 0
+    change_step: int | None = None
 
     @property
     def verdict(self) -> str:
@@ -1266,6 +1321,28 @@ def bm_runs(runs: list[RunResult]) -> list[tuple[RunResult, int]]:
     return out
 
 
+def shape_references(runs: list[RunResult]) -> list[tuple[RunResult, Callable[[RunResult], bool]]]:
+    """The runs that judge others token for token (``same_shape_rows``), each with which runs it judges.
+
+    ``plain-bmN`` judges the speculative runs of its N in its CUDA-graph mode
+    (a prefill in a piecewise graph and an eager one differ in plain decode
+    too: run 8).  A ``-na`` run judges the run of its very method without
+    ``-na``: the same engine, whose drafts may be accepted.
+    """
+    out: list[tuple[RunResult, Callable[[RunResult], bool]]] = []
+    for bm, n in bm_runs(runs):
+        def by_bm(r: RunResult, n: int = n, mode: frozenset[str] = graph_mode(split_method(bm.method)[1])) -> bool:
+            base, flags = split_method(r.method)
+            spec = METHODS[base]
+            return spec is not None and spec["num_speculative_tokens"] == n and graph_mode(flags) == mode
+        out.append((bm, by_bm))
+    for na in runs:
+        base, flags = split_method(na.method)
+        if "na" in flags:
+            out.append((na, lambda r, me=(base, flags - {"na"}): split_method(r.method) == me))
+    return out
+
+
 def _at(rows: list[list[Any]] | None, i: int, j: int) -> Any:
     """ROWS[i][j], or None where a row or position is missing (per request, per token lists)."""
     return rows[i][j] if rows and i < len(rows) and j < len(rows[i]) else None
@@ -1274,6 +1351,34 @@ def _at(rows: list[list[Any]] | None, i: int, j: int) -> Any:
 def first_bonus(accepts: list[list[int]]) -> int | None:
     """Position of a request's first bonus token (computed at a query row > 0), None without one."""
     return min((pos + n for pos, n in accepts if n > 0), default=None)
+
+
+def step_of(accepts: list[list[int]], pos: int) -> int:
+    """The engine step (0: the prompt's) that made position POS of a request with ACCEPTS.
+
+    Each step makes one token and, at a verify step that accepted A drafts
+    (``[tokens before it, A]``), A more: positions ``p .. p + A`` share a step.
+    """
+    return pos - sum(min(n, max(0, pos - p)) for p, n in accepts)
+
+
+def batch_change_step(tokens: list[list[int]], accepts: list[list[list[int]]]) -> int | None:
+    """First engine step at which a speculative batch no longer holds the requests plain-bmN's holds.
+
+    A request that accepted drafts reaches its ``max_tokens`` in fewer steps
+    than plain-bmN's copy of it (which makes one token a step), so from the
+    step after its last one the speculative batch is smaller: every request's
+    step has another shape there, and the kernels whose rounding follows the
+    batch (FlashMLA splits each request's KV by the whole batch's work) may
+    flip a near tie from then on.  None when no request accepted a draft.
+    """
+    ends = [step_of(acc, len(t) - 1) + 1 for t, acc in zip(tokens, accepts) if any(n > 0 for _, n in acc)]
+    return min(ends, default=None)
+
+
+def graph_mode(flags: set[str]) -> frozenset[str]:
+    """The suffixes that change how an engine's steps run (CUDA-graph mode); runs compared token for token share it."""
+    return frozenset(flags & {"fd", "eager"})
 
 
 def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
@@ -1289,31 +1394,35 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
     fails the case.
     """
     rows: list[SameShape] = []
-    for bm, n in bm_runs(runs):
+    for bm, judged in shape_references(runs):
         ref = {c.case: c for c in bm.cases if c.status in FINISHED and c.tokens}
         for r in runs:
-            spec = METHODS[split_method(r.method)[0]]
-            if r.variant != bm.variant or r.call != bm.call or spec is None or spec["num_speculative_tokens"] != n:
+            if r is bm or r.variant != bm.variant or r.call != bm.call or not judged(r):
                 continue
             for c in r.cases:
                 if c.case not in ref or c.status not in FINISHED or not c.tokens:
                     continue
                 refc = ref[c.case]
-                equal, after, before = 0, 0, []
+                acc = c.accepts
+                change = batch_change_step(c.tokens, acc) if acc is not None and len(acc) == len(c.tokens) else None
+                equal, after, after_change, before = 0, 0, 0, []
                 for i, (a, b) in enumerate(zip(refc.tokens or [], c.tokens)):
                     d = first_difference([a], [b])
                     if d is None:
                         equal += 1
                         continue
-                    fb = first_bonus(c.accepts[i]) if c.accepts is not None and i < len(c.accepts) else None
+                    fb = first_bonus(acc[i]) if acc is not None and i < len(acc) else None
                     if fb is not None and d[1] >= fb:
                         after += 1
+                        continue
+                    if change is not None and acc is not None and step_of(acc[i], d[1]) >= change:
+                        after_change += 1
                         continue
                     second = _at(refc.runner_up, i, d[1])
                     took_second = None if second is None or d[1] >= len(b) else b[d[1]] == second
                     before.append((i, d[1], -1 if fb is None else fb, _at(refc.gaps, i, d[1]), took_second))
                 rows.append(SameShape(r.variant, r.call, r.method, bm.method, c.case, len(c.tokens), equal, after,
-                                      before, c.accepts is not None))
+                                      before, acc is not None, after_change, change))
     return rows
 
 
@@ -1324,6 +1433,9 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
         line = f"{x.variant} {x.method} vs {x.reference} {x.case}: {x.equal}/{x.requests} requests equal"
         if x.after_accept:
             line += f"; {x.after_accept} differ only from their first bonus token on (after accepted drafts)"
+        if x.after_change:
+            line += (f"; {x.after_change} differ only from engine step {x.change_step} on (a request that "
+                     "accepted drafts had finished: the batches differ)")
         if x.before:
             pos = sorted(p for _, p, _, _, _ in x.before)
             line += (f"; {len(x.before)} differ before any bonus token, at tokens {pos[0]}-{pos[-1]} "
@@ -1340,15 +1452,17 @@ def same_shape_table(runs: list[RunResult]) -> list[str]:
     if not rows:
         return []
     out = ["| call | variant | method | against | case | requests equal | differ after a bonus token "
+           "| differ after the batch changed (from step) "
            "| differ before (request: token, first bonus, plain-bmN's top-2 gap there) | verdict |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         before = "; ".join(f"{i}: {p}, {'-' if b < 0 else b}, {'-' if g is None else g}"
                            + (" (not its 2nd choice)" if second is False else "")
                            for i, p, b, g, second in x.before[:6]) + (" ..." if len(x.before) > 6 else "")
         after = str(x.after_accept) if x.traced else f"{x.after_accept} (not traced)"
+        changed = f"{x.after_change} ({'-' if x.change_step is None else x.change_step})"
         out.append(f"| {x.call or '-'} | {x.variant} | {x.method} | {x.reference} | {x.case} | {x.equal}/{x.requests} "
-                   f"| {after} | {before or '-'} | {x.verdict} |")
+                   f"| {after} | {changed} | {before or '-'} | {x.verdict} |")
     return out
 
 
@@ -1379,9 +1493,39 @@ def flip_gap_notes(runs: list[RunResult]) -> list[str]:
     return notes
 
 
+def eager_prefill_notes(runs: list[RunResult]) -> list[str]:
+    """Each run against ``plain-fd`` / ``plain-eager`` of its call: requests equal token for token.
+
+    Those two run every prefill eagerly (vLLM 0.26.0's piecewise-graph prefill
+    changes tokens, plain decode's too: run 8), so they are the references
+    for a run whose own prefill is eager; equal requests there are exact
+    agreement, different step shapes notwithstanding.
+    """
+    notes: list[str] = []
+    for ref in runs:
+        base, flags = split_method(ref.method)
+        if base != "plain" or not flags or not flags <= {"fd", "eager"}:
+            continue
+        mine = {c.case: c for c in ref.cases if c.status in FINISHED and c.tokens}
+        for r in runs:
+            if r is ref or r.variant != ref.variant or r.call != ref.call or mates_of(split_method(r.method)[1]):
+                continue
+            for c in r.cases:
+                rc = mine.get(c.case)
+                if rc is None or c.status not in FINISHED or not c.tokens:
+                    continue
+                firsts = [d[1] for a, b in zip(rc.tokens or [], c.tokens) if (d := first_difference([a], [b]))]
+                line = (f"{r.variant}{f' (call {r.call})' if r.call else ''} {r.method} vs {ref.method} {c.case}: "
+                        f"{len(c.tokens) - len(firsts)}/{len(c.tokens)} requests equal")
+                if firsts:
+                    line += f", the others part at tokens {min(firsts)}-{max(firsts)}"
+                notes.append(line)
+    return notes
+
+
 def controls(runs: list[RunResult]) -> list[str]:
     """Cross checks that bound the oracle's noise."""
-    notes: list[str] = same_token_count_notes(runs) + flip_gap_notes(runs)
+    notes: list[str] = same_token_count_notes(runs) + flip_gap_notes(runs) + eager_prefill_notes(runs)
     plains = [r for r in runs if r.method == "plain"]  # one per variant and call (merged reports: several calls)
     for p in sorted(plains, key=lambda r: (r.variant, r.call)):
         variant = p.variant + (f" (call {p.call})" if p.call else "")
@@ -1493,7 +1637,10 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
     if shape:
         out += ["", "## Same step shape: speculative runs against plain-bmN (exact, up to each bonus token)", "",
                 "Tokens a speculative run makes at query row 0 must be plain-bmN's very tokens; a request may "
-                "leave them only at a bonus token (after accepted drafts: computed at another query row).", ""]
+                "leave them only at a bonus token (after accepted drafts: computed at another query row), or "
+                "from the engine step at which a request that accepted drafts had finished while plain-bmN's copy "
+                "still ran (the batches differ from then on). Each run is compared with the plain-bmN of its own "
+                "CUDA-graph mode (-fd with -fd, -eager with -eager).", ""]
         out += shape
     table = noise_table(runs)
     if table:

@@ -66,10 +66,13 @@ def main(argv: list[str]) -> int:
     from vllm.engine.arg_utils import EngineArgs
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from run_e2e import METHODS
+    from run_e2e import METHODS, speculative_config
 
     failed = 0
-    for name, spec in METHODS.items():
+    # every method, and each speculative one again with -na (vLLM's synthetic rejection at rate 0)
+    todo = [(name, speculative_config(name, set())) for name in METHODS]
+    todo += [(f"{name}-na", speculative_config(name, {"na"})) for name, spec in METHODS.items() if spec]
+    for name, spec in todo:
         try:
             args = EngineArgs(
                 model=model,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK, MINI_FILES, ROOT, git_pin, sh, write_lock
+from conftest import LOCK, MINI_FILES, ROOT, git_pin, sh, validate_json, write_lock
 from dsv4patch.lock import load
 
 
@@ -152,3 +152,130 @@ def test_port_numbers_each_series_on_its_own(tmp_path, upstream, cli):
         "0002-b.patch": "Subject: [PATCH 2/2] two",
         "0003-c.patch": "Subject: [PATCH 1/1] three",
     }
+
+
+def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(tmp_path, upstream, cli):
+    """--workspace DIR: the conflict left as a tree to edit; the same command again goes on."""
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    (root / "patches").mkdir()
+    worker, envs = MINI_FILES["vllm/worker.py"], MINI_FILES["vllm/envs.py"]
+    upstream.patch(root / "patches/0001-off.patch", "a", {"vllm/worker.py": worker.replace("return 0", "return 2")}, "one")
+    upstream.patch(root / "patches/0002-merge.patch", "b", {"vllm/envs.py": envs.replace("VAR_20 = 20", "VAR_20 = 200")},
+                   "two")
+    lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
+                      {"main": ["../patches/0001-off.patch", "../patches/0002-merge.patch"]})
+    # the new upstream: worker.py shifted (0001 refreshes), VAR_20 changed differently (0002 conflicts)
+    (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n" + worker)
+    (upstream.path / "vllm/envs.py").write_text(envs.replace("VAR_20 = 20", "VAR_20 = 21"))
+    sh(upstream.path, "commit", "-qam", "conflict")
+    new_commit = sh(upstream.path, "rev-parse", "HEAD")
+    ws = tmp_path / "ws"
+    port = ["port", "--lock", lock, "--from", "old", "--to", new_commit, "--git", upstream.path, "--name", "new",
+            "--cache-dir", tmp_path / "c", "--workspace", ws, "--format", "json"]
+    before = lock.read_text()
+
+    res = cli(*port)
+    assert res.rc == 1, res.out + res.err
+    rep = validate_json("port", res.out)
+    assert rep["workspace"]["patch"] == "0002-merge.patch" and rep["workspace"]["conflicts"] == ["vllm/envs.py"]
+    # the refreshed 0001 is committed on the new pin; 0002 is merged into the work tree with both sides
+    # (the pin's base commit is the cache's own commit of upstream's tree)
+    assert sh(ws, "log", "--format=%s").splitlines() == ["one", f"vLLM new (git, upstream commit {new_commit})"]
+    assert sh(ws, "rev-parse", "HEAD") == rep["workspace"]["head"]
+    assert "return 2" in (ws / "vllm/worker.py").read_text()
+    text = (ws / "vllm/envs.py").read_text()
+    assert "<<<<<<< target" in text and "VAR_20 = 21" in text and "VAR_20 = 200" in text
+    assert lock.read_text() == before and not (root / "patches/variants/new").exists()
+
+    # again without editing: the markers are named, nothing changes
+    res = cli(*port)
+    assert res.rc == 5 and "vllm/envs.py" in res.err and "conflict markers" in res.err, res.err
+    # a workspace is bound to its port: another new pin name is refused
+    other = cli(*[("other" if a == "new" else a) for a in port])
+    assert other.rc == 5 and "opened by another port" in other.err, other.err
+
+    # resolved by hand: the port takes it as 0002's resolution and completes
+    resolved = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("<<<<<<<", "|||||||", "=======", ">>>>>>>"))
+                         and ln not in ("VAR_20 = 21", "VAR_20 = 20")) + "\n"
+    (ws / "vllm/envs.py").write_text(resolved.replace("VAR_20 = 200", "VAR_20 = 210"))
+    res = cli(*port)
+    assert res.rc == 0, res.out + res.err
+    rep = json.loads(res.out)
+    assert rep["patches"]["0002-merge.patch"]["action"] == "resolved"
+    assert "automatic 3-way merge conflicted" in rep["patches"]["0002-merge.patch"]["detail"]
+    assert set(rep["check"].values()) == {"clean"}
+    variant = (root / "patches/variants/new/0002-merge.patch").read_text()
+    assert "+VAR_20 = 210" in variant and "-VAR_20 = 21" in variant and "Subject: [PATCH 2/2] two" in variant
+    assert not (Path(sh(ws, "rev-parse", "--absolute-git-dir")) / "dsv4patch-port.json").exists()
+    assert cli("check", "--lock", lock, "--pin", "new", "--cache-dir", tmp_path / "c").rc == 0
+
+
+def test_port_workspace_state_is_checked_before_use(tmp_path, upstream, cli):
+    """The state lives in a tree the user edits: commits must be commit ids, paths inside the tree."""
+    from dsv4patch import portspace
+    from dsv4patch.errors import TreeError
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_text("x")
+    with pytest.raises(TreeError, match="neither empty nor a workspace"):
+        portspace.read_state(ws)
+    sh(ws, "init", "-q")
+    with pytest.raises(TreeError, match="without a port workspace"):
+        portspace.read_state(ws)
+    good = {"lock": "/l", "from": "a", "to": "b", "patch": "0001-x.patch", "base_commit": "1" * 40,
+            "at": "2" * 40, "conflicts": ["vllm/x.py"]}
+    sp = ws / ".git" / portspace.STATE
+    for bad, why in (({"at": "HEAD~1"}, "not a full commit id"), ({"base_commit": "--output=/tmp/x"}, "not a full"),
+                     ({"conflicts": ["../outside"]}, "inside the tree"), ({"conflicts": [".git/config"]}, "inside"),
+                     ({"patch": 3}, "missing patch")):
+        sp.write_text(json.dumps({**good, **bad}))
+        with pytest.raises(TreeError, match=why):
+            portspace.read_state(ws)
+    sp.write_text(json.dumps(good))
+    assert portspace.read_state(ws) == good
+    assert portspace.read_state(tmp_path / "absent") is None
+
+
+@pytest.mark.network
+def test_port_workspace_to_026_walks_the_real_conflicts(tmp_path, shared_cache, cli):
+    """The real port to 0.26.0 stops at 0003 and 0005; resolving each in the workspace (here with the
+    maintainer's hand port of that patch) and rerunning the same command completes it."""
+    lock = project_copy(tmp_path)
+    ws = tmp_path / "ws"
+    port = ["port", "--lock", lock, "--to", "0.26.0", "--name", "p026", "--cache-dir", shared_cache,
+            "--workspace", ws, "--format", "json"]
+    hand = ROOT / "patches/variants/0.26.0"
+    seen = []
+    for _ in range(4):
+        res = cli(*port)
+        rep = validate_json("port", res.out)
+        if res.rc == 0:
+            break
+        assert res.rc == 1, res.err
+        w = rep["workspace"]
+        seen.append((w["patch"][:4], w["conflicts"]))
+        text = "".join((ws / f).read_text() for f in w["conflicts"])
+        assert "<<<<<<< target" in text and ">>>>>>> patch" in text
+        # the maintainer's resolution: the hand-ported patch on the workspace's HEAD
+        sh(ws, "checkout", "--", ".")
+        sh(ws, "clean", "-fdq")  # the merge wrote the patch's new files too
+        sh(ws, "apply", "--whitespace=nowarn", str(hand / w["patch"]))
+    assert seen == [("0003", ["vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"]),
+                    ("0005", seen[1][1])] and seen[1][1], seen
+    actions = {k[:4]: (v["action"], v["detail"]) for k, v in rep["patches"].items()}
+    for n in ("0003", "0005"):
+        assert actions[n][0] == "resolved" and "automatic 3-way merge conflicted" in actions[n][1], actions[n]
+    assert set(rep["check"].values()) == {"clean"}
+    ported = load(lock).pin("p026")
+
+    def changes(text: str) -> list[str]:
+        return [ln for ln in text.splitlines()
+                if ln[:1] in ("+", "-") and not ln.startswith(("+++", "---")) and ln != "-- "]
+
+    # 0003 and 0005 as the maintainer resolved them: the same changes as the hand variants
+    for n in ("0003", "0005"):
+        name = next(p for p in ported.variants if p.startswith(n))
+        mine = changes((tmp_path / "patches/variants/p026" / name).read_text())
+        assert mine and mine == changes((hand / name).read_text())

@@ -19,6 +19,10 @@ differ), so a re-port shows what the maintainer had to change by hand.
 Only when every patch is settled are the variants, the report and the new lock
 entry written (all or nothing).  ``--verify`` then runs ``dsv4patch verify``
 on the new pin.
+
+``--workspace DIR`` leaves a conflict as a tree of the new pin to edit (see
+``dsv4patch.portspace``); the same command run again takes the edited tree
+as that patch's resolution and goes on.
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ from typing import Any
 
 import tomlkit
 
-from dsv4patch import engine, git, index, report, tree
-from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError, UsageError
+from dsv4patch import engine, git, index, portspace, report, tree
+from dsv4patch.commands import _common, apply
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, LockFileError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.series import Patch, Series, load_patch, series_for_pin
 
@@ -60,6 +64,11 @@ def add_parser(sub: Any) -> None:
         "--resolutions", type=Path, default=None,
         help="a maintainer's earlier port (same file names): used where present, compared with the automatic port",
     )
+    p.add_argument(
+        "--workspace", type=Path, default=None, metavar="DIR",
+        help="on a conflict, leave DIR as a tree of the new pin with the ported patches committed and the "
+             "conflicting one merged (markers); after editing, run the same command again to go on",
+    )
     p.add_argument("--verify", action="store_true", help="run dsv4patch verify on the new pin")
     p.add_argument("--torch", default=None, help="torch version for --verify's test venv")
     _common.add_output(p, markdown=True)
@@ -74,6 +83,8 @@ class Ported:
     evidence: dict[str, Any] = field(default_factory=dict)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     text: str | None = None  # the variant's format-patch text
+    # a conflict: each file of the patch as the 3-way merge left it (markers where it could not decide)
+    merged: dict[str, bytes] = field(default_factory=dict)
 
 
 def new_pin(args: argparse.Namespace, lock: Lock, src: Pin, store: Any, prog: Any) -> Pin:
@@ -186,13 +197,14 @@ def port_series(
                 out.append(Ported(patch, "drop", res.message, res.evidence))
                 continue
             conflicts: list[dict[str, Any]] = []
+            merged: dict[str, bytes] = {}
             if res.status is engine.Status.CLEAN:
                 auto = Ported(patch, "keep", "applies with zero offset")
             elif res.status is engine.Status.OFFSET:
                 auto = Ported(patch, "refresh", res.message)
             else:
                 conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
-                                   after_tree[patch.name] or "")
+                                   after_tree[patch.name] or "", merged)
                 auto = Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})")
             auto_tree = None if conflicts else git.write_tree(work_repo, env)
             hand = resolutions / patch.name if resolutions else None
@@ -217,7 +229,7 @@ def port_series(
                     parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
                     continue
             if conflicts:
-                out.append(Ported(patch, "conflict", res.message, conflicts=conflicts))
+                out.append(Ported(patch, "conflict", res.message, conflicts=conflicts, merged=merged))
                 return out + [Ported(p, "not-ported", "after a conflict")
                               for p in series.patches[number:]]
             out.append(auto)
@@ -244,8 +256,13 @@ def _note(message: str, line: str) -> str:
     return message.rstrip("\n") + "\n\n" + line + "\n"
 
 
-def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs_tree: str) -> list[dict[str, Any]]:
-    """3-way merge each file of ``patch`` into the scratch index; conflicts per hunk."""
+def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs_tree: str,
+           merged_out: dict[str, bytes] | None = None) -> list[dict[str, Any]]:
+    """3-way merge each file of ``patch`` into the scratch index; conflicts per hunk.
+
+    ``merged_out`` receives each merged file's text, conflict markers included
+    (what ``port --workspace`` writes into the work tree).
+    """
     conflicts: list[dict[str, Any]] = []
     staged: list[tuple[str, str]] = []
     for f in patch.files:
@@ -262,6 +279,8 @@ def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs
         base_data = git.cat_blob(repo, base[2]) if base else b""
         theirs_data = git.cat_blob(repo, theirs[2]) if theirs else b""
         clean, merged = git.merge_file(repo, ours or b"", base_data, theirs_data)
+        if merged_out is not None:
+            merged_out[f.path] = merged
         if not clean:
             conflicts += _conflict_hunks(f.path, merged)
             continue
@@ -404,11 +423,25 @@ def run(args: argparse.Namespace) -> int:
         for f in unmatched_resolutions(args.resolutions, series):
             pre_notes.append(f"warning: --resolutions {f} matches no patch of the series "
                              f"(file names must equal the series' patch names); it was not used")
+    ws = args.workspace
+    ws_state = portspace.read_state(ws) if ws is not None else None
     work = store.tmpdir(f"port-{pin.name}-")
     try:
+        resolutions = args.resolutions
+        if ws is not None and ws_state is not None:
+            with apply.tree_lock(ws):
+                portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, new.base_commit)
+                patch = next((p for p in series.patches if p.name == ws_state["patch"]), None)
+                if patch is None:
+                    raise TreeError(f"--workspace {ws} holds {ws_state['patch']}, which is not in pin "
+                                    f"{src.name}'s series; use a new directory")
+                same = [p for p in series.patches if p.series == patch.series]
+                got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
+                pre_notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
+            resolutions = portspace.combine(work / "resolutions", args.resolutions, portspace.resolutions(ws))
         repo = work / "port.git"
         git.init_with_alternates(repo, [old.repo, new.repo])
-        ported = port_series(repo, old, new, series, pin.name, args.resolutions)
+        ported = port_series(repo, old, new, series, pin.name, resolutions)
         ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
         out: dict[str, Any] = {"from": src.name, "to": pin.name, "ok": ok, "patches": {
             p.patch.name: {"action": p.action, "detail": p.detail, "evidence": p.evidence,
@@ -424,6 +457,10 @@ def run(args: argparse.Namespace) -> int:
             final = _final_tree(repo, new, ported)
             files = write_result(lock, pin, ported, new, final)
             written_lock = load(lock.path)
+            if ws is not None and ws_state is not None:
+                portspace.close(ws)
+                notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
+                             "workspace can be deleted")
             res = engine.run_series(new.repo, new.base_commit, series_for_pin(written_lock, written_lock.pin(pin.name)))
             bad = [r for r in res.patches if r.status.value != written_lock.pin(pin.name).expected_status(r.patch)]
             out["check"] = {r.patch: r.status.value for r in res.patches}
@@ -439,10 +476,13 @@ def run(args: argparse.Namespace) -> int:
                     notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
                                  f"{c['target']!r}, the patch wants {c['patch']!r}")
             notes.append("nothing was written")
-            notes.append("next: resolve the conflicts by hand in a tree (`dsv4patch apply --pin "
-                         f"{src.name} --tree DIR`, port the commit, `dsv4patch refresh`) and pass the "
-                         "resolved patches with --resolutions DIR, or add the pin with this series and "
-                         f"use `dsv4patch apply --pin {pin.name} --tree DIR --3way` / `resolve --continue`")
+            if ws is not None:
+                out["workspace"] = _open_workspace(ws, lock, src, pin, new, ported, notes)
+            else:
+                notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
+                             "conflict to edit (then run the same command again), or resolve the conflicts "
+                             f"by hand in a tree (`dsv4patch apply --pin {src.name} --tree DIR`, port the "
+                             "commit, `dsv4patch refresh`) and pass the resolved patches with --resolutions DIR")
         out["notes"] = notes
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -456,6 +496,28 @@ def run(args: argparse.Namespace) -> int:
                                    keep=False, format=args.format, cache_dir=args.cache_dir)
         return verify.run(vargs)
     return EXIT_OK if ok else EXIT_UNEXPECTED
+
+
+def _open_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinRepo, ported: list[Ported],
+                    notes: list[str]) -> dict[str, Any]:
+    """Leave ``ws`` at the ported prefix with the conflicting patch merged into its work tree."""
+    k = next(i for i, p in enumerate(ported) if p.action == "conflict")
+    conflict = ported[k]
+    prefix = [(p.patch, p.text or p.patch.path.read_text(encoding="utf-8"))
+              for p in ported[:k] if p.action != "drop"]
+    marked = sorted({c["file"] for c in conflict.conflicts if c["file"] in conflict.merged
+                     or c["file"] in conflict.patch.touched})
+    state = {"lock": os.path.abspath(lock.path), "from": src.name, "to": pin.name,
+             "base_commit": new.base_commit}
+    with apply.open_tree(ws, new, notes):
+        at = portspace.open_workspace(ws, new.base_commit, prefix, conflict.patch, conflict.merged, marked, state)
+    notes.append(f"{ws}: pin {pin.name} with {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "
+                 f"{conflict.patch.name} merged into the work tree: conflict markers in "
+                 f"{', '.join(marked) or '(none: see the conflicts above)'}")
+    notes.append(f"next: edit those files in {ws} (keep the code you want, remove the markers), then run "
+                 "the same `dsv4patch port` command again: it takes the resolution and goes on")
+    return {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
+            "state": str(portspace.git_dir(ws) / portspace.STATE)}
 
 
 def _final_tree(repo: Path, new: tree.PinRepo, ported: list[Ported]) -> str:

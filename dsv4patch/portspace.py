@@ -1,0 +1,185 @@
+"""The conflict workspace ``port --workspace DIR`` leaves, and how the next run reads it back.
+
+A port that stops at a conflict otherwise writes nothing and leaves the
+maintainer with the two sides of each hunk: resolving meant applying the
+series by hand on the new pin and passing the results with
+``--resolutions``.  With ``--workspace DIR`` the port instead leaves DIR as a
+git tree of the new pin with
+
+* the patches before the conflict committed, as the port carried them
+  (kept, refreshed, merged or taken from ``--resolutions``);
+* the conflicting patch merged into the work tree: the files that merged
+  cleanly with their merged text, the others with diff3 conflict markers
+  (``target`` / ``base`` / ``patch``);
+* a state file in the tree's git directory (``.git/dsv4patch-port.json``)
+  naming the lock, both pins, the new pin's base commit, the patch and the
+  commit the resolution goes on.
+
+Running the same ``port`` command again with the same ``--workspace`` turns
+the edited tree into that patch's resolution (a ``format-patch`` of it on the
+committed prefix, kept in ``.git/dsv4patch-port/``), and ports again with
+those resolutions beside ``--resolutions``: the next conflict reopens the
+workspace at that patch, or the port completes and writes its result as
+usual (then the state file is removed; the tree stays for inspection).
+
+DIR is a tree the user edits, so, as with ``resolve``, its state is checked
+(full commit ids, paths inside the tree, the invocation's own pins and lock)
+and never chooses where anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import git, tree
+from dsv4patch.errors import TreeError
+from dsv4patch.series import Patch
+
+STATE = "dsv4patch-port.json"
+RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far
+_COMMIT = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
+
+
+def git_dir(path: Path) -> Path:
+    return Path(git.out(path, "rev-parse", "--absolute-git-dir"))
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """The workspace's state, None when DIR does not exist or is empty (a new workspace)."""
+    if not path.exists() or not any(path.iterdir()):
+        return None
+    if not git.is_repo_root(path):
+        raise TreeError(f"--workspace {path} is neither empty nor a workspace `port --workspace` made; "
+                        "use a new directory")
+    sp = git_dir(path) / STATE
+    if not sp.exists():
+        raise TreeError(f"--workspace {path} is a git tree without a port workspace ({sp} is missing); "
+                        "use a new directory")
+    try:
+        data = json.loads(sp.read_text(encoding="utf-8"))
+        _check(data)
+    except (OSError, ValueError) as exc:
+        raise TreeError(f"{sp} (the port workspace's state) is unreadable ({exc}); use a new directory "
+                        "for --workspace") from None
+    return data
+
+
+def _check(data: Any) -> None:
+    """Refuse (ValueError) a state that is not what ``open_workspace`` writes."""
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    for key in ("lock", "from", "to", "patch", "base_commit", "at"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise ValueError(f"missing {key}")
+    for key in ("base_commit", "at"):
+        if not _COMMIT.match(data[key]):
+            raise ValueError(f"{key} = {data[key]!r} is not a full commit id")
+    conflicts = data.get("conflicts")
+    if not isinstance(conflicts, list) or not all(isinstance(c, str) and _inside(c) for c in conflicts):
+        raise ValueError("conflicts must list paths inside the tree")
+
+
+def _inside(name: str) -> bool:
+    parts = name.split("/")
+    return bool(name) and "\0" not in name and not name.startswith("/") and ".." not in parts and \
+        ".git" not in [p.lower() for p in parts]
+
+
+def check_matches(state: dict[str, Any], path: Path, lock: Path, src: str, dst: str, base_commit: str) -> None:
+    """The workspace must have been opened by this very port (same lock, pins and new base commit)."""
+    want = {"lock": os.path.abspath(lock), "from": src, "to": dst, "base_commit": base_commit}
+    differ = [f"{k} {state[k]!r} (this run: {v!r})" for k, v in want.items() if state[k] != v]
+    if differ:
+        raise TreeError(f"--workspace {path} was opened by another port: {'; '.join(differ)}; run that "
+                        "port again, or use a new directory")
+
+
+def collect(path: Path, state: dict[str, Any], patch: Patch, number: int, total: int) -> Path:
+    """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions."""
+    tree.check_target_tree(path)
+    touched = sorted(set(state["conflicts"]) | set(patch.touched))
+    left = [n for n in touched if (path / n).is_file() and not (path / n).is_symlink()
+            and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
+    if left:
+        raise TreeError(f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the code "
+                        "you want, remove the <<<<<<< ||||||| ======= >>>>>>> lines), then run the port again")
+    git.add_all(path)
+    resolved = git.write_tree(path, {})
+    if resolved == git.out(path, "rev-parse", f"{state['at']}^{{tree}}"):
+        raise TreeError(f"the resolution of {patch.name} in {path} changes nothing; make the change the "
+                        "patch must make on this pin, then run the port again")
+    commit = git.commit_tree(path, resolved, state["at"], patch.message or patch.subject + "\n", patch.author)
+    out = git_dir(path) / RESOLVED
+    out.mkdir(exist_ok=True)
+    tmp = out / f".{patch.name}.tmp"
+    tmp.write_text(git.format_patch(path, commit, number, total), encoding="utf-8")
+    os.replace(tmp, out / patch.name)
+    return out
+
+
+def resolutions(path: Path) -> Path | None:
+    """The directory of resolutions the workspace collected so far, if any."""
+    d = git_dir(path) / RESOLVED
+    return d if d.is_dir() else None
+
+
+def combine(dest: Path, *dirs: Path | None) -> Path:
+    """One resolutions directory: the files of ``dirs`` in order, later ones winning."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for d in dirs:
+        if d is None or not d.is_dir():
+            continue
+        for f in sorted(d.iterdir()):
+            if f.is_file() and not f.is_symlink() and not f.name.startswith("."):
+                shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], patch: Patch,
+                   merged: dict[str, bytes], conflicts: list[str], state: dict[str, Any]) -> str:
+    """Put ``path`` (a tree of the new pin) at the ported prefix, write ``patch``'s merge; the prefix's commit.
+
+    ``prefix``: each carried patch before the conflict with its text, in
+    order; ``merged``: file -> merged contents (conflict markers where the
+    3-way merge could not decide).  The tree's lock is held by the caller.
+    """
+    tree.check_target_tree(path)
+    parent = new_base
+    scratch = git_dir(path) / "dsv4patch-port-patch.tmp"
+    try:
+        for p, text in prefix:
+            scratch.write_text(text, encoding="utf-8")
+            with git.scratch_index(path, parent) as env:
+                res = git.apply(path, scratch, env=env)
+                if not res.ok:
+                    raise TreeError(f"{p.name}: the ported patch does not apply in {path}: {res.stderr.strip()}")
+                parent = git.commit_tree(path, git.write_tree(path, env), parent, p.message or p.subject + "\n",
+                                         p.author)
+    finally:
+        scratch.unlink(missing_ok=True)
+    git.reset_hard(path, parent)
+    root = path.resolve()
+    for name, data in merged.items():
+        target = path / name
+        where = target.parent.resolve()
+        if not _inside(name) or target.is_symlink() or (where != root and root not in where.parents):
+            raise TreeError(f"{patch.name}: {name} is not a file inside {path}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    sp = git_dir(path) / STATE
+    tmp = sp.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**state, "patch": patch.name, "at": parent, "conflicts": sorted(conflicts)},
+                              indent=2), encoding="utf-8")
+    os.replace(tmp, sp)
+    return parent
+
+
+def close(path: Path) -> None:
+    """The port completed: the workspace has no conflict left."""
+    (git_dir(path) / STATE).unlink(missing_ok=True)

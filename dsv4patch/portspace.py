@@ -42,8 +42,14 @@ from dsv4patch.series import Patch
 
 STATE = "dsv4patch-port.json"
 RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far
-_COMMIT = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+COMMIT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a state's commits: nothing git would parse
 _MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
+
+
+def marked(path: Path, names: list[str]) -> list[str]:
+    """The files among ``names`` (under ``path``) that still hold conflict markers (also ``resolve``'s check)."""
+    return [n for n in names if (path / n).is_file() and not (path / n).is_symlink()
+            and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
 
 
 def git_dir(path: Path) -> Path:
@@ -78,7 +84,7 @@ def _check(data: Any) -> None:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ValueError(f"missing {key}")
     for key in ("base_commit", "at"):
-        if not _COMMIT.match(data[key]):
+        if not COMMIT_ID.match(data[key]):
             raise ValueError(f"{key} = {data[key]!r} is not a full commit id")
     conflicts = data.get("conflicts")
     if not isinstance(conflicts, list) or not all(isinstance(c, str) and _inside(c) for c in conflicts):
@@ -104,8 +110,7 @@ def collect(path: Path, state: dict[str, Any], patch: Patch, number: int, total:
     """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions."""
     tree.check_target_tree(path)
     touched = sorted(set(state["conflicts"]) | set(patch.touched))
-    left = [n for n in touched if (path / n).is_file() and not (path / n).is_symlink()
-            and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
+    left = marked(path, touched)
     if left:
         raise TreeError(f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the code "
                         "you want, remove the <<<<<<< ||||||| ======= >>>>>>> lines), then run the port again")

@@ -40,7 +40,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, tree
+from dsv4patch import engine, git, portspace, report, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, FetchError, TreeError, UsageError
@@ -52,7 +52,6 @@ from dsv4patch.progress import Progress
 HELP = "finish (--continue) or undo (--abort) the conflict workspace `apply --3way` left in a tree"
 STATE = "dsv4patch-resolve.json"
 _INDEX_LINE = re.compile(rb"^index ([0-9a-f]{7,64})\.\.[0-9a-f]{7,64}", re.M)
-_MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
 
 
 def add_parser(sub: Any) -> None:
@@ -102,9 +101,6 @@ def read_state(gitdir: Path, path: Path) -> dict[str, Any]:
     return data
 
 
-_COMMIT = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-
-
 def _check_state(data: dict[str, Any]) -> None:
     """Refuse (ValueError) a state whose values are not what dsv4patch writes.
 
@@ -114,7 +110,7 @@ def _check_state(data: dict[str, Any]) -> None:
     for key in ("orig_head", "at", "base_commit"):
         value = data.get(key)
         if (key != "base_commit" or value is not None) and not (
-                isinstance(value, str) and _COMMIT.match(value)):
+                isinstance(value, str) and portspace.COMMIT_ID.match(value)):
             raise ValueError(f"{key} = {value!r} is not a full commit id")
     conflicts = data.get("conflicts") or []
     if not isinstance(conflicts, list):
@@ -276,16 +272,6 @@ def start(
             "state": str(state_path(gitdir))}
 
 
-def _markers(path: Path, names: list[str]) -> list[str]:
-    left = []
-    for name in names:
-        f = path / name
-        if f.is_file() and not f.is_symlink():
-            if _MARKER.search(f.read_text(encoding="utf-8", errors="replace")):
-                left.append(name)
-    return left
-
-
 def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace, list[str]]:
     """Write the resolution as a variant and put the tree back at the prefix; apply's args."""
     from dsv4patch.commands import apply
@@ -304,7 +290,7 @@ def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace,
                 f"`dsv4patch resolve --abort --tree {path}`"
             )
         touched = sorted(set(state.get("conflicts") or []) | set(patch.touched))
-        left = _markers(path, touched) + [u for u in git.unmerged_paths(path) if u not in touched]
+        left = portspace.marked(path, touched) + [u for u in git.unmerged_paths(path) if u not in touched]
         if left:
             raise TreeError(
                 f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the "

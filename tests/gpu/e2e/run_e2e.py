@@ -1382,7 +1382,9 @@ def graph_mode(flags: set[str]) -> frozenset[str]:
 
 
 def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
-    """Each speculative case against the ``plain-bmN`` of its own N, same variant and call.
+    """Each speculative case against the ``plain-bmN`` of its own N and its ``-na`` twin, same variant and call.
+
+    (The references and whom each judges: ``shape_references``.)
 
     ``plain-bmN`` is plain decode with each step running 1 + N tokens per
     request, as the verify of N speculative tokens does, padded to the same
@@ -1390,8 +1392,9 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
     makes at query row 0 must then be plain-bmN's very token; only a bonus
     token (after accepted drafts, ``install_accept_trace``) is computed at
     another row, so a request may leave plain-bmN's tokens there and
-    nowhere earlier.  A request that differs before its first bonus token
-    fails the case.
+    nowhere earlier, and from the step at which the two batches stop holding
+    the same requests on (``batch_change_step``).  A request that differs
+    before both fails the case.
     """
     rows: list[SameShape] = []
     for bm, judged in shape_references(runs):

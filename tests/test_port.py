@@ -195,6 +195,14 @@ def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(t
     other = cli(*[("other" if a == "new" else a) for a in port])
     assert other.rc == 5 and "opened by another port" in other.err, other.err
 
+    # the workspace is a tree the user controls: a clean filter in its config would run on `git add`
+    sh(ws, "config", "filter.evil.clean", f"touch {tmp_path / 'PWNED'}; cat")
+    (ws / ".git/info/attributes").write_text("*.py filter=evil\n")
+    res = cli(*port)
+    assert res.rc == 5 and "filter.evil" in res.err and not (tmp_path / "PWNED").exists(), res.err
+    sh(ws, "config", "--unset", "filter.evil.clean")
+    (ws / ".git/info/attributes").unlink()
+
     # resolved by hand: the port takes it as 0002's resolution and completes
     resolved = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("<<<<<<<", "|||||||", "=======", ">>>>>>>"))
                          and ln not in ("VAR_20 = 21", "VAR_20 = 20")) + "\n"

@@ -221,3 +221,19 @@ def test_na_rejects_every_draft_in_vllm_026s_own_rejection_sampler(vllm_026: dic
     # standard: both drafts of each request match, so both are kept and the bonus token (7) follows;
     # -na: the first draft is rejected and replaced by the target's own choice at query row 0, nothing after
     assert out == {"standard": [[3, 6, 7], [1, 2, 7]], "na": [[3, None, None], [1, None, None]]}, out
+
+
+def test_engine_config_builds_for_every_method_and_its_na_twin(vllm_026: dict, tmp_path: Path) -> None:
+    """vLLM 0.26.0's own EngineArgs -> VllmConfig for the tiny model: plain, MTP 1-3, DSpark 5, each -na."""
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
+    write = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import make_tiny_dsv4 as m; "
+             "m.write_model(Path(sys.argv[2]), None)")
+    subprocess.run([vllm_026["python"], "-c", write, str(ROOT / "tests/gpu/e2e"), str(tmp_path / "tiny")],
+                   env=e, check=True, timeout=120)
+    res = subprocess.run([vllm_026["python"], str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tmp_path / "tiny")],
+                         env=e, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ok = {ln.split()[1].rstrip(":") for ln in res.stdout.splitlines() if ln.startswith("OK ")}
+    assert ok == {"plain", "mtp1", "mtp2", "mtp3", "dspark5", "mtp1-na", "mtp2-na", "mtp3-na", "dspark5-na"}, res.stdout
+    assert "draft=('dspark', 5, ['DSparkDraftModel']" in res.stdout and "v2_runner=True" in res.stdout

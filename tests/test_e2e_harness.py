@@ -1136,7 +1136,7 @@ def test_parent_passes_zero_kv_and_trace_split_to_every_child(tmp_path: Path) ->
             kw["t"] = time.time()
             open(prog, "a").write(json.dumps(kw) + "\\n")
         emit(event="fingerprint", data={"argv": a[1:], "zero": "--zero-kv" in a})
-        emit(event="engine_ready")
+        emit(event="engine_ready", attention_break="wrapped")
         if "--score-wait" in a:
             import pathlib
             w = pathlib.Path(a[a.index("--score-wait") + 1])
@@ -1151,6 +1151,8 @@ def test_parent_passes_zero_kv_and_trace_split_to_every_child(tmp_path: Path) ->
     assert rc == 0
     data = json.loads((out / "e2e_results.json").read_text())
     assert {r["method"]: r["fingerprint"]["zero"] for r in data["runs"]} == {"plain": True, "mtp2": True}
+    # what the child found once its engine was ready goes into the run's fingerprint
+    assert {r["fingerprint"]["attention_break"] for r in data["runs"]} == {"wrapped"}
     for r in data["runs"]:
         argv = r["fingerprint"]["argv"]
         assert argv[argv.index("--trace-split") + 1] == "7"
@@ -1358,6 +1360,28 @@ def test_eager_prefill_references_report_exact_agreement_per_case() -> None:
     assert notes == ["stock plain vs plain-fd short_b5: 1/2 requests equal, the others part at tokens 0-0",
                      "stock mtp2-fd vs plain-fd short_b5: 2/2 requests equal"], notes
     assert run_e2e.eager_prefill_notes([run("plain-cg2", [[1]]), run("mtp1", [[1]])]) == []
+
+
+def test_breakable_env_is_set_before_vllm_unless_unsplit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    run_e2e.breakable_env({"fd"})
+    assert os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
+    run_e2e.breakable_env({"unsplit"})  # runs 1-8's order: vLLM sets it itself, after the import
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ
+    assert run_e2e.split_method("plain-unsplit") == ("plain", {"unsplit"})
+    # the report's view of it: vLLM's decorator wraps with functools.wraps (__wrapped__)
+    mod = ModuleType("vllm.models.deepseek_v4.attention")
+
+    def impl() -> None:
+        pass
+
+    mod.DeepseekV4Attention = type("DeepseekV4Attention", (), {"attention_impl": impl})
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert run_e2e.attention_break() == "not wrapped"
+    impl.__wrapped__ = lambda: None
+    assert run_e2e.attention_break() == "wrapped"
+    monkeypatch.delitem(sys.modules, mod.__name__)
+    assert run_e2e.attention_break() == "not loaded"
 
 
 def test_bm_capture_sizes_pad_as_the_speculative_engine_does() -> None:

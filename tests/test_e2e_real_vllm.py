@@ -237,3 +237,43 @@ def test_engine_config_builds_for_every_method_and_its_na_twin(vllm_026: dict, t
     ok = {ln.split()[1].rstrip(":") for ln in res.stdout.splitlines() if ln.startswith("OK ")}
     assert ok == {"plain", "mtp1", "mtp2", "mtp3", "dspark5", "mtp1-na", "mtp2-na", "mtp3-na", "dspark5-na"}, res.stdout
     assert "draft=('dspark', 5, ['DSparkDraftModel']" in res.stdout and "v2_runner=True" in res.stdout
+
+
+# What the harness's engine process does before LLM() builds its config, then vLLM 0.26.0's own config
+# building for the tiny DeepSeek-V4 (CPU; validate_config_cpu's stand-in CUDA platform), then whether
+# DeepseekV4Attention.attention_impl came out wrapped by @eager_break_during_capture
+BREAK = r"""
+import importlib.util, json, os, sys
+def load(name, path):
+    s = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(s)
+    sys.modules[name] = m; s.loader.exec_module(m); return m
+r = load("r", sys.argv[1])
+v = load("v", sys.argv[2])
+r.breakable_env(set(sys.argv[4].split(",")) - {""})
+v._fake_cuda_platform()
+from vllm.engine.arg_utils import EngineArgs
+EngineArgs(model=sys.argv[3], load_format="dummy", skip_tokenizer_init=True, kv_cache_dtype="fp8", block_size=256,
+           max_model_len=4096, max_num_seqs=32, seed=0).create_engine_config()
+print(json.dumps({"env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"), "break": r.attention_break()}))
+"""
+
+
+def test_attention_is_a_graph_break_only_when_the_flag_precedes_the_import(vllm_026: dict, tmp_path: Path) -> None:
+    """vLLM 0.26.0 turns VLLM_USE_BREAKABLE_CUDAGRAPH on for DeepSeek-V4 while building the config, after that
+    has imported the attention module unwrapped: in that process piecewise graphs have no attention break.
+    The harness sets the flag first (breakable_env); -unsplit is runs 1-8's order."""
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "VLLM_USE_BREAKABLE_CUDAGRAPH")}
+    e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
+    write = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import make_tiny_dsv4 as m; "
+             "m.write_model(Path(sys.argv[2]), None)")
+    subprocess.run([vllm_026["python"], "-c", write, str(ROOT / "tests/gpu/e2e"), str(tmp_path / "tiny")],
+                   env=e, check=True, timeout=120)
+    got = {}
+    for flags in ("unsplit", ""):
+        res = subprocess.run([vllm_026["python"], "-c", BREAK, str(ROOT / "tests/gpu/e2e/run_e2e.py"),
+                              str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tmp_path / "tiny"), flags],
+                             env=e, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        got[flags or "default"] = json.loads(res.stdout.strip().splitlines()[-1])
+    # vLLM itself ends with the flag on, but its attention was imported before: no break (runs 1-8)
+    assert got == {"unsplit": {"env": "1", "break": "not wrapped"}, "default": {"env": "1", "break": "wrapped"}}, got

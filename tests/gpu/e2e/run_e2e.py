@@ -99,8 +99,10 @@ DSPARK_KS = {m["num_speculative_tokens"] for m in METHODS.values() if m and m["m
 # target's choice at query row 0, i.e. plain greedy decode run in the
 # speculative engine's steps.  ``mtp2-fd`` against ``mtp2-fd-na`` is the exact
 # oracle with nothing but acceptance changed (``same_shape_rows``).
+# ``-unsplit`` runs the engine as runs 1-8 did, without setting
+# ``VLLM_USE_BREAKABLE_CUDAGRAPH`` before vLLM is imported (``breakable_env``).
 SUFFIXES = ("v2", "fd", "tk120", "sync", "eager", "r2", "bm", "bm2", "bm3", "bm4", "bm5",
-            "cg1", "cg2", "cg3", "cg5", "na")
+            "cg1", "cg2", "cg3", "cg5", "na", "unsplit")
 # vLLM 0.26.0's CUDA-graph sizes for plain decode with max_num_seqs=32 (the engines' default)
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 # the most requests a case has (short_b24, mid_b24)
@@ -174,6 +176,39 @@ def speculative_config(base: str, flags: set[str]) -> dict[str, Any] | None:
         return {**spec, "rejection_sample_method": "synthetic",
                 "synthetic_acceptance_rates": [0.0] * spec["num_speculative_tokens"]}
     return None if spec is None else dict(spec)
+
+
+def breakable_env(flags: set[str]) -> None:
+    """Set ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` before vLLM is imported, unless FLAGS has ``unsplit``.
+
+    vLLM 0.26.0 (to 0.28.0) sets it for DeepSeek-V4 itself, in
+    ``VllmConfig.__post_init__`` (``config/vllm.py:1177-1200``). But building
+    that config has already imported the model's attention module, and
+    ``@eager_break_during_capture`` decides at import time
+    (``compilation/breakable_cudagraph.py:90``) not to wrap
+    ``DeepseekV4Attention.attention_impl``. In the process that imported it,
+    a PIECEWISE graph then has no break: attention is captured on its path
+    without metadata (output zero, no KV, compressor or indexer writes) and
+    replayed so. ``vllm serve`` starts its engine in a new process, which
+    imports vLLM with the variable already set. The harness runs the engine
+    in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so it sets
+    the variable first, as that engine process has it (a source reading,
+    checked on CPU by ``tests/test_e2e_real_vllm.py``; runs 1-8 ran without
+    it: ``-unsplit``).
+    """
+    if "unsplit" in flags:
+        os.environ.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    else:
+        os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+
+
+def attention_break() -> str:
+    """Whether DeepSeek-V4's attention is a break of vLLM's breakable CUDA graph in this process."""
+    mod = sys.modules.get("vllm.models.deepseek_v4.attention")
+    impl = getattr(getattr(mod, "DeepseekV4Attention", None), "attention_impl", None)
+    if impl is None:
+        return "not loaded"
+    return "wrapped" if hasattr(impl, "__wrapped__") else "not wrapped"
 
 
 def mates_of(flags: set[str]) -> int:
@@ -760,6 +795,7 @@ def child_main(args: argparse.Namespace) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if "v2" in split_method(args.method)[1]:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    breakable_env(split_method(args.method)[1])
     fp = _fingerprint()
     if "tk120" in split_method(args.method)[1]:
         fp["topk_route"] = install_sm120_topk_route()
@@ -818,7 +854,7 @@ def child_main(args: argparse.Namespace) -> int:
         disable_log_stats=False,  # spec-decode acceptance counters for the report
         **extra,
     )
-    emit(event="engine_ready")
+    emit(event="engine_ready", attention_break=attention_break())
     ready.set()
 
     def before_generate() -> None:
@@ -1144,6 +1180,8 @@ def run_child(
     log_text = log_path.read_text(errors="replace")
     fingerprint = next((e["data"] for e in events if e["event"] == "fingerprint"), None)
     ready = next((e for e in events if e["event"] == "engine_ready"), None)
+    if fingerprint is not None and ready is not None and "attention_break" in ready:
+        fingerprint["attention_break"] = ready["attention_break"]
     start_seconds = None
     if ready is not None and events:
         start_seconds = round(ready["t"] - events[0]["t"], 1)

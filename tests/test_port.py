@@ -175,6 +175,9 @@ def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(t
             "--cache-dir", tmp_path / "c", "--workspace", ws, "--format", "json"]
     before = lock.read_text()
 
+    # --dry-run writes nothing, a workspace included
+    res = cli(*port, "--dry-run")
+    assert res.rc == 1 and "workspace" not in json.loads(res.out) and not ws.exists(), res.out
     res = cli(*port)
     assert res.rc == 1, res.out + res.err
     rep = validate_json("port", res.out)

@@ -476,7 +476,9 @@ def run(args: argparse.Namespace) -> int:
                     notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
                                  f"{c['target']!r}, the patch wants {c['patch']!r}")
             notes.append("nothing was written")
-            if ws is not None:
+            if ws is not None and args.dry_run:
+                notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
+            elif ws is not None:
                 out["workspace"] = _open_workspace(ws, lock, src, pin, new, ported, notes)
             else:
                 notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "

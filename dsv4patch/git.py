@@ -270,10 +270,15 @@ def commit_tree(
     return run(path, args, env=env, input=message).stdout.strip()
 
 
+def git_dir(repo: Path) -> Path:
+    """The git directory of the repository at ``repo`` (``.git`` of a work tree, or a bare repo itself)."""
+    return Path(out(repo, "rev-parse", "--absolute-git-dir"))
+
+
 @contextmanager
 def scratch_index(repo: Path, treeish: str) -> Iterator[dict[str, str]]:
     """A temporary index loaded with ``treeish``; yields the env to use it."""
-    gitdir = Path(out(repo, "rev-parse", "--absolute-git-dir"))
+    gitdir = git_dir(repo)
     fd, name = tempfile.mkstemp(prefix="dsv4patch-index-", dir=gitdir)
     os.close(fd)
     os.unlink(name)

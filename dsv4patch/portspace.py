@@ -52,10 +52,6 @@ def marked(path: Path, names: list[str]) -> list[str]:
             and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
 
 
-def git_dir(path: Path) -> Path:
-    return Path(git.out(path, "rev-parse", "--absolute-git-dir"))
-
-
 def read_state(path: Path) -> dict[str, Any] | None:
     """The workspace's state, None when DIR does not exist or is empty (a new workspace)."""
     if not path.exists() or not any(path.iterdir()):
@@ -63,7 +59,7 @@ def read_state(path: Path) -> dict[str, Any] | None:
     if not git.is_repo_root(path):
         raise TreeError(f"--workspace {path} is neither empty nor a workspace `port --workspace` made; "
                         "use a new directory")
-    sp = git_dir(path) / STATE
+    sp = git.git_dir(path) / STATE
     if not sp.exists():
         raise TreeError(f"--workspace {path} is a git tree without a port workspace ({sp} is missing); "
                         "use a new directory")
@@ -87,11 +83,12 @@ def _check(data: Any) -> None:
         if not COMMIT_ID.match(data[key]):
             raise ValueError(f"{key} = {data[key]!r} is not a full commit id")
     conflicts = data.get("conflicts")
-    if not isinstance(conflicts, list) or not all(isinstance(c, str) and _inside(c) for c in conflicts):
+    if not isinstance(conflicts, list) or not all(isinstance(c, str) and inside_tree(c) for c in conflicts):
         raise ValueError("conflicts must list paths inside the tree")
 
 
-def _inside(name: str) -> bool:
+def inside_tree(name: str) -> bool:
+    """Whether NAME (from a state file) is a relative path inside a work tree, not into its git dir."""
     parts = name.split("/")
     return bool(name) and "\0" not in name and not name.startswith("/") and ".." not in parts and \
         ".git" not in [p.lower() for p in parts]
@@ -114,23 +111,36 @@ def collect(path: Path, state: dict[str, Any], patch: Patch, number: int, total:
     if left:
         raise TreeError(f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the code "
                         "you want, remove the <<<<<<< ||||||| ======= >>>>>>> lines), then run the port again")
-    git.add_all(path)
-    resolved = git.write_tree(path, {})
-    if resolved == git.out(path, "rev-parse", f"{state['at']}^{{tree}}"):
+    text = resolution_patch(path, state["at"], patch, number, total)
+    if text is None:
         raise TreeError(f"the resolution of {patch.name} in {path} changes nothing; make the change the "
                         "patch must make on this pin, then run the port again")
-    commit = git.commit_tree(path, resolved, state["at"], patch.message or patch.subject + "\n", patch.author)
-    out = git_dir(path) / RESOLVED
+    out = git.git_dir(path) / RESOLVED
     out.mkdir(exist_ok=True)
     tmp = out / f".{patch.name}.tmp"
-    tmp.write_text(git.format_patch(path, commit, number, total), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out / patch.name)
     return out
 
 
+def resolution_patch(path: Path, at: str, patch: Patch, number: int, total: int) -> str | None:
+    """The edited work tree of ``path`` as ``patch`` on commit ``at``: format-patch text, None if it changes nothing.
+
+    Stages everything (``git add -A``), commits it on ``at`` with the
+    patch's message and author, numbered ``number``/``total``.  Shared by
+    ``port --workspace`` and ``resolve --continue``.
+    """
+    git.add_all(path)
+    resolved = git.write_tree(path, {})
+    if resolved == git.out(path, "rev-parse", f"{at}^{{tree}}"):
+        return None
+    commit = git.commit_tree(path, resolved, at, patch.message or patch.subject + "\n", patch.author)
+    return git.format_patch(path, commit, number, total)
+
+
 def resolutions(path: Path) -> Path | None:
     """The directory of resolutions the workspace collected so far, if any."""
-    d = git_dir(path) / RESOLVED
+    d = git.git_dir(path) / RESOLVED
     return d if d.is_dir() else None
 
 
@@ -156,7 +166,7 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
     """
     tree.check_target_tree(path)
     parent = new_base
-    scratch = git_dir(path) / "dsv4patch-port-patch.tmp"
+    scratch = git.git_dir(path) / "dsv4patch-port-patch.tmp"
     try:
         for p, text in prefix:
             scratch.write_text(text, encoding="utf-8")
@@ -173,11 +183,11 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
     for name, data in merged.items():
         target = path / name
         where = target.parent.resolve()
-        if not _inside(name) or target.is_symlink() or (where != root and root not in where.parents):
+        if not inside_tree(name) or target.is_symlink() or (where != root and root not in where.parents):
             raise TreeError(f"{patch.name}: {name} is not a file inside {path}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    sp = git_dir(path) / STATE
+    sp = git.git_dir(path) / STATE
     tmp = sp.with_suffix(".tmp")
     tmp.write_text(json.dumps({**state, "patch": patch.name, "at": parent, "conflicts": sorted(conflicts)},
                               indent=2), encoding="utf-8")
@@ -187,4 +197,4 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
 
 def close(path: Path) -> None:
     """The port completed: the workspace has no conflict left."""
-    (git_dir(path) / STATE).unlink(missing_ok=True)
+    (git.git_dir(path) / STATE).unlink(missing_ok=True)

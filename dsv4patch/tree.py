@@ -304,7 +304,7 @@ def unsafe_settings(path: Path) -> list[str]:
     problems: list[str] = []
     res = git.run(path, ["config", "--name-only", "--get-regexp", r"^filter\."], check=False)
     problems += [f"config {k}" for k in res.stdout.split()]
-    gitdir = Path(git.out(path, "rev-parse", "--absolute-git-dir"))
+    gitdir = git.git_dir(path)
     attributes = gitdir / "info" / "attributes"
     if attributes.is_file():
         for line in attributes.read_text(errors="replace").splitlines():

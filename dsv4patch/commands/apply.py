@@ -88,7 +88,7 @@ def _git_dir(path: Path) -> Path:
             f"{path} is not the root of a git repository; point --tree at a new directory "
             "and dsv4patch creates the tree from the pin"
         )
-    return Path(git.out(path, "rev-parse", "--absolute-git-dir"))
+    return git.git_dir(path)
 
 
 def _lock_file(lock: Path, where: Path) -> Path:

@@ -519,7 +519,7 @@ def _open_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinRepo,
     notes.append(f"next: edit those files in {ws} (keep the code you want, remove the markers), then run "
                  "the same `dsv4patch port` command again: it takes the resolution and goes on")
     return {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
-            "state": str(portspace.git_dir(ws) / portspace.STATE)}
+            "state": str(git.git_dir(ws) / portspace.STATE)}
 
 
 def _final_tree(repo: Path, new: tree.PinRepo, ported: list[Ported]) -> str:

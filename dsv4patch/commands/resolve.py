@@ -116,8 +116,7 @@ def _check_state(data: dict[str, Any]) -> None:
     if not isinstance(conflicts, list):
         raise ValueError("conflicts is not a list")
     for name in conflicts:
-        if not (isinstance(name, str) and name and "\0" not in name and not name.startswith("/")
-                and ".." not in name.split("/") and ".git" not in name.lower().split("/")):
+        if not (isinstance(name, str) and portspace.inside_tree(name)):
             raise ValueError(f"conflicts names {name!r}, which is not a path inside the tree")
     series = data.get("series")
     if series is not None and not (isinstance(series, list) and all(isinstance(x, str) for x in series)):
@@ -297,18 +296,14 @@ def _continue(args: argparse.Namespace, path: Path) -> tuple[argparse.Namespace,
                 "code you want, remove the <<<<<<< ======= >>>>>>> lines), then run "
                 f"`dsv4patch resolve --continue --tree {path}` again (or --abort)"
             )
-        git.add_all(path)
-        resolved = git.write_tree(path, {})
-        if resolved == git.out(path, "rev-parse", f"{state['at']}^{{tree}}"):
+        text = portspace.resolution_patch(path, state["at"], patch, series.patches.index(patch) + 1,
+                                          len(series.patches))
+        if text is None:
             raise TreeError(
                 f"the resolution of {patch.name} changes nothing in {path}; if the pin does not "
                 f"need it, set expect_patches.\"{patch.name}\" for pin {pin.name} in {lock.path} "
                 f"and run `dsv4patch resolve --abort --tree {path}`"
             )
-        commit = git.commit_tree(path, resolved, state["at"], patch.message or patch.subject + "\n",
-                                 patch.author)
-        number = series.patches.index(patch) + 1
-        text = git.format_patch(path, commit, number, len(series.patches))
         target = variants_dir(lock, pin) / patch.name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")

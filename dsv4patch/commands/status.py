@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         out["notes"].append(f"{len(foreign)} commit(s) not made by dsv4patch: "
                             + ", ".join(f["commit"][:12] for f in foreign))
     out["notes"] += [f"{k}: {v['note']}" for k, v in out["patches"].items() if v.get("note")]
-    journal = Path(git.out(path, "rev-parse", "--absolute-git-dir")) / JOURNAL
+    journal = git.git_dir(path) / JOURNAL
     out["interrupted_apply"] = journal.exists()
     if journal.exists():
         out["ok"] = False

@@ -178,6 +178,17 @@ def vllm_026(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> di
     return {"python": str(env.python), "site": site}
 
 
+@pytest.fixture(scope="module")
+def tiny_026(vllm_026: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny DeepSeek-V4 of make_tiny_dsv4.py, written by the 0.26.0 test venv's Python."""
+    out = tmp_path_factory.mktemp("tiny026") / "tiny"
+    write = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import make_tiny_dsv4 as m; "
+             "m.write_model(Path(sys.argv[2]), None)")
+    subprocess.run([vllm_026["python"], "-c", write, str(ROOT / "tests/gpu/e2e"), str(out)], check=True, timeout=120,
+                   env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    return out
+
+
 def test_force_tokens_and_sm120_route_against_vllm_026(vllm_026: dict) -> None:
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
@@ -223,15 +234,11 @@ def test_na_rejects_every_draft_in_vllm_026s_own_rejection_sampler(vllm_026: dic
     assert out == {"standard": [[3, 6, 7], [1, 2, 7]], "na": [[3, None, None], [1, None, None]]}, out
 
 
-def test_engine_config_builds_for_every_method_and_its_na_twin(vllm_026: dict, tmp_path: Path) -> None:
+def test_engine_config_builds_for_every_method_and_its_na_twin(vllm_026: dict, tiny_026: Path) -> None:
     """vLLM 0.26.0's own EngineArgs -> VllmConfig for the tiny model: plain, MTP 1-3, DSpark 5, each -na."""
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
-    write = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import make_tiny_dsv4 as m; "
-             "m.write_model(Path(sys.argv[2]), None)")
-    subprocess.run([vllm_026["python"], "-c", write, str(ROOT / "tests/gpu/e2e"), str(tmp_path / "tiny")],
-                   env=e, check=True, timeout=120)
-    res = subprocess.run([vllm_026["python"], str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tmp_path / "tiny")],
+    res = subprocess.run([vllm_026["python"], str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tiny_026)],
                          env=e, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ok = {ln.split()[1].rstrip(":") for ln in res.stdout.splitlines() if ln.startswith("OK ")}
@@ -258,20 +265,16 @@ print(json.dumps({"env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"), "break"
 """
 
 
-def test_attention_is_a_graph_break_only_when_the_flag_precedes_the_import(vllm_026: dict, tmp_path: Path) -> None:
+def test_attention_is_a_graph_break_only_when_the_flag_precedes_the_import(vllm_026: dict, tiny_026: Path) -> None:
     """vLLM 0.26.0 turns VLLM_USE_BREAKABLE_CUDAGRAPH on for DeepSeek-V4 while building the config, after that
     has imported the attention module unwrapped: in that process piecewise graphs have no attention break.
     The harness sets the flag first (breakable_env); -unsplit is runs 1-8's order."""
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "VLLM_USE_BREAKABLE_CUDAGRAPH")}
     e.update(PYTHONPATH=str(vllm_026["site"]), CUDA_VISIBLE_DEVICES="")
-    write = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import make_tiny_dsv4 as m; "
-             "m.write_model(Path(sys.argv[2]), None)")
-    subprocess.run([vllm_026["python"], "-c", write, str(ROOT / "tests/gpu/e2e"), str(tmp_path / "tiny")],
-                   env=e, check=True, timeout=120)
     got = {}
     for flags in ("unsplit", ""):
         res = subprocess.run([vllm_026["python"], "-c", BREAK, str(ROOT / "tests/gpu/e2e/run_e2e.py"),
-                              str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tmp_path / "tiny"), flags],
+                              str(ROOT / "tests/gpu/e2e/validate_config_cpu.py"), str(tiny_026), flags],
                              env=e, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
         got[flags or "default"] = json.loads(res.stdout.strip().splitlines()[-1])

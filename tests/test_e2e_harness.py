@@ -1277,7 +1277,7 @@ def test_same_shape_oracle_allows_differences_only_from_a_bonus_token() -> None:
     # ... but not at 1 (the draft itself, checked at query row 0), and request 0 accepted nothing
     bad = mtp([[1, 2, 9, 4], [5, 0, 0, 0], [1, 1, 1, 1]], [[], [[1, 1]], []])
     (row,) = run_e2e.same_shape_rows([bm, bad])
-    assert (row.equal, row.after_accept, row.before, row.verdict) == \
+    assert (row.equal, row.after_accept, [e[:5] for e in row.before], row.verdict) == \
         (1, 0, [(0, 2, -1, 0.5, None), (1, 1, 2, 0.5, None)], "fail")
     table = "\n".join(run_e2e.same_shape_table([bm, bad]))
     assert "| stock | mtp1 | plain-bm | mid_b24 | 1/3 | 0 | 0 (3) | 0: 2, -, 0.5; 1: 1, 2, 0.5 | fail |" in table
@@ -1312,7 +1312,8 @@ def test_same_shape_oracle_allows_differences_once_the_batches_part() -> None:
     assert (row.change_step, row.equal, row.after_change, row.before, row.verdict) == (3, 1, 2, [], "pass")
     early = mtp("mtp2-fd", [[1] * 8, [2] * 2 + [9] * 6, [3] * 4])  # request 1 parts at step 2: a failure
     (row,) = run_e2e.same_shape_rows([bm, early])
-    assert (row.after_change, row.before, row.verdict) == (0, [(1, 2, -1, 0.5, None)], "fail")
+    assert (row.after_change, [e[:5] for e in row.before], row.verdict) == (0, [(1, 2, -1, 0.5, None)], "fail")
+    assert row.before[0].step == 2 and not row.twin
     assert "| patched | mtp2-fd | plain-bm2-fd | short_b24 | 2/3 | 0 | 0 (3) |" in "\n".join(
         run_e2e.same_shape_table([bm, early]))
     # each run is held to the plain-bmN of its own CUDA-graph mode: mtp2 (default graphs) is not compared here
@@ -1343,7 +1344,106 @@ def test_na_rejects_every_draft_through_vllms_synthetic_sampling_and_judges_its_
                                                                                  "pass")]
     (row,) = run_e2e.same_shape_rows([na, bad])
     # the -na engine records no logprobs: an early difference has no tie to excuse it
-    assert (row.before, row.verdict) == ([(0, 1, 3, None, None)], "fail")
+    assert ([e[:5] for e in row.before], row.verdict) == ([(0, 1, 3, None, None)], "fail")
+
+
+def test_mates_step_is_the_step_after_the_first_accepted_draft_of_the_batch() -> None:
+    # request 1 accepts at position 4 (step 4), request 2 at position 3 (step 3): batches differ from step 4
+    assert run_e2e.mates_step([[], [[4, 1]], [[3, 2]]]) == 4
+    # position 3 after one accepted draft at position 1 is made at step 2, but the first acceptance is at step 1
+    assert run_e2e.mates_step([[[3, 2]], [[1, 1], [3, 2]]]) == 2
+    assert run_e2e.mates_step([[], [[4, 0]]]) is None
+
+
+def test_a_na_twin_excuses_a_near_tie_only_once_the_batches_differ_or_where_plain_does_not_reproduce() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+
+    def judge(gap: float, accepts: list[list[list[int]]], plain_worst: float = 0.0,
+              twin_logprobs: bool = True, plain_tokens: list[list[int]] | None = None) -> run_e2e.SameShape:
+        twin_tokens = [[1, 2, 3, 4, 5, 6], [7, 7, 7, 7, 7, 7]]
+        twin = R("patched", "dspark5-na", 1.0, None, "done", "", [C(
+            "patched", "dspark5-na", "short_b24", "finished", tokens=twin_tokens, accepts=[[], []],
+            gaps=[[1.0, 1.0, 1.0, 1.0, gap, 1.0], [1.0] * 6] if twin_logprobs else None,
+            runner_up=[[0, 0, 0, 0, 9, 0], [0] * 6] if twin_logprobs else None)])
+        # request 0 accepts no draft and parts from the twin at position 4 (step 4) with the twin's runner-up
+        run = R("patched", "dspark5", 1.0, None, "done", "", [C(
+            "patched", "dspark5", "short_b24", "finished", tokens=[[1, 2, 3, 4, 9, 6], [7, 7, 7, 7, 7, 7]],
+            accepts=accepts)])
+        plain = R("patched", "plain", 1.0, None, "done", "", [C(
+            "patched", "plain", "short_b24", "finished", tokens=plain_tokens or twin_tokens,
+            gaps=[[1.0, 1.0, 1.0, 1.0, 0.0625, 1.0], [1.0] * 6], runner_up=[[0, 0, 0, 0, 9, 0], [0] * 6])])
+        plain.scores = {"plain": {"short_b24": [[plain_worst, 0], [0.0, 0]]}}
+        (row,) = run_e2e.same_shape_rows([twin, run, plain])
+        assert row.twin and row.reference == "dspark5-na"
+        return row
+
+    # request 1 accepted a draft at step 1: the batches differ from step 2, and the flip at step 4 is a tie
+    row = judge(0.03125, [[], [[1, 1]]])
+    assert (row.mates_step, row.reproducible, row.verdict) == (2, True, "tie")
+    assert row.before == [run_e2e.Early(0, 4, -1, 0.03125, True, 4, "")]
+    # ... but not a clear choice
+    assert judge(0.5, [[], [[1, 1]]]).verdict == "fail"
+    # the batch-mate accepted only at step 4: until then both engines ran the same inputs, a flip is a failure
+    assert judge(0.03125, [[], [[4, 1]]]).verdict == "fail"
+    assert judge(0.03125, [[], []]).mates_step is None
+    # ... unless plain decode itself does not give its own tokens again on the case (long prompts, run 9)
+    row = judge(0.03125, [[], [[4, 1]]], plain_worst=0.375)
+    assert (row.reproducible, row.verdict) == (False, "tie")
+    notes = run_e2e.same_token_count_notes([])  # no rows, no lines
+    assert notes == []
+    # a twin without logprobs (runs up to 9): plain decode's gap at the same prefix, marked as plain's
+    row = judge(0.03125, [[], [[1, 1]]], twin_logprobs=False)
+    assert (row.before[0].gap, row.before[0].gap_from, row.before[0].second, row.verdict) == \
+        (0.0625, "plain", True, "tie")
+    table = "\n".join(run_e2e.same_shape_table([
+        R("patched", "dspark5-na", 1.0, None, "done", "", [C(
+            "patched", "dspark5-na", "short_b1", "finished", tokens=[[1, 2]], accepts=[[]])]),
+        R("patched", "dspark5", 1.0, None, "done", "", [C(
+            "patched", "dspark5", "short_b1", "finished", tokens=[[1, 3]], accepts=[[]])])]))
+    assert "| dspark5-na (batches differ from step -) | short_b1 | 0/1 | 0 | 0 (-) | 0: 1, -, - @1 | fail |" in table
+    # ... only where plain decode made that very prefix
+    row = judge(0.03125, [[], [[1, 1]]], twin_logprobs=False,
+                plain_tokens=[[1, 2, 5, 5, 5, 5], [7, 7, 7, 7, 7, 7]])
+    assert (row.before[0].gap, row.verdict) == (None, "fail")
+
+
+def test_ranked_rows_name_every_token_of_a_near_tie() -> None:
+    # position 0: a clear best; 1: three tokens within TIE_NATS (long_b3 request 0 position 2 in run 9)
+    gaps, second, near = run_e2e.ranked_rows([
+        {5: -0.1, 6: -2.0}, {29: -1.5, 563: -1.5, 775: -1.5625, 312: -1.9}])
+    assert gaps == [1.9, 0.0] and second == [6, 29]  # equal logprobs: the larger token id first, as before
+    assert near == [[1, [563, 29, 775]]]
+
+
+def test_a_tie_of_more_than_two_tokens_is_judged_by_the_recorded_near_ties() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    # run 9's long_b3 request 0: plain took 563 at position 2, its runner-up another 563-level token;
+    # the run took 775 and its twin 29, all three within TIE_NATS in plain decode
+    twin = R("patched", "mtp1-na", 1.0, None, "done", "", [C(
+        "patched", "mtp1-na", "long_b3", "finished", tokens=[[595, 835, 29, 1]], accepts=[[]])])
+    run = R("patched", "mtp1", 1.0, None, "done", "", [C(
+        "patched", "mtp1", "long_b3", "finished", tokens=[[595, 835, 775, 2]], accepts=[[]])])
+
+    def plain(near: list[list[list[object]]] | None) -> run_e2e.RunResult:
+        r = R("patched", "plain", 1.0, None, "done", "", [C(
+            "patched", "plain", "long_b3", "finished", tokens=[[595, 835, 563, 3]], gaps=[[0.4, 0.4, 0.0, 0.1]],
+            runner_up=[[1, 1, 563, 1]], near=near)])
+        r.scores = {"plain": {"long_b3": [[0.375, 149]]}}  # plain does not reproduce its own tokens here
+        return r
+
+    # with the runner-up alone (runs up to 9) the three-way tie cannot be told from a wrong token
+    (row,) = run_e2e.same_shape_rows([twin, run, plain(None)])
+    assert (row.reproducible, row.before[0].gap_from, row.before[0].second, row.verdict) == \
+        (False, "plain", False, "fail")
+    # with the near ties recorded it can, and a token outside them still fails
+    (row,) = run_e2e.same_shape_rows([twin, run, plain([[[2, [563, 29, 775]]]])])
+    assert (row.before[0].second, row.verdict) == (True, "tie")
+    (row,) = run_e2e.same_shape_rows([twin, run, plain([[[2, [563, 29]]]])])
+    assert (row.before[0].second, row.verdict) == (False, "fail")
+    # a twin's own near ties judge the run directly (from run 10)
+    twin.cases[0].gaps, twin.cases[0].near = [[0.4, 0.4, 0.0, 0.1]], [[[2, [29, 775]]]]
+    (row,) = run_e2e.same_shape_rows([twin, run, plain(None)])
+    assert (row.before[0].gap_from, row.before[0].second, row.verdict) == ("", True, "tie")
 
 
 def test_eager_prefill_references_report_exact_agreement_per_case() -> None:
@@ -1484,7 +1584,7 @@ def test_same_shape_oracle_tells_near_tie_flips_from_other_differences() -> None
     # a clear choice left, or a token that was not the second choice: not a tie
     assert rows(0.5, [[7, 9, 7], [7, 7, 7]], 9).verdict == "fail"
     row = rows(0.03125, [[7, 8, 7], [7, 7, 7]], 9)
-    assert row.verdict == "fail" and row.before == [(0, 1, -1, 0.03125, False)]
+    assert row.verdict == "fail" and [e[:5] for e in row.before] == [(0, 1, -1, 0.03125, False)]
     assert "(not its 2nd choice)" in "\n".join(run_e2e.same_shape_table([
         R("patched", "plain-bm2", 1.0, None, "done", "", [C("patched", "plain-bm2", "mid_b24", "finished",
                                                                tokens=[[1, 2, 3]], gaps=[[1.0, 0.03, 1.0]],

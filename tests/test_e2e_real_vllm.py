@@ -244,6 +244,10 @@ def test_engine_config_builds_for_every_method_and_its_na_twin(vllm_026: dict, t
     ok = {ln.split()[1].rstrip(":") for ln in res.stdout.splitlines() if ln.startswith("OK ")}
     assert ok == {"plain", "mtp1", "mtp2", "mtp3", "dspark5", "mtp1-na", "mtp2-na", "mtp3-na", "dspark5-na"}, res.stdout
     assert "draft=('dspark', 5, ['DSparkDraftModel']" in res.stdout and "v2_runner=True" in res.stdout
+    # the references (plain, each -na twin) ask for their top logprobs, and vLLM's checks accept that
+    ranked = {ln.split()[1].rstrip(":") for ln in res.stdout.splitlines()
+              if ln.startswith("OK ") and " logprobs=5" in ln}  # run_e2e.RANKED
+    assert ranked == {"plain", "mtp1-na", "mtp2-na", "mtp3-na", "dspark5-na"}, res.stdout
 
 
 # What the harness's engine process does before LLM() builds its config, then vLLM 0.26.0's own config

@@ -52,7 +52,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 HERE = Path(__file__).resolve()
 
@@ -520,6 +520,32 @@ def _deficit(d: dict[int, float] | None, tok: int) -> float:
     return best - got if best == best and got == got and got != float("-inf") else float("inf")
 
 
+# top logprobs a reference records at each position (``ranked_rows``)
+RANKED = 5
+
+
+def ranked_rows(steps: list[dict[int, float]]) -> tuple[list[float], list[int], list[list[Any]]]:
+    """Per position of one request: the top-2 logprob gap, the second token, and the near ties.
+
+    STEPS[j] holds vLLM's logprobs at output position j (its top ``RANKED``
+    and the sampled token).  The near ties are ``[j, tokens]`` for each
+    position where more than one token is within ``TIE_NATS`` of the best,
+    best first: a tie of three tokens or more, which the runner-up alone
+    cannot tell (run 9: ``long_b3`` request 0, position 2).
+    """
+    gaps: list[float] = []
+    second: list[int] = []
+    near: list[list[Any]] = []
+    for j, lp in enumerate(steps):
+        ranked = sorted(((v, k) for k, v in lp.items()), reverse=True)
+        gaps.append(round(ranked[0][0] - ranked[1][0], 6) if len(ranked) > 1 else float("inf"))
+        second.append(ranked[1][1] if len(ranked) > 1 else -1)
+        close = [k for v, k in ranked if ranked[0][0] - v <= TIE_NATS]
+        if len(close) > 1:
+            near.append([j, close])
+    return gaps, second, near
+
+
 FORCE_KEY = "dsv4e2e_force"
 
 
@@ -862,6 +888,11 @@ def child_main(args: argparse.Namespace) -> int:
             storages, nbytes = fresh_state(llm)
             emit(event="kv_zeroed", storages=storages, bytes=nbytes)
 
+    # plain engines and -na twins record each position's two best logprobs: the references'
+    # near ties (a -na twin's tokens are all made at query row 0, so its logprobs are the
+    # target's there, in the very engine it judges)
+    # (logprobs=5: a tie of more than two tokens names them all, ``near``)
+    ranked_logprobs = spec is None or "na" in flags
     for real in select_cases(build_cases(args.long_len), args.cases):
         case = with_mates(real, mates) if mates else real
         n_real = len(real.prompts)  # the mates' outputs (after the real requests') are dropped
@@ -873,7 +904,7 @@ def child_main(args: argparse.Namespace) -> int:
                 max_tokens=n,
                 ignore_eos=True,
                 detokenize=False,
-                logprobs=2 if spec is None else None,
+                logprobs=RANKED if ranked_logprobs else None,
             )
             for n in case.max_tokens
         ]
@@ -888,17 +919,16 @@ def child_main(args: argparse.Namespace) -> int:
         # per request, its steps that accepted drafts (None: not traced)
         accepts = None if accepted is None else [sorted(accepted.get(str(o.request_id), [])) for o in outs]
         gaps: list[list[float]] | None = None
-        runner_up: list[list[int]] | None = None  # plain engines: each position's second choice
-        if spec is None:
-            gaps, runner_up = [], []
+        runner_up: list[list[int]] | None = None  # plain engines, -na twins: each position's second choice
+        near: list[list[list[Any]]] | None = None  # ... and [position, tokens] where several are near the best
+        if ranked_logprobs:
+            gaps, runner_up, near = [], [], []
             for o in outs:
-                row, second = [], []
-                for lp in o.outputs[0].logprobs or []:
-                    ranked = sorted(((v.logprob, int(k)) for k, v in lp.items()), reverse=True)
-                    row.append(round(ranked[0][0] - ranked[1][0], 6) if len(ranked) > 1 else float("inf"))
-                    second.append(ranked[1][1] if len(ranked) > 1 else -1)
-                gaps.append(row)
-                runner_up.append(second)
+                gap_row, second_row, near_row = ranked_rows(
+                    [{int(k): float(v.logprob) for k, v in lp.items()} for lp in o.outputs[0].logprobs or []])
+                gaps.append(gap_row)
+                runner_up.append(second_row)
+                near.append(near_row)
         metrics: dict[str, Any] = {}
         try:
             for m in llm.get_metrics():
@@ -907,7 +937,7 @@ def child_main(args: argparse.Namespace) -> int:
                     metrics[m.name] = val if val is not None else getattr(m, "values", None)
         except Exception:  # noqa: BLE001
             pass
-        emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps, runner_up=runner_up,
+        emit(event="case_done", case=case.name, tokens=tokens, gaps=gaps, runner_up=runner_up, near=near,
              seconds=round(time.time() - t0, 3), spec_metrics=metrics, accepts=accepts)
         if spec is None:
             own[case.name] = tokens
@@ -987,8 +1017,12 @@ class CaseResult:
     # speculative runs: per request, [position, accepted drafts] of each step that accepted
     # some (install_accept_trace); None where not traced
     accepts: list[list[list[int]]] | None = None
-    # plain runs: per request, each position's second choice (top-2 logprobs); None before run 8
+    # plain runs (and -na twins from run 10): per request, each position's second choice
+    # (top-2 logprobs); None before run 8
     runner_up: list[list[int]] | None = None
+    # the same runs from run 10: per request, [position, tokens] wherever more than one token's
+    # logprob is within TIE_NATS of the best (``ranked_rows``); None before
+    near: list[list[list[Any]]] | None = None
 
 
 @dataclass
@@ -1202,7 +1236,7 @@ def run_child(
             ev = done[name]
             cases.append(CaseResult(variant, method, name, "finished", "", ev.get("seconds"),
                                     ev.get("tokens"), ev.get("gaps"), ev.get("spec_metrics") or {},
-                                    ev.get("accepts"), ev.get("runner_up")))
+                                    ev.get("accepts"), ev.get("runner_up"), ev.get("near")))
         elif outcome == "cut":
             cases.append(CaseResult(variant, method, name, "not-run", detail))
         elif started and started[-1] == name and outcome in ("hang", "crash"):
@@ -1306,45 +1340,75 @@ def apply_oracle(runs: list[RunResult], tie_gap: float = 1e-3) -> None:
                     "/".join(str(x) for x in tot[1:]) + f" of {tot[0]}"
 
 
+class Early(NamedTuple):
+    """A request of a speculative case that leaves its reference before its first bonus token."""
+
+    request: int
+    token: int  # the first differing position
+    bonus: int  # the request's first bonus token, -1 when it accepted no draft
+    gap: float | None  # the reference's top-2 logprob gap there (None: not recorded)
+    # whether the run took the reference's second choice there, or where the reference recorded its
+    # near ties (``near``), one of them (None: unknown)
+    second: bool | None
+    step: int = -1  # the engine step that made the position (-1: untraced)
+    gap_from: str = ""  # "" the reference's own logprobs; "plain": plain decode's at the same prefix
+
+
 @dataclass
 class SameShape:
-    """One speculative case against plain decode at its own step shape (``plain-bmN``): the exact oracle."""
+    """One speculative case against a run of its own step shape (``plain-bmN`` or its ``-na`` twin): the exact oracle."""
 
     variant: str
     call: str
     method: str
-    reference: str  # plain-bmN
+    reference: str  # plain-bmN, or the run's -na twin
     case: str
     requests: int
     equal: int
     # differ, but not before the request's first bonus token (first accepted step's pos + accepted)
     after_accept: int
-    # (request, first differing token, its first bonus token or -1 when it accepted no draft,
-    #  plain-bmN's top-2 logprob gap there or None, whether the run took plain-bmN's second choice
-    #  there: True/False, None when the reference has no runner_up)
-    before: list[tuple[int, int, int, float | None, bool | None]]
+    # the requests that differ earlier (``Early``)
+    before: list[Early]
     traced: bool
     # differ, but not before the engine step at which the two batches stopped having the same
     # requests (``batch_change_step``); that step, None when every request ran to the end in both
     after_change: int = 0
     change_step: int | None = None
+    # -na twins only: the first engine step whose batch differs from the twin's (``mates_step``;
+    # None: no request accepted a draft), and whether plain decode of this variant and call gave
+    # its own tokens again when it decoded them forced (False: it did not, so the engines are not
+    # reproducible on this case; None: unknown)
+    twin: bool = False
+    mates_step: int | None = None
+    reproducible: bool | None = None
+
+    def _tie(self, e: Early) -> bool:
+        if e.gap is None or e.gap > TIE_NATS or e.second is False:
+            return False
+        if not self.twin:
+            return True
+        # the twin runs the same engine on the same inputs until a batch-mate accepts a draft:
+        # before that step only an engine that is not reproducible on the case may flip a tie
+        return (self.mates_step is not None and e.step >= self.mates_step) or self.reproducible is False
 
     @property
     def verdict(self) -> str:
         """``pass``: exact up to each bonus token; ``tie``: the only earlier differences are near-tie flips.
 
-        A near-tie flip: at the first difference plain-bmN's two best tokens
-        are at most ``TIE_NATS`` apart and the run took the second (where the
-        reference recorded it).  Rounding of a kernel whose reduction order
-        follows the batch (FlashMLA splits a request's KV by the whole
-        batch's work) can flip such a tie; a bug in the speculative path
-        need not stop at one.
+        A near-tie flip: at the first difference the reference's two best
+        tokens are at most ``TIE_NATS`` apart and the run took the second
+        (where the reference recorded it).  Rounding of a kernel whose
+        reduction order follows the batch (FlashMLA splits a request's KV by
+        the whole batch's work) can flip such a tie; a bug in the speculative
+        path need not stop at one.  Against a ``-na`` twin a flip counts only
+        from the step at which the batches differ (a batch-mate accepted a
+        draft), or where plain decode is not reproducible on the case.
         """
         if not self.before:  # an untraced row puts every difference here
             return "pass"
         if not self.traced:  # which differences follow accepted drafts is unknown
             return "untraced"
-        if all(g is not None and g <= TIE_NATS and second is not False for _, _, _, g, second in self.before):
+        if all(self._tie(e) for e in self.before):
             return "tie"
         return "fail"
 
@@ -1386,6 +1450,16 @@ def _at(rows: list[list[Any]] | None, i: int, j: int) -> Any:
     return rows[i][j] if rows and i < len(rows) and j < len(rows[i]) else None
 
 
+def near_set(case: CaseResult, i: int, pos: int) -> set[int] | None:
+    """The tokens within ``TIE_NATS`` of the best at request I, position POS of CASE (empty: one clear best).
+
+    None where CASE recorded no near ties (runs up to 9: only the runner-up).
+    """
+    if case.near is None or i >= len(case.near):
+        return None
+    return next((set(tokens) for j, tokens in case.near[i] if j == pos), set())
+
+
 def first_bonus(accepts: list[list[int]]) -> int | None:
     """Position of a request's first bonus token (computed at a query row > 0), None without one."""
     return min((pos + n for pos, n in accepts if n > 0), default=None)
@@ -1414,6 +1488,34 @@ def batch_change_step(tokens: list[list[int]], accepts: list[list[list[int]]]) -
     return min(ends, default=None)
 
 
+def mates_step(accepts: list[list[list[int]]]) -> int | None:
+    """First engine step whose batch is not its ``-na`` twin's: the one after the first step that accepted a draft.
+
+    Until then both engines ran the same requests at the same positions with
+    the same drafts; the step after a request accepts drafts, its context is
+    longer and its drafts are others, so every request's step has another
+    batch around it (FlashMLA splits each request's KV by the whole batch's
+    work).  None when no request accepted a draft.
+    """
+    steps = [step_of(acc, pos) + 1 for acc in accepts for pos, n in acc if n > 0]
+    return min(steps, default=None)
+
+
+def plain_reproducible(runs: list[RunResult], variant: str, call: str, case: str) -> bool | None:
+    """Whether the plain run of VARIANT and CALL gave its own tokens again, decoding them forced, on CASE.
+
+    Its forced decode of its own tokens (``scores["plain"]``) finds each one
+    plain decode's best unless the engine is not reproducible there (long
+    prompts, whose indexer keeps its top-k of many more positions than it
+    may: run 9).  None when that run or score is missing.
+    """
+    plain = next((r for r in runs if r.method == "plain" and r.variant == variant and r.call == call), None)
+    rows = None if plain is None else plain.scores.get("plain", {}).get(case)
+    if not rows:
+        return None
+    return all(w[0] == 0 for w in rows)
+
+
 def graph_mode(flags: set[str]) -> frozenset[str]:
     """The suffixes that change how an engine's steps run (CUDA-graph mode); runs compared token for token share it."""
     return frozenset(flags & {"fd", "eager"})
@@ -1432,38 +1534,64 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
     another row, so a request may leave plain-bmN's tokens there and
     nowhere earlier, and from the step at which the two batches stop holding
     the same requests on (``batch_change_step``).  A request that differs
-    before both fails the case.
+    before both fails the case, unless at a near tie (``SameShape.verdict``).
+    A ``-na`` twin's near ties are its own top-2 logprobs (from run 10);
+    where it has none, plain decode's at the same prefix, when plain decode
+    made that prefix and the two runs took plain decode's two best tokens.
     """
     rows: list[SameShape] = []
-    for bm, judged in shape_references(runs):
-        ref = {c.case: c for c in bm.cases if c.status in FINISHED and c.tokens}
+    for ref_run, judged in shape_references(runs):
+        twin = "na" in split_method(ref_run.method)[1]
+        ref = {c.case: c for c in ref_run.cases if c.status in FINISHED and c.tokens}
+        plain = next((r for r in runs if r.method == "plain" and r.variant == ref_run.variant
+                      and r.call == ref_run.call), None) if twin else None
+        plain_cases = {c.case: c for c in plain.cases if c.tokens} if plain is not None else {}
         for r in runs:
-            if r is bm or r.variant != bm.variant or r.call != bm.call or not judged(r):
+            if r is ref_run or r.variant != ref_run.variant or r.call != ref_run.call or not judged(r):
                 continue
             for c in r.cases:
                 if c.case not in ref or c.status not in FINISHED or not c.tokens:
                     continue
                 refc = ref[c.case]
                 acc = c.accepts
-                change = batch_change_step(c.tokens, acc) if acc is not None and len(acc) == len(c.tokens) else None
+                traced = acc is not None and len(acc) == len(c.tokens)
+                change = batch_change_step(c.tokens, acc) if traced else None
                 equal, after, after_change, before = 0, 0, 0, []
                 for i, (a, b) in enumerate(zip(refc.tokens or [], c.tokens)):
                     d = first_difference([a], [b])
                     if d is None:
                         equal += 1
                         continue
+                    pos = d[1]
                     fb = first_bonus(acc[i]) if acc is not None and i < len(acc) else None
-                    if fb is not None and d[1] >= fb:
+                    if fb is not None and pos >= fb:
                         after += 1
                         continue
-                    if change is not None and acc is not None and step_of(acc[i], d[1]) >= change:
+                    step = step_of(acc[i], pos) if traced else -1
+                    if change is not None and step >= change:
                         after_change += 1
                         continue
-                    second = _at(refc.runner_up, i, d[1])
-                    took_second = None if second is None or d[1] >= len(b) else b[d[1]] == second
-                    before.append((i, d[1], -1 if fb is None else fb, _at(refc.gaps, i, d[1]), took_second))
-                rows.append(SameShape(r.variant, r.call, r.method, bm.method, c.case, len(c.tokens), equal, after,
-                                      before, acc is not None, after_change, change))
+                    gap, second, gap_from = _at(refc.gaps, i, pos), None, ""
+                    runner_up, close = _at(refc.runner_up, i, pos), near_set(refc, i, pos)
+                    if close is not None and pos < len(b):
+                        second = b[pos] in close
+                    elif runner_up is not None and pos < len(b):
+                        second = b[pos] == runner_up
+                    pc = plain_cases.get(c.case)
+                    if gap is None and pc is not None and i < len(pc.tokens or []):
+                        p_tokens = pc.tokens[i]
+                        p_gap, p_second, p_close = _at(pc.gaps, i, pos), _at(pc.runner_up, i, pos), near_set(pc, i, pos)
+                        if (p_gap is not None and (p_second is not None or p_close is not None)
+                                and pos < min(len(p_tokens), len(a), len(b)) and p_tokens[:pos] == b[:pos]):
+                            gap, gap_from = p_gap, "plain"
+                            second = ({a[pos], b[pos]} <= p_close | {p_tokens[pos]} if p_close is not None
+                                      else {a[pos], b[pos]} == {p_tokens[pos], p_second})
+                    before.append(Early(i, pos, -1 if fb is None else fb, gap, second, step, gap_from))
+                rows.append(SameShape(
+                    r.variant, r.call, r.method, ref_run.method, c.case, len(c.tokens), equal, after, before,
+                    acc is not None, after_change, change, twin=twin,
+                    mates_step=mates_step(acc) if twin and traced else None,
+                    reproducible=plain_reproducible(runs, r.variant, r.call, c.case) if twin else None))
     return rows
 
 
@@ -1478,9 +1606,14 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
             line += (f"; {x.after_change} differ only from engine step {x.change_step} on (a request that "
                      "accepted drafts had finished: the batches differ)")
         if x.before:
-            pos = sorted(p for _, p, _, _, _ in x.before)
+            pos = sorted(e.token for e in x.before)
             line += (f"; {len(x.before)} differ before any bonus token, at tokens {pos[0]}-{pos[-1]} "
                      f"(median {pos[len(pos) // 2]})")
+        if x.twin and x.before:
+            line += ("; no request accepted a draft" if x.mates_step is None else
+                     f"; the batches differ from engine step {x.mates_step} on (a batch-mate accepted a draft)")
+            if x.reproducible is False:
+                line += "; plain decode does not reproduce its own tokens on this case"
         if x.verdict == "untraced":
             line += " (accepted drafts not traced)"
         notes.append(f"{line}: {x.verdict}")
@@ -1494,15 +1627,22 @@ def same_shape_table(runs: list[RunResult]) -> list[str]:
         return []
     out = ["| call | variant | method | against | case | requests equal | differ after a bonus token "
            "| differ after the batch changed (from step) "
-           "| differ before (request: token, first bonus, plain-bmN's top-2 gap there) | verdict |",
+           "| differ before (request: token, first bonus, the reference's top-2 gap there; against a -na twin "
+           "also @ the engine step) | verdict |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
-        before = "; ".join(f"{i}: {p}, {'-' if b < 0 else b}, {'-' if g is None else g}"
-                           + (" (not its 2nd choice)" if second is False else "")
-                           for i, p, b, g, second in x.before[:6]) + (" ..." if len(x.before) > 6 else "")
+        before = "; ".join(f"{e.request}: {e.token}, {'-' if e.bonus < 0 else e.bonus}, "
+                           f"{'-' if e.gap is None else e.gap}{' (plain)' if e.gap_from else ''}"
+                           + (" (not its 2nd choice)" if e.second is False else "")
+                           + (f" @{e.step}" if x.twin and e.step >= 0 else "")
+                           for e in x.before[:6]) + (" ..." if len(x.before) > 6 else "")
         after = str(x.after_accept) if x.traced else f"{x.after_accept} (not traced)"
         changed = f"{x.after_change} ({'-' if x.change_step is None else x.change_step})"
-        out.append(f"| {x.call or '-'} | {x.variant} | {x.method} | {x.reference} | {x.case} | {x.equal}/{x.requests} "
+        reference = x.reference
+        if x.twin:
+            reference += f" (batches differ from step {'-' if x.mates_step is None else x.mates_step}" + (
+                "; plain not reproducible here)" if x.reproducible is False else ")")
+        out.append(f"| {x.call or '-'} | {x.variant} | {x.method} | {reference} | {x.case} | {x.equal}/{x.requests} "
                    f"| {after} | {changed} | {before or '-'} | {x.verdict} |")
     return out
 
@@ -1676,12 +1816,18 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
             out.append(f"  - fingerprint: `{json.dumps(r.fingerprint)}`")
     shape = same_shape_table(runs)
     if shape:
-        out += ["", "## Same step shape: speculative runs against plain-bmN (exact, up to each bonus token)", "",
+        out += ["", "## Same step shape: speculative runs against plain-bmN and their -na twins "
+                "(exact, up to each bonus token)", "",
                 "Tokens a speculative run makes at query row 0 must be plain-bmN's very tokens; a request may "
                 "leave them only at a bonus token (after accepted drafts: computed at another query row), or "
                 "from the engine step at which a request that accepted drafts had finished while plain-bmN's copy "
                 "still ran (the batches differ from then on). Each run is compared with the plain-bmN of its own "
-                "CUDA-graph mode (-fd with -fd, -eager with -eager).", ""]
+                "CUDA-graph mode (-fd with -fd, -eager with -eager), and with its -na twin (the same engine, "
+                "every draft rejected). A difference at a near tie (the reference's two best tokens at most "
+                f"{TIE_NATS} nat apart, the run taking the second) is a tie; against a -na twin only from the "
+                "step at which the batches differ (the step after a batch-mate accepted a draft), or on a case "
+                "on which plain decode does not reproduce its own tokens. Where a -na twin recorded no "
+                "logprobs (before run 10), plain decode's gap at the same prefix is used, marked (plain).", ""]
         out += shape
     table = noise_table(runs)
     if table:

@@ -8,7 +8,8 @@ CPU torch) and builds the engine config exactly as the run does
 (``EngineArgs(...).create_engine_config()``) for plain decode, MTP 1-3 and
 DSpark, which runs vLLM's config classes, the DeepSeek-V4 quantization override,
 the speculative-config validation (MTP ``n_predict``, DSpark block size,
-draft architecture) and the V2-runner choice.
+draft architecture) and the V2-runner choice; for plain decode and each ``-na``
+twin also vLLM's checks of the requests' top logprobs (``SamplingParams.verify``).
 
 What it fakes, and only to get that far without a GPU: vLLM's CUDA platform is
 forced (capability 9.0, "NVIDIA H200"); the compiled extension
@@ -66,7 +67,8 @@ def main(argv: list[str]) -> int:
     from vllm.engine.arg_utils import EngineArgs
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from run_e2e import METHODS, speculative_config
+    from run_e2e import METHODS, RANKED, speculative_config
+    from vllm import SamplingParams
 
     failed = 0
     # every method, and each speculative one again with -na (vLLM's synthetic rejection at rate 0)
@@ -91,10 +93,18 @@ def main(argv: list[str]) -> int:
             if sc is not None:
                 hf = sc.draft_model_config.hf_config
                 draft = (sc.method, sc.num_speculative_tokens, hf.architectures, hf.model_type)
+            ranked = ""
+            if spec is None or name.endswith("-na"):
+                # the references record their top logprobs (run_e2e: ranked_logprobs): the request
+                # must pass vLLM's own SamplingParams checks, speculative ones included
+                SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False,
+                               logprobs=RANKED).verify(cfg.model_config, cfg.speculative_config,
+                                                       cfg.structured_outputs_config, None)
+                ranked = f" logprobs={RANKED}"
             print(
                 f"OK   {name}: quantization={cfg.model_config.quantization} "
                 f"kv_cache={cfg.cache_config.cache_dtype} block={cfg.cache_config.block_size} "
-                f"v2_runner={cfg.use_v2_model_runner} draft={draft}"
+                f"v2_runner={cfg.use_v2_model_runner} draft={draft}{ranked}"
             )
         except Exception as exc:  # noqa: BLE001
             failed += 1

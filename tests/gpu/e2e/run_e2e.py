@@ -888,10 +888,9 @@ def child_main(args: argparse.Namespace) -> int:
             storages, nbytes = fresh_state(llm)
             emit(event="kv_zeroed", storages=storages, bytes=nbytes)
 
-    # plain engines and -na twins record each position's two best logprobs: the references'
-    # near ties (a -na twin's tokens are all made at query row 0, so its logprobs are the
-    # target's there, in the very engine it judges)
-    # (logprobs=5: a tie of more than two tokens names them all, ``near``)
+    # plain engines and -na twins record each position's top RANKED logprobs, the references'
+    # near ties (``ranked_rows``); a -na twin's tokens are all made at query row 0, so its
+    # logprobs are the target's there, in the very engine it judges
     ranked_logprobs = spec is None or "na" in flags
     for real in select_cases(build_cases(args.long_len), args.cases):
         case = with_mates(real, mates) if mates else real
@@ -1505,9 +1504,9 @@ def plain_reproducible(runs: list[RunResult], variant: str, call: str, case: str
     """Whether the plain run of VARIANT and CALL gave its own tokens again, decoding them forced, on CASE.
 
     Its forced decode of its own tokens (``scores["plain"]``) finds each one
-    plain decode's best unless the engine is not reproducible there (long
-    prompts, whose indexer keeps its top-k of many more positions than it
-    may: run 9).  None when that run or score is missing.
+    plain decode's best unless the engine is not reproducible there (run 9:
+    ``long_b3``, 0.375-0.92 nat; 0.0 on the short cases).  None when that run
+    or score is missing.
     """
     plain = next((r for r in runs if r.method == "plain" and r.variant == variant and r.call == call), None)
     rows = None if plain is None else plain.scores.get("plain", {}).get(case)

@@ -819,16 +819,16 @@ def child_main(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # engine core in this process: the loader registered below is the one it uses
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if "v2" in split_method(args.method)[1]:
+    base, flags = split_method(args.method)
+    if "v2" in flags:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    breakable_env(split_method(args.method)[1])
+    breakable_env(flags)
     fp = _fingerprint()
-    if "tk120" in split_method(args.method)[1]:
+    if "tk120" in flags:
         fp["topk_route"] = install_sm120_topk_route()
     ready = threading.Event()  # set once the engine is ready: the split trace skips warm-up and capture
     if args.trace_split:
         fp["split_trace"] = install_split_trace(emit, args.trace_split, ready)
-    base, flags = split_method(args.method)
     spec = speculative_config(base, flags)
     accepted: dict[str, list[list[int]]] | None = None
     if spec is not None:
@@ -1500,15 +1500,19 @@ def mates_step(accepts: list[list[list[int]]]) -> int | None:
     return min(steps, default=None)
 
 
-def plain_reproducible(runs: list[RunResult], variant: str, call: str, case: str) -> bool | None:
-    """Whether the plain run of VARIANT and CALL gave its own tokens again, decoding them forced, on CASE.
+def plain_run(runs: list[RunResult], variant: str, call: str) -> RunResult | None:
+    """The plain decode run of VARIANT in CALL (the scorer and noise control of that call), if it ran."""
+    return next((r for r in runs if r.method == "plain" and r.variant == variant and r.call == call), None)
+
+
+def plain_reproducible(plain: RunResult | None, case: str) -> bool | None:
+    """Whether PLAIN gave its own tokens again, decoding them forced, on CASE.
 
     Its forced decode of its own tokens (``scores["plain"]``) finds each one
     plain decode's best unless the engine is not reproducible there (run 9:
     ``long_b3``, 0.375-0.92 nat; 0.0 on the short cases).  None when that run
     or score is missing.
     """
-    plain = next((r for r in runs if r.method == "plain" and r.variant == variant and r.call == call), None)
     rows = None if plain is None else plain.scores.get("plain", {}).get(case)
     if not rows:
         return None
@@ -1518,6 +1522,33 @@ def plain_reproducible(runs: list[RunResult], variant: str, call: str, case: str
 def graph_mode(flags: set[str]) -> frozenset[str]:
     """The suffixes that change how an engine's steps run (CUDA-graph mode); runs compared token for token share it."""
     return frozenset(flags & {"fd", "eager"})
+
+
+def _tie_at(ref: CaseResult, plain: CaseResult | None, i: int, pos: int, a: list[int],
+            b: list[int]) -> tuple[float | None, bool | None, str]:
+    """Where request I of a run (tokens B) leaves its reference's (A) at POS: the gap, ``second``, its source.
+
+    The reference's own top-2 gap there, and whether B took its second choice
+    (or one of its near ties, where recorded).  A reference without logprobs
+    (a ``-na`` twin before run 10) borrows PLAIN's, when plain decode made
+    that very prefix and both tokens are among its best (``Early``).
+    """
+    gap, second = _at(ref.gaps, i, pos), None
+    runner_up, close = _at(ref.runner_up, i, pos), near_set(ref, i, pos)
+    if close is not None and pos < len(b):
+        second = b[pos] in close
+    elif runner_up is not None and pos < len(b):
+        second = b[pos] == runner_up
+    if gap is not None or plain is None or i >= len(plain.tokens or []):
+        return gap, second, ""
+    p_tokens = plain.tokens[i]
+    p_gap, p_second, p_close = _at(plain.gaps, i, pos), _at(plain.runner_up, i, pos), near_set(plain, i, pos)
+    if (p_gap is None or (p_second is None and p_close is None)
+            or pos >= min(len(p_tokens), len(a), len(b)) or p_tokens[:pos] != b[:pos]):
+        return gap, second, ""
+    if p_close is not None:
+        return p_gap, {a[pos], b[pos]} <= p_close | {p_tokens[pos]}, "plain"
+    return p_gap, {a[pos], b[pos]} == {p_tokens[pos], p_second}, "plain"
 
 
 def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
@@ -1542,8 +1573,7 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
     for ref_run, judged in shape_references(runs):
         twin = "na" in split_method(ref_run.method)[1]
         ref = {c.case: c for c in ref_run.cases if c.status in FINISHED and c.tokens}
-        plain = next((r for r in runs if r.method == "plain" and r.variant == ref_run.variant
-                      and r.call == ref_run.call), None) if twin else None
+        plain = plain_run(runs, ref_run.variant, ref_run.call) if twin else None
         plain_cases = {c.case: c for c in plain.cases if c.tokens} if plain is not None else {}
         for r in runs:
             if r is ref_run or r.variant != ref_run.variant or r.call != ref_run.call or not judged(r):
@@ -1570,27 +1600,13 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
                     if change is not None and step >= change:
                         after_change += 1
                         continue
-                    gap, second, gap_from = _at(refc.gaps, i, pos), None, ""
-                    runner_up, close = _at(refc.runner_up, i, pos), near_set(refc, i, pos)
-                    if close is not None and pos < len(b):
-                        second = b[pos] in close
-                    elif runner_up is not None and pos < len(b):
-                        second = b[pos] == runner_up
-                    pc = plain_cases.get(c.case)
-                    if gap is None and pc is not None and i < len(pc.tokens or []):
-                        p_tokens = pc.tokens[i]
-                        p_gap, p_second, p_close = _at(pc.gaps, i, pos), _at(pc.runner_up, i, pos), near_set(pc, i, pos)
-                        if (p_gap is not None and (p_second is not None or p_close is not None)
-                                and pos < min(len(p_tokens), len(a), len(b)) and p_tokens[:pos] == b[:pos]):
-                            gap, gap_from = p_gap, "plain"
-                            second = ({a[pos], b[pos]} <= p_close | {p_tokens[pos]} if p_close is not None
-                                      else {a[pos], b[pos]} == {p_tokens[pos], p_second})
+                    gap, second, gap_from = _tie_at(refc, plain_cases.get(c.case), i, pos, a, b)
                     before.append(Early(i, pos, -1 if fb is None else fb, gap, second, step, gap_from))
                 rows.append(SameShape(
                     r.variant, r.call, r.method, ref_run.method, c.case, len(c.tokens), equal, after, before,
                     acc is not None, after_change, change, twin=twin,
                     mates_step=mates_step(acc) if twin and traced else None,
-                    reproducible=plain_reproducible(runs, r.variant, r.call, c.case) if twin else None))
+                    reproducible=plain_reproducible(plain, c.case) if twin else None))
     return rows
 
 
@@ -1656,7 +1672,7 @@ def flip_gap_notes(runs: list[RunResult]) -> list[str]:
     """
     notes: list[str] = []
     for bm, _ in bm_runs(runs):
-        plain = next((r for r in runs if r.method == "plain" and r.variant == bm.variant and r.call == bm.call), None)
+        plain = plain_run(runs, bm.variant, bm.call)
         if plain is None:
             continue
         mine = {c.case: c for c in plain.cases if c.status == "finished" and c.tokens}

@@ -1380,9 +1380,10 @@ def test_a_na_twin_excuses_a_near_tie_only_once_the_batches_differ_or_where_plai
     # request 1 accepted a draft at step 1: the batches differ from step 2, and the flip at step 4 is a tie
     row = judge(0.03125, [[], [[1, 1]]])
     assert (row.mates_step, row.reproducible, row.verdict) == (2, True, "tie")
-    assert row.before == [run_e2e.Early(0, 4, -1, 0.03125, True, 4, "")]
-    # ... but not a clear choice
-    assert judge(0.5, [[], [[1, 1]]]).verdict == "fail"
+    assert row.before == [run_e2e.Early(0, 4, -1, 0.03125, True, 4, "", True)]
+    # ... a clear choice there is a 'batch' difference, which needs the twin-relative noise (unscored here)
+    row = judge(0.5, [[], [[1, 1]]])
+    assert (row.kind(row.before[0]), row.noise, row.verdict) == ("batch", None, "fail")
     # the batch-mate accepted only at step 4: until then both engines ran the same inputs, a flip is a failure
     assert judge(0.03125, [[], [[4, 1]]]).verdict == "fail"
     assert judge(0.03125, [[], []]).mates_step is None
@@ -1400,7 +1401,7 @@ def test_a_na_twin_excuses_a_near_tie_only_once_the_batches_differ_or_where_plai
             "patched", "dspark5-na", "short_b1", "finished", tokens=[[1, 2]], accepts=[[]])]),
         R("patched", "dspark5", 1.0, None, "done", "", [C(
             "patched", "dspark5", "short_b1", "finished", tokens=[[1, 3]], accepts=[[]])])]))
-    assert "| dspark5-na (batches differ from step -) | short_b1 | 0/1 | 0 | 0 (-) | 0: 1, -, - @1 | fail |" in table
+    assert "| dspark5-na (batches differ from step -) | short_b1 | 0/1 | 0 | 0 (-) | 0: 1, -, - @1 | fail (fail 1) |" in table
     # ... only where plain decode made that very prefix
     row = judge(0.03125, [[], [[1, 1]]], twin_logprobs=False,
                 plain_tokens=[[1, 2, 5, 5, 5, 5], [7, 7, 7, 7, 7, 7]])
@@ -1607,3 +1608,103 @@ def test_controls_give_the_gaps_where_plain_and_plain_bm_part() -> None:
     assert "patched plain vs plain-bm5 mid_b24: 2/3 requests part, at plain's top-2 gaps 0.0625-0.25 (median 0.25)" \
         in notes
     assert not any("plain-bm2" in n and "part" in n for n in notes)  # no plain engine in its call
+
+
+def _twin_case(method: str, tokens: list[list[int]], accepts: list[list[list[int]]], **kw: object) -> object:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    return R("patched", method, 1.0, None, "done", "", [C(
+        "patched", method, "short_b24", "finished", tokens=tokens, accepts=accepts, **kw)])
+
+
+def test_twin_noise_passes_a_run_no_further_off_than_its_twin_and_fails_a_worse_one() -> None:
+    ok = run_e2e.TwinNoise([4440, 869, 315, 88], [4440, 891, 303, 84], 2.65, 3.63)
+    assert ok.ok and all(z < 1 for z in ok.z)
+    # a run with twice the twin's tokens more than 1 nat off: what accepted wrong drafts look like
+    bad = run_e2e.TwinNoise([4440, 869, 315, 176], [4440, 891, 303, 84], 2.65, 3.63)
+    assert not bad.ok and bad.z[2] > run_e2e.TWIN_Z_MAX
+    # a few more tokens off at one threshold is within the noise; many more is not
+    assert run_e2e.TwinNoise([4440, 869, 330, 88], [4440, 891, 303, 84], 2.65, 3.63).ok
+    assert not run_e2e.TwinNoise([4440, 869, 390, 88], [4440, 891, 303, 84], 2.65, 3.63).ok
+    # different token counts (one case cut short): not comparable
+    assert not run_e2e.TwinNoise([4000, 800, 300, 80], [4440, 891, 303, 84], 2.0, 3.63).ok
+    assert "z" in ok.describe() and "869/315/88 vs the twin's 891/303/84 of 4440" in ok.describe()
+
+
+def test_a_twin_leaves_batch_and_nondeterministic_differences_to_the_noise_comparison() -> None:
+    twin_tokens = [[1, 2, 3, 4, 5, 6], [7, 7, 7, 7, 7, 7]]
+    twin = _twin_case("dspark5-na", twin_tokens, [[], []], gaps=[[1.0] * 6, [1.0] * 6],
+                      runner_up=[[0] * 6, [0] * 6])
+
+    def judge(run_tokens: list[list[int]], accepts: list[list[list[int]]], plain_rows: list[list[float]],
+              counts: list[list[int]] | None) -> run_e2e.SameShape:
+        run = _twin_case("dspark5", run_tokens, accepts)
+        plain = _twin_case("plain", twin_tokens, [[], []])
+        plain.scores = {"plain": {"short_b24": plain_rows},
+                        "dspark5": {"short_b24": [[0.5, 1], [0.5, 1]]},
+                        "dspark5-na": {"short_b24": [[0.5, 1], [0.5, 1]]}}
+        if counts is not None:
+            plain.score_counts = {"dspark5": {"short_b24": [counts[0], [300, 10, 2, 0]]},
+                                  "dspark5-na": {"short_b24": [counts[1], [300, 10, 2, 0]]}}
+        (row,) = run_e2e.same_shape_rows([twin, run, plain])
+        table = "\n".join(run_e2e.same_shape_table([twin, run, plain]))
+        assert f"| {row.verdict}" in table
+        if row.verdict == "noise":
+            assert f"| noise ({row.kinds_text()}; z {'/'.join(map(str, row.noise.z))}) |" in table
+        return row
+
+    same = [[300, 60, 20, 6], [300, 58, 21, 5]]
+    # request 1 accepted a draft at step 1; request 0 parts at step 4 with a clear choice (gap 1.0)
+    row = judge([[1, 2, 3, 4, 9, 6], twin_tokens[1]], [[], [[1, 1]]], [[0.0, 0], [0.0, 0]], same)
+    assert (row.kind(row.before[0]), row.verdict) == ("batch", "noise")
+    # ... and fails when the run is further off than its twin
+    row = judge([[1, 2, 3, 4, 9, 6], twin_tokens[1]], [[], [[1, 1]]], [[0.0, 0], [0.0, 0]],
+                [[300, 90, 45, 20], [300, 58, 21, 5]])
+    assert (row.kind(row.before[0]), row.verdict) == ("batch", "fail")
+    # ... or without a score to compare
+    row = judge([[1, 2, 3, 4, 9, 6], twin_tokens[1]], [[], [[1, 1]]], [[0.0, 0], [0.0, 0]], None)
+    assert (row.noise, row.verdict) == (None, "fail")
+    # before the batches differ (no draft accepted) a clear difference on a request plain decode
+    # reproduces is a failure, whatever the noise says
+    row = judge([[1, 2, 3, 4, 9, 6], twin_tokens[1]], [[], []], [[0.0, 0], [0.0, 0]], same)
+    assert (row.mates_step, row.kind(row.before[0]), row.verdict) == (None, "fail", "fail")
+    # on a request plain decode does not reproduce (request 0 here), the noise comparison decides ...
+    row = judge([[1, 2, 3, 4, 9, 6], twin_tokens[1]], [[], []], [[0.4, 3], [0.0, 0]], same)
+    assert (row.before[0].reproducible, row.kind(row.before[0]), row.verdict) == (False, "nondet", "noise")
+    # ... but not for another request of the case that plain decode does reproduce
+    row = judge([twin_tokens[0], [7, 7, 9, 7, 7, 7]], [[], []], [[0.4, 3], [0.0, 0]], same)
+    assert (row.reproducible, row.before[0].reproducible, row.verdict) == (False, True, "fail")
+
+
+def test_plain_reproducible_per_request_and_repeat_notes_across_calls() -> None:
+    plain = _twin_case("plain", [[1, 2], [3, 4]], [[], []])
+    plain.scores = {"plain": {"short_b24": [[0.375, 1], [0.0, 0]]}}
+    assert run_e2e.plain_reproducible(plain, "short_b24") is False
+    assert [run_e2e.plain_reproducible(plain, "short_b24", i) for i in (0, 1, 2)] == [False, True, None]
+    assert run_e2e.plain_reproducible(plain, "long_b3") is None
+    # the same plain engine in three calls: request 0 changes from token 1 in one of them
+    runs = []
+    for call, first in (("1:a", [1, 2, 3]), ("2:b", [1, 5, 3]), ("3:c", [1, 2, 3])):
+        r = _twin_case("plain", [first, [4, 4, 4]], [[], []])
+        r.call = call
+        runs.append(r)
+    assert run_e2e.repeat_notes(runs) == [
+        "patched plain short_b24 in calls 1:a, 2:b, 3:c: request 0 differs (from token 1); the other 1 equal"]
+    runs[1].cases[0].tokens = [[1, 2, 3], [4, 4, 4]]
+    assert run_e2e.repeat_notes(runs) == ["patched plain short_b24 in calls 1:a, 2:b, 3:c: all 2 requests equal "
+                                          "in every call"]
+    assert run_e2e.repeat_notes(runs[:1]) == []
+
+
+def test_verdict_table_takes_the_twin_verdict_or_how_the_case_ended() -> None:
+    R, C = run_e2e.RunResult, run_e2e.CaseResult
+    twin = _twin_case("mtp1-na", [[1, 2, 3]], [[]])
+    run = R("patched", "mtp1", 1.0, None, "done", "", [
+        C("patched", "mtp1", "short_b24", "noise", tokens=[[1, 2, 3]], accepts=[[]]),
+        C("patched", "mtp1", "long_b3", "hang")])
+    stock = R("stock", "mtp1", 1.0, None, "done", "", [C("stock", "mtp1", "short_b24", "wrong", tokens=[[1, 9, 9]])])
+    rows = run_e2e.verdict_table([twin, run, stock])
+    # the twin's exact verdict (pass) replaces the plain-decode one (noise); a hang stays a hang;
+    # without a twin in the call the plain-decode verdict counts
+    assert rows[2:] == ["| - | patched | mtp1 | short_b24: pass; long_b3: hang | mtp1-na |",
+                        "| - | stock | mtp1 | short_b24: wrong | plain |"]
+    assert run_e2e.verdict_table([twin]) == []

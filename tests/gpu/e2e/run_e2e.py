@@ -1351,6 +1351,73 @@ class Early(NamedTuple):
     second: bool | None
     step: int = -1  # the engine step that made the position (-1: untraced)
     gap_from: str = ""  # "" the reference's own logprobs; "plain": plain decode's at the same prefix
+    # whether plain decode of the run's variant and call gave this request's own tokens again when
+    # it decoded them forced (``plain_reproducible``; None: unknown)
+    reproducible: bool | None = None
+
+
+# A speculative run's excess of tokens off plain decode's choices over its -na twin's, in standard
+# errors (pooled two-proportion z), beyond which the run is worse than its twin (``TwinNoise``).
+TWIN_Z_MAX = 3.0
+
+
+@dataclass
+class TwinNoise:
+    """A speculative case's tokens against its ``-na`` twin's, both scored by the same plain engine.
+
+    Where the exact oracle cannot decide (the batches around a request differ
+    once a batch-mate accepted a draft; plain decode itself does not reproduce
+    a request's tokens), the run must at least be no further from plain
+    decode's choices than the very engine with every draft rejected: per
+    ``COUNT_THRESHOLDS``, its share of tokens more than that far below plain's
+    best logprob may exceed the twin's by at most ``TWIN_Z_MAX`` standard
+    errors.  Speculative tokens a bug made (accepted drafts the target would
+    not choose, another request's KV) sit far below plain's choice, many of
+    them: the counts are the test.  The worst token is reported, not gated:
+    a single maximum over thousands of tokens is the noisiest statistic there
+    is (run 10, DSpark, two engines that differ only in accepted drafts:
+    ``mid_b24``'s twin's worst token is 0.98 nat worse than the run's,
+    ``short_b24``'s run's 0.52 nat worse than its twin's), and a margin tied
+    to plain's tolerance would judge the same tokens by whether a long case
+    ran in the same call (run 9b: tolerance 0.5 without one, 10b: 1.84).
+    """
+
+    run: list[int]  # [tokens, beyond 0.1, beyond 0.5, beyond 1.0]
+    twin: list[int]
+    run_worst: float
+    twin_worst: float
+
+    @property
+    def z(self) -> list[float]:
+        out = []
+        n1, n2 = self.run[0], self.twin[0]
+        for k1, k2 in zip(self.run[1:], self.twin[1:]):
+            p = (k1 + k2) / (n1 + n2) if n1 + n2 else 0.0
+            se = (p * (1 - p) * (1 / n1 + 1 / n2)) ** 0.5 if n1 and n2 else 0.0
+            out.append(round((k1 / n1 - k2 / n2) / se, 2) if se else 0.0)
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return self.run[0] > 0 and self.run[0] == self.twin[0] and all(z <= TWIN_Z_MAX for z in self.z)
+
+    def describe(self) -> str:
+        heads = "/".join(str(t) for t in COUNT_THRESHOLDS)
+        return (f"beyond {heads} nat {'/'.join(map(str, self.run[1:]))} vs the twin's "
+                f"{'/'.join(map(str, self.twin[1:]))} of {self.run[0]} (z {'/'.join(map(str, self.z))}), "
+                f"worst {self.run_worst} vs {self.twin_worst}")
+
+
+def twin_noise(runs: list[RunResult], run: RunResult, twin: RunResult, case: str) -> TwinNoise | None:
+    """``TwinNoise`` of RUN's CASE against TWIN's, from the plain engine that scored both; None unscored."""
+    pr = scoring_plain(runs, run)
+    if pr is None:
+        return None
+    counts = [_count_totals(pr.score_counts.get(m, {}).get(case, [])) for m in (run.method, twin.method)]
+    worst = [pr.scores.get(m, {}).get(case) for m in (run.method, twin.method)]
+    if not all(counts) or not all(worst):
+        return None
+    return TwinNoise(counts[0], counts[1], max(w[0] for w in worst[0]), max(w[0] for w in worst[1]))
 
 
 @dataclass
@@ -1380,15 +1447,32 @@ class SameShape:
     twin: bool = False
     mates_step: int | None = None
     reproducible: bool | None = None
+    # -na twins only: the run's tokens against the twin's, scored by plain decode (``TwinNoise``)
+    noise: TwinNoise | None = None
 
-    def _tie(self, e: Early) -> bool:
-        if e.gap is None or e.gap > TIE_NATS or e.second is False:
-            return False
+    def _unrepro(self, e: Early) -> bool:
+        return (self.reproducible if e.reproducible is None else e.reproducible) is False
+
+    def kind(self, e: Early) -> str:
+        """How an early difference is judged: ``tie``, ``batch``, ``nondet`` (both: by ``noise``) or ``fail``.
+
+        The twin runs the same engine on the same inputs until a batch-mate
+        accepts a draft (``mates_step``): before that step a difference on a
+        request plain decode reproduces is a bug, near tie or not.  From that
+        step on the batches around the request differ, and vLLM's kernels do
+        not promise the same rounding in another batch (FlashMLA splits a
+        request's KV by the whole batch's work); on a request plain decode
+        does not reproduce (long prompts) nothing is exact.
+        """
+        near = e.gap is not None and e.gap <= TIE_NATS and e.second is not False
         if not self.twin:
-            return True
-        # the twin runs the same engine on the same inputs until a batch-mate accepts a draft:
-        # before that step only an engine that is not reproducible on the case may flip a tie
-        return (self.mates_step is not None and e.step >= self.mates_step) or self.reproducible is False
+            return "tie" if near else "fail"
+        later = self.mates_step is not None and e.step >= self.mates_step
+        if near and (later or self._unrepro(e)):
+            return "tie"
+        if self._unrepro(e):
+            return "nondet"
+        return "batch" if later else "fail"
 
     @property
     def verdict(self) -> str:
@@ -1396,20 +1480,29 @@ class SameShape:
 
         A near-tie flip: at the first difference the reference's two best
         tokens are at most ``TIE_NATS`` apart and the run took the second
-        (where the reference recorded it).  Rounding of a kernel whose
-        reduction order follows the batch (FlashMLA splits a request's KV by
-        the whole batch's work) can flip such a tie; a bug in the speculative
-        path need not stop at one.  Against a ``-na`` twin a flip counts only
-        from the step at which the batches differ (a batch-mate accepted a
-        draft), or where plain decode is not reproducible on the case.
+        (or one of its near ties, where recorded).  Against a ``-na`` twin
+        the differences ``kind`` calls ``batch`` or ``nondet`` leave the
+        exact oracle without a decision; the case is then ``noise`` when its
+        tokens are no further from plain decode's than the twin's
+        (``TwinNoise.ok``), else ``fail``.
         """
         if not self.before:  # an untraced row puts every difference here
             return "pass"
         if not self.traced:  # which differences follow accepted drafts is unknown
             return "untraced"
-        if all(self._tie(e) for e in self.before):
+        kinds = {self.kind(e) for e in self.before}
+        if "fail" in kinds:
+            return "fail"
+        if kinds == {"tie"}:
             return "tie"
-        return "fail"
+        return "noise" if self.noise is not None and self.noise.ok else "fail"
+
+    def kinds_text(self) -> str:
+        """How many early differences are of each kind, e.g. ``batch 9, tie 1``."""
+        counts: dict[str, int] = {}
+        for e in self.before:
+            counts[self.kind(e)] = counts.get(self.kind(e), 0) + 1
+        return ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
 
 
 def bm_runs(runs: list[RunResult]) -> list[tuple[RunResult, int]]:
@@ -1505,17 +1598,20 @@ def plain_run(runs: list[RunResult], variant: str, call: str) -> RunResult | Non
     return next((r for r in runs if r.method == "plain" and r.variant == variant and r.call == call), None)
 
 
-def plain_reproducible(plain: RunResult | None, case: str) -> bool | None:
-    """Whether PLAIN gave its own tokens again, decoding them forced, on CASE.
+def plain_reproducible(plain: RunResult | None, case: str, request: int | None = None) -> bool | None:
+    """Whether PLAIN gave its own tokens again, decoding them forced, on CASE (or its REQUEST alone).
 
     Its forced decode of its own tokens (``scores["plain"]``) finds each one
-    plain decode's best unless the engine is not reproducible there (run 9:
-    ``long_b3``, 0.375-0.92 nat; 0.0 on the short cases).  None when that run
-    or score is missing.
+    plain decode's best unless the engine is not reproducible there (runs 9
+    and 10: ``long_b3`` request 0, whose compressed context exceeds the
+    indexer's top-k, 0.4-2.3 nat; 0.0 on its other requests and on the
+    short cases).  None when that run or score is missing.
     """
     rows = None if plain is None else plain.scores.get("plain", {}).get(case)
     if not rows:
         return None
+    if request is not None:
+        return rows[request][0] == 0 if request < len(rows) else None
     return all(w[0] == 0 for w in rows)
 
 
@@ -1601,12 +1697,14 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
                         after_change += 1
                         continue
                     gap, second, gap_from = _tie_at(refc, plain_cases.get(c.case), i, pos, a, b)
-                    before.append(Early(i, pos, -1 if fb is None else fb, gap, second, step, gap_from))
+                    before.append(Early(i, pos, -1 if fb is None else fb, gap, second, step, gap_from,
+                                        plain_reproducible(plain, c.case, i) if twin else None))
                 rows.append(SameShape(
                     r.variant, r.call, r.method, ref_run.method, c.case, len(c.tokens), equal, after, before,
                     acc is not None, after_change, change, twin=twin,
                     mates_step=mates_step(acc) if twin and traced else None,
-                    reproducible=plain_reproducible(plain, c.case) if twin else None))
+                    reproducible=plain_reproducible(plain, c.case) if twin else None,
+                    noise=twin_noise(runs, r, ref_run, c.case) if twin else None))
     return rows
 
 
@@ -1628,7 +1726,12 @@ def same_token_count_notes(runs: list[RunResult]) -> list[str]:
             line += ("; no request accepted a draft" if x.mates_step is None else
                      f"; the batches differ from engine step {x.mates_step} on (a batch-mate accepted a draft)")
             if x.reproducible is False:
-                line += "; plain decode does not reproduce its own tokens on this case"
+                unrep = [str(e.request) for e in x.before if e.reproducible is False]
+                line += ("; plain decode does not reproduce its own tokens on this case"
+                         + (f" (request {', '.join(unrep)})" if unrep else ""))
+            line += f"; early differences: {x.kinds_text()}"
+            if x.noise is not None and x.verdict in ("noise", "fail") and x.kinds_text() != "tie":
+                line += f"; against the twin, scored by plain decode: {x.noise.describe()}"
         if x.verdict == "untraced":
             line += " (accepted drafts not traced)"
         notes.append(f"{line}: {x.verdict}")
@@ -1657,8 +1760,12 @@ def same_shape_table(runs: list[RunResult]) -> list[str]:
         if x.twin:
             reference += f" (batches differ from step {'-' if x.mates_step is None else x.mates_step}" + (
                 "; plain not reproducible here)" if x.reproducible is False else ")")
+        verdict = x.verdict
+        if x.twin and x.before and x.traced:
+            verdict += f" ({x.kinds_text()}" + (f"; z {'/'.join(map(str, x.noise.z))}" if x.noise is not None
+                                                 and verdict in ("noise", "fail") else "") + ")"
         out.append(f"| {x.call or '-'} | {x.variant} | {x.method} | {reference} | {x.case} | {x.equal}/{x.requests} "
-                   f"| {after} | {changed} | {before or '-'} | {x.verdict} |")
+                   f"| {after} | {changed} | {before or '-'} | {verdict} |")
     return out
 
 
@@ -1719,9 +1826,42 @@ def eager_prefill_notes(runs: list[RunResult]) -> list[str]:
     return notes
 
 
+def repeat_notes(runs: list[RunResult]) -> list[str]:
+    """Plain decode of one variant and case in several calls (merged reports): the same tokens each time?
+
+    The same engine, inputs and seed; a request whose tokens differ between
+    calls is one the engine does not reproduce (run 10: ``long_b3``'s
+    request 0 and ``long_b1``; every short and mid case, and ``long_b3``'s
+    shorter requests, came out the same in every call).
+    """
+    seen: dict[tuple[str, str], list[tuple[str, list[list[int]]]]] = {}
+    for r in runs:
+        if r.method != "plain":
+            continue
+        for c in r.cases:
+            if c.status == "finished" and c.tokens:
+                seen.setdefault((r.variant, c.case), []).append((r.call, c.tokens))
+    notes = []
+    for (variant, case), got in sorted(seen.items()):
+        if len(got) < 2:
+            continue
+        first = got[0][1]
+        parts = []
+        for i, a in enumerate(first):
+            pos = [d[1] for _, t in got[1:] if i < len(t) and (d := first_difference([a], [t[i]])) is not None]
+            if pos:
+                parts.append(f"request {i} differs (from token {min(pos)})")
+        calls = ", ".join(c for c, _ in got)
+        notes.append(f"{variant} plain {case} in calls {calls}: "
+                     + ("; ".join(parts) + f"; the other {len(first) - len(parts)} equal" if parts
+                        else f"all {len(first)} requests equal in every call"))
+    return notes
+
+
 def controls(runs: list[RunResult]) -> list[str]:
     """Cross checks that bound the oracle's noise."""
-    notes: list[str] = same_token_count_notes(runs) + flip_gap_notes(runs) + eager_prefill_notes(runs)
+    notes: list[str] = (same_token_count_notes(runs) + flip_gap_notes(runs) + eager_prefill_notes(runs)
+                        + repeat_notes(runs))
     plains = [r for r in runs if r.method == "plain"]  # one per variant and call (merged reports: several calls)
     for p in sorted(plains, key=lambda r: (r.variant, r.call)):
         variant = p.variant + (f" (call {p.call})" if p.call else "")
@@ -1807,6 +1947,34 @@ def noise_table(runs: list[RunResult]) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def verdict_table(runs: list[RunResult]) -> list[str]:
+    """Markdown: one line per speculative run (its ``-na`` twins aside) and case, the verdict that counts.
+
+    A case that hung, crashed or did not run says so; a finished one takes
+    the verdict against its ``-na`` twin (``same_shape_rows``) where the
+    call ran one, else the verdict against plain decode (``apply_oracle``).
+    """
+    twin = {(x.call, x.variant, x.method, x.case): x for x in same_shape_rows(runs) if x.twin}
+    out = ["| call | variant | method | case: verdict | judged against |", "|---|---|---|---|---|"]
+    for r in runs:
+        base, flags = split_method(r.method)
+        if base == "plain" or "na" in flags:
+            continue
+        cells, against = [], set()
+        for c in r.cases:
+            x = twin.get((r.call, r.variant, r.method, c.case))
+            if c.status in FINISHED and x is not None:
+                cells.append(f"{c.case}: {x.verdict}")
+                against.add(x.reference)
+            else:
+                cells.append(f"{c.case}: {c.status}")
+                if c.status in FINISHED:
+                    against.add("plain")
+        out.append(f"| {r.call or '-'} | {r.variant} | {r.method} | {'; '.join(cells)} | "
+                   f"{', '.join(sorted(against)) or '-'} |")
+    return out if len(out) > 2 else []
+
+
 def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any]) -> str:
     out = ["# DeepSeek-V4 end to end: plain decode vs MTP / DSpark (greedy oracle)", ""]
     for k, v in meta.items():
@@ -1824,6 +1992,13 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
                 + f"| {r.variant} | {r.method} | {r.start_seconds if r.start_seconds is not None else '-'} "
                 f"| {c.case} | {c.status} | {detail[:300]} | {c.seconds if c.seconds is not None else '-'} |"
             )
+    verdicts = verdict_table(runs)
+    if verdicts:
+        out += ["", "## Verdicts: each speculative run and case", "",
+                "pass: exact; tie: near-tie flips only; noise: differences the exact oracle cannot decide "
+                "(batch-mates at other lengths, or a request plain decode does not reproduce), no further "
+                "off than the -na twin; fail; or how the case ended (hang, crash, not-run). Details in the "
+                "sections below.", ""] + verdicts
     out += ["", "## Runs", ""]
     for r in runs:
         out.append(f"- {r.variant}/{r.method}{f' (call {r.call})' if r.call else ''}: {r.outcome} {r.detail[:400]}")
@@ -1839,9 +2014,15 @@ def render_markdown(runs: list[RunResult], notes: list[str], meta: dict[str, Any
                 "still ran (the batches differ from then on). Each run is compared with the plain-bmN of its own "
                 "CUDA-graph mode (-fd with -fd, -eager with -eager), and with its -na twin (the same engine, "
                 "every draft rejected). A difference at a near tie (the reference's two best tokens at most "
-                f"{TIE_NATS} nat apart, the run taking the second) is a tie; against a -na twin only from the "
-                "step at which the batches differ (the step after a batch-mate accepted a draft), or on a case "
-                "on which plain decode does not reproduce its own tokens. Where a -na twin recorded no "
+                f"{TIE_NATS} nat apart, the run taking the second or one of its near ties) is a tie; against "
+                "a -na twin only from the step at which the batches differ (the step after a batch-mate "
+                "accepted a draft), or on a request whose own tokens plain decode does not reproduce. Against "
+                "a twin, any earlier difference before that step on a request plain decode reproduces fails "
+                "the case. Other early differences against a twin are 'batch' (from that step on: vLLM's "
+                "kernels round by the whole batch) or 'nondet' (a request plain decode does not reproduce); "
+                "the exact oracle cannot decide them, and the case is 'noise' when its tokens, scored by "
+                "plain decode, are no further off than the twin's (per threshold at most "
+                f"{TWIN_Z_MAX} standard errors more tokens beyond it; z in the verdict), else 'fail'. Where a -na twin recorded no "
                 "logprobs (before run 10), plain decode's gap at the same prefix is used, marked (plain).", ""]
         out += shape
     table = noise_table(runs)

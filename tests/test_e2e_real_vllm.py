@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -175,7 +177,7 @@ def vllm_026(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> di
         for name in zf.namelist():
             if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
                 zf.extract(name, site)
-    return {"python": str(env.python), "site": site}
+    return {"python": str(env.python), "site": site, "tree": tree}
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +286,48 @@ def test_attention_is_a_graph_break_only_when_the_flag_precedes_the_import(vllm_
         got[flags or "default"] = json.loads(res.stdout.strip().splitlines()[-1])
     # vLLM itself ends with the flag on, but its attention was imported before: no break (runs 1-8)
     assert got == {"unsplit": {"env": "1", "break": "not wrapped"}, "default": {"env": "1", "break": "wrapped"}}, got
+
+
+def test_status_installed_sh_reports_both_sites_from_the_carried_sdist(vllm_026: dict, shared_cache: Path,
+                                                                       tmp_path: Path) -> None:
+    """``status_installed.sh`` (run on the H200 in run 10) against 0.26.0's own wheel files, here without a GPU.
+
+    The sites are laid out as ``device.sh`` lays them out: the stock wheel's
+    vLLM, and a copy with the patched tree's files over it (no kernel wheel
+    here: fixes 7-9 then read ``missing``). The lock's patched tree is made
+    from the sdist that ``pack_status.py`` carries, in a cache of its own.
+    """
+    e2e, src = tmp_path / "e2e", tmp_path / "src"
+    (e2e / "deps").mkdir(parents=True)
+    (e2e / "deps" / ".complete").touch()
+    shutil.copytree(vllm_026["site"], e2e / "vllm-stock")
+    shutil.copytree(vllm_026["site"], e2e / "vllm-patched")
+    tree = vllm_026["tree"]
+    git = ["git", "-C", str(tree)]
+    base = subprocess.run([*git, "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    changed = subprocess.run([*git, "diff", "--name-only", base, "HEAD", "--", "vllm"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert changed
+    for rel in changed:
+        if (tree / rel).exists():
+            shutil.copyfile(tree / rel, e2e / "vllm-patched" / rel)
+    subprocess.run([sys.executable, str(ROOT / "tests/gpu/e2e/pack_status.py"), "--out", str(src / "status"),
+                    "--cache-dir", str(shared_cache)], check=True, timeout=600, cwd=ROOT)
+    assert [p.name for p in (src / "status" / "cache" / "blobs" / "sha256").iterdir()] == \
+        [load(LOCK).pin("0.26.0").source.sha256]
+    res = subprocess.run(["bash", str(ROOT / "tests/gpu/e2e/status_installed.sh")], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "E2E_DIR": str(e2e), "E2E_SRC": str(src),
+                                           "OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = (tmp_path / "out" / "status_installed.txt").read_text()
+    reports = [json.loads(part[part.index("{"):part.rindex("}") + 1])
+               for part in text.split("## ")[1:] if part.startswith(("patched (json)", "stock (json)"))]
+    patched, stock_rep = reports
+    assert patched["installed"]["package"] == str(e2e / "vllm-patched" / "vllm")
+    states = {n[:4]: p["state"] for n, p in patched["patches"].items()}
+    assert states == {**{f"000{i}": "present" for i in range(1, 7)}, **{f"000{i}": "missing" for i in (7, 8, 9)}}
+    assert {n[:4]: p["state"] for n, p in stock_rep["patches"].items()} == \
+        {**{f"000{i}": "stock" for i in range(1, 7)}, **{f"000{i}": "missing" for i in (7, 8, 9)}}
+    assert not patched["ok"] and not stock_rep["ok"]
+    assert text.count("exit code: 1") == 4 and "no GPU" in text

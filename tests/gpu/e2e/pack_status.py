@@ -31,6 +31,9 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from dsv4patch.lock import load
+from dsv4patch.store import Store
+
 ROOT = Path(__file__).resolve().parents[3]
 # dsv4patch's runtime dependencies (pyproject.toml) and theirs, all pure Python.
 CLI_DEPS = ("unidiff", "tomlkit", "rich", "markdown-it-py", "mdurl", "pygments")
@@ -40,16 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".e2e" / "status")
     ap.add_argument("--pin", default="0.26.0")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="fetch through this dsv4patch cache (default: a fresh temporary one)")
     args = ap.parse_args(argv)
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
     (out / "cache").mkdir(parents=True)
+    lock = load(ROOT / "locks" / "vllm.toml")
+    sha = lock.pin(args.pin).source.sha256
     with tempfile.TemporaryDirectory(prefix="pack-status-") as tmp:
+        cache = args.cache_dir or Path(tmp)
         subprocess.run([sys.executable, "-m", "dsv4patch", "fetch", "--pin", args.pin,
-                        "--lock", str(ROOT / "locks" / "vllm.toml"), "--cache-dir", tmp],
-                       check=True, cwd=ROOT)
-        shutil.copytree(Path(tmp) / "blobs", out / "cache" / "blobs")
+                        "--lock", str(ROOT / "locks" / "vllm.toml"), "--cache-dir", str(cache)],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        # the sdist alone (the device makes the tree): a pin's source blob is named by the lock's sha256
+        blob = Store.open(cache).blob_path(sha)
+        (out / "cache" / blob.parent.relative_to(cache)).mkdir(parents=True)
+        shutil.copyfile(blob, out / "cache" / blob.relative_to(cache))
     reqs = [f"{name}=={metadata.version(name)}" for name in CLI_DEPS]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--only-binary=:all:", "--target", str(out / "cli-site"), *reqs], check=True)

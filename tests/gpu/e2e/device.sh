@@ -18,12 +18,8 @@
 set -euo pipefail
 T_CALL=$(date +%s)
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../../.." && pwd)"
-E2E="${E2E_DIR:-/tmp/e2e}"
-SRC="${E2E_SRC:-$ROOT/.e2e}"
-RESULTS="${OUT:-$E2E/out}"
-PY="${PYTHON:-python3}"
+# shellcheck source=tests/gpu/e2e/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/paths.sh"
 STAGE_ONLY=0
 NO_RUN=0
 if [[ "${1:-}" == "--stage-only" ]]; then STAGE_ONLY=1; shift; fi

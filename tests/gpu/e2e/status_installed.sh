@@ -14,12 +14,8 @@
 #
 # usage: bash tests/gpu/e2e/status_installed.sh   (output: $OUT/status_installed.txt)
 set -uo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../../.." && pwd)"
-E2E="${E2E_DIR:-/tmp/e2e}"
-SRC="${E2E_SRC:-$ROOT/.e2e}"
-RESULTS="${OUT:-$E2E/out}"
-PY="${PYTHON:-python3}"
+# shellcheck source=tests/gpu/e2e/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/paths.sh"
 PIN="${E2E_STATUS_PIN:-0.26.0}"
 mkdir -p "$RESULTS"
 LOG="$RESULTS/status_installed.txt"

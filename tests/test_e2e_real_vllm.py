@@ -13,6 +13,7 @@ pin (torch 2.13.0 CPU); no GPU is needed for either.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -173,11 +174,12 @@ def vllm_026(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> di
     store = Store.open(shared_cache)
     env = testenv.ensure(tree, store, torch="2.13.0")  # 0.26.0 pins torch 2.11 (CUDA); CPU build here
     site = base / "site"
-    with zipfile.ZipFile(stock.wheel_path(store, stock.wheel_for(load(LOCK).pin("0.26.0"), "x86_64"))) as zf:
+    wheel = stock.wheel_path(store, stock.wheel_for(load(LOCK).pin("0.26.0"), "x86_64"))
+    with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
             if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
                 zf.extract(name, site)
-    return {"python": str(env.python), "site": site, "tree": tree}
+    return {"python": str(env.python), "site": site, "tree": tree, "wheel": wheel}
 
 
 @pytest.fixture(scope="module")
@@ -302,16 +304,17 @@ def test_status_installed_sh_reports_both_sites_from_the_carried_sdist(vllm_026:
     (e2e / "deps" / ".complete").touch()
     shutil.copytree(vllm_026["site"], e2e / "vllm-stock")
     shutil.copytree(vllm_026["site"], e2e / "vllm-patched")
+    # the files pack.py puts in .e2e/meta/patched, laid over the wheel's as device.sh lays them
+    spec = importlib.util.spec_from_file_location("e2e_pack", ROOT / "tests/gpu/e2e/pack.py")
+    assert spec and spec.loader
+    pack = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(pack)
     tree = vllm_026["tree"]
-    git = ["git", "-C", str(tree)]
-    base = subprocess.run([*git, "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    changed = subprocess.run([*git, "diff", "--name-only", base, "HEAD", "--", "vllm"],
-                             capture_output=True, text=True, check=True).stdout.split()
+    changed = pack.patched_files(tree, vllm_026["wheel"])
     assert changed
     for rel in changed:
-        if (tree / rel).exists():
-            shutil.copyfile(tree / rel, e2e / "vllm-patched" / rel)
+        (e2e / "vllm-patched" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree / rel, e2e / "vllm-patched" / rel)
     subprocess.run([sys.executable, str(ROOT / "tests/gpu/e2e/pack_status.py"), "--out", str(src / "status"),
                     "--cache-dir", str(shared_cache)], check=True, timeout=600, cwd=ROOT)
     assert [p.name for p in (src / "status" / "cache" / "blobs" / "sha256").iterdir()] == \

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 
-from dsv4patch.errors import LockFileError
+from dsv4patch.errors import LockFileError, UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,6 +114,47 @@ class Lock:
         if not names:
             return list(self.pins.values())
         return [self.pin(n) for n in names]
+
+    def with_series(self, chosen: list[str] | tuple[str, ...] | None) -> Lock:
+        """This lock with every pin running ``chosen`` series instead of its own.
+
+        The lock's patched_tree is then not compared (it was recorded for the
+        pin's own series)."""
+        if not chosen:
+            return self
+        unknown = [s for s in chosen if s not in self.series]
+        if unknown:
+            raise LockFileError(f"--series {', '.join(unknown)}: {self.path} has no such [series.*] table "
+                                f"(it has {', '.join(self.series)})")
+        pins = {n: replace(p, series=tuple(chosen), patched_tree=None) for n, p in self.pins.items()}
+        return replace(self, pins=pins)
+
+
+DEFAULT_LOCK = Path("locks/vllm.toml")
+
+
+def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
+    """``given``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
+
+    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
+    if given is not None:
+        return given
+    env = os.environ.get("DSV4PATCH_LOCK")
+    if env:
+        return Path(env)
+    start = Path(os.path.abspath(cwd or Path.cwd()))
+    for d in (start, *start.parents):
+        if (d / DEFAULT_LOCK).is_file():
+            return d / DEFAULT_LOCK
+    raise UsageError(
+        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass --lock FILE "
+        "or set DSV4PATCH_LOCK"
+    )
+
+
+def open_lock(given: Path | None, series: list[str] | tuple[str, ...] | None = None) -> Lock:
+    """Find (:func:`find_lock`) and load the lock, with ``series`` chosen instead of each pin's own."""
+    return load(find_lock(given)).with_series(series)
 
 
 class _Table:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import dataclasses
 from pathlib import Path
 
-from dsv4patch.errors import LockFileError, UsageError
-from dsv4patch.lock import Lock, load
+from dsv4patch import lock as lockmod
+from dsv4patch.errors import UsageError
+from dsv4patch.lock import DEFAULT_LOCK, Lock
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
-
-DEFAULT_LOCK = Path("locks/vllm.toml")
 
 
 def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
@@ -48,38 +46,9 @@ def add_cache(p: argparse.ArgumentParser) -> None:
     )
 
 
-def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
-    """``--lock``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
-
-    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
-    if given is not None:
-        return given
-    env = os.environ.get("DSV4PATCH_LOCK")
-    if env:
-        return Path(env)
-    start = Path(os.path.abspath(cwd or Path.cwd()))
-    for d in (start, *start.parents):
-        if (d / DEFAULT_LOCK).is_file():
-            return d / DEFAULT_LOCK
-    raise UsageError(
-        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass --lock FILE "
-        "or set DSV4PATCH_LOCK"
-    )
-
-
 def open_lock(args: argparse.Namespace) -> Lock:
-    args.lock = find_lock(getattr(args, "lock", None))
-    lock = load(args.lock)
-    chosen = getattr(args, "series", None)
-    if not chosen:
-        return lock
-    unknown = [s for s in chosen if s not in lock.series]
-    if unknown:
-        raise LockFileError(f"--series {', '.join(unknown)}: {lock.path} has no such [series.*] table "
-                        f"(it has {', '.join(lock.series)})")
-    pins = {n: dataclasses.replace(p, series=tuple(chosen), patched_tree=None)
-            for n, p in lock.pins.items()}
-    return dataclasses.replace(lock, pins=pins)
+    """The lock named by ``--lock`` (or found), with ``--series`` applied; ``args`` is not changed."""
+    return lockmod.open_lock(args.lock if "lock" in args else None, args.series if "series" in args else None)
 
 
 def open_store(args: argparse.Namespace) -> Store:

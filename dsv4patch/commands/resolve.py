@@ -127,7 +127,7 @@ def _state_lock(args: argparse.Namespace, state: dict[str, Any], path: Path) -> 
     """The lock this command uses: found as every command finds it, and the one the state names."""
     named = Path(state["lock"])
     try:
-        found = _common.find_lock(getattr(args, "lock", None))
+        found = lockmod.find_lock(getattr(args, "lock", None))
     except UsageError:
         raise TreeError(
             f"the conflict workspace in {path} was opened with the lock {named}; pass it: "

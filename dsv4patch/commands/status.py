@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import engine, git, report, tree
+from dsv4patch import lock as lockmod
 from dsv4patch.commands import _common
 from dsv4patch.commands.apply import JOURNAL
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, TreeError, UsageError
@@ -109,7 +110,7 @@ def _pick_pin(args: argparse.Namespace, root_tree: str) -> tuple[Lock, Pin] | No
         match = [p for p in lock.pins.values() if p.base_tree == root_tree]
         return lock, (match[0] if match else lock.pin(None))
     try:
-        found = _common.find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
+        found = lockmod.find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
     except UsageError:
         return None
     lock = load(found)

@@ -12,7 +12,11 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # rich is loaded only where a terminal table is printed (see console)
+    from rich.console import Console, OverflowMethod
+    from rich.table import Table as RichTable
 
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
 # Version of every --format json object (schemas/*.schema.json); bump it when a
@@ -20,7 +24,7 @@ OK_MARK = {True: "ok", False: "UNEXPECTED"}
 SCHEMA_VERSION = 1
 
 
-def console(stderr: bool = False) -> Any:
+def console(stderr: bool = False) -> Console:
     """A rich console for the terminal: its real width (COLUMNS, else 80, off a terminal),
     colour only on a TTY and never with NO_COLOR set (https://no-color.org).
 
@@ -41,9 +45,9 @@ class Table:
     title: str
     columns: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
-    overflow: dict[str, str] = field(default_factory=dict)
+    overflow: dict[str, OverflowMethod] = field(default_factory=dict)
 
-    def add_column(self, name: str, overflow: str | None = None) -> None:
+    def add_column(self, name: str, overflow: OverflowMethod | None = None) -> None:
         self.columns.append(name)
         if overflow is not None:
             self.overflow[name] = overflow
@@ -51,7 +55,7 @@ class Table:
     def add_row(self, *cells: str) -> None:
         self.rows.append(list(cells))
 
-    def to_rich(self) -> Any:
+    def to_rich(self) -> RichTable:
         from rich.table import Table as RichTable
 
         table = RichTable(title=self.title)
@@ -119,7 +123,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
         table.add_row(pin_name, *cells, tree, result)
         md.append(f"| {pin_name} | " + " | ".join(cells) + f" | {tree} | {result} |")
     md.append("")
-    md.append("Patches: " + ", ".join(f"`{s}` = {n}" for s, n in zip(short, patch_names)))
+    md.append("Patches: " + ", ".join(f"`{s}` = {n}" for s, n in zip(short, patch_names, strict=True)))
     return table, "\n".join(md)
 
 

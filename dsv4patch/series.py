@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-
 from dsv4patch.errors import PatchFileError
 from dsv4patch.lock import Lock, Pin
 
@@ -171,8 +170,8 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     headers = tuple(git_headers(raw))
     check_patch_text(name, headers)
     # unidiff is imported only to parse (check's cache hit never parses a patch).
-    from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
+    from unidiff.patch import PatchSet
 
     try:
         ps = PatchSet(text)
@@ -286,6 +285,17 @@ def _diff_git_names(rest: str) -> list[str]:
     return names or [rest]
 
 
+@dataclass
+class _Section:
+    """A ``diff --git`` section while :func:`git_headers` reads it."""
+
+    paths: list[str | None]  # None: a name _name could not read (dropped in done())
+    to: str | None
+    mode: str | None = None
+    added: list[str] = field(default_factory=list)
+    hunks: bool = False  # past the first "@@": only "+" lines matter now
+
+
 def git_headers(raw: bytes) -> list[GitHeader]:
     """The file sections of a patch as git apply reads them.
 
@@ -295,42 +305,41 @@ def git_headers(raw: bytes) -> list[GitHeader]:
     """
     text = raw.decode("utf-8", errors="surrogateescape")
     out: list[GitHeader] = []
-    cur: dict[str, object] | None = None
+    cur: _Section | None = None
 
     def done() -> None:
         if cur is not None:
-            paths = tuple(dict.fromkeys(p for p in cur["paths"] if p))  # type: ignore[union-attr]
-            target = cur["to"] or (paths[-1] if paths else "")
-            out.append(GitHeader(paths, str(target), cur["mode"], tuple(cur["added"])))  # type: ignore[arg-type]
+            paths = tuple(dict.fromkeys(p for p in cur.paths if p))
+            target = cur.to or (paths[-1] if paths else "")
+            out.append(GitHeader(paths, target, cur.mode, tuple(cur.added)))
 
     for line in text.split("\n"):
         if line.startswith("diff --git "):
             done()
             names = _diff_git_names(line[len("diff --git "):])
-            cur = {"paths": list(names), "to": names[-1] if names else "", "mode": None,
-                   "added": [], "hunks": False}
+            cur = _Section(paths=list(names), to=names[-1] if names else "")
             continue
         if cur is None:
             continue
-        if cur["hunks"]:
+        if cur.hunks:
             if line.startswith("+"):
-                cur["added"].append(line[1:])  # type: ignore[union-attr]
+                cur.added.append(line[1:])
             continue
         if line.startswith("@@"):
-            cur["hunks"] = True
+            cur.hunks = True
         elif line.startswith(("new file mode ", "new mode ")):
-            cur["mode"] = line.split()[-1]
+            cur.mode = line.split()[-1]
         elif line.startswith(("--- ", "+++ ")):
             n = _name(line[4:], strip=True)
-            cur["paths"].append(n)  # type: ignore[union-attr]
+            cur.paths.append(n)
             if line.startswith("+++ ") and n:
-                cur["to"] = n
+                cur.to = n
         elif line.startswith(("rename from ", "copy from ")):
-            cur["paths"].append(_name(line.split(" ", 2)[2], strip=False))  # type: ignore[union-attr]
+            cur.paths.append(_name(line.split(" ", 2)[2], strip=False))
         elif line.startswith(("rename to ", "copy to ")):
             n = _name(line.split(" ", 2)[2], strip=False)
-            cur["paths"].append(n)  # type: ignore[union-attr]
-            cur["to"] = n
+            cur.paths.append(n)
+            cur.to = n
     done()
     return out
 

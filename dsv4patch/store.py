@@ -24,12 +24,18 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from dsv4patch.errors import (
-    BusyError, CacheError, FetchError, IntegrityError, NotFetchedError, UsageError,
+    BusyError,
+    CacheError,
+    FetchError,
+    IntegrityError,
+    NotFetchedError,
+    UsageError,
 )
 from dsv4patch.progress import Progress
 
@@ -117,7 +123,7 @@ class Store:
             ) from None
         return cls(root)
 
-    def lock(self, name: str) -> Iterator[None]:
+    def lock(self, name: str) -> AbstractContextManager[None]:
         return file_lock(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
 
     def blob_path(self, sha256: str) -> Path:
@@ -222,12 +228,13 @@ class Store:
 
 
 def _download(
-    url: str, fh: object, what: str, progress: Progress, size: int | None,
+    url: str, fh: BinaryIO, what: str, progress: Progress, size: int | None,
     auth_from: str | None = None,
 ) -> tuple[int, str, int | None]:
     import urllib.error  # only a download needs them (a warm run never loads http/ssl)
 
-    from dsv4patch.index import open_url, redact
+    from dsv4patch.index import open_url
+    from dsv4patch.urls import redact
 
     h = hashlib.sha256()
     got = 0
@@ -247,7 +254,7 @@ def _download(
                         ) from None
                     if not chunk:
                         break
-                    fh.write(chunk)  # type: ignore[attr-defined]
+                    fh.write(chunk)
                     h.update(chunk)
                     got += len(chunk)
                     task.advance(len(chunk))

@@ -1,0 +1,276 @@
+"""Reading and writing files an attacker may have planted: no links, no FIFOs, no unbounded reads.
+
+A state file in a tree's ``.git`` (the tree lock, the apply journal, the
+resolve and port states), a file of an installed vLLM, a wheel member or an
+index page is input dsv4patch does not trust (docs/trust.md).  Opening one
+with ``open()`` follows a planted symlink (a write then truncates whatever it
+points at), blocks forever on a FIFO, and ``read()`` takes a 3 GiB sparse
+file or ``/dev/zero`` into memory.  Every such open and read goes through
+here instead:
+
+* :func:`open_regular` opens with ``O_NOFOLLOW | O_NONBLOCK`` (a symlink as the
+  last component is refused, a FIFO never blocks), then ``fstat``: anything
+  but a regular file is refused;
+* :func:`read_bytes` / :func:`read_text` read at most ``limit`` bytes and
+  refuse a file past it; :func:`read_stream` does the same for a stream;
+* :func:`loads_json` / :func:`read_json` parse JSON under a size and a nesting
+  cap (100,000 nested arrays are an error, not a crash);
+* :func:`atomic_write` writes a file in a directory through a temporary file
+  created ``O_EXCL | O_NOFOLLOW``, fsyncs it and renames it over the name (a
+  planted link at the name is replaced, never written through).
+
+Each refusal is an :class:`UnsafeFileError` naming the path, or the error
+class the caller passes as ``error`` (``TreeError`` for a tree's state files,
+``FetchError`` for downloads...), so the exit code is the caller's to choose.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from dsv4patch.errors import EXIT_INPUT, Dsv4Error
+
+# Default caps (docs/trust.md "Bounds").
+STATE_LIMIT = 16 << 20  # a state file / journal / small JSON file: 16 MiB
+JSON_DEPTH = 64  # nesting of any JSON dsv4patch reads (its own files nest < 6)
+
+
+class UnsafeFileError(Dsv4Error):
+    """A file that is a link, a FIFO, a device, a directory, too large, or not what it should be."""
+
+    exit_code = EXIT_INPUT
+    kind = "unsafe-file"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def open_regular(
+    path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, *,
+    error: type[Dsv4Error] = UnsafeFileError, what: str = "", dir_fd: int | None = None,
+) -> int:
+    """A file descriptor on ``path``, a regular file; never follows a final symlink, never blocks.
+
+    ``flags`` may add ``O_RDWR`` / ``O_WRONLY`` / ``O_CREAT`` / ``O_TRUNC`` ...
+    (``O_TRUNC`` is applied only after the file is known to be regular).  A
+    missing file raises ``FileNotFoundError`` as ``os.open`` does (the caller
+    decides what absence means); a symlink, FIFO, device, directory or socket
+    raises ``error`` naming the path.  The descriptor is returned blocking.
+    """
+    label = what or str(path)
+    trunc = flags & os.O_TRUNC
+    open_flags = (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, open_flags, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise error(f"{label} is a symbolic link; refusing to follow it "
+                        "(remove it, dsv4patch never opens a planted link)") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR, errno.ENODEV, errno.EOPNOTSUPP):
+            try:
+                kind = _kind(os.lstat(path, dir_fd=dir_fd).st_mode)
+            except OSError:
+                kind = "not a regular file"
+            raise error(f"{label} is {kind}, not a regular file; remove it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{label} is {_kind(st.st_mode)}, not a regular file; remove it")
+        os.set_blocking(fd, True)
+        if trunc:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_fd(fd: int, limit: int, *, label: str, error: type[Dsv4Error] = UnsafeFileError) -> bytes:
+    """At most ``limit`` bytes from ``fd`` (read from its current offset); more is ``error``."""
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+        if got > limit:
+            raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+
+
+def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
+               what: str = "") -> bytes:
+    """The content of the regular file ``path`` (no link, no FIFO), at most ``limit`` bytes."""
+    fd = open_regular(path, error=error, what=what)
+    try:
+        return read_fd(fd, limit, label=what or str(path), error=error)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
+              what: str = "") -> str:
+    """:func:`read_bytes` decoded as UTF-8; a file that is not UTF-8 is ``error``."""
+    data = read_bytes(path, limit, error=error, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what or path} is not UTF-8 (byte {exc.start}); refused") from None
+
+
+class _Readable(Protocol):
+    def read(self, n: int = ..., /) -> bytes: ...
+
+
+def read_stream(stream: _Readable | BinaryIO, limit: int, *, label: str,
+                error: type[Dsv4Error] = UnsafeFileError) -> bytes:
+    """At most ``limit`` bytes from a stream (a response, a zip member); more is ``error``."""
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        chunk = stream.read(min(1 << 20, limit + 1 - got))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+        if got > limit:
+            raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_depth_ok(value: Any, max_depth: int) -> bool:
+    """Is ``value`` nested at most ``max_depth`` arrays/objects deep? (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > max_depth:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
+    return True
+
+
+def loads_json(data: bytes | str, *, label: str, limit: int = STATE_LIMIT, max_depth: int = JSON_DEPTH,
+               error: type[Dsv4Error] = UnsafeFileError) -> Any:
+    """Parse JSON of at most ``limit`` bytes nested at most ``max_depth`` deep; anything else is ``error``.
+
+    ``NaN`` / ``Infinity`` are refused (not JSON); so are numbers Python will
+    not convert (over 4,300 digits) and nesting deep enough to exhaust the
+    parser's recursion (the cap is checked after parsing, iteratively).
+    """
+    if len(data) > limit:
+        raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+    try:
+        value = json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise error(f"{label} is nested deeper than {max_depth} levels; refused") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{label} is not valid JSON ({exc}); refused") from None
+    if not json_depth_ok(value, max_depth):
+        raise error(f"{label} is nested deeper than {max_depth} levels; refused")
+    return value
+
+
+def read_json(path: Path | str, limit: int = STATE_LIMIT, *, max_depth: int = JSON_DEPTH,
+              error: type[Dsv4Error] = UnsafeFileError, what: str = "") -> Any:
+    """:func:`read_bytes` then :func:`loads_json` (a regular file, bounded, shallow JSON)."""
+    label = what or str(path)
+    return loads_json(read_bytes(path, limit, error=error, what=what), label=label, limit=limit,
+                      max_depth=max_depth, error=error)
+
+
+def _open_dir(directory: Path | str) -> int:
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def atomic_write(path: Path | str, data: bytes | str, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically; a link planted at ``path`` is replaced, not followed.
+
+    The temporary file ``.<name>.<random>.dsv4patch-tmp`` is created in the
+    same directory with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (it cannot be a
+    planted name), written, fsynced (``durable``), then renamed over
+    ``path``: a reader sees the old file or the new one, never half of it.
+    OSErrors (a full or read-only disk) propagate for ``errors.writing``.
+    """
+    p = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    dfd = _open_dir(p.parent)
+    try:
+        tmp = f".{p.name}.{secrets.token_hex(6)}.dsv4patch-tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                     dir_fd=dfd)
+        try:
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fchmod(fd, mode)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, p.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        if durable:
+            try:
+                os.fsync(dfd)
+            except OSError:
+                pass
+    finally:
+        os.close(dfd)
+
+
+def create_exclusive(path: Path | str, data: bytes | str, mode: int = 0o644) -> None:
+    """Write a new file at ``path`` that must not exist (``O_EXCL | O_NOFOLLOW``: no planted name)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def is_regular(path: Path | str) -> bool:
+    """Is ``path`` itself (not what a link points at) a regular file?"""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_file(path: Path | str) -> None:
+    """Remove ``path`` if it is there, link or file (a link is removed, its target untouched)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,178 @@
+"""safeio: planted links, FIFOs, devices, oversized files and deep JSON are refused, never followed or read whole."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from dsv4patch import safeio
+from dsv4patch.errors import TreeError
+from dsv4patch.safeio import UnsafeFileError
+
+
+def _watchdog(seconds: float = 10.0) -> threading.Timer:
+    """Fail loudly (instead of hanging the suite) if a FIFO open blocks."""
+    t = threading.Timer(seconds, lambda: os._exit(99))
+    t.daemon = True
+    t.start()
+    return t
+
+
+def test_read_regular_file(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"hello")
+    assert safeio.read_bytes(f, 5) == b"hello"
+    assert safeio.read_text(f) == "hello"
+
+
+def test_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "outside"
+    target.write_text("secret")
+    link = tmp_path / "state"
+    link.symlink_to(target)
+    with pytest.raises(UnsafeFileError, match="symbolic link"):
+        safeio.read_bytes(link)
+    with pytest.raises(TreeError, match=str(link)):
+        safeio.open_regular(link, os.O_RDWR | os.O_CREAT | os.O_TRUNC, error=TreeError)
+    assert target.read_text() == "secret"
+
+
+def test_symlink_loop_is_refused(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(UnsafeFileError):
+        safeio.read_bytes(loop)
+
+
+def test_fifo_never_blocks(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t = _watchdog()
+    try:
+        for flags in (os.O_RDONLY, os.O_RDWR | os.O_CREAT, os.O_WRONLY):
+            with pytest.raises(UnsafeFileError, match="FIFO"):
+                safeio.open_regular(fifo, flags)
+        with pytest.raises(UnsafeFileError, match="FIFO"):
+            safeio.read_json(fifo)
+    finally:
+        t.cancel()
+
+
+def test_directory_and_device_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UnsafeFileError, match="directory"):
+        safeio.read_bytes(tmp_path)
+    with pytest.raises(UnsafeFileError, match="directory"):
+        safeio.open_regular(tmp_path, os.O_WRONLY)
+    with pytest.raises(UnsafeFileError, match="device"):
+        safeio.read_bytes("/dev/zero")
+
+
+def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        safeio.read_bytes(tmp_path / "nope")
+
+
+def test_read_past_limit_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as fh:
+        fh.truncate(3 << 30)  # 3 GiB, sparse: reading it whole would take 3 GiB of memory
+    with pytest.raises(UnsafeFileError, match="larger than 1024 bytes"):
+        safeio.read_bytes(sparse, 1024)
+    exact = tmp_path / "exact"
+    exact.write_bytes(b"x" * 1024)
+    assert len(safeio.read_bytes(exact, 1024)) == 1024
+
+
+def test_read_stream_stops_at_limit_plus_one() -> None:
+    class Endless(io.RawIOBase):
+        served = 0
+
+        def read(self, n: int = -1) -> bytes:
+            self.served += n
+            return b"a" * n
+
+    s = Endless()
+    with pytest.raises(UnsafeFileError, match="larger than 100"):
+        safeio.read_stream(s, 100, label="page")
+    assert s.served == 101
+    assert safeio.read_stream(io.BytesIO(b"abc"), 3, label="x") == b"abc"
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(UnsafeFileError, match="not UTF-8"):
+        safeio.read_text(f)
+
+
+def test_deep_json_is_an_error_not_a_crash() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(UnsafeFileError, match="nested deeper"):
+        safeio.loads_json(deep, label="state")
+    medium = "[" * 100 + "]" * 100  # parses, but deeper than the cap
+    with pytest.raises(UnsafeFileError, match="nested deeper than 64"):
+        safeio.loads_json(medium, label="state")
+    assert safeio.loads_json("[" * 64 + "]" * 64, label="state") is not None
+    deep_obj = '{"a":' * 100_000 + "1" + "}" * 100_000
+    with pytest.raises(UnsafeFileError):
+        safeio.loads_json(deep_obj, label="state")
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "{", "1" * 5000, b"\xff"])
+def test_bad_json(text: str | bytes) -> None:
+    with pytest.raises(UnsafeFileError, match="not valid JSON"):
+        safeio.loads_json(text, label="state")
+
+
+def test_json_size_cap() -> None:
+    with pytest.raises(UnsafeFileError, match="larger than 10"):
+        safeio.loads_json("[" + "1," * 10 + "1]", label="x", limit=10)
+
+
+def test_atomic_write_replaces_a_planted_link(tmp_path: Path) -> None:
+    target = tmp_path / "outside"
+    target.write_text("keep")
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "state").symlink_to(target)
+    safeio.atomic_write(d / "state", "new", 0o600)
+    assert target.read_text() == "keep"
+    assert not (d / "state").is_symlink() and (d / "state").read_text() == "new"
+    assert oct((d / "state").stat().st_mode & 0o777) == oct(0o600)
+    assert sorted(p.name for p in d.iterdir()) == ["state"]
+
+
+def test_atomic_write_failure_leaves_no_temp(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "state").mkdir()  # rename over a non-empty directory fails
+    (d / "state" / "x").write_text("")
+    with pytest.raises(OSError):
+        safeio.atomic_write(d / "state", "new")
+    assert sorted(p.name for p in d.iterdir()) == ["state"]
+
+
+def test_create_exclusive_refuses_a_planted_name(tmp_path: Path) -> None:
+    target = tmp_path / "outside"
+    target.write_text("keep")
+    (tmp_path / "new").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        safeio.create_exclusive(tmp_path / "new", "x")
+    assert target.read_text() == "keep"
+    safeio.create_exclusive(tmp_path / "fresh", "x")
+    assert (tmp_path / "fresh").read_text() == "x"
+
+
+def test_is_regular_and_remove(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_text("")
+    link = tmp_path / "l"
+    link.symlink_to(f)
+    assert safeio.is_regular(f) and not safeio.is_regular(link) and not safeio.is_regular(tmp_path / "x")
+    safeio.remove_file(link)
+    safeio.remove_file(link)
+    assert f.exists() and not link.is_symlink()

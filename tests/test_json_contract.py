@@ -2,7 +2,7 @@
 
 Each output here comes from the real CLI on real git pins (a fork with a real
 conflict, see test_resolve.py); nothing is hand-written.  jsonschema is a
-test-only dependency (README, "Dependencies").
+test-only dependency (docs/dependencies.md).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def inputs(torch, c: dict, seed: int):
 
 
 def valid_lengths(c: dict) -> list[list[int]]:
-    """Acceptable valid-prefix lengths per row (README: the contract per path).
+    """Acceptable valid-prefix lengths per row (docs/gpu-proofs.md: the contract per path).
 
     Lengths are clamped to [0, width]; max_seq_len also bounds them on the
     persistent kernel's radix path, not on FilteredTopK (>32 rows, or the

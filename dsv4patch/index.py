@@ -30,22 +30,33 @@ from __future__ import annotations
 
 import base64
 import configparser
-import json
+import http.client
+import math
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dsv4patch.errors import FetchError, UsageError
-from dsv4patch.urls import http_url_problem, redact
+from dsv4patch.safeio import loads_json
+from dsv4patch.urls import http_url_problem, redact, redact_text
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+
+# Bounds (docs/trust.md "Bounds"): what one index page or one transfer may take.
+PAGE_LIMIT = 32 << 20  # an index page: 32 MiB (PyPI's largest simple pages are a few MiB)
+READ_TIMEOUT = 60.0  # seconds one read (or the connection) may stay silent
+DEFAULT_TRANSFER_TIMEOUT = 1800.0  # seconds a whole page or file transfer may take
+_CHUNK = 1 << 20
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 @dataclass(frozen=True)
@@ -101,10 +112,76 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def open_url(url: str, auth_from: str | None = None, accept: str | None = None,
-             timeout: float = 60) -> Any:
+             timeout: float = READ_TIMEOUT) -> Any:
     """urlopen for http(s) only, redirects included; see :func:`_request` for credentials."""
     opener = urllib.request.build_opener(_HttpOnlyRedirects())
     return opener.open(_request(url, auth_from, accept), timeout=timeout)
+
+
+def transfer_timeout() -> float:
+    """``DSV4PATCH_DOWNLOAD_TIMEOUT``: seconds one page or file transfer may take in all (default 1800)."""
+    raw = os.environ.get("DSV4PATCH_DOWNLOAD_TIMEOUT", "")
+    if not raw:
+        return DEFAULT_TRANSFER_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"DSV4PATCH_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds > 0 "
+                         f"(the most one download may take; default {DEFAULT_TRANSFER_TIMEOUT:g})")
+    return value
+
+
+class TooLarge(FetchError):
+    """A response went past the bytes it may have (the lock's size, the page cap)."""
+
+
+class TooSlow(FetchError):
+    """A transfer went past its total deadline (``DSV4PATCH_DOWNLOAD_TIMEOUT``)."""
+
+
+def _set_read_timeout(resp: Any, seconds: float) -> None:
+    """Shorten the socket timeout under ``resp`` so a read cannot outlast the deadline."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    settimeout = getattr(sock, "settimeout", None)
+    if callable(settimeout):
+        settimeout(max(seconds, 0.01))
+
+
+def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterator[bytes]:
+    """The body of ``resp`` piece by piece: at most ``limit`` bytes, done by ``deadline`` (monotonic).
+
+    Reads at most ``limit + 1`` bytes: one byte more than allowed is
+    :class:`TooLarge`.  Each read returns what one system call gives (a
+    server dribbling a byte at a time is still measured against the total
+    deadline) and the socket's timeout is cut to the time left, so the whole
+    transfer never takes longer than the deadline: else :class:`TooSlow`.
+    Other failures (a cut connection) propagate as the read raised them.
+    """
+    got = 0
+    read = getattr(resp, "read1", None) or resp.read
+    total = max(deadline - time.monotonic(), 0.0)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
+                          f"default {DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes")
+        _set_read_timeout(resp, min(READ_TIMEOUT, left))
+        try:
+            chunk = read(min(_CHUNK, limit + 1 - got))
+        except TimeoutError:
+            if deadline - time.monotonic() <= 0.05:
+                raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
+                              f"default {DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes") from None
+            raise
+        if not chunk:
+            return
+        got += len(chunk)
+        if got > limit:
+            raise TooLarge(f"{label} sent more than {limit} bytes, the most dsv4patch reads from it; "
+                           "cut off there")
+        yield chunk
 
 
 def _pip_config_files() -> list[Path]:
@@ -200,35 +277,76 @@ class _Links(HTMLParser):
 
 
 def project_files(index: str, project: str) -> dict[str, tuple[str, str | None, int | None]]:
-    """filename -> (absolute URL, sha256 or None, size or None) on the index's simple page."""
+    """filename -> (absolute URL, sha256 or None, size or None) on the index's simple page.
+
+    The page is read under :data:`PAGE_LIMIT` and the transfer deadline; a
+    page that is not the shape PEP 691 / PEP 503 says (a JSON ``[]``, files
+    as a dict, a hash that is not 64 hex digits, a size that is not a
+    non-negative integer) is a :class:`FetchError` naming the page, its
+    credentials redacted.
+    """
     page = f"{index.rstrip('/')}/{normalize(project)}/"
+    shown = redact(page)
+    deadline = time.monotonic() + transfer_timeout()
     try:
         with open_url(page, accept=_ACCEPT) as resp:
             ctype = resp.headers.get("Content-Type", "")
-            body = resp.read()
+            body = b"".join(body_chunks(resp, limit=PAGE_LIMIT, deadline=deadline,
+                                        label=f"the package index page {shown}"))
             base = resp.geturl()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise FetchError(f"cannot query the package index at {redact(page)}: "
-                         f"{getattr(exc, 'reason', exc)}") from None
-    files: dict[str, tuple[str, str | None, int | None]] = {}
+    except FetchError:
+        raise
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        raise FetchError(f"cannot query the package index at {shown}: "
+                         f"{redact_reason(getattr(exc, 'reason', exc))}") from None
     if "json" in ctype:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise FetchError(f"{page}: not a PEP 691 JSON page") from None
-        for f in data.get("files", []):
-            name, url = f.get("filename"), f.get("url")
-            if isinstance(name, str) and isinstance(url, str):
-                files[name] = (urllib.parse.urljoin(base, url), (f.get("hashes") or {}).get("sha256"),
-                               f.get("size"))
-        return files
+        return _json_files(body, base, shown)
     parser = _Links()
     parser.feed(body.decode("utf-8", "replace"))
+    files: dict[str, tuple[str, str | None, int | None]] = {}
     for href, text in parser.links:
         url, _, frag = urllib.parse.urljoin(base, href).partition("#")
         name = text or PurePosixPath(urllib.parse.urlparse(url).path).name
         sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
-        files[name] = (url, sha, None)
+        if sha is not None and not _SHA256.match(sha):
+            raise FetchError(f"{shown}: the link of {name!r} has sha256={sha[:80]!r}, not 64 hex digits; "
+                             "the index page is not a PEP 503 page, fix the index or unset it")
+        files[name] = (url, sha.lower() if sha else None, None)
+    return files
+
+
+def redact_reason(reason: object) -> str:
+    """An exception's text with any credentials in URLs in it redacted."""
+    return redact_text(str(reason))
+
+
+def _json_files(body: bytes, base: str, shown: str) -> dict[str, tuple[str, str | None, int | None]]:
+    """The files of a PEP 691 JSON page, each value type-checked (anything else is a FetchError)."""
+    fix = "the index is not a PEP 691 index: fix it, or unset the setting that names it"
+    data = loads_json(body, label=shown, limit=PAGE_LIMIT, error=FetchError)
+    if not isinstance(data, dict):
+        raise FetchError(f"{shown}: a PEP 691 page is a JSON object, this one is a {type(data).__name__}; {fix}")
+    entries = data.get("files", [])
+    if not isinstance(entries, list):
+        raise FetchError(f"{shown}: \"files\" is a {type(entries).__name__}, not a list; {fix}")
+    files: dict[str, tuple[str, str | None, int | None]] = {}
+    for i, f in enumerate(entries):
+        if not isinstance(f, dict):
+            raise FetchError(f"{shown}: files[{i}] is a {type(f).__name__}, not an object; {fix}")
+        name, url = f.get("filename"), f.get("url")
+        if not isinstance(name, str) or not isinstance(url, str):
+            raise FetchError(f"{shown}: files[{i}] has no string \"filename\" and \"url\"; {fix}")
+        hashes = f.get("hashes", {})
+        if not isinstance(hashes, dict):
+            raise FetchError(f"{shown}: {name!r} has \"hashes\" as a {type(hashes).__name__}, not an object; {fix}")
+        sha = hashes.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
+            raise FetchError(f"{shown}: {name!r} has sha256 {str(sha)[:80]!r}, not 64 hex digits; {fix}")
+        size = f.get("size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise FetchError(f"{shown}: {name!r} has size {str(size)[:80]!r} ({type(size).__name__}), "
+                             f"not a non-negative integer; {fix}")
+        files[name] = (urllib.parse.urljoin(base, url), sha.lower() if sha else None, size)
     return files
 
 

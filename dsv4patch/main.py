@@ -34,7 +34,8 @@ EPILOG = """\
 exit codes:
   0    success: every result is what the lock expects
   1    a result differs from the lock (unexpected patch status, tree id, failed proof)
-  2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT)
+  2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT,
+       DSV4PATCH_DOWNLOAD_TIMEOUT)
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content)
   4    a pinned source could not be fetched or verified, or the cache is unusable or full
@@ -92,6 +93,10 @@ def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
 def _report(
     command: str, kind: str, message: str, code: int, as_json: bool, extra: dict[str, Any] | None = None
 ) -> int:
+    from dsv4patch.urls import redact_text  # credentials in any URL a message quotes: never printed
+
+    message = redact_text(message)
+    extra = {k: redact_text(v) if isinstance(v, str) else v for k, v in (extra or {}).items()}
     prog = f"dsv4patch {command}" if command else "dsv4patch"
     print(f"{prog}: error: {message}".rstrip(), file=sys.stderr)
     if as_json:

@@ -227,30 +227,52 @@ class Store:
             return True
 
 
+# A download the lock does not size is still capped (docs/trust.md "Bounds").
+UNSIZED_LIMIT = 4 << 30
+
+
 def _download(
     url: str, fh: BinaryIO, what: str, progress: Progress, size: int | None,
     auth_from: str | None = None,
 ) -> tuple[int, str, int | None]:
-    import urllib.error  # only a download needs them (a warm run never loads http/ssl)
+    """Stream ``url`` into ``fh``: at most the lock's ``size`` + 1 bytes, within the transfer deadline."""
+    import http.client  # only a download needs them (a warm run never loads http/ssl)
+    import urllib.error
 
-    from dsv4patch.index import open_url
+    from dsv4patch.index import TooLarge, TooSlow, body_chunks, open_url, redact_reason, transfer_timeout
     from dsv4patch.urls import redact
 
     h = hashlib.sha256()
     got = 0
     shown = redact(url)
+    limit = size if size is not None else UNSIZED_LIMIT
+    deadline = time.monotonic() + transfer_timeout()
     try:
         with open_url(url, auth_from) as resp:
             length = resp.headers.get("Content-Length")
             expected = int(length) if length and length.isdigit() else None
+            if expected is not None and expected > limit:
+                pinned = f"the lock pins {size} bytes" if size is not None else f"the most read is {limit} bytes"
+                raise IntegrityError(
+                    f"{what}: {shown} announces {expected} bytes, {pinned}; not downloaded, nothing "
+                    "was cached. If the lock is wrong, fix it; else the server is serving another file")
             with progress.task(f"download {what}", expected or size) as task:
+                chunks = body_chunks(resp, limit=limit, deadline=deadline, label=f"{what}: {shown}")
                 while True:
                     try:
-                        chunk = resp.read(CHUNK)
-                    except Exception as exc:  # connection cut mid-body
+                        chunk = next(chunks, b"")
+                    except TooLarge:
+                        pinned = f"the {size} bytes the lock pins" if size is not None else f"{limit} bytes"
                         raise IntegrityError(
-                            f"{what}: download from {shown} broke off after {got} bytes ({exc}); "
-                            "nothing was cached, run the command again"
+                            f"{what}: download from {shown} sent more than {pinned}; cut off there, "
+                            "nothing was cached. If the lock is wrong, fix it; else retry") from None
+                    except TooSlow as exc:
+                        raise FetchError(f"{exc}; nothing was cached, run the command again or raise "
+                                         "DSV4PATCH_DOWNLOAD_TIMEOUT") from None
+                    except (OSError, ValueError, http.client.HTTPException) as exc:  # connection cut mid-body
+                        raise IntegrityError(
+                            f"{what}: download from {shown} broke off after {got} bytes "
+                            f"({redact_reason(exc)}); nothing was cached, run the command again"
                         ) from None
                     if not chunk:
                         break
@@ -258,8 +280,8 @@ def _download(
                     h.update(chunk)
                     got += len(chunk)
                     task.advance(len(chunk))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        reason = redact_reason(getattr(exc, "reason", exc))
         raise NotFetchedError(
             f"{what}: cannot download {shown} ({reason}) and it is not in the cache. "
             "Check network access to the package index, or copy the file into the cache "

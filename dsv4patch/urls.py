@@ -39,3 +39,17 @@ def redact(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+# scheme://userinfo@ anywhere in a text (userinfo: no '/', '@' or whitespace)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it replaced by ``***@``.
+
+    The last line of defence: ``main`` passes every error message and JSON
+    field through it, so a credential that reached a message (an exception's
+    text quoting a URL, a note) is still never printed.
+    """
+    return _USERINFO.sub(r"\1***@", text)

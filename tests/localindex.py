@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,24 @@ class LocalIndex:
     requests: list[str] = field(default_factory=list)  # paths, in order
     requests_auth: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
     auth: str | None = None  # required Authorization header, if any
+    streams: dict[str, Stream] = field(default_factory=dict)  # path -> a body sent piece by piece
+    sent: dict[str, int] = field(default_factory=dict)  # path -> body bytes a stream got out
+
+
+@dataclass
+class Stream:
+    """A response body sent ``piece`` by ``piece`` (``delay`` s apart) up to ``total`` bytes.
+
+    For hostile servers: an endless (or huge) body, one that dribbles a byte at
+    a time, one whose Content-Length lies (``length``).  The server records in
+    ``LocalIndex.sent`` how many bytes it got out before the client hung up.
+    """
+
+    ctype: str
+    total: int
+    piece: bytes = b"x" * 65536
+    delay: float = 0.0
+    length: int | None = None  # the Content-Length header sent, None for none
 
 
 @contextmanager
@@ -38,6 +57,9 @@ def serve(root: Path | None = None) -> Iterator[LocalIndex]:
             if idx.auth is not None and auth != idx.auth:
                 self.send_error(401)
                 return
+            if self.path in idx.streams:
+                self._stream(idx.streams[self.path])
+                return
             if self.path in idx.pages:
                 ctype, body = idx.pages[self.path]
             elif idx.root is not None and (idx.root / self.path.lstrip("/")).is_file():
@@ -50,6 +72,26 @@ def serve(root: Path | None = None) -> Iterator[LocalIndex]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _stream(self, st: Stream) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", st.ctype)
+            if st.length is not None:
+                self.send_header("Content-Length", str(st.length))
+            self.end_headers()
+            sent = 0
+            try:
+                while sent < st.total:
+                    piece = st.piece[: st.total - sent]
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                    sent += len(piece)
+                    idx.sent[self.path] = sent
+                    if st.delay:
+                        time.sleep(st.delay)
+            except OSError:  # the client hung up: what it refused to read is the point
+                pass
+            self.close_connection = True
 
         def log_message(self, *a):
             pass

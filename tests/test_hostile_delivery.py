@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sdist_pin, sh, write_lock
-from localindex import LocalIndex, serve
+from conftest import pin_table, sdist_pin, sh, write_lock
+from localindex import LocalIndex, Stream, serve
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
 from test_hostile import Sdist, marker_script, snapshot_dir
 from test_port_fork import _project as _port_project
@@ -49,14 +49,25 @@ def no_index_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
 
 
-def _sdist_lock(tmp_path: Path, url: str = f"{DEAD}/vllm-0.0.1.tar.gz") -> tuple[Path, bytes, str]:
-    """(lock, sdist bytes, sha256): a pin whose sdist is NOT cached; the lock's url is ``url``."""
+def _sdist_lock(tmp_path: Path, url: str = f"{DEAD}/vllm-0.0.1.tar.gz",
+                sized: bool = False) -> tuple[Path, bytes, str]:
+    """(lock, sdist bytes, sha256): a pin whose sdist is NOT cached; the lock's url is ``url``.
+
+    With ``sized`` the lock also pins the sdist's size.
+    """
     data = Sdist().bytes()
     sha = hashlib.sha256(data).hexdigest()
     d = tmp_path / "lock"
     d.mkdir(exist_ok=True)
-    lock = write_lock(d / "l.toml", {"s": sdist_pin("s", "0123456789abcdef0123456789abcdef01234567",
-                                                     sha, url)}, {"main": []})
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    if sized:
+        pin = pin_table("s", commit, {"kind": "pypi-sdist", "name": "vllm", "version": "0.0.1", "sha256": sha,
+                                      "url": url, "size": len(data)}, version="0.0.1")
+    else:
+        pin = sdist_pin("s", commit, sha, url)
+    lock = write_lock(d / "l.toml", {"s": pin}, {"main": []})
+    if sized:  # pin_table quotes every value: the size is a TOML integer
+        lock.write_text(lock.read_text().replace(f'size = "{len(data)}"', f"size = {len(data)}"))
     return lock, data, sha
 
 
@@ -408,3 +419,128 @@ def test_kernel_wheel_member_outside_its_package_is_refused(tmp_path):
         zf.writestr(f"{dist}/../../evil.py", b"import os\n")
     with pytest.raises(BuildError, match=r"evil\.py"):
         vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+
+
+# --- issue 29: what an index or file host sends is bounded, and its credentials never shown ------
+
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+
+def _index_with_auth(index: LocalIndex, monkeypatch: pytest.MonkeyPatch, var: str = "PIP_INDEX_URL") -> str:
+    """Require basic auth alice:s3cret on ``index``; configure it in ``var``; returns host:port."""
+    index.auth = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+    host = index.url.split("//", 1)[1]
+    monkeypatch.setenv(var, f"http://alice:s3cret@{host}/simple")
+    return host
+
+
+@pytest.mark.parametrize("ctype,body", [
+    (SIMPLE_JSON, b"this is not json"),
+    (SIMPLE_JSON, b"[]"),
+    (SIMPLE_JSON, b'{"files": {"vllm-0.0.1.tar.gz": 1}}'),
+    (SIMPLE_JSON, b'{"files": "vllm-0.0.1.tar.gz"}'),
+    (SIMPLE_JSON, b'{"files": [{"filename": "vllm-0.0.1.tar.gz", "url": "x", "hashes": {"sha256": 1}}]}'),
+    (SIMPLE_JSON, b'{"files": [{"filename": "vllm-0.0.1.tar.gz", "url": "x", "hashes": ["sha256"]}]}'),
+    (SIMPLE_JSON, b'{"files": [{"filename": "vllm-0.0.1.tar.gz", "url": "x", "size": "411"}]}'),
+    (SIMPLE_JSON, b'{"files": [7]}'),
+    (SIMPLE_JSON, b"[" * 100_000 + b"]" * 100_000),
+    ("text/html", b"\xff\xfe<a href='x'>"),
+])
+def test_index_page_of_the_wrong_shape_is_a_fetch_error_without_credentials(
+        tmp_path, cli, monkeypatch, no_index_config, servers, ctype, body):
+    """Malformed pages: a one-line fetch error (exit 4) naming the index without its password, never exit 70."""
+    index = servers[0]
+    host = _index_with_auth(index, monkeypatch)
+    lock, _data, sha = _sdist_lock(tmp_path)
+    index.pages["/simple/vllm/"] = (ctype, body)
+    res = _fetch(cli, lock, tmp_path / "cache", "--format", "json")
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert "s3cret" not in res.out + res.err and "alice" not in res.out + res.err
+    err = json.loads(res.out)["error"]
+    assert err["kind"] != "internal" and "internal error" not in res.err
+    assert f"***@{host}" in err["message"] or host in err["message"]
+    assert "Traceback" not in res.err
+
+
+def test_lock_update_refuses_an_index_size_that_is_not_a_number(tmp_path, monkeypatch, no_index_config, servers):
+    """``"size": "411"`` from the index is refused, never written into the lock."""
+    from dsv4patch import index as index_mod
+    from dsv4patch.errors import FetchError
+
+    index = servers[0]
+    monkeypatch.setenv("DSV4PATCH_INDEX_URL", f"{index.url}/simple")
+    for size in ('"411"', "-1", "true", "4.5"):
+        index.pages["/simple/vllm/"] = (SIMPLE_JSON, (
+            '{"files": [{"filename": "vllm-0.0.1.tar.gz", "url": "../../f/vllm-0.0.1.tar.gz", '
+            f'"hashes": {{"sha256": "{"ab" * 32}"}}, "size": {size}}}]}}').encode())
+        with pytest.raises(FetchError, match="size"):
+            index_mod.find_sdist("vllm", "0.0.1")
+    index.pages["/simple/vllm/"] = (SIMPLE_JSON, (
+        '{"files": [{"filename": "vllm-0.0.1.tar.gz", "url": "../../f/vllm-0.0.1.tar.gz", '
+        f'"hashes": {{"sha256": "{"AB" * 32}"}}, "size": 411}}]}}').encode())
+    info = index_mod.find_sdist("vllm", "0.0.1")
+    assert info.size == 411 and info.sha256 == "ab" * 32
+
+
+def test_download_never_reads_past_the_locked_size(tmp_path, cli, no_index_config, servers):
+    """A 256 MiB answer for a file the lock sizes small: cut off after size + 1 bytes."""
+    files = servers[0]
+    data = Sdist().bytes()
+    lock, _data, sha = _sdist_lock(tmp_path, f"{files.url}/f/vllm-0.0.1.tar.gz", sized=True)
+    assert _data == data
+    files.streams["/f/vllm-0.0.1.tar.gz"] = Stream("application/octet-stream", 256 << 20)
+    res = _fetch(cli, lock, tmp_path / "cache", "--format", "json")
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert "more than" in res.err and str(len(data)) in res.err
+    # What the server got out: the client's read (size + 1) plus what the sockets buffer, far from 256 MiB.
+    assert files.sent["/f/vllm-0.0.1.tar.gz"] < 32 << 20, files.sent
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+    assert not (tmp_path / "cache" / "blobs" / "sha256" / sha).exists()
+
+
+def test_download_whose_content_length_exceeds_the_lock_is_refused_unread(
+        tmp_path, cli, no_index_config, servers):
+    files = servers[0]
+    lock, data, sha = _sdist_lock(tmp_path, f"{files.url}/f/vllm-0.0.1.tar.gz", sized=True)
+    files.streams["/f/vllm-0.0.1.tar.gz"] = Stream("application/octet-stream", 64 << 20, length=64 << 20)
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert str(len(data)) in res.err and f"announces {64 << 20} bytes" in res.err
+    assert files.sent["/f/vllm-0.0.1.tar.gz"] < 16 << 20, files.sent  # refused before the body is read
+
+
+def test_endless_index_page_is_capped(tmp_path, cli, monkeypatch, no_index_config, servers):
+    index = servers[0]
+    lock, _data, _sha = _sdist_lock(tmp_path)
+    monkeypatch.setenv("PIP_INDEX_URL", f"{index.url}/simple")
+    index.streams["/simple/vllm/"] = Stream("text/html", 256 << 20, piece=b"<a href='x'>x</a>" * 4096)
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert f"sent more than {32 << 20} bytes" in res.err and "/simple/vllm/" in res.err
+    assert index.sent["/simple/vllm/"] < (32 << 20) + (16 << 20), index.sent  # the 32 MiB cap + socket buffers
+
+
+def test_slow_download_is_cut_off_by_the_total_deadline(tmp_path, cli, monkeypatch, no_index_config, servers):
+    """One byte every 0.25 s never trips a per-read timeout; the download's total deadline cuts it."""
+    import time
+
+    files = servers[0]
+    lock, data, sha = _sdist_lock(tmp_path, f"{files.url}/f/vllm-0.0.1.tar.gz")
+    files.streams["/f/vllm-0.0.1.tar.gz"] = Stream("application/octet-stream", 40, piece=b"x", delay=0.25,
+                                                   length=len(data))
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_TIMEOUT", "2")
+    start = time.monotonic()
+    res = _fetch(cli, lock, tmp_path / "cache")
+    took = time.monotonic() - start
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert took < 6, took
+    assert "DSV4PATCH_DOWNLOAD_TIMEOUT" in res.err
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "0"])
+def test_bad_download_timeout_is_a_usage_error(tmp_path, cli, monkeypatch, no_index_config, value):
+    lock, _data, _sha = _sdist_lock(tmp_path)
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_TIMEOUT", value)
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_USAGE and "DSV4PATCH_DOWNLOAD_TIMEOUT" in res.err, (res.rc, res.err)

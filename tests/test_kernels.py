@@ -9,16 +9,18 @@ store), and compare the library's cubins and PTX (cuobjdump) with the stock
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import platform
 import shutil
+import subprocess
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import LOCK, validate_json
+
 from dsv4patch import testenv
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
@@ -29,6 +31,7 @@ from dsv4patch.store import Store
 # vLLM 0.27.1's release wheels (.buildkite/release-pipeline.yaml, CUDA 13.0) and what its
 # CMake makes of them for nvcc 13.0: CUDA_SUPPORTED_ARCHS keeps the list, cooperative_topk.cu
 # gets COOPERATIVE_TOPK_ARCHS = loose_intersection("9.0a;10.0f;...;12.1f", CUDA_ARCHS).
+GPU_DIR = Path(__file__).resolve().parent / "gpu"
 RELEASE_X86 = ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
 TOPK = "csrc/libtorch_stable/topk.cu"
 COOP = "csrc/libtorch_stable/cooperative_topk.cu"
@@ -49,8 +52,10 @@ def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -
 
 def test_changed_sources_map_to_units_and_ops(patched_tree: Path) -> None:
     plan = sources.plan(patched_tree)
+    # extra 2 passes max_seq_len from both launchers (topk.cu, cooperative_topk.cu).
     assert set(plan.changed) == {"csrc/libtorch_stable/persistent_topk.cuh",
-                                 "csrc/libtorch_stable/cooperative_topk.cuh"}
+                                 "csrc/libtorch_stable/cooperative_topk.cuh",
+                                 TOPK, COOP}
     units = {u.path: u for u in plan.units}
     assert set(units) == {"csrc/libtorch_stable/topk.cu", "csrc/libtorch_stable/cooperative_topk.cu"}
     assert units["csrc/libtorch_stable/cooperative_topk.cu"].arch_var == "COOPERATIVE_TOPK_ARCHS"
@@ -351,3 +356,75 @@ def test_derived_archs_equal_stock_wheel_per_platform(
         sass, ptx = sources.split_ptx(sources.unit_archs(unit, rel.archs, "13.0", cmake))
         for op in (o.name for o in plan.ops if o.unit == unit.path):
             assert stock_fb.archs(OP_KERNELS[op]) == (set(sass), set(ptx)), (machine, op)
+
+
+# Issue 29's shape, on CPU: the GPU differential's exact check (run_vllm_binary_proof.check)
+# against a reference built with torch.topk, and the three wrong answers it must refuse.
+ISSUE29_CHECK = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import run_vllm_binary_proof as proof
+
+case = next(c for c in proof.issue29_cases() if c["op"] == "cooperative_topk" and c["k"] == 2048
+            and c["data"] == "randn")
+rows, width, k, msl = case["rows"], case["width"], case["k"], case["msl"]
+g = torch.Generator().manual_seed(29)
+logits = torch.randn(rows, width, generator=g)
+
+def answer(limit):
+    out = torch.full((rows, k), -1, dtype=torch.int32)
+    for r, raw in enumerate(case["lengths"]):
+        n = max(0, min(raw, width, limit))
+        if n <= k:
+            out[r, :n] = torch.arange(n, dtype=torch.int32)
+        else:
+            out[r] = torch.topk(logits[r, :n], k).indices.to(torch.int32)
+    return out
+
+right = answer(msl)
+by_width = answer(width)  # extra 2 before issue 29: max_seq_len not applied
+dup = right.clone()
+long_row = next(r for r, raw in enumerate(case["lengths"]) if raw > msl)
+dup[long_row, 1024:] = dup[long_row, :1024]  # 1,024 copies of the first 1,024 indices
+outside = right.clone()
+outside[long_row, 0] = width + 5
+report = {"valid": proof.valid_lengths(case),
+          "right": proof.check(torch, case, logits, right),
+          "by_width": proof.check(torch, case, logits, by_width),
+          "dup": proof.check(torch, case, logits, dup),
+          "outside": proof.check(torch, case, logits, outside)}
+print(json.dumps(report))
+"""
+
+
+def test_issue29_shape_exact_check_on_cpu(patched_tree: Path, shared_cache: Path) -> None:
+    """The H200 differential holds issue 29's shape and judges it exactly: the top-k of
+    min(len, width, max_seq_len) passes; the answer by width alone, 1,024 repeated indices
+    and an index past the row each fail the row they are in."""
+    spec = importlib.util.spec_from_file_location("run_vllm_binary_proof",
+                                                  GPU_DIR / "run_vllm_binary_proof.py")
+    assert spec is not None and spec.loader is not None
+    proof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proof)
+    cases = proof.issue29_cases()
+    assert {(c["op"], c["rows"]) for c in cases} == {
+        ("cooperative_topk", 31), ("persistent_topk", 31), ("persistent_topk", 40)}
+    assert all(c["width"] == 196608 and c["msl"] == 32768 for c in cases)
+    assert {177256, 44418, 175412, 115691, 70619, 150196, 157786, 196608, -(2**31), -1, 0, 2049} <= {
+        x for c in cases for x in c["lengths"]}
+    env = testenv.ensure(patched_tree, Store.open(shared_cache))
+    res = subprocess.run([str(env.python), "-c", ISSUE29_CHECK, str(GPU_DIR)], env=env.env(),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    lengths = next(c for c in cases if c["op"] == "cooperative_topk")["lengths"]
+    assert rep["valid"] == [[max(0, min(x, 196608, 32768))] for x in lengths]
+    assert rep["right"] == []
+    # Judged by width alone, every row much longer than max_seq_len is wrong (a row of 32769
+    # may keep the same top-k by chance), and no other row is.
+    wrong_rows = {int(e.split()[1]) for e in rep["by_width"]}
+    assert {r for r, x in enumerate(lengths) if x >= 40000} <= wrong_rows
+    assert wrong_rows <= {r for r, x in enumerate(lengths) if x > 32768}
+    assert len(rep["dup"]) == 1 and "1024 repeated" in rep["dup"][0]
+    assert len(rep["outside"]) == 1 and "1 >= width" in rep["outside"][0]

@@ -108,14 +108,23 @@ def activate(mode: str):
     import torch
 
     if mode == "stock":
-        import vllm._C_stable_libtorch  # noqa: F401
+        import vllm._C_stable_libtorch
     elif mode == "plugins":
-        import vllm._C_stable_libtorch  # noqa: F401
+        import vllm._C_stable_libtorch
         from vllm.plugins import load_general_plugins
 
         load_general_plugins()
     elif mode == "import":
         import vllm  # noqa: F401  (the hook runs in vllm/__init__.py)
+    elif mode == "lib":  # make_kernel_proof.py's library: defines and implements _C's top-k ops
+        import ctypes
+
+        # The stable ABI's CUDA entry points live in libtorch_cuda, which torch loads
+        # RTLD_LOCAL; the library was linked against a CPU torch: make them global.
+        cuda_lib = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
+        if cuda_lib.exists():
+            ctypes.CDLL(str(cuda_lib), mode=ctypes.RTLD_GLOBAL)
+        torch.ops.load_library(os.environ["DSV4PATCH_PROOF_LIB"])
     return torch
 
 
@@ -136,7 +145,13 @@ def inputs(torch, c: dict, seed: int):
     rows, width = c["rows"], c["width"]
     g = torch.Generator(device="cuda").manual_seed(seed)
     # One spare row: a read past the last row sees planted large values.
-    buf = torch.randn(rows + 1, width, generator=g, device="cuda", dtype=torch.float32)
+    data = c.get("data", "randn")
+    if data == "rand":  # uniform [0, 1): dense coarse-histogram bins near the top
+        buf = torch.rand(rows + 1, width, generator=g, device="cuda", dtype=torch.float32)
+    else:
+        buf = torch.randn(rows + 1, width, generator=g, device="cuda", dtype=torch.float32)
+        if data == "ties":  # quarter steps: many exactly equal scores
+            buf = (buf * 4).round() / 4
     logits = buf[:rows]
     lengths = torch.tensor(c["lengths"], dtype=torch.int32, device="cuda")
     out = torch.full((rows, c["k"]), -7, dtype=torch.int32, device="cuda")
@@ -145,21 +160,11 @@ def inputs(torch, c: dict, seed: int):
 
 
 def valid_lengths(c: dict) -> list[list[int]]:
-    """Acceptable valid-prefix lengths per row (docs/gpu-proofs.md: the contract per path).
+    """The valid-prefix length of each row (docs/gpu-proofs.md: the contract).
 
-    Lengths are clamped to [0, width]; max_seq_len also bounds them on the
-    persistent kernel's radix path, not on FilteredTopK (>32 rows, or the
-    oversubscription fallback) nor on cooperative_topk.  Lengths <= max_seq_len,
-    the only ones the indexer passes, have one answer on every path."""
-    out = []
-    for raw in c["lengths"]:
-        by_width = max(0, min(raw, c["width"]))
-        by_msl = max(0, min(raw, c["width"], c["msl"]))
-        if c["op"] == "cooperative_topk" or by_width == by_msl:
-            out.append([by_width])
-        else:
-            out.append([by_msl, by_width])
-    return out
+    Every path (persistent kernel, FilteredTopK, cooperative_topk) clamps a row's
+    length to [0, min(width, max_seq_len)] with extra 2: one answer per row."""
+    return [[max(0, min(raw, c["width"], c["msl"]))] for raw in c["lengths"]]
 
 
 def check(torch, c: dict, logits, out) -> list[str]:
@@ -179,7 +184,10 @@ def check(torch, c: dict, logits, out) -> list[str]:
                 continue
             if int(got.min()) < 0 or int(got.max()) >= L or got.unique().numel() != k:
                 reasons.append(f"L={L}: indices out of [0,{L}) or repeated "
-                               f"(min {int(got.min())}, max {int(got.max())})")
+                               f"(min {int(got.min())}, max {int(got.max())}, "
+                               f"{k - got.unique().numel()} repeated, "
+                               f"{int((got >= c['width']).sum())} >= width, "
+                               f"{int((got == -7).sum())} never written)")
                 continue
             ref = torch.topk(logits[r, :L], k).values.sort().values
             if torch.equal(logits[r, got].sort().values, ref):
@@ -373,6 +381,41 @@ def fuzz(rng: random.Random, n: int) -> list[dict]:
     return cases
 
 
+# Issue 29's report: 31 rows of width 196608, max_seq_len 32768, k 2048, lengths mixing
+# INT32_MIN, -1, 0, 2049 and values above max_seq_len (within and past the row).
+# cooperative_topk returned rows with 1,023 repeated indices before extra 2 clamped to
+# max_seq_len. The same lengths on every path: 31 rows (persistent kernel), 40 rows
+# (FilteredTopK), k 512 and 2048, normal and uniform scores.
+ISSUE29_LENGTHS = [INT32_MIN, -1, 0, 2049, 177256, 44418, 175412, 115691, 70619, 150196, 157786,
+                   196608, 32768, 32769, 196609, INT32_MAX]
+
+
+def issue29_cases() -> list[dict]:
+    cases = []
+    for op, rows in (("cooperative_topk", 31), ("persistent_topk", 31), ("persistent_topk", 40)):
+        for k in (2048, 512):
+            for data in ("randn", "rand"):
+                lengths = [ISSUE29_LENGTHS[i % len(ISSUE29_LENGTHS)] for i in range(rows)]
+                cases.append({"op": op, "rows": rows, "width": 196608, "k": k, "msl": 32768,
+                              "lengths": lengths, "data": data})
+    return cases
+
+
+def long_row_probes() -> list[dict]:
+    """Probes of the kernels beyond the clamp, reported apart from the expectations: the
+    issue's shape with quarter-step scores (many exactly equal), and in-contract long rows
+    at its width (max_seq_len = width, so 177256 is a valid length)."""
+    cases = [dict(c, data="ties") for c in issue29_cases() if c["data"] == "randn"]
+    for op in ("cooperative_topk", "persistent_topk"):
+        for k in (2048, 512):
+            for data in ("randn", "rand", "ties"):
+                lengths = [max(0, min(x, 196608)) for x in ISSUE29_LENGTHS]
+                lengths = [lengths[i % len(lengths)] for i in range(31)]
+                cases.append({"op": op, "rows": 31, "width": 196608, "k": k, "msl": 196608,
+                              "lengths": lengths, "data": data})
+    return cases
+
+
 PERF_SHAPES = [(1, 65536), (4, 32768), (8, 65536), (16, 131072), (32, 65536), (64, 65536)]
 
 
@@ -413,6 +456,96 @@ def run_perf(site: Path, mode: str, work: Path, tag: str) -> dict:
     return json.loads(rf.read_text())
 
 
+def differential(site: Path, mode: str, work: Path, n_fuzz: int, section, expect: list) -> None:
+    """The differential against torch.topk (grid, fuzz, issue 29's shape), then the probes."""
+    rng = random.Random(51538)
+    cases = [dict(c, id=f"g{i}") for i, c in enumerate(grid(rng))]
+    cases += [dict(c, id=f"f{i}", seed=i) for i, c in enumerate(fuzz(rng, n_fuzz))]
+    cases += [dict(c, id=f"i29-{i}", seed=29000 + i) for i, c in enumerate(issue29_cases())]
+    log(f"differential: {len(cases)} cases")
+    r, d = run_cases(cases, site, mode, work, "diff")
+    bad = {k: v for k, v in r.items() if v["status"] != "ok"}
+    section("differential", {"cases": len(cases), "dispatch": d, "not_ok": bad,
+                             "by_status": {s: sum(v["status"] == s for v in r.values())
+                                           for s in {v["status"] for v in r.values()}},
+                             "case_list": cases if bad else f"{len(cases)} cases, seed 51538"})
+    expect.append((f"differential: all {len(cases)} cases right with the rebuilt kernels",
+                   not bad and len(r) == len(cases), f"{len(bad)} not ok"))
+    i29 = [c for c in cases if c["id"].startswith("i29-")]
+    i29_bad = {c["id"]: r.get(c["id"], {"status": "missing"}) for c in i29
+               if r.get(c["id"], {}).get("status") != "ok"}
+    section("issue29_shape", {"cases": i29, "results": {c["id"]: r.get(c["id"]) for c in i29}})
+    expect.append((f"issue 29 shape (31/40 rows, width 196608, max_seq_len 32768; {len(i29)} cases, "
+                   "cooperative_topk, persistent kernel, FilteredTopK): exactly the top-k of "
+                   "min(len, width, max_seq_len), no repeated index, none outside the row",
+                   not i29_bad and len(i29) == 12, json.dumps(i29_bad)[:400]))
+    probes = [dict(c, id=f"p{i}", seed=29500 + i) for i, c in enumerate(long_row_probes())]
+    log(f"probes (not expectations): {len(probes)} cases at width 196608")
+    pr, _ = run_cases(probes, site, mode, work, "probe")
+    section("long_row_probes", {"note": "not an expectation: issue 29's shape with many exactly "
+                                "equal scores, and in-contract rows up to the width (max_seq_len = "
+                                "width) at its shape; a failure here is a kernel bug the clamp does "
+                                "not reach",
+                                "cases": probes, "results": pr,
+                                "not_ok": sorted(k for k, v in pr.items() if v["status"] != "ok")})
+
+
+def standalone_main(args: argparse.Namespace) -> int:
+    """One-call kernel proof: make_kernel_proof.py's library, no stock vLLM (kernel_proof.sh)."""
+    import torch
+
+    libdir = Path(args.bundle).resolve()
+    meta = json.loads((libdir / "kernel_proof.json").read_text())
+    lib = libdir / meta["library"]
+    if sha256(lib) != meta["library_sha256"]:
+        raise SystemExit(f"{lib}: sha256 differs from kernel_proof.json")
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("PROOF_WORK", "/tmp/dsv4patch-kernel-proof"))
+    shutil.rmtree(work, ignore_errors=True)
+    site = work / "site"  # nothing on the path but torch: the library defines the ops
+    site.mkdir(parents=True)
+    os.environ["DSV4PATCH_PROOF_LIB"] = str(lib)
+    report: dict = {"kernel_proof": meta, "device": torch.cuda.get_device_name(0),
+                    "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+                    "torch": torch.__version__, "sections": {}}
+    expect: list[tuple[str, bool, str]] = []
+
+    def section(name: str, value) -> None:
+        report["sections"][name] = value
+        (out / "kernel_proof.json").write_text(json.dumps(report, indent=1))
+
+    log(f"hang input, library {lib.name} (tree {meta['tree_id'][:12]})")
+    hang = {**HANG_CASE, "id": "hang-input"}
+    r, d = run_cases([hang, {**hang, "id": "hang-input-graph", "graph": True}], site, "lib", work, "hang")
+    section("hang_input", {"dispatch": d, "results": r})
+    expect += [("dispatcher names the library's registration for both ops",
+                bool(d) and all("dsv4patch_bindings" in (v or "") for v in d.values()), str(d)),
+               ("hang input right", r["hang-input"]["status"] == "ok", str(r["hang-input"])),
+               ("hang input right in CUDA-graph replay", r["hang-input-graph"]["status"] == "ok",
+                str(r["hang-input-graph"]))]
+    differential(site, "lib", work, args.fuzz, section, expect)
+    report["expectations"] = [{"what": w, "ok": ok, "detail": det[:400]} for w, ok, det in expect]
+    report["ok"] = all(ok for _, ok, _ in expect)
+    (out / "kernel_proof.json").write_text(json.dumps(report, indent=1))
+    probes = report["sections"]["long_row_probes"]
+    lines = [f"# dsv4patch kernel proof on {report['device']} (sm_{report['capability'].replace('.', '')}, "
+             f"torch {report['torch']})", "",
+             f"vLLM {meta['vllm_version']}, series {' + '.join(meta['series'])}, patched tree "
+             f"`{meta['tree_id']}` (lock: `{meta['lock_patched_tree']}`), library built for "
+             f"{', '.join(meta['archs'])} by {meta['nvcc']}, torch {meta['torch_version']} headers.",
+             "", "| expectation | ok | detail |", "|---|---|---|"]
+    lines += [f"| {w} | {'yes' if ok else '**NO**'} | {det[:160].replace('|', '/')} |"
+              for w, ok, det in expect]
+    lines += ["", f"All expectations held: **{report['ok']}**", "",
+              f"Probes (not expectations), ties and in-contract long rows at width 196608: "
+              f"{len(probes['cases']) - len(probes['not_ok'])} of {len(probes['cases'])} right"
+              + (f"; not right: {', '.join(probes['not_ok'])}" if probes["not_ok"] else ""), ""]
+    (out / "kernel_proof.md").write_text("\n".join(lines))
+    log(f"ok={report['ok']}")
+    return 0 if report["ok"] else 1
+
+
 def main() -> int:
     if sys.argv[1:2] in (["child"], ["perf"]):
         sp = argparse.ArgumentParser()
@@ -427,7 +560,12 @@ def main() -> int:
     ap.add_argument("outdir")
     ap.add_argument("--fuzz", type=int, default=150)
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: pytest, diff, perf")
+    ap.add_argument("--standalone", action="store_true",
+                    help="BUNDLE is make_kernel_proof.py's directory: run the kernels alone "
+                    "(hang input, differential, issue 29's shape, probes), no stock vLLM")
     args = ap.parse_args()
+    if args.standalone:
+        return standalone_main(args)
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("PROOF_WORK", "/tmp/vllm-binary-proof"))
@@ -514,25 +652,14 @@ def main() -> int:
 
     # 3. Differential test of the rebuilt kernel (default series) against torch.topk.
     if "diff" not in skip:
-        rng = random.Random(51538)
-        cases = [dict(c, id=f"g{i}") for i, c in enumerate(grid(rng))]
-        cases += [dict(c, id=f"f{i}", seed=i) for i, c in enumerate(fuzz(rng, args.fuzz))]
-        log(f"differential: {len(cases)} cases")
-        r, d = run_cases(cases, sites["hook"], "import", work, "diff")
-        bad = {k: v for k, v in r.items() if v["status"] != "ok"}
-        section("differential", {"cases": len(cases), "dispatch": d, "not_ok": bad,
-                                 "by_status": {s: sum(v["status"] == s for v in r.values())
-                                               for s in {v["status"] for v in r.values()}},
-                                 "case_list": cases if bad else f"{len(cases)} cases, seed 51538"})
-        expect.append((f"differential: all {len(cases)} cases right with the rebuilt kernels",
-                       not bad and len(r) == len(cases), f"{len(bad)} not ok"))
+        differential(sites["hook"], "import", work, args.fuzz, section, expect)
 
     # 4. Throughput, stock against rebuilt, same run.
     if "perf" not in skip:
         log("throughput")
         stock = run_perf(sites["stock"], "stock", work, "stock")
         patched = run_perf(sites["hook"], "import", work, "patched")
-        ratios = [s["us"] / p["us"] for s, p in zip(stock["rows"], patched["rows"])]
+        ratios = [s["us"] / p["us"] for s, p in zip(stock["rows"], patched["rows"], strict=True)]
         gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         section("throughput", {"stock": stock, "patched": patched,
                                "throughput_ratio_geomean": round(gm, 4),

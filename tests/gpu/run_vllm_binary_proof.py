@@ -152,6 +152,11 @@ def inputs(torch, c: dict, seed: int):
         buf = torch.randn(rows + 1, width, generator=g, device="cuda", dtype=torch.float32)
         if data == "ties":  # quarter steps: many exactly equal scores
             buf = (buf * 4).round() / 4
+        elif data == "tie_block":  # the first 8192 of a row in one coarse (fp16) bin, the rest below
+            span = c.get("tie_span", 8192)
+            head = torch.rand(rows + 1, span, generator=g, device="cuda", dtype=torch.float32)
+            buf = -(buf.abs() + 1.0)
+            buf[:, :span] = 0.5 + head * 0.03
     logits = buf[:rows]
     lengths = torch.tensor(c["lengths"], dtype=torch.int32, device="cuda")
     out = torch.full((rows, c["k"]), -7, dtype=torch.int32, device="cuda")
@@ -403,9 +408,14 @@ def issue29_cases() -> list[dict]:
 
 def long_row_probes() -> list[dict]:
     """Probes of the kernels beyond the clamp, reported apart from the expectations: the
-    issue's shape with quarter-step scores (many exactly equal), and in-contract long rows
-    at its width (max_seq_len = width, so 177256 is a valid length)."""
+    issue's shape with quarter-step scores (many exactly equal), with one CTA's share of
+    every row in one coarse bin (tie buffer overflow), and in-contract long rows at its
+    width (max_seq_len = width, so 177256 is a valid length)."""
     cases = [dict(c, data="ties") for c in issue29_cases() if c["data"] == "randn"]
+    # More than 1,024 scores of one CTA's share in the threshold's coarse bin (cooperative_topk
+    # keeps 1,024 ties per CTA): all rows in range, k slots may stay unwritten (-7 here).
+    cases += [dict(c, data="tie_block", lengths=[32768] * c["rows"])
+              for c in issue29_cases() if c["data"] == "randn"]
     for op in ("cooperative_topk", "persistent_topk"):
         for k in (2048, 512):
             for data in ("randn", "rand", "ties"):
@@ -483,9 +493,10 @@ def differential(site: Path, mode: str, work: Path, n_fuzz: int, section, expect
     log(f"probes (not expectations): {len(probes)} cases at width 196608")
     pr, _ = run_cases(probes, site, mode, work, "probe")
     section("long_row_probes", {"note": "not an expectation: issue 29's shape with many exactly "
-                                "equal scores, and in-contract rows up to the width (max_seq_len = "
-                                "width) at its shape; a failure here is a kernel bug the clamp does "
-                                "not reach",
+                                "equal scores, with 8192 scores of one coarse bin at the head of "
+                                "each row (tie buffer overflow), and in-contract rows up to the "
+                                "width (max_seq_len = width) at its shape; a failure here is a "
+                                "kernel bug the clamp does not reach",
                                 "cases": probes, "results": pr,
                                 "not_ok": sorted(k for k, v in pr.items() if v["status"] != "ok")})
 

@@ -28,7 +28,8 @@ from dsv4patch.errors import (
     UsageError,
 )
 
-COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh")
+COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh",
+            "selftest")
 
 EPILOG = """\
 exit codes:

@@ -1,0 +1,242 @@
+"""The engine side of ``dsv4patch selftest``: one vLLM engine, its prompt sets, JSON-line events.
+
+Why a separate script: it runs in the interpreter of the environment under
+test (``--python``), which has vLLM and torch but need not have dsv4patch, and
+each engine must be a process of its own so a hung kernel or a fault is
+killed with its process group without taking the parent along.  So this file
+imports only the standard library at the top, loads ``model.py`` beside it
+by file path, and reports through a progress file the parent reads:
+``fingerprint``, ``loaded`` (per model class: what the oracle set),
+``engine_ready``, ``case_start`` / ``case_done`` (tokens, per-position top-2
+gaps, spec-decode counters of that call), ``error``, ``child_done``.
+
+What it borrows from the old harness (``tests/gpu/e2e/run_e2e.py``, measured
+on the H200 in issue 15): the engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the load format registered here is
+the one the engine core uses; ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` is set
+before vLLM is imported (vLLM 0.26.0 sets it only after DeepSeek-V4's
+attention module was imported, which then is not a break of piecewise
+graphs in this process); the dummy loader is followed by each DeepSeek-V4
+class's post-load steps (``finalize_*``); DeepGEMM's start-up warm-up is
+skipped (it JIT-compiles 2,429 shapes); the SM120 top-k route is installed
+by replacing the platform object of the indexer module only.
+
+Usage (by the runner): PYTHON child.py SPEC.json PROGRESS.jsonl
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+LOAD_FORMAT = "dsv4selftest_oracle"
+
+# What each DeepSeek-V4 class's own ``load_weights`` runs after a checkpoint (vLLM 0.26.0,
+# ``vllm/models/deepseek_v4/nvidia/``); the dummy loader never calls ``load_weights``.
+FINALIZE_STEPS: tuple[tuple[str, str], ...] = (
+    ("model", "finalize_mega_moe_weights"),
+    ("model", "finalize_mhc_broadcast_weights"),
+    ("", "finalize_mega_moe_weights"),
+    ("", "_finalize_moe"),
+)
+
+
+def _load_model_module() -> Any:
+    spec = importlib.util.spec_from_file_location("dsv4selftest_model", HERE / "model.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Events:
+    """Append-only JSON lines, flushed at once (the parent reads them while this process runs)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = path.open("a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **data: Any) -> None:
+        data["event"] = event
+        data["t"] = time.time()
+        with self._lock:
+            self._fh.write(json.dumps(data) + "\n")
+            self._fh.flush()
+
+
+def finalize_model(model: Any) -> list[str]:
+    ran: list[str] = []
+    for attr, method in FINALIZE_STEPS:
+        owner = getattr(model, attr, None) if attr else model
+        fn = getattr(type(owner), method, None) if owner is not None else None
+        if callable(fn):
+            getattr(owner, method)()
+            ran.append(f"{type(owner).__name__}.{method}")
+    return ran
+
+
+class Sm120TopkRoute:
+    """vLLM's platform object, except that it answers "SM120 family" (and only that).
+
+    Installed as ``current_platform`` of ``vllm.model_executor.layers.sparse_attn_indexer``
+    alone, where vLLM 0.26.0 asks the family in one place: the decode top-k choice.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def is_device_capability_family(self, family: int, *args: Any, **kwargs: Any) -> bool:
+        if family == 120:
+            return True
+        return bool(self._real.is_device_capability_family(family, *args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def install_sm120_topk_route() -> str:
+    sai: Any = importlib.import_module("vllm.model_executor.layers.sparse_attn_indexer")
+
+    src = Path(sai.__file__).read_text(encoding="utf-8")
+    uses = src.count("is_device_capability_family(")
+    if uses != 1 or "not current_platform.is_device_capability_family(120)" not in src:
+        raise RuntimeError(f"{sai.__file__}: expected exactly the decode top-k route to ask for the SM120 "
+                           f"family, found {uses} call site(s); --force-sm120-topk is not safe on this vLLM")
+    sai.current_platform = Sm120TopkRoute(sai.current_platform)
+    return f"{sai.__name__}.current_platform answers SM120 family"
+
+
+def register_loader(model_mod: Any, events: Events) -> str:
+    register_model_loader = importlib.import_module("vllm.model_executor.model_loader").register_model_loader
+    dummy: Any = importlib.import_module("vllm.model_executor.model_loader.dummy_loader").DummyModelLoader
+
+    class OracleLoader(dummy):  # type: ignore[misc]
+        def load_weights(self, model: Any, model_config: Any) -> None:
+            super().load_weights(model, model_config)
+            done = model_mod.apply_oracle_weights(model)
+            cls = type(model).__name__
+            missing = model_mod.missing_parts(cls, done)
+            if missing:
+                raise RuntimeError(f"selftest oracle: {cls} has no {', '.join(missing)} "
+                                   "(this vLLM's DeepSeek-V4 layout is not the one the oracle knows)")
+            events.emit("loaded", model=cls, set=done, finalize=finalize_model(model))
+
+    register_model_loader(LOAD_FORMAT)(OracleLoader)
+    return LOAD_FORMAT
+
+
+def _counters(llm: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # the counters are a report, never a reason to fail
+        return out
+    for m in metrics:
+        name = str(getattr(m, "name", ""))
+        value = getattr(m, "value", None)
+        if "spec_decode" not in name or not isinstance(value, (int, float)):
+            continue
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            if name.removesuffix("_total").endswith(key):
+                out[key] = out.get(key, 0) + int(value)
+    return out
+
+
+def run(spec: dict[str, Any], events: Events) -> None:
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
+    model_mod = _load_model_module()
+    vllm = importlib.import_module("vllm")
+    fp: dict[str, Any] = {"vllm_file": vllm.__file__, "vllm_version": getattr(vllm, "__version__", "?"),
+                          "python": sys.executable}
+    try:
+        torch = importlib.import_module("torch")
+        fp["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            fp["gpu"] = torch.cuda.get_device_name(0)
+            fp["capability"] = ".".join(str(x) for x in torch.cuda.get_device_capability(0))
+    except Exception as exc:  # torch may be broken: reported
+        fp["torch"] = f"{type(exc).__name__}: {exc}"
+    if spec["engine"].get("sm120_topk"):
+        fp["topk_route"] = install_sm120_topk_route()
+    events.emit("fingerprint", data=fp)
+    load_format = register_loader(model_mod, events)
+    LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
+    TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
+
+    llm = LLM(
+        model=spec["model"],
+        load_format=load_format,
+        skip_tokenizer_init=True,
+        kv_cache_dtype="fp8",
+        block_size=256,
+        max_model_len=int(spec["max_model_len"]),
+        max_num_seqs=32,
+        gpu_memory_utilization=float(spec["gpu_memory_utilization"]),
+        kv_cache_memory_bytes=int(spec["kv_cache_bytes"]),
+        seed=0,
+        enforce_eager=False,
+        speculative_config=spec["engine"].get("speculative_config"),
+        disable_log_stats=False,
+    )
+    events.emit("engine_ready")
+    for pset in spec["prompt_sets"]:
+        events.emit("case_start", case=pset["name"])
+        params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False, logprobs=2)
+                  for n in pset["max_tokens"]]
+        before = _counters(llm)
+        t0 = time.time()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in pset["prompts"]], params,
+                            use_tqdm=False)
+        seconds = round(time.time() - t0, 3)
+        after = _counters(llm)
+        tokens: list[list[int]] = []
+        gaps: list[list[float]] = []
+        not_top: list[list[int]] = []  # positions where the emitted token is not the top logprob
+        for o in outs:
+            seq = [int(x) for x in o.outputs[0].token_ids]
+            tokens.append(seq)
+            row: list[float] = []
+            bad: list[int] = []
+            for pos, lp in enumerate(o.outputs[0].logprobs or []):
+                ranked = sorted(((float(v.logprob), int(k)) for k, v in lp.items()), reverse=True)
+                if len(ranked) >= 2:
+                    row.append(round(ranked[0][0] - ranked[1][0], 4))
+                if ranked and pos < len(seq) and ranked[0][1] != seq[pos]:
+                    bad.append(pos)
+            gaps.append(row)
+            not_top.append(bad)
+        events.emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=not_top, seconds=seconds,
+                    spec={k: after.get(k, 0) - before.get(k, 0) for k in after})
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    events = Events(Path(argv[2]))
+    # SIGUSR1 dumps every thread's Python stack into the log: the parent sends it to a hung child
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        run(spec, events)
+    except BaseException as exc:  # reported, then the exit code says it
+        events.emit("error", error=f"{type(exc).__name__}: {exc}"[:4000],
+                    traceback=traceback.format_exc()[-8000:])
+        return 1
+    events.emit("child_done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,77 @@
+"""``dsv4patch selftest`` (commands/selftest.py): --help without torch or vLLM, --list, the JSON contract, exit codes.
+
+Engine cases use the STAND-IN engine (tests/selftest_standin_engine.py; no GPU here) behind a
+stand-in interpreter given as --python: it drops the real child's path and runs the stand-in
+with the same arguments, so everything else (the runner, the oracle, the rendering) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import validate_json
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "selftest_standin_engine.py"
+
+
+def _interpreter(tmp_path: Path) -> Path:
+    """A --python that runs the stand-in engine in place of child.py (argv: -X faulthandler CHILD SPEC PROGRESS)."""
+    py = tmp_path / "standin-python"
+    py.write_text(f'#!/bin/sh\nshift 3\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def test_help_works_without_torch_or_vllm():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
+            "from dsv4patch.main import main\nsys.exit(main(['selftest', '--help']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "--force-sm120-topk" in res.stdout and "DIAGNOSTIC" in res.stdout and "exit codes:" in res.stdout
+    assert "differs (first request" in res.stdout
+
+
+def test_list_names_checks_and_cases(cli):
+    res = cli("selftest", "--list")
+    names = res.out.split()
+    assert res.rc == 0 and names[:2] == ["installed", "regression"] and "dspark5/long_b1" in names
+    assert "mtp1-sm120topk/mid_b24" not in names
+    assert "mtp1-sm120topk/mid_b24" in cli("selftest", "--list", "--force-sm120-topk").out.split()
+
+
+def test_json_validates_and_a_pass_exits_0(cli, tmp_path):
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1,mtp1/short_b1",
+              "--cases", "dspark5/short_b1", "--work", tmp_path / "w", "--format", "json", "--parallel", "2")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 0 and data["ok"] is True and data["checks"] == []
+    assert [c["case"] for c in data["cases"]] == ["plain/short_b1", "mtp1/short_b1", "dspark5/short_b1"]
+    assert data["counts"]["pass"] == 3 and 19 < data["min_gap"] < 20
+    mtp = data["cases"][1]
+    assert 0 < mtp["acceptance"]["accepted"] < mtp["acceptance"]["drafted"]
+    assert mtp["acceptance"] == mtp["expected_acceptance"]
+    assert data["work"] == str(tmp_path / "w") and Path(data["engines"][0]["log"]).is_file()
+
+
+def test_a_differing_case_exits_1_and_the_table_names_it(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODE", "differs")
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "mtp1/short_b5", "--work", tmp_path / "w")
+    assert res.rc == 1
+    assert "differs" in res.out and "request 1, token 7" in res.out and "SELFTEST FAILED" in res.out
+
+
+def test_an_unknown_case_is_a_usage_error(cli):
+    res = cli("selftest", "--cases", "mtp9", "--format", "json")
+    assert res.rc == 2 and "no such case" in json.loads(res.out)["error"]["message"]
+    assert cli("selftest", "--parallel", "0").rc == 2
+
+
+def test_the_installed_check_of_an_environment_without_vllm_fails(cli, tmp_path, shared_cache):
+    res = cli("selftest", "--cases", "installed", "--python", sys.executable, "--cache-dir", shared_cache,
+              "--pin", "0.26.0", "--format", "json", "--work", tmp_path / "w")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 1 and data["cases"] == [] and data["checks"][0]["name"] == "installed"
+    assert data["checks"][0]["ok"] is False and "not installed" in data["checks"][0]["note"]

@@ -1,0 +1,320 @@
+"""dsv4patch.selftest.model: the successor design, its margin, and the weights it sets.
+
+The margin is checked twice: in pure Python on the designed matrices
+(``reference_logits``, always), and in torch (when torch is installed: the
+CPU wheel, ``pip install torch``) by applying ``apply_oracle_weights`` to
+modules laid out as vLLM 0.26.0's DeepSeek-V4 classes name them and running
+the mHC residual, hc head, norm and heads through a reference forward written
+here from the formulas (vLLM's own kernels need a GPU; that part is the
+device run's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from dsv4patch.selftest import model as m
+from dsv4patch.selftest.model import DESIGN
+
+
+def test_the_successor_map_is_one_cycle_that_every_token_enters():
+    cycle = DESIGN.cycle
+    assert len(cycle) == m.CYCLE_LEN == len(set(cycle))
+    t, seen = cycle[0], []
+    for _ in range(m.CYCLE_LEN):
+        seen.append(t)
+        t = DESIGN.successor[t]
+    assert t == cycle[0] and sorted(seen) == sorted(cycle)  # a single cycle, no shorter loop
+    for tok in range(m.VOCAB_SIZE):
+        nxt = DESIGN.successor[tok]
+        assert nxt not in (m.BOS, m.EOS, m.NOISE_TOKEN)
+        if tok != m.NOISE_TOKEN:
+            assert nxt in cycle
+    # DSpark drafts made from the noise token alone are never right inside the cycle
+    assert DESIGN.successor[m.NOISE_TOKEN] not in cycle
+
+
+def test_the_drafts_agree_on_accept_only():
+    assert len(DESIGN.accept) == m.MARKOV_RANK and DESIGN.accept <= set(DESIGN.cycle)
+    for t in DESIGN.cycle:
+        assert (DESIGN.mtp_draft(t) == DESIGN.successor[t]) == (t in DESIGN.accept)
+    a = next(t for t in DESIGN.cycle if DESIGN.successor[t] in DESIGN.accept)
+    drafts = DESIGN.dspark_drafts(a, 5)
+    assert drafts[0] == DESIGN.successor[a] and drafts[1] == DESIGN.successor[drafts[0]]
+    outside = next(t for t in DESIGN.cycle if t not in DESIGN.accept)
+    assert DESIGN.dspark_drafts(DESIGN.cycle[DESIGN.cycle.index(outside) - 1], 2)[1] == \
+        DESIGN.successor[m.NOISE_TOKEN]
+
+
+def test_the_design_is_the_same_in_every_process():
+    assert m.Design.make() == DESIGN and m.Design.make(31) != DESIGN
+
+
+def test_reference_logits_lead_by_the_gain_for_every_token():
+    for t in range(m.VOCAB_SIZE):
+        logits = m.reference_logits(t)
+        assert max(range(m.VOCAB_SIZE), key=logits.__getitem__) == DESIGN.successor[t]
+        assert m.top2_gap(logits) == pytest.approx(m.GAIN, abs=0.05)
+
+
+def test_the_margin_survives_what_the_layers_may_write():
+    # eight residual writes (4 layers x attention, MoE), each an output of rms 100 scaled by the post mix
+    post = 2.0 / (1.0 + math.exp(-m.POST_LOGIT))
+    rnd = random.Random(0)
+    worst = math.inf
+    for t in DESIGN.cycle[:24]:
+        delta = [sum(rnd.gauss(0.0, 100.0) for _ in range(8)) * post for _ in range(m.HIDDEN_SIZE)]
+        logits = m.reference_logits(t, delta)
+        assert max(range(m.VOCAB_SIZE), key=logits.__getitem__) == DESIGN.successor[t]
+        worst = min(worst, m.top2_gap(logits))
+    assert worst > 0.9 * m.GAIN, worst
+
+
+def test_a_nan_the_layers_write_reaches_the_logits():
+    delta = [0.0] * m.HIDDEN_SIZE
+    delta[5] = math.nan
+    assert any(math.isnan(x) for x in m.reference_logits(DESIGN.cycle[0], delta))
+
+
+def test_matrices_are_exact_maps():
+    head = m.lm_head_entries()
+    assert sorted(c for _, c, _ in head) == list(range(m.VOCAB_SIZE))  # one entry per column
+    assert {v for _, _, v in head} == {m.GAIN / 64}
+    e = m.e_proj_entries()
+    assert sorted(c for _, c, _ in e) == list(range(m.VOCAB_SIZE))  # one 1.0 per column: e_t -> e_shift(t)
+    assert {v for _, _, v in e} == {1.0} and all(r == DESIGN.mtp_shift(c) for r, c, _ in e)
+    w1, w2 = m.markov_entries()
+    assert len(w1) == len(w2) == m.MARKOV_RANK and {s for _, s, _ in w1} == set(range(m.MARKOV_RANK))
+    base = m.hc_base()
+    assert len(base) == (2 + 4) * 4 and base[4:8] == [m.POST_LOGIT] * 4 and not any(base[:4] + base[8:])
+
+
+def test_the_config_meets_vllm_0_26_0s_constraints(tmp_path):
+    cfg = json.loads((m.write_model(tmp_path) / "config.json").read_text())
+    assert cfg["vocab_size"] <= cfg["hidden_size"]  # one-hot embeddings
+    assert cfg["head_dim"] == 512 and cfg["head_dim"] - cfg["qk_rope_head_dim"] == 448
+    for key in ("hidden_size", "q_lora_rank", "o_lora_rank", "moe_intermediate_size"):
+        assert cfg[key] % 128 == 0
+    assert cfg["hc_mult"] * cfg["hidden_size"] % 4096 == 0
+    assert len(cfg["compress_ratios"]) == cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]
+    assert 4 in cfg["compress_ratios"][: cfg["num_hidden_layers"]]
+    assert cfg["dspark_markov_rank"] == len(DESIGN.accept)
+    assert cfg["dspark_noise_token_id"] == m.NOISE_TOKEN
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == m.EOS
+
+
+# ---------------------------------------------------------------------------
+# torch: the weights on vLLM-shaped modules, through a reference forward
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed (pip install torch: the CPU wheel)")
+
+
+def _modules():
+    torch = _torch()
+    nn = torch.nn
+    H, V, hc = m.HIDDEN_SIZE, m.VOCAB_SIZE, 4
+
+    def param(*shape, dtype=torch.float32):
+        return nn.Parameter(torch.full(shape, 1e-3, dtype=dtype), requires_grad=False)
+
+    class Linear(nn.Module):  # vLLM's block-FP8 ReplicatedLinear: weight [out, in], weight_scale_inv per block
+        def __init__(self, n_in, n_out):
+            super().__init__()
+            self.weight = param(n_out, n_in, dtype=torch.float8_e4m3fn)
+            self.weight_scale_inv = param(n_out // 128, n_in // 128)
+
+        def forward(self, x):
+            w = self.weight.float() * self.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
+            return x @ w.t()
+
+    class Table(nn.Module):  # VocabParallelEmbedding / ParallelLMHead
+        def __init__(self, rows, cols):
+            super().__init__()
+            self.weight = param(rows, cols, dtype=torch.bfloat16)
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = param(H, dtype=torch.bfloat16)
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hc_mult = hc
+            for part in ("attn", "ffn"):
+                setattr(self, f"hc_{part}_fn", param((2 + hc) * hc, hc * H))
+                setattr(self, f"hc_{part}_base", param((2 + hc) * hc))
+                setattr(self, f"hc_{part}_scale", param(3))
+            self.attn_norm, self.ffn_norm = Norm(), Norm()
+            self.wo = Linear(H, H)  # stands for attention and the MoE: random, full-size outputs
+
+    class HcHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hc_head_fn, self.hc_head_base, self.hc_head_scale = param(hc, hc * H), param(hc), param(1)
+
+    class Inner(HcHead):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = Table(V, H)
+            self.layers = nn.ModuleList([DecoderLayer() for _ in range(2)])
+            self.norm = Norm()
+
+    class Target(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.lm_head = Inner(), Table(V, H)
+
+    class SharedHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.head = Norm(), Table(V, H)
+
+    class MtpLayer(HcHead):
+        def __init__(self):
+            super().__init__()
+            self.enorm, self.hnorm = Norm(), Norm()
+            self.e_proj, self.h_proj = Linear(H, H), Linear(H, H)
+            self.shared_head, self.mtp_block = SharedHead(), DecoderLayer()
+
+    class MtpInner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleDict({"4": MtpLayer()})
+            self.embed_tokens = Table(V, H)
+
+    class MTP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = MtpInner()
+
+    class Markov(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.markov_w1, self.markov_w2 = Table(V, m.MARKOV_RANK), Table(V, m.MARKOV_RANK)
+
+    class DSparkInner(HcHead):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = Table(V, H)
+            self.layers = nn.ModuleList([DecoderLayer()])
+            self.norm = Norm()
+            self.markov_head = Markov()
+
+    class DSpark(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.lm_head = DSparkInner(), Table(V, H)
+
+    Target.__name__, MTP.__name__, DSpark.__name__ = (
+        "DeepseekV4ForCausalLM", "DeepSeekV4MTP", "DSparkDeepseekV4ForCausalLM")
+    return torch, Target, MTP, DSpark
+
+
+def _rms(torch, x, w=None):
+    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return y if w is None else y * w.float()
+
+
+def _mhc(torch, layer, part, residual, out_fn):
+    """One mHC block as the formulas say: pre/post/comb mixes from fn . rmsnorm(residual) * scale + base."""
+    hc = layer.hc_mult
+    fn, base, scale = (getattr(layer, f"hc_{part}_{k}").float() for k in ("fn", "base", "scale"))
+    flat = residual.reshape(residual.shape[0], -1)
+    mixes = (flat @ fn.t()) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
+    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + 1e-6
+    post = 2.0 * torch.sigmoid(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    comb = torch.softmax((mixes[:, 2 * hc:] * scale[2] + base[2 * hc:]).view(-1, hc, hc), -1)
+    for _ in range(20):
+        comb = comb / comb.sum(-2, keepdim=True)
+        comb = comb / comb.sum(-1, keepdim=True)
+    x = (pre.unsqueeze(-1) * residual).sum(1)
+    out = out_fn(_rms(torch, x, getattr(layer, f"{part}_norm").weight))
+    return torch.einsum("tij,tih->tjh", comb, residual) + post.unsqueeze(-1) * out.unsqueeze(1)
+
+
+def _layer(torch, layer, residual):
+    def fake(x):  # attention / MoE stand-in: a full-size random projection, then a NaN-free GELU
+        return torch.nn.functional.gelu(layer.wo(x)) * 4.0
+
+    residual = _mhc(torch, layer, "attn", residual, fake)
+    return _mhc(torch, layer, "ffn", residual, fake)
+
+
+def _hc_head(torch, owner, residual):
+    flat = residual.reshape(residual.shape[0], -1)
+    mixes = (flat @ owner.hc_head_fn.float().t()) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
+    pre = torch.sigmoid(mixes * owner.hc_head_scale.float() + owner.hc_head_base.float()) + 1e-6
+    return (pre.unsqueeze(-1) * residual).sum(1)
+
+
+def _gaps_and_argmax(torch, logits):
+    top = logits.topk(2, dim=-1)
+    return (top.values[:, 0] - top.values[:, 1]), top.indices[:, 0]
+
+
+def test_apply_oracle_weights_makes_the_target_follow_the_successor_map():
+    torch, Target, _, _ = _modules()
+    model = Target()
+    done = m.apply_oracle_weights(model)
+    assert m.missing_parts("DeepseekV4ForCausalLM", done) == []
+    assert done["decoder_layer_hc"] == 2 and done["rescaled"] > 0
+    tokens = torch.tensor(list(DESIGN.cycle) + [2, 3, m.NOISE_TOKEN])
+    residual = model.model.embed_tokens.weight[tokens].float().unsqueeze(1).repeat(1, 4, 1)
+    for layer in model.model.layers:
+        residual = _layer(torch, layer, residual)
+    h = _rms(torch, _hc_head(torch, model.model, residual), model.model.norm.weight)
+    gaps, best = _gaps_and_argmax(torch, h @ model.lm_head.weight.float().t())
+    assert best.tolist() == [DESIGN.successor[t] for t in tokens.tolist()]
+    assert gaps.min().item() > 0.9 * m.GAIN, gaps.min().item()
+    # and the inner weights are random values, not the dummy loader's 1e-3 (every kernel sees real data)
+    assert model.model.layers[0].wo.weight.float().std().item() > 0.5
+
+
+def test_apply_oracle_weights_makes_the_mtp_draft_agree_on_accept_only():
+    torch, _, MTP, _ = _modules()
+    mtp = MTP()
+    assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == []
+    layer = mtp.model.layers["4"]
+    tokens = torch.tensor(DESIGN.cycle)
+    e = _rms(torch, mtp.model.embed_tokens.weight[tokens].float(), layer.enorm.weight)
+    prev = torch.randn(len(tokens), 4, m.HIDDEN_SIZE)  # the target's hidden: h_proj must drop it
+    hidden = layer.h_proj(_rms(torch, prev, layer.hnorm.weight)) + layer.e_proj(e).unsqueeze(1)
+    hidden = _layer(torch, layer.mtp_block, hidden)
+    h = _rms(torch, _hc_head(torch, layer, hidden), layer.shared_head.norm.weight)
+    gaps, best = _gaps_and_argmax(torch, h @ layer.shared_head.head.weight.float().t())
+    assert best.tolist() == [DESIGN.mtp_draft(t) for t in DESIGN.cycle]
+    assert gaps.min().item() > 0.9 * m.GAIN
+    agree = sum(DESIGN.mtp_draft(t) == DESIGN.successor[t] for t in DESIGN.cycle)
+    assert agree == len(DESIGN.accept)
+
+
+def test_apply_oracle_weights_gives_dspark_its_markov_bias():
+    torch, _, _, DSpark = _modules()
+    ds = DSpark()
+    assert m.missing_parts("DSparkDeepseekV4ForCausalLM", m.apply_oracle_weights(ds)) == []
+    inner = ds.model
+    tokens = torch.tensor(DESIGN.cycle)
+    noise = torch.full_like(tokens, m.NOISE_TOKEN)
+    residual = inner.embed_tokens.weight[noise].float().unsqueeze(1).repeat(1, 4, 1)
+    residual = _layer(torch, inner.layers[0], residual)
+    base = _rms(torch, _hc_head(torch, inner, residual), inner.norm.weight) @ ds.lm_head.weight.float().t()
+    bias = inner.markov_head.markov_w1.weight[tokens].float() @ inner.markov_head.markov_w2.weight.float().t()
+    best = (base + bias).argmax(-1).tolist()
+    want = [DESIGN.dspark_drafts(t, 2)[1] for t in [DESIGN.cycle[i - 1] for i in range(len(DESIGN.cycle))]]
+    # position 1 of a block drafted after anchor a: prev = successor(a) = the cycle token itself
+    assert best == [DESIGN.successor[t] if t in DESIGN.accept else DESIGN.successor[m.NOISE_TOKEN]
+                    for t in DESIGN.cycle] == want
+
+
+def test_missing_parts_names_what_a_changed_layout_lacks():
+    torch, _, MTP, _ = _modules()
+    mtp = MTP()
+    del mtp.model.layers["4"].e_proj
+    assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]

@@ -63,7 +63,7 @@ def main() -> int:
             print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)
-        tokens = [model.DESIGN.chain(p[-1], n) for p, n in zip(pset["prompts"], pset["max_tokens"])]
+        tokens = [model.DESIGN.chain(p[-1], n) for p, n in zip(pset["prompts"], pset["max_tokens"], strict=True)]
         if mode == "differs" and engine["name"] == "mtp1" and len(tokens) > 1:
             tokens[1][7] = model.DESIGN.successor[tokens[1][7]]
         counters = {}

@@ -26,7 +26,7 @@ def pytest_configure(config: object) -> None:
 # Results for dsv4patch verify (testrun.py): one JSON line per test phase report
 # and per collection error, written to $DSV4PATCH_RESULTS when it is set, so one
 # pytest session can serve several patches (results are mapped back by node id).
-def _record(rec: dict) -> None:
+def _record(rec: dict[str, str]) -> None:
     import json
     import os
 

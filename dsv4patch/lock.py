@@ -10,13 +10,14 @@ through :func:`update_derived`, which keeps comments and layout.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
+from typing import Any, TypeVar, overload
 
 from dsv4patch.errors import LockFileError, UsageError
 
@@ -157,10 +158,20 @@ def open_lock(given: Path | None, series: list[str] | tuple[str, ...] | None = N
     return load(find_lock(given)).with_series(series)
 
 
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
+
+class _Required(enum.Enum):
+    """The default of a key that must be present (a value None cannot stand for)."""
+
+    KEY = 0
+
+
 class _Table:
     """Typed access to one TOML table with the error context for messages."""
 
-    def __init__(self, lock_path: Path, where: str, data: Any, allowed: set[str]) -> None:
+    def __init__(self, lock_path: Path, where: str, data: object, allowed: set[str]) -> None:
         if not isinstance(data, dict):
             raise LockFileError(f"{lock_path}: {where} must be a table")
         unknown = sorted(set(data) - allowed)
@@ -169,25 +180,37 @@ class _Table:
                 f"{lock_path}: unknown key(s) {', '.join(unknown)} in {where}; "
                 f"allowed: {', '.join(sorted(allowed))}"
             )
-        self.lock_path, self.where, self.data = lock_path, where, data
+        self.lock_path, self.where = lock_path, where
+        self.data: dict[str, object] = data
 
-    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ...) -> Any:
+    @overload
+    def get(self, key: str, typ: type[_T]) -> _T: ...
+    @overload
+    def get(self, key: str, typ: type[_T], default: _D) -> _T | _D: ...
+
+    def get(self, key: str, typ: type[_T], default: object = _Required.KEY) -> object:
         if key not in self.data:
-            if default is ...:
+            if default is _Required.KEY:
                 raise LockFileError(f"{self.lock_path}: missing key {key!r} in {self.where}")
             return default
         value = self.data[key]
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
             raise LockFileError(
-                f"{self.lock_path}: {self.where}.{key} must be {names}, got {value!r}"
+                f"{self.lock_path}: {self.where}.{key} must be {typ.__name__}, got {value!r}"
             )
         return value
 
-    def hexid(self, key: str, pattern: re.Pattern[str], what: str, default: Any = ...) -> Any:
-        value = self.get(key, str, default)
+    @overload
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str) -> str: ...
+    @overload
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str, default: None) -> str | None: ...
+
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str,
+              default: None | _Required = _Required.KEY) -> str | None:
         if key not in self.data:
-            return value  # optional and absent: the default
+            # optional and absent: the default; required: get names the missing key
+            return self.get(key, str) if default is _Required.KEY else default
+        value = self.get(key, str)
         if not pattern.match(value):
             raise LockFileError(
                 f"{self.lock_path}: {self.where}.{key} = {value!r} is not {what} "
@@ -248,7 +271,7 @@ def valid_pin_name(name: str) -> bool:
     return bool(PIN_NAME.match(name)) and ".." not in name
 
 
-def _parse_pin(path: Path, name: str, raw: Any, series: dict[str, SeriesDef]) -> Pin:
+def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef]) -> Pin:
     where = f'[pins."{name}"]'
     if not valid_pin_name(name):
         # Pin names become parts of file names (cache, variants, branches).
@@ -352,7 +375,7 @@ def _download_url(path: Path, where: str, url: str) -> str:
     return url
 
 
-def _parse_source(path: Path, where: str, raw: Any) -> Source:
+def _parse_source(path: Path, where: str, raw: object) -> Source:
     kind = raw.get("kind") if isinstance(raw, dict) else None
     if kind not in SOURCE_KINDS:
         raise LockFileError(f"{path}: {where}.kind = {kind!r}; one of {', '.join(SOURCE_KINDS)}")
@@ -422,7 +445,7 @@ def git_url_problem(url: str) -> str | None:
     return None
 
 
-def update_derived(path: Path, pin: str, values: dict[str, Any], source_values: dict[str, Any]) -> bool:
+def update_derived(path: Path, pin: str, values: Mapping[str, object], source_values: Mapping[str, object]) -> bool:
     """Write derived fields of one pin back into the lock, keeping its layout."""
     import tomlkit  # only lock --update writes TOML (keeps comments and layout)
 

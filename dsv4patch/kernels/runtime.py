@@ -32,55 +32,118 @@ which route did it.  Exit codes: 0 all ops run the dsv4patch kernels, 1 a stock
 kernel is active, 3 nothing could be read (no CUDA libraries).
 """
 
+from __future__ import annotations
+
 import ctypes
+import importlib
 import importlib.util
 import json
 import logging
 import os
 import re
 import sys
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TypedDict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DIST = os.path.basename(_HERE)
 HOOK_MARK = "# dsv4patch kernels hook"
 HOOK_FILE = "__init__.py"  # of the vllm package
+Capability = tuple[int, int]  # (major, minor) of a GPU
 
 
+class Unit(TypedDict):
+    """One compiled unit of the library, as kernels/build.py's package() records it."""
 
-def _load_info():
+    unit: str
+    ops: list[str]
+    sass: list[str]  # archs with cubins
+    ptx: list[str]  # archs with PTX
+
+
+class BuildInfo(TypedDict, total=False):
+    """build_info.json, written by kernels/build.py's package() ({} outside a built wheel)."""
+
+    vllm_version: str
+    pin: str
+    tree_id: str
+    head: str
+    base: str
+    archs: list[str]
+    ops: list[str]
+    units: list[Unit]
+    torch_version: str
+    torch_cuda_version: str
+    cuda_version: str
+    library: str
+
+
+class State(TypedDict):
+    """Per-process record of what activate() did."""
+
+    route: str | None
+    outcome: str | None
+    attempts: list[str]  # every route that called activate(), in order
+
+
+class OpState(TypedDict):
+    kernel: str  # dsv4patch | stock | none
+    registered_at: str | None
+
+
+class CheckReport(TypedDict, total=False):
+    """What ``python -m <dist> check`` prints (as JSON with --json)."""
+
+    dist: str
+    tree_id: str
+    vllm_version_built: str
+    vllm_version: str
+    units: list[Unit]
+    devices: list[str] | None
+    ops: dict[str, OpState]
+    routes: dict[str, dict[str, bool]]
+    activated_by: str | None
+    outcome: str | None
+    status: str  # dsv4patch | stock | unknown
+    reason: str
+
+
+def _load_info() -> BuildInfo:
     """The wheel's build_info.json ({} where this module is not inside a built wheel)."""
     try:
         with open(os.path.join(_HERE, "build_info.json"), encoding="utf-8") as fh:
-            return json.load(fh)
+            info: BuildInfo = json.load(fh)
+            return info
     except FileNotFoundError:
         return {}
 
 
 BUILD_INFO = _load_info()
 
-# Per-process record of what activate() did: {"route": ..., "outcome": ...}.
-_STATE = {"route": None, "outcome": None, "attempts": []}
+_STATE: State = {"route": None, "outcome": None, "attempts": []}
 
 
 class KernelsError(RuntimeError):
     """Raised instead of logging when DSV4PATCH_KERNELS_STRICT=1."""
 
 
-def _logger():
+def _logger() -> logging.Logger:
     """vLLM's logger (so messages show with vLLM's handlers), else a plain one."""
     try:
         from vllm.logger import init_logger
 
-        return init_logger(f"vllm.{_DIST}")
+        logger: logging.Logger = init_logger(f"vllm.{_DIST}")
+        return logger
     except Exception:  # vLLM absent or half-imported: still log somewhere
         return logging.getLogger(f"vllm.{_DIST}")
 
 
-def _strict():
+def _strict() -> bool:
     return os.environ.get("DSV4PATCH_KERNELS_STRICT", "0") == "1"
 
 
-def _refuse(msg):
+def _refuse(msg: str) -> None:
     """A reason not to load: an exception in strict mode, else an error in vLLM's log."""
     if _strict():
         raise KernelsError(msg)
@@ -90,14 +153,14 @@ def _refuse(msg):
 # ---------------------------------------------------------------------------
 # Coverage: which compute capabilities the library's code runs on.
 
-def _parse_arch(arch):
+def _parse_arch(arch: str) -> tuple[int, int, str] | None:
     m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
     if not m:
         return None
     return int(m.group(1)), int(m.group(2)), m.group(3)
 
 
-def covers(sass, ptx, capability):
+def covers(sass: Iterable[str], ptx: Iterable[str], capability: Capability) -> bool:
     """True when SASS (cubins) or PTX of these archs runs on ``capability`` (major, minor).
 
     ``X.Ya`` cubins run on X.Y only; ``X.Yf`` and plain ``X.Y`` cubins on X.Y'
@@ -122,14 +185,14 @@ def covers(sass, ptx, capability):
     return False
 
 
-def uncovered_units(capability, info=None):
+def uncovered_units(capability: Capability, info: BuildInfo | None = None) -> list[str]:
     """Units of the library whose code does not run on ``capability``."""
     info = info or BUILD_INFO
     return [u["unit"] for u in info.get("units", [])
             if isinstance(u, dict) and not covers(u.get("sass", []), u.get("ptx", []), capability)]
 
 
-def _libcuda(compat=False):
+def _libcuda(compat: bool = False) -> bool:
     """True when the CUDA driver library can be loaded (the stock kernels need it).
 
     ``compat``: also the CUDA images' forward-compatibility copy, which loads
@@ -147,7 +210,7 @@ def _libcuda(compat=False):
     return False
 
 
-def _visible(count):
+def _visible(count: int) -> list[int]:
     """NVML indices of the devices CUDA_VISIBLE_DEVICES exposes (plain indices only)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
@@ -164,28 +227,37 @@ def _visible(count):
     return out
 
 
-def device_capabilities():
-    """Compute capabilities of the visible GPUs through NVML (never initialises CUDA,
-    so vLLM can still fork workers); ``None`` when there is no NVML or no GPU."""
+def _pynvml() -> ModuleType | None:
+    """vLLM's NVML wrapper, else the pynvml module, else None."""
     try:
         from vllm.utils.import_utils import import_pynvml
 
-        pynvml = import_pynvml()
+        wrapped: ModuleType = import_pynvml()
+        return wrapped
     except Exception:
         try:
-            import pynvml
+            return importlib.import_module("pynvml")
         except Exception:
             return None
+
+
+def device_capabilities() -> list[Capability] | None:
+    """Compute capabilities of the visible GPUs through NVML (never initialises CUDA,
+    so vLLM can still fork workers); ``None`` when there is no NVML or no GPU."""
+    pynvml = _pynvml()
+    if pynvml is None:
+        return None
     try:
         pynvml.nvmlInit()
     except Exception:
         return None
     try:
         count = pynvml.nvmlDeviceGetCount()
-        caps = []
+        caps: list[Capability] = []
         for i in _visible(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            caps.append(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)))
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            caps.append((major, minor))
         return caps or None
     except Exception:
         return None
@@ -199,16 +271,16 @@ def device_capabilities():
 # ---------------------------------------------------------------------------
 # Dispatcher: which kernel torch runs for each op.
 
-def _qualified(op):
+def _qualified(op: str) -> str:
     return op if "::" in op else f"_C::{op}"
 
 
-def dispatch_state(op):
+def dispatch_state(op: str) -> tuple[str, str | None]:
     """(``dsv4patch`` | ``stock`` | ``none``, registration site) of ``op``'s CUDA kernel."""
     import torch
 
     try:
-        table = torch._C._dispatch_dump_table(_qualified(op))
+        table: str = torch._C._dispatch_dump_table(_qualified(op))
     except RuntimeError:
         return "none", None
     for line in table.splitlines():
@@ -223,14 +295,14 @@ def dispatch_state(op):
     return "none", None
 
 
-def _active_ops():
+def _active_ops() -> dict[str, tuple[str, str | None]]:
     return {op: dispatch_state(op) for op in BUILD_INFO["ops"]}
 
 
 # ---------------------------------------------------------------------------
 # Activation.
 
-def _load_library():
+def _load_library() -> None:
     import torch
 
     # The stable ABI's CUDA entry points live in libtorch_cuda, which torch loads
@@ -244,7 +316,7 @@ def _load_library():
     torch.ops.load_library(os.path.join(_HERE, BUILD_INFO["library"]))
 
 
-def activate(route="entry-point", require_device=True):
+def activate(route: str = "entry-point", require_device: bool = True) -> str:
     """Load the rebuilt kernels over the stock ones if it is safe; never raises unless strict.
 
     Returns the outcome: ``active``, ``already-active``, ``disabled``, ``no-cuda``,
@@ -267,7 +339,7 @@ def activate(route="entry-point", require_device=True):
     return outcome
 
 
-def _activate(route, require_device):
+def _activate(route: str, require_device: bool) -> str:
     log = _logger()
     tree = BUILD_INFO["tree_id"][:12]
     if os.environ.get("DSV4PATCH_KERNELS", "1") == "0":
@@ -311,7 +383,7 @@ def _activate(route, require_device):
     return "active"
 
 
-def register():
+def register() -> None:
     """``vllm.general_plugins`` entry point."""
     activate("entry-point")
 
@@ -319,18 +391,18 @@ def register():
 # ---------------------------------------------------------------------------
 # The vllm-hook route and the check.
 
-def _vllm_file(rel):
+def _vllm_file(rel: str) -> str:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("dsv4patch kernels: vllm is not installed in this python")
     return os.path.join(list(spec.submodule_search_locations)[0], rel)
 
 
-def hook_line():
+def hook_line() -> str:
     return f"__import__({_DIST!r}).activate('vllm-hook')  {HOOK_MARK}\n"
 
 
-def hook_installed():
+def hook_installed() -> bool:
     path = _vllm_file(HOOK_FILE)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -339,7 +411,7 @@ def hook_installed():
         return False
 
 
-def install_hook():
+def install_hook() -> tuple[str, bool]:
     """Append the activation line to the installed vllm/__init__.py (idempotent)."""
     path = _vllm_file(HOOK_FILE)
     with open(path, encoding="utf-8") as fh:
@@ -359,7 +431,7 @@ def install_hook():
     return path, True
 
 
-def _entry_point_route():
+def _entry_point_route() -> dict[str, bool]:
     from importlib.metadata import entry_points
 
     names = [e.name for e in entry_points(group="vllm.general_plugins") if e.value.startswith(_DIST)]
@@ -373,9 +445,9 @@ def _entry_point_route():
     }
 
 
-def check(no_device=False):
+def check(no_device: bool = False) -> tuple[CheckReport, int]:
     """Load vLLM the way it starts (platform, then general plugins) and read the dispatcher."""
-    report = {"dist": _DIST, "tree_id": BUILD_INFO["tree_id"], "vllm_version_built": BUILD_INFO["vllm_version"],
+    report: CheckReport = {"dist": _DIST, "tree_id": BUILD_INFO["tree_id"], "vllm_version_built": BUILD_INFO["vllm_version"],
               "units": BUILD_INFO.get("units", []), "devices": None, "ops": {}, "routes": {}}
     compat = _libcuda(compat=no_device)  # before vllm: its hook needs libcuda to load
     import vllm  # the vllm-hook route runs here if installed
@@ -408,7 +480,7 @@ def check(no_device=False):
     return report, 0 if ok else 1
 
 
-def _print_report(report):
+def _print_report(report: CheckReport) -> None:
     print(f"dsv4patch kernels {report['dist']} (patched tree {report['tree_id'][:12]}, "
           f"built for vLLM {report['vllm_version_built']}; installed vLLM {report.get('vllm_version')})")
     if report.get("reason"):
@@ -424,10 +496,10 @@ def _print_report(report):
     print(f"  status: {report['status']}")
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog=f"python -m {_DIST}", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {_DIST}", description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="which kernel torch's dispatcher runs for each rebuilt op")
     c.add_argument("--json", action="store_true")

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from dsv4patch import __version__
-from dsv4patch.report import SCHEMA_VERSION
 from dsv4patch.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     Dsv4Error,
     UsageError,
 )
+from dsv4patch.report import SCHEMA_VERSION
 
 COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh",
             "selftest")

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,49 +148,57 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = 
     return env
 
 
+@dataclass(frozen=True)
+class _Raw:
+    """One git process's exit status and undecoded output."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
 def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
-             input: bytes | None, repo: bool = True, tied: bool = False) -> tuple[int, bytes, bytes]:
+             input: bytes | None, repo: bool = True, tied: bool = False) -> _Raw:
     cwd = Path(os.path.abspath(cwd))
     if not cwd.is_dir():
         raise GitError(f"internal: git would run in {cwd}, which is not a directory")
+    close_fds, preexec_fn = _child_options() if tied else (True, None)
     try:
         proc = subprocess.run(
             ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=None if input is not None else subprocess.DEVNULL,
-            **(_child_options() if tied else {}),  # type: ignore[arg-type]
+            capture_output=True, stdin=None if input is not None else subprocess.DEVNULL,
+            close_fds=close_fds, preexec_fn=preexec_fn,
         )
     except OSError as exc:
         raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
-    return proc.returncode, proc.stdout, proc.stderr
+    return _Raw(proc.returncode, proc.stdout, proc.stderr)
 
 
-def _child_options() -> dict[str, object]:
-    """Popen options that tie a git child to this process's life (``run(tied=True)``).
+def _child_options() -> tuple[bool, Callable[[], None] | None]:
+    """``(close_fds, preexec_fn)`` for Popen that tie a git child to this process's life (``run(tied=True)``).
 
     * ``close_fds=False``: the child keeps the descriptors this process marked
-      inheritable, i.e. the tree lock (``apply.TreeLock``): the lock is released
+      inheritable, i.e. the tree lock (``transaction.tree_lock``): the lock is released
       only when every git that may be writing the tree has exited.
     * ``PR_SET_PDEATHSIG``: on Linux the child gets SIGKILL when this process
       dies, so killing dsv4patch never leaves a git working on behind it.
     """
-    opts: dict[str, object] = {"close_fds": False}
-    if sys.platform.startswith("linux"):
-        import ctypes
+    if not sys.platform.startswith("linux"):
+        return False, None
+    import ctypes
 
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            return opts
-        parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False, None
+    parent = os.getpid()
 
-        def die_with_parent() -> None:
-            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
 
-        opts["preexec_fn"] = die_with_parent
-    return opts
+    return False, die_with_parent
 
 
 def run(
@@ -210,8 +218,8 @@ def run(
     :func:`_child_options` (not the default: it costs a fork, ~4 ms a call).
     """
     data = input.encode() if isinstance(input, str) else input
-    status, out, err = _execute(cwd, args, env, data, repo, tied)
-    res = Result(status, out.decode(errors="surrogateescape"), err.decode(errors="replace"))
+    raw = _execute(cwd, args, env, data, repo, tied)
+    res = Result(raw.returncode, raw.stdout.decode(errors="surrogateescape"), raw.stderr.decode(errors="replace"))
     if check and not res.ok:
         raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{res.stderr.strip()}")
     return res
@@ -313,15 +321,72 @@ def write_tree(repo: Path, env: Mapping[str, str]) -> str:
     return out(repo, "write-tree", env=env)
 
 
-def ls_tree_entry(repo: Path, treeish: str, path: str) -> tuple[str, str, str] | None:
-    """(mode, type, oid) of ``path`` in ``treeish`` or None."""
+@dataclass(frozen=True)
+class TreeEntry:
+    """One entry of a tree object (``git ls-tree``)."""
+
+    mode: str  # "100644", "100755", "120000" (a link), "040000" (a tree), "160000" (a gitlink)
+    type: str  # "blob", "tree", "commit"
+    oid: str
+
+    @property
+    def is_blob(self) -> bool:
+        return self.type == "blob"
+
+
+def ls_tree_entry(repo: Path, treeish: str, path: str) -> TreeEntry | None:
+    """The entry of ``path`` in ``treeish``, or None."""
     res = run(repo, ["ls-tree", treeish, "--", path], check=False)
     line = res.stdout.strip()
     if not res.ok or not line:
         return None
     meta, _name = line.split("\t", 1)
     mode, typ, oid = meta.split()
-    return mode, typ, oid
+    return TreeEntry(mode, typ, oid)
+
+
+def tree_files(repo: Path, treeish: str) -> dict[str, TreeEntry]:
+    """Every file of ``treeish`` (recursively), by path."""
+    res = run(repo, ["ls-tree", "-r", "-z", "--full-tree", treeish])
+    files: dict[str, TreeEntry] = {}
+    for item in res.stdout.split("\0"):
+        if not item:
+            continue
+        meta, name = item.split("\t", 1)
+        mode, typ, oid = meta.split()
+        files[name] = TreeEntry(mode, typ, oid)
+    return files
+
+
+def hash_paths(repo: Path, names: Sequence[str]) -> list[str]:
+    """Blob ids of the work-tree files ``names`` (``hash-object --stdin-paths``; nothing is written)."""
+    if not names:
+        return []
+    res = run(repo, ["hash-object", "--stdin-paths"], input="\n".join(names) + "\n")
+    return res.stdout.split()
+
+
+def current_ref(repo: Path) -> str | None:
+    """The branch HEAD is on (``refs/heads/...``), None when HEAD is detached."""
+    return run(repo, ["symbolic-ref", "-q", "HEAD"], check=False).stdout.strip() or None
+
+
+def index_is(repo: Path, commit: str) -> bool:
+    """Whether the index holds exactly ``commit``'s tree."""
+    return run(repo, ["diff-index", "--cached", "--quiet", "--no-renames", commit, "--"], check=False).ok
+
+
+def staged_names(repo: Path, commit: str) -> list[str]:
+    """Paths whose index entry differs from ``commit``."""
+    return run(repo, ["diff-index", "--cached", "--name-only", "--no-renames", commit, "--"],
+               check=False).stdout.split()
+
+
+def status_paths(repo: Path) -> list[str]:
+    """Every changed, staged or untracked path (``status -z``; never writes the index)."""
+    res = run(repo, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+                     "--untracked-files=all"])
+    return [item[3:] for item in res.stdout.split("\0") if item]
 
 
 def index_blob(repo: Path, env: Mapping[str, str], path: str) -> bytes | None:
@@ -335,10 +400,10 @@ def index_blob(repo: Path, env: Mapping[str, str], path: str) -> bytes | None:
 
 def out_bytes(repo: Path, *args: str) -> bytes:
     """stdout of ``git <args>`` as bytes (file contents); GitError on failure."""
-    status, data, err = _execute(repo, args, None, None)
-    if status != 0:
-        raise GitError(f"git {' '.join(args[:3])} failed in {repo}: {err.decode(errors='replace')}")
-    return data
+    raw = _execute(repo, args, None, None)
+    if raw.returncode != 0:
+        raise GitError(f"git {' '.join(args[:3])} failed in {repo}: {raw.stderr.decode(errors='replace')}")
+    return raw.stdout
 
 
 def cat_blob(repo: Path, oid: str) -> bytes:
@@ -355,14 +420,22 @@ def reset_hard(repo: Path, commit: str) -> None:
     run(repo, ["reset", "-q", "--hard", commit], tied=True)
 
 
-def log_trailers(repo: Path, rev_range: str) -> list[tuple[str, dict[str, list[str]]]]:
-    """(commit, trailers) for each commit in ``rev_range``, oldest first."""
+@dataclass(frozen=True)
+class CommitTrailers:
+    """A commit and its trailers (``Key: value`` lines at the end of its message)."""
+
+    commit: str
+    trailers: dict[str, list[str]]
+
+
+def log_trailers(repo: Path, rev_range: str) -> list[CommitTrailers]:
+    """Each commit of ``rev_range`` with its trailers, oldest first."""
     res = run(
         repo,
         ["log", "--reverse", "--format=%H%x00%(trailers:unfold,only)%x01", rev_range],
         check=False,
     )
-    items: list[tuple[str, dict[str, list[str]]]] = []
+    items: list[CommitTrailers] = []
     if not res.ok:
         return items
     for chunk in res.stdout.split("\x01"):
@@ -375,7 +448,7 @@ def log_trailers(repo: Path, rev_range: str) -> list[tuple[str, dict[str, list[s
             key, sep, value = line.partition(":")
             if sep:
                 parsed.setdefault(key.strip(), []).append(value.strip())
-        items.append((sha.strip(), parsed))
+        items.append(CommitTrailers(sha.strip(), parsed))
     return items
 
 
@@ -439,8 +512,16 @@ def root_commit(repo: Path, rev: str = "HEAD") -> str:
     return out(repo, "rev-list", "--max-parents=0", rev).splitlines()[0]
 
 
-def merge_file(repo: Path, ours: bytes, base: bytes, theirs: bytes) -> tuple[bool, bytes]:
-    """3-way merge of one file's contents; (clean, merged text with diff3 markers)."""
+@dataclass(frozen=True)
+class Merge:
+    """A 3-way file merge: whether it was clean, and the text (diff3 markers where it was not)."""
+
+    clean: bool
+    text: bytes
+
+
+def merge_file(repo: Path, ours: bytes, base: bytes, theirs: bytes) -> Merge:
+    """3-way merge of one file's contents."""
     import tempfile as _tf
 
     with _tf.TemporaryDirectory(prefix="dsv4patch-merge-") as d:
@@ -449,14 +530,14 @@ def merge_file(repo: Path, ours: bytes, base: bytes, theirs: bytes) -> tuple[boo
             p = Path(d) / name
             p.write_bytes(data)
             paths.append(str(p))
-        status, merged, _err = _execute(
+        raw = _execute(
             repo,
             ["merge-file", "-p", "--diff3", "-L", "target", "-L", "base", "-L", "patch", *paths],
             None, None,
         )
-    if status < 0 or status > 127:  # merge-file exits with the conflict count, or -1
+    if raw.returncode < 0 or raw.returncode > 127:  # merge-file exits with the conflict count, or -1
         raise GitError(f"git merge-file failed in {repo}")
-    return status == 0, merged
+    return Merge(raw.returncode == 0, raw.stdout)
 
 
 def hash_object(repo: Path, data: bytes) -> str:
@@ -518,12 +599,21 @@ def is_ancestor(repo: Path, ancestor: str, rev: str) -> bool:
     return run(repo, ["merge-base", "--is-ancestor", ancestor, rev], check=False).ok
 
 
-def commit_info(repo: Path, commit: str) -> tuple[str, dict[str, str], str]:
-    """(message, author env, tree id) of ``commit``."""
+@dataclass(frozen=True)
+class CommitInfo:
+    """What ``refresh`` reads of a commit."""
+
+    message: str  # ends with one newline
+    author: dict[str, str]  # GIT_AUTHOR_NAME / _EMAIL / _DATE, as commit_tree takes them
+    tree: str
+
+
+def commit_info(repo: Path, commit: str) -> CommitInfo:
+    """Message, author and tree id of ``commit``."""
     res = run(repo, ["log", "-1", "--format=%an%x00%ae%x00%aI%x00%T%x00%B", commit])
     name, email, date, tree_id, message = res.stdout.split("\0", 4)
     author = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
-    return message.rstrip("\n") + "\n", author, tree_id
+    return CommitInfo(message.rstrip("\n") + "\n", author, tree_id)
 
 
 def merge_drivers(tree: Path) -> list[str]:

@@ -22,27 +22,25 @@ those resolutions beside ``--resolutions``: the next conflict reopens the
 workspace at that patch, or the port completes and writes its result as
 usual (then the state file is removed; the tree stays for inspection).
 
-DIR is a tree the user edits, so, as with ``resolve``, its state is checked
-(full commit ids, paths inside the tree, the invocation's own pins and lock)
-and never chooses where anything is written.
+DIR is a tree the user edits, so, as with ``resolve``, its state
+(:class:`states.PortState`) is checked (full commit ids, paths inside the tree,
+the invocation's own pins and lock) and never chooses where anything is written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
-from dsv4patch import git, tree
+from dsv4patch import git, states, tree
 from dsv4patch.errors import TreeError
 from dsv4patch.series import Patch
+from dsv4patch.states import PortState, inside_tree
 
 STATE = "dsv4patch-port.json"
 RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far
-COMMIT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a state's commits: nothing git would parse
 _MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
 
 
@@ -52,7 +50,7 @@ def marked(path: Path, names: list[str]) -> list[str]:
             and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
 
 
-def read_state(path: Path) -> dict[str, Any] | None:
+def read_state(path: Path) -> PortState | None:
     """The workspace's state, None when DIR does not exist or is empty (a new workspace)."""
     if not path.exists() or not any(path.iterdir()):
         return None
@@ -64,54 +62,31 @@ def read_state(path: Path) -> dict[str, Any] | None:
         raise TreeError(f"--workspace {path} is a git tree without a port workspace ({sp} is missing); "
                         "use a new directory")
     try:
-        data = json.loads(sp.read_text(encoding="utf-8"))
-        _check(data)
+        return states.read(PortState, sp)
     except (OSError, ValueError) as exc:
         raise TreeError(f"{sp} (the port workspace's state) is unreadable ({exc}); use a new directory "
                         "for --workspace") from None
-    return data
 
 
-def _check(data: Any) -> None:
-    """Refuse (ValueError) a state that is not what ``open_workspace`` writes."""
-    if not isinstance(data, dict):
-        raise ValueError("not an object")
-    for key in ("lock", "from", "to", "patch", "base_commit", "at"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise ValueError(f"missing {key}")
-    for key in ("base_commit", "at"):
-        if not COMMIT_ID.match(data[key]):
-            raise ValueError(f"{key} = {data[key]!r} is not a full commit id")
-    conflicts = data.get("conflicts")
-    if not isinstance(conflicts, list) or not all(isinstance(c, str) and inside_tree(c) for c in conflicts):
-        raise ValueError("conflicts must list paths inside the tree")
-
-
-def inside_tree(name: str) -> bool:
-    """Whether NAME (from a state file) is a relative path inside a work tree, not into its git dir."""
-    parts = name.split("/")
-    return bool(name) and "\0" not in name and not name.startswith("/") and ".." not in parts and \
-        ".git" not in [p.lower() for p in parts]
-
-
-def check_matches(state: dict[str, Any], path: Path, lock: Path, src: str, dst: str, base_commit: str) -> None:
+def check_matches(state: PortState, path: Path, lock: Path, src: str, dst: str, base_commit: str) -> None:
     """The workspace must have been opened by this very port (same lock, pins and new base commit)."""
+    have = state.to_json()
     want = {"lock": os.path.abspath(lock), "from": src, "to": dst, "base_commit": base_commit}
-    differ = [f"{k} {state[k]!r} (this run: {v!r})" for k, v in want.items() if state[k] != v]
+    differ = [f"{k} {have[k]!r} (this run: {v!r})" for k, v in want.items() if have[k] != v]
     if differ:
         raise TreeError(f"--workspace {path} was opened by another port: {'; '.join(differ)}; run that "
                         "port again, or use a new directory")
 
 
-def collect(path: Path, state: dict[str, Any], patch: Patch, number: int, total: int) -> Path:
+def collect(path: Path, state: PortState, patch: Patch, number: int, total: int) -> Path:
     """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions."""
     tree.check_target_tree(path)
-    touched = sorted(set(state["conflicts"]) | set(patch.touched))
+    touched = sorted(set(state.conflicts) | set(patch.touched))
     left = marked(path, touched)
     if left:
         raise TreeError(f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the code "
                         "you want, remove the <<<<<<< ||||||| ======= >>>>>>> lines), then run the port again")
-    text = resolution_patch(path, state["at"], patch, number, total)
+    text = resolution_patch(path, state.at, patch, number, total)
     if text is None:
         raise TreeError(f"the resolution of {patch.name} in {path} changes nothing; make the change the "
                         "patch must make on this pin, then run the port again")
@@ -157,12 +132,13 @@ def combine(dest: Path, *dirs: Path | None) -> Path:
 
 
 def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], patch: Patch,
-                   merged: dict[str, bytes], conflicts: list[str], state: dict[str, Any]) -> str:
+                   merged: dict[str, bytes], conflicts: list[str], *, lock: Path, src: str, dst: str) -> str:
     """Put ``path`` (a tree of the new pin) at the ported prefix, write ``patch``'s merge; the prefix's commit.
 
     ``prefix``: each carried patch before the conflict with its text, in
     order; ``merged``: file -> merged contents (conflict markers where the
-    3-way merge could not decide).  The tree's lock is held by the caller.
+    3-way merge could not decide); ``lock``, ``src``, ``dst``: the port's lock
+    and pins, recorded in the state.  The tree's lock is held by the caller.
     """
     tree.check_target_tree(path)
     parent = new_base
@@ -187,11 +163,9 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
             raise TreeError(f"{patch.name}: {name} is not a file inside {path}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    sp = git.git_dir(path) / STATE
-    tmp = sp.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**state, "patch": patch.name, "at": parent, "conflicts": sorted(conflicts)},
-                              indent=2), encoding="utf-8")
-    os.replace(tmp, sp)
+    states.write(git.git_dir(path) / STATE, PortState(
+        lock=os.path.abspath(lock), frm=src, to=dst, patch=patch.name, base_commit=new_base, at=parent,
+        conflicts=sorted(conflicts)))
     return parent
 
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 from dsv4patch import git
 from dsv4patch.errors import CacheError, FetchError, NotFetchedError, TreeError, writing
 from dsv4patch.lock import Pin
-from dsv4patch.series import rewriting_attribute
 from dsv4patch.progress import Progress
+from dsv4patch.series import rewriting_attribute
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:

@@ -216,12 +216,12 @@ def _source_files(srcrepo: tree.PinRepo, source: Pin, rows: list[Row]) -> dict[s
         if r.test.path in files:
             continue
         entry = git.ls_tree_entry(srcrepo.repo, srcrepo.base_commit, r.test.path)
-        if entry is None or entry[1] != "blob":
+        if entry is None or not entry.is_blob:
             raise PatchFileError(
                 f"{r.test.patch}: {TRAILER}: {r.test.nodeid}: {r.test.path} is not in vLLM "
                 f"{source.vllm_version} (pin {source.name}); fix the header or pass --from"
             )
-        text = git.cat_blob(srcrepo.repo, entry[2]).decode("utf-8")
+        text = git.cat_blob(srcrepo.repo, entry.oid).decode("utf-8")
         files[r.test.path] = cpu_device(text) if r.test.path in rewrite else text
     return files
 

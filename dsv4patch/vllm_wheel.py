@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dsv4patch import git, zipcopy
+from dsv4patch import git, pincheck, zipcopy
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.kernels.runtime import HOOK_MARK
@@ -94,14 +94,12 @@ def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> Patc
     Refuses (exit 1: a result differs from the lock) unless every patch has the
     status the lock expects and the result is the lock's patched_tree.
     """
-    from dsv4patch.commands.check import check_pin, pin_report
-
-    repo, series, result = check_pin(lock, pin, store, progress)
-    rep = pin_report(pin, repo, result)
+    checked = pincheck.check_pin(lock, pin, store, progress)
+    repo, series, result = checked.repo, checked.series, checked.result
+    rep = pincheck.pin_report(pin, repo, result)
     final = result.final_tree
-    if not rep["ok"] or final is None:
-        bad = [f"{n}: {c['status']} (expected {c['expected']})"
-               for n, c in rep["patches"].items() if not c["ok"]] + list(rep["notes"])
+    if not rep.ok or final is None:
+        bad = rep.failures()
         raise PatchSetError(
             f"pin {pin.name}: the series does not give the locked patched tree "
             f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"
@@ -130,9 +128,9 @@ class PatchSetError(BuildError):
 
 def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
     entry = git.ls_tree_entry(repo, treeish, path)
-    if entry is None or entry[1] != "blob":
+    if entry is None or not entry.is_blob:
         return None
-    return git.cat_blob(repo, entry[2])
+    return git.cat_blob(repo, entry.oid)
 
 
 def record_hash(data: bytes) -> str:

@@ -168,7 +168,7 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
 
     from conftest import LOCK
     from dsv4patch import checkcache as cc
-    from dsv4patch.commands.check import _Cached
+    from dsv4patch.pincheck import CachedCheck
     from dsv4patch.lock import load
     from dsv4patch.store import Store
 
@@ -180,7 +180,7 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cc, "tool_identity", slow_identity)
     lock = load(LOCK)
-    ctx = _Cached(lock, Store.open(tmp_path / "store"), use=True)
+    ctx = CachedCheck(lock, Store.open(tmp_path / "store"), use=True)
     pin = lock.pin("0.27.1")
     repo = SimpleNamespace(base_tree=pin.base_tree, base_commit="0" * 40)
     keys, errors = [], []

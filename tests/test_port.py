@@ -226,6 +226,7 @@ def test_port_workspace_state_is_checked_before_use(tmp_path, upstream, cli):
     """The state lives in a tree the user edits: commits must be commit ids, paths inside the tree."""
     from dsv4patch import portspace
     from dsv4patch.errors import TreeError
+    from dsv4patch.states import PortState
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -245,7 +246,8 @@ def test_port_workspace_state_is_checked_before_use(tmp_path, upstream, cli):
         with pytest.raises(TreeError, match=why):
             portspace.read_state(ws)
     sp.write_text(json.dumps(good))
-    assert portspace.read_state(ws) == good
+    assert portspace.read_state(ws) == PortState.from_json(good)
+    assert portspace.read_state(ws).to_json() == good
     assert portspace.read_state(tmp_path / "absent") is None
 
 

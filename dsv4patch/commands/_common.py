@@ -1,14 +1,20 @@
-"""Options and setup shared by the subcommands (lock, cache, output format)."""
+"""Options, setup and rendering shared by the subcommands (lock, cache, output format, tree).
+
+Only option parsing and rendering helpers live here; the work is in the core.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from dsv4patch import applying, report
 from dsv4patch import lock as lockmod
-from dsv4patch.errors import UsageError
-from dsv4patch.lock import DEFAULT_LOCK, Lock
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
@@ -56,18 +62,62 @@ def open_store(args: argparse.Namespace) -> Store:
 
 
 def progress(args: argparse.Namespace) -> Progress:
-    return Progress.for_output(getattr(args, "format", "text"))
+    return Progress.for_output(args.format)
 
 
 def tree_path(args: argparse.Namespace) -> Path:
-    """``--tree``: a directory, or a path that does not exist yet (apply creates it).
+    """``--tree`` checked by :func:`checked_tree`."""
+    return checked_tree(args.tree)
+
+
+def checked_tree(given: Path) -> Path:
+    """A ``--tree``: a directory, or a path that does not exist yet (apply creates it).
 
     Resolved once, to an absolute path: every later git call names this
     directory, so a relative --tree can never be resolved against another cwd
     (or reach the repository that encloses it)."""
-    path = Path(os.path.abspath(args.tree))
+    path = Path(os.path.abspath(given))
     if path.exists() and not path.is_dir():
         raise UsageError(f"--tree {path}: not a directory; --tree names a vLLM source tree")
     if not path.exists() and path.is_symlink():
         raise UsageError(f"--tree {path}: a dangling symlink; point --tree at a directory")
     return path
+
+
+def render_apply(fmt: str, result: applying.ApplyResult) -> int:
+    """Print an apply's result (``apply``, ``resolve --continue``); its exit code."""
+    out = result.to_json()
+    table, md = report.matrix_table(out)
+    report.emit(fmt, out, table, md)
+    return EXIT_OK if result.ok else EXIT_UNEXPECTED
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The kernel build options of ``apply`` / ``resolve --continue`` (kernel mode, defaults otherwise)."""
+
+    out: Path | None = None
+    python: str | None = None
+    nvcc: str | None = None
+    format: str = "text"
+    arch: list[str] | None = None
+    extra_include: list[Path] = field(default_factory=list)
+    full: bool = False
+    docker: bool = False
+    dry_run: bool = False
+    base: str | None = None
+
+
+def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
+                 fmt: str = "text") -> applying.KernelBuild:
+    """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
+    opts = BuildOptions(out=out, python=python, nvcc=nvcc, format=fmt)
+
+    def build(path: Path, pin: Pin) -> dict[str, Any]:
+        # Transitional: `dsv4patch build`'s kernel mode is still in commands/build.py (helper
+        # CORE-DELIVER moves it into the core); this is the one place a command reaches it.
+        from dsv4patch.commands import build as build_command
+
+        return build_command.build_tree(path, pin, store, opts, emit=False)[1]  # type: ignore[arg-type]
+
+    return build

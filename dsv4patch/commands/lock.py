@@ -8,11 +8,11 @@ trust anchors and are never rewritten: a mismatch with the index is an error.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-from dsv4patch import buildargs, index, report
+from dsv4patch import buildargs, index, pincheck, report
 from dsv4patch.commands import _common
-from dsv4patch.commands.check import check_pin
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, UsageError
 from dsv4patch.lock import load, update_derived
 
@@ -37,8 +37,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _build_args(args: argparse.Namespace) -> int:
-    import os
-
     lock = _common.open_lock(args)
     if args.pin and len(args.pin) > 1:
         raise UsageError("--build-args / --check-build-args take one --pin")
@@ -80,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             src_values = {"url": info.url, "size": info.size}
             lock = load(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
             pin = lock.pin(pin.name)
-        repo, _series, result = check_pin(lock, pin, store, prog)
+        checked = pincheck.check_pin(lock, pin, store, prog)
+        repo, result = checked.repo, checked.result
         final = result.final_tree
         values = {"base_tree": repo.base_tree, "patched_tree": final}
         changed = update_derived(lock.path, pin.name, values, {})

@@ -32,12 +32,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, tree
+from dsv4patch import engine, git, pincheck, report, resolving, transaction, tree
 from dsv4patch import lock as lockmod
-from dsv4patch.commands import _common, resolve
-from dsv4patch.commands.check import check_pin
+from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
+from dsv4patch.lock import Lock
+from dsv4patch.progress import Progress
 from dsv4patch.series import read_series_file, series_for_pin
+from dsv4patch.store import Store
 
 HELP = "write a tree's commits on top of its pin's base back as the patch series (quilt refresh)"
 TEMPLATE = (
@@ -74,9 +76,7 @@ def _strip_ours(message: str) -> tuple[str, str | None]:
 def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Any) -> bool:
     """Whether ``commit`` is still what ``patch`` makes: the patch applied exactly (no offset)
     to the commit's parent gives the commit's tree, and the message is the one apply writes."""
-    from dsv4patch.commands.apply import commit_message
-
-    if message != commit_message(patch):
+    if message != transaction.commit_message(patch):
         return False
     with git.scratch_index(path, f"{commit}^") as env:
         res = git.apply(path, patch.path, env=env)
@@ -97,8 +97,6 @@ def _slug(subject: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.commands import apply
-
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
@@ -110,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     rows: list[list[str]] = []
     done: dict[str, Any] = {}
-    with apply.tree_lock(path):
-        gitdir = apply._git_dir(path)
-        if (gitdir / resolve.STATE).exists():
+    with transaction.tree_lock(path):
+        gitdir = transaction.repo_git_dir(path)
+        if resolving.has_workspace(gitdir):
             raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
                             f"resolve --continue --tree {path}` (or --abort) before refresh")
         dirty = git.dirty_paths(path)
@@ -129,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
                             "commits (rebase them onto the base first)")
         result = engine.run_series(path, base, series)
-        planned = apply.plan_commits(path, base, series, result) if result.final_tree else []
+        planned = transaction.plan_commits(path, base, series, result) if result.final_tree else []
         statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
         numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
         next_number = max(numbers, default=0) + 1
@@ -137,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         # numbering within a series.
         commit_series = []
         for c in commits:
-            cname = _strip_ours(git.commit_info(path, c)[0])[1]
+            cname = _strip_ours(git.commit_info(path, c).message)[1]
             commit_series.append(by_name[cname].series if cname in by_name else pin.series[-1])
         parent = base
         seen: list[str] = []
@@ -145,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         new_entries: list[tuple[str, str | None, str]] = []  # (series, after, name)
         variants: list[tuple[str, Path]] = []
         for i, c in enumerate(commits):
-            full_message, author, tree_id = git.commit_info(path, c)
+            info = git.commit_info(path, c)
+            full_message, author, tree_id = info.message, info.author, info.tree
             message = full_message
             if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
                 raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
@@ -177,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
                              "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
             elif args.as_variant or name in pin.variants:
-                dest = resolve.variants_dir(lock, pin) / name
+                dest = resolving.variants_dir(lock, pin) / name
                 variants.append((name, dest))
                 action = "refreshed"
             else:
@@ -221,8 +220,9 @@ def run(args: argparse.Namespace) -> int:
     ok = True
     fresh = _common.open_lock(args)
     fpin = fresh.pin(pin.name)
-    repo, _s, res = check_pin(fresh, fpin, store, _common.progress(args))
-    if not getattr(args, "series", None):
+    checked = pincheck.check_pin(fresh, fpin, store, _common.progress(args))
+    repo, res = checked.repo, checked.result
+    if not args.series:
         lockmod.update_derived(fresh.path, pin.name,
                                {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
     head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
@@ -232,9 +232,10 @@ def run(args: argparse.Namespace) -> int:
                      "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
     else:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
-                     + ("" if getattr(args, "series", None) else f" (patched_tree in {fresh.path})"))
-    if writes and not getattr(args, "series", None):
-        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store, args)
+                     + ("" if args.series else f" (patched_tree in {fresh.path})"))
+    if writes and not args.series:
+        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store,
+                                    _common.progress(args))
     if writes:
         notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
                      "the refreshed series' commits on a new --tree")
@@ -245,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_UNEXPECTED
 
 
-def _update_other_pins(lock: Any, done_pin: str, written: set[Path], store: Any,
-                       args: argparse.Namespace) -> list[str]:
+def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Store,
+                       progress: Progress) -> list[str]:
     """The other pins that read a rewritten patch file get their derived tree ids
     recomputed too (as ``lock --update`` would), so the lock stays true for all of them."""
     notes = []
@@ -255,13 +256,14 @@ def _update_other_pins(lock: Any, done_pin: str, written: set[Path], store: Any,
             continue
         try:
             files = {p.path.resolve() for p in series_for_pin(lock, other).patches}
-        except Exception:  # noqa: BLE001 (its series does not resolve: check reports that)
+        except Exception:
             continue
         if not files & written:
             continue
         try:
-            repo, _s, res = check_pin(lock, other, store, _common.progress(args))
-        except Exception as exc:  # noqa: BLE001 (e.g. not fetched offline)
+            checked = pincheck.check_pin(lock, other, store, progress)
+            repo, res = checked.repo, checked.result
+        except Exception as exc:
             notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
                          f"recomputed ({exc}): run `dsv4patch lock --update --pin {other.name}`")
             continue

@@ -20,10 +20,10 @@ from typing import Any
 from dsv4patch import engine, git, report, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.commands import _common
-from dsv4patch.commands.apply import JOURNAL
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, load
 from dsv4patch.series import Series, series_for_pin
+from dsv4patch.transaction import JOURNAL
 
 HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, and whether "
         "they match the lock's series")
@@ -58,7 +58,8 @@ def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
         raise TreeError(f"{path} has no commits")
     root = git.out(path, "rev-list", "--max-parents=0", "HEAD").splitlines()[0]
     applied = []
-    for sha, trailers in git.log_trailers(path, f"{root}..HEAD"):
+    for entry in git.log_trailers(path, f"{root}..HEAD"):
+        sha, trailers = entry.commit, entry.trailers
         if "Dsv4patch-Patch" in trailers:
             applied.append(
                 {
@@ -73,7 +74,7 @@ def tree_patches(path: Path) -> tuple[str, list[dict[str, str]]]:
 
 def foreign_commits(path: Path, root: str) -> list[dict[str, str]]:
     """Commits after the root that dsv4patch did not make (no Dsv4patch-Patch trailer)."""
-    ours = {sha for sha, t in git.log_trailers(path, f"{root}..HEAD") if "Dsv4patch-Patch" in t}
+    ours = {e.commit for e in git.log_trailers(path, f"{root}..HEAD") if "Dsv4patch-Patch" in e.trailers}
     out = []
     for line in git.out(path, "log", "--reverse", "--format=%H %s", f"{root}..HEAD").splitlines():
         sha, _, subject = line.partition(" ")

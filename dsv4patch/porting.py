@@ -1,0 +1,537 @@
+"""Porting a pin's series to a new vLLM pin, as one reviewable change.
+
+For each patch, in order, against the new pin (scratch index, nothing else
+touched), :func:`port_series` decides:
+
+1. found upstream (markers, reverse-apply): dropped, with the evidence;
+2. applies exactly (zero offset): kept as is, no variant;
+3. applies with offsets: refreshed, written as a variant so it is ``clean``;
+4. does not apply: a 3-way merge per file, with the old pin's pre- and
+   post-patch contents as base and "theirs" (both pins' objects are read
+   through one repository with alternates, so every blob is at hand).  A clean
+   merge becomes a variant; a conflict is reported per hunk with both sides.
+
+A maintainer's earlier port (``resolutions``, same file names) wins where it
+has a patch that applies exactly, and the result says whether the automatic
+port gives the same tree (and if not, which files differ).
+
+:func:`port` runs the whole port for ``dsv4patch port``: the new pin
+(:func:`new_pin`), the series, and only when every patch is settled the
+variants, the report and the new lock entry (:func:`write_result`, all or
+nothing); a conflict with a ``workspace`` leaves it as a tree of the new pin
+to edit (:mod:`dsv4patch.portspace`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from dsv4patch import engine, git, index, portspace, transaction, tree
+from dsv4patch.errors import FetchError, LockFileError, TreeError, UsageError
+from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
+from dsv4patch.progress import Progress
+from dsv4patch.series import Patch, Series, load_patch, series_for_pin
+from dsv4patch.store import Store
+
+
+@dataclass
+class Ported:
+    patch: Patch
+    action: str  # keep | refresh | merge | drop | conflict
+    detail: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    text: str | None = None  # the variant's format-patch text
+    # a conflict: each file of the patch as the 3-way merge left it (markers where it could not decide)
+    merged: dict[str, bytes] = field(default_factory=dict)
+
+
+def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | None,
+            git_url: str | None = None, local: Path | None = None, name: str | None = None) -> Pin:
+    """The pin to port to: vLLM ``to`` on PyPI, commit ``to`` of ``git_url``, or the checkout ``local``.
+
+    ``name``: the new pin's name (default: the version, or ``fork-<commit>``)."""
+    if git_url and local:
+        raise UsageError("--git and --local both name the new pin's source; pass one")
+    if local is not None:
+        local = Path(os.path.abspath(local))
+        if not git.is_repo_root(local):
+            raise UsageError(f"--local {local}: not the root of a git checkout")
+        head = git.head(local)
+        to = to or head
+        if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
+            raise UsageError(f"--local needs --to to be a full 40-hex commit id (or nothing: HEAD), got {to!r}")
+        if to != head:
+            raise UsageError(f"--local {local} is at {head}, not --to {to}; check out {to} there first")
+    if to is None:
+        raise UsageError("--to is required (a vLLM version on PyPI, or a commit with --git or --local)")
+    if re.fullmatch(r"[0-9a-f]{7,40}", to) and not git_url and local is None:
+        raise UsageError(
+            f"--to {to} looks like a commit id, not a vLLM release: name where to fetch it with "
+            f"--git URL (a remote) or --local PATH (a checkout of a fork)"
+        )
+    name = name or (to if local is None and not git_url else f"fork-{to[:12]}")
+    if not valid_pin_name(name):
+        raise UsageError(
+            f"pin name {name!r} is not allowed (--name, or --to); use letters, digits, '.', '_', "
+            "'+' and '-' (no '/', spaces or '..')"
+        )
+    if name in lock.pins:
+        raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name")
+    if local is not None:
+        return Pin(name=name, vllm_version=name, commit=to,
+                   source=Source(kind="local", path=local),
+                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+    if git_url:
+        if not re.fullmatch(r"[0-9a-f]{40}", to):
+            raise LockFileError("--git needs --to to be a full 40-hex commit id")
+        problem = git_url_problem(git_url)
+        if problem:
+            raise LockFileError(f"--git {git_url!r} is refused: {problem}")
+        return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=git_url),
+                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+    info = index.find_sdist("vllm", to)
+    blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {to} sdist", progress)
+    what = f"vllm {to} sdist"
+    try:
+        with tarfile.open(blob, "r:gz") as tar:
+            member = tar.extractfile(f"vllm-{to}/vllm/_version.py")
+            data = member.read() if member else b""
+    except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
+        raise FetchError(f"{what}: cannot read vllm/_version.py ({exc})") from None
+    commit = tree.version_commit(data, f"{what}: vllm/_version.py")
+    source = Source(kind="pypi-sdist", name="vllm", version=to, sha256=info.sha256,
+                    size=info.size, url=info.url)
+    return Pin(name=name, vllm_version=to, commit=commit, source=source,
+               cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+
+
+_VERSION_ASSIGN = re.compile(r"^(?:__version__|version)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
+
+
+def fork_version(repo: tree.PinRepo, src: Pin) -> tuple[str, str]:
+    """(vLLM version of a git/local pin's tree, where it was read).
+
+    From ``vllm/_version.py`` when the tree has one, else ``git describe
+    --tags`` of a local checkout, else the source pin's version with the
+    commit as local part (``0.27.1+g6e448d0ea9bf``).
+    """
+    entry = git.ls_tree_entry(repo.repo, repo.base_commit, "vllm/_version.py")
+    if entry:
+        m = _VERSION_ASSIGN.search(git.cat_blob(repo.repo, entry.oid).decode("utf-8", "replace"))
+        if m:
+            return m.group(1), "vllm/_version.py"
+    pin = repo.pin
+    if pin.source.kind == "local" and pin.source.path is not None:
+        desc = git.run(pin.source.path, ["describe", "--tags", "--always", pin.commit], check=False)
+        tag = desc.stdout.strip()
+        if desc.ok and tag and tag != pin.commit[: len(tag)]:
+            return tag.lstrip("v"), "git describe --tags"
+    base = src.vllm_version.split("+", 1)[0]
+    return f"{base}+g{pin.commit[:12]}", f"no version in the tree; {src.name}'s version and the commit"
+
+
+def port_series(
+    work_repo: Path,
+    old: tree.PinRepo,
+    new: tree.PinRepo,
+    series: Series,
+    new_name: str,
+    resolutions: Path | None = None,
+) -> list[Ported]:
+    old_result = engine.run_series(work_repo, old.base_commit, series)
+    if old_result.final_tree is None:
+        raise LockFileError(f"the series does not apply to its own pin {old.pin.name}; run check")
+    before_tree = {}
+    prev = old.base_tree
+    for r in old_result.patches:
+        before_tree[r.patch] = prev
+        if r.status.applies and r.tree:
+            prev = r.tree
+    after_tree = {r.patch: r.tree for r in old_result.patches}
+    out: list[Ported] = []
+    with git.scratch_index(work_repo, new.base_commit) as env:
+        parent = new.base_commit
+        for number, patch in enumerate(series.patches, start=1):
+            tree_before = git.write_tree(work_repo, env)
+            res = engine.check_one(work_repo, env, patch)
+            if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
+                out.append(Ported(patch, "drop", res.message, res.evidence))
+                continue
+            conflicts: list[dict[str, Any]] = []
+            merged: dict[str, bytes] = {}
+            if res.status is engine.Status.CLEAN:
+                auto = Ported(patch, "keep", "applies with zero offset")
+            elif res.status is engine.Status.OFFSET:
+                auto = Ported(patch, "refresh", res.message)
+            else:
+                conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
+                                   after_tree[patch.name] or "", merged)
+                auto = Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})")
+            auto_tree = None if conflicts else git.write_tree(work_repo, env)
+            hand = resolutions / patch.name if resolutions else None
+            if hand is not None and hand.exists():
+                # A maintainer's resolution wins; say whether the automatic port agrees.
+                git.run(work_repo, ["read-tree", tree_before], env=env)
+                res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
+                if res2.status is not engine.Status.CLEAN:
+                    conflicts.append({"file": str(hand), "hunk": 0, "target": "",
+                                      "patch": f"the resolution does not apply: {res2.status.value}"})
+                else:
+                    hand_tree = git.write_tree(work_repo, env)
+                    if auto_tree is None:
+                        verdict = f"automatic 3-way merge conflicted ({len(conflicts)} hunk(s))"
+                    elif auto_tree == hand_tree:
+                        verdict = f"automatic {auto.action} gives the same tree"
+                    else:
+                        differ = git.out(work_repo, "diff", "--name-only", auto_tree, hand_tree)
+                        verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
+                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})"))
+                    out[-1].text = hand.read_text()
+                    parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
+                    continue
+            if conflicts:
+                out.append(Ported(patch, "conflict", res.message, conflicts=conflicts, merged=merged))
+                return out + [Ported(p, "not-ported", "after a conflict")
+                              for p in series.patches[number:]]
+            out.append(auto)
+            message = patch.message
+            if auto.action != "keep":
+                message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
+                                         f"{auto.action} ({auto.detail}).")
+            commit = git.commit_tree(work_repo, auto_tree or "", parent, message, patch.author)
+            if auto.action != "keep":
+                # Numbered within its own series: [PATCH n/7] for the seven
+                # fixes, the extra series on its own ([PATCH n/2]).
+                same = [p for p in series.patches if p.series == patch.series]
+                auto.text = git.format_patch(
+                    work_repo, commit, same.index(patch) + 1, len(same)
+                )
+            parent = commit
+    return out
+
+
+def _note(message: str, line: str) -> str:
+    paras = message.rstrip("\n").split("\n\n")
+    if len(paras) > 1:
+        return "\n\n".join(paras[:-1] + [line, paras[-1]]) + "\n"
+    return message.rstrip("\n") + "\n\n" + line + "\n"
+
+
+def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs_tree: str,
+           merged_out: dict[str, bytes] | None = None) -> list[dict[str, Any]]:
+    """3-way merge each file of ``patch`` into the scratch index; conflicts per hunk.
+
+    ``merged_out`` receives each merged file's text, conflict markers included
+    (what ``port --workspace`` writes into the work tree).
+    """
+    conflicts: list[dict[str, Any]] = []
+    staged: list[tuple[str, str]] = []
+    for f in patch.files:
+        theirs = git.ls_tree_entry(repo, theirs_tree, f.path)
+        base = git.ls_tree_entry(repo, base_tree, f.source_path) if f.source_path else None
+        ours = git.index_blob(repo, env, f.source_path or f.path)
+        if f.is_removed:
+            conflicts.append({"file": f.path, "hunk": 0, "target": "", "patch": "(deletes the file)"})
+            continue
+        if ours is None and base is not None:
+            conflicts.append({"file": f.path, "hunk": 0, "target": "(file missing in the new pin)",
+                              "patch": f"(modifies {f.source_path})"})
+            continue
+        base_data = git.cat_blob(repo, base.oid) if base else b""
+        theirs_data = git.cat_blob(repo, theirs.oid) if theirs else b""
+        merge = git.merge_file(repo, ours or b"", base_data, theirs_data)
+        clean, merged = merge.clean, merge.text
+        if merged_out is not None:
+            merged_out[f.path] = merged
+        if not clean:
+            conflicts += _conflict_hunks(f.path, merged)
+            continue
+        staged.append((f.path, git.hash_object(repo, merged)))
+    if not conflicts:
+        for path, oid in staged:
+            git.update_index_blob(repo, env, path, oid)
+    return conflicts
+
+
+def _conflict_hunks(path: str, merged: bytes) -> list[dict[str, Any]]:
+    hunks: list[dict[str, Any]] = []
+    state: str | None = None
+    ours: list[str] = []
+    theirs: list[str] = []
+    start = 0
+    for n, line in enumerate(merged.decode("utf-8", errors="replace").splitlines(), start=1):
+        if line.startswith("<<<<<<< "):
+            state, ours, theirs, start = "ours", [], [], n
+        elif line.startswith("||||||| ") and state:
+            state = "base"
+        elif line.startswith("=======") and state:
+            state = "theirs"
+        elif line.startswith(">>>>>>> ") and state:
+            hunks.append({"file": path, "hunk": len(hunks) + 1, "line": start,
+                          "target": "\n".join(ours), "patch": "\n".join(theirs)})
+            state = None
+        elif state == "ours":
+            ours.append(line)
+        elif state == "theirs":
+            theirs.append(line)
+    return hunks
+
+
+def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, final_tree: str) -> list[Path]:
+    """Variants, report and lock entry, staged then moved into place."""
+    vdir = lock.path.parent.parent / "patches" / "variants" / pin.name
+    stage = vdir.with_name(f".{pin.name}.port-tmp")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    written: list[Path] = []
+    variants = {}
+    for p in ported:
+        if p.text:
+            (stage / p.patch.name).write_text(p.text)
+            variants[p.patch.name] = os.path.relpath(vdir / p.patch.name, lock.path.parent)
+            written.append(vdir / p.patch.name)
+    (stage / "PORT.md").write_text(port_report(lock, pin, ported))
+    written.append(vdir / "PORT.md")
+    doc = tomlkit.parse(lock.path.read_text())
+    entry = tomlkit.table()
+    entry["vllm_version"] = pin.vllm_version
+    entry["commit" if len(pin.commit) == 40 else "commit_abbrev"] = pin.commit
+    if pin.cuda_arch_list is not None:
+        entry["cuda_arch_list"] = list(pin.cuda_arch_list)
+    entry["series"] = list(pin.series)
+    dropped = [p.patch.name for p in ported if p.action == "drop"]
+    all_dropped = len(dropped) == len(ported)
+    entry["expect"] = "upstream" if all_dropped else "clean"
+    if dropped and not all_dropped:
+        entry["expect_patches"] = {n: "upstream" for n in dropped}
+    if variants:
+        entry["variants"] = variants
+    entry["base_tree"] = new.base_tree
+    entry["patched_tree"] = final_tree
+    src = tomlkit.table()
+    src["kind"] = pin.source.kind
+    if pin.source.kind == "pypi-sdist":
+        src["name"], src["version"], src["sha256"] = "vllm", pin.source.version, pin.source.sha256
+        src["url"] = pin.source.url
+        if pin.source.size is not None:
+            src["size"] = pin.source.size
+    elif pin.source.kind == "local" and pin.source.path is not None:
+        src["path"] = os.path.relpath(pin.source.path, lock.path.parent)
+    else:
+        src["url"] = pin.source.url
+    entry["source"] = src
+    doc["pins"][pin.name] = entry
+    text = tomlkit.dumps(doc)
+    if vdir.exists():
+        shutil.rmtree(vdir)
+    os.replace(stage, vdir)
+    tmp = lock.path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, lock.path)
+    return written
+
+
+def port_report(lock: Lock, pin: Pin, ported: list[Ported]) -> str:
+    lines = [f"# Port of the series to vLLM {pin.vllm_version} (pin {pin.name})", "",
+             f"Source: {pin.source.kind} {pin.source.url or pin.source.path}, commit {pin.commit}.", "",
+             "| patch | action | detail |", "|---|---|---|"]
+    for p in ported:
+        lines.append(f"| {p.patch.name} | {p.action} | {p.detail.replace('|', '/')} |")
+    for p in ported:
+        if p.evidence:
+            lines += ["", f"## {p.patch.name}: dropped, evidence", ""] + evidence_lines(p.evidence)
+    lines += ["", "Re-check with `dsv4patch check --pin " + pin.name + "`; prove with "
+              "`dsv4patch verify --pin " + pin.name + "`.", ""]
+    return "\n".join(lines)
+
+
+def evidence_lines(evidence: dict[str, Any]) -> list[str]:
+    """Why a patch was found upstream, as Markdown list items."""
+    lines = []
+    if evidence.get("decided_by"):
+        lines.append(f"- decided by: {', '.join(evidence['decided_by'])}")
+    for m in evidence.get("markers", []):
+        lines.append(f"- marker: `{m['path']}` contains `{m['text']}`")
+    if "forward_apply" in evidence:
+        lines.append(f"- forward apply (what a naive tool would conclude from): {evidence['forward_apply']}")
+    for key, value in evidence.items():
+        if key not in ("decided_by", "markers", "forward_apply"):
+            lines.append(f"- {key}: {value}")
+    return lines
+
+
+def unmatched_resolutions(resolutions: Path, series: Series) -> list[str]:
+    """Files of ``--resolutions DIR`` that name no patch of the series (PORT.md aside)."""
+    names = {p.name for p in series.patches}
+    if not resolutions.is_dir():
+        return [str(resolutions)]
+    return sorted(str(f) for f in resolutions.iterdir()
+                  if f.is_file() and f.name != "PORT.md" and f.name not in names)
+
+
+def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinRepo, ported: list[Ported],
+                    notes: list[str]) -> dict[str, Any]:
+    """Leave ``ws`` at the ported prefix with the conflicting patch merged into its work tree."""
+    k = next(i for i, p in enumerate(ported) if p.action == "conflict")
+    conflict = ported[k]
+    prefix = [(p.patch, p.text or p.patch.path.read_text(encoding="utf-8"))
+              for p in ported[:k] if p.action != "drop"]
+    marked = sorted({c["file"] for c in conflict.conflicts if c["file"] in conflict.merged
+                     or c["file"] in conflict.patch.touched})
+    with transaction.open_tree(ws, new) as created:
+        if created:
+            notes.append(created)
+        at = portspace.open_workspace(ws, new.base_commit, prefix, conflict.patch, conflict.merged, marked,
+                                      lock=lock.path, src=src.name, dst=pin.name)
+    notes.append(f"{ws}: pin {pin.name} with {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "
+                 f"{conflict.patch.name} merged into the work tree: conflict markers in "
+                 f"{', '.join(marked) or '(none: see the conflicts above)'}")
+    notes.append(f"next: edit those files in {ws} (keep the code you want, remove the markers), then run "
+                 "the same `dsv4patch port` command again: it takes the resolution and goes on")
+    return {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
+            "state": str(git.git_dir(ws) / portspace.STATE)}
+
+
+def _final_tree(repo: Path, new: tree.PinRepo, ported: list[Ported]) -> str:
+    """Tree after the ported series, recomputed from the written patch texts."""
+    with git.scratch_index(repo, new.base_commit) as env:
+        for p in ported:
+            if p.action == "drop":
+                continue
+            path = p.patch.path
+            if p.text:
+                tmp = repo / f"port-{p.patch.name}"
+                tmp.write_text(p.text)
+                path = tmp
+            res = git.apply(repo, path, env=env)
+            if not res.ok:
+                raise LockFileError(f"{p.patch.name}: the ported patch does not apply: {res.stderr}")
+        return git.write_tree(repo, env)
+
+
+@dataclass(frozen=True)
+class PortResult:
+    """What :func:`port` did: per patch, what was written, the workspace a conflict opened."""
+
+    src: Pin
+    pin: Pin  # the new pin
+    ok: bool
+    ported: list[Ported]
+    notes: list[str]
+    dry_run: bool = False
+    check: dict[str, str] | None = None  # the written series as check sees it, per patch
+    written: list[Path] | None = None
+    workspace: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"from": self.src.name, "to": self.pin.name, "ok": self.ok, "patches": {
+            p.patch.name: {"action": p.action, "detail": p.detail, "evidence": p.evidence,
+                           "conflicts": p.conflicts} for p in self.ported}}
+        if self.dry_run:
+            out["dry_run"] = True
+        if self.check is not None:
+            out["check"] = dict(self.check)
+        if self.written is not None:
+            out["written"] = [str(f) for f in self.written]
+        if self.workspace is not None:
+            out["workspace"] = self.workspace
+        out["notes"] = list(self.notes)
+        return out
+
+
+def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | None,
+         git_url: str | None = None, local: Path | None = None, name: str | None = None,
+         resolutions: Path | None = None, workspace: Path | None = None,
+         dry_run: bool = False) -> PortResult:
+    """Port ``src``'s series to the new pin (see :func:`new_pin` for ``to``/``git_url``/``local``/``name``).
+
+    ``resolutions``: a maintainer's earlier port; ``workspace``: on a conflict,
+    leave this directory as a tree of the new pin to edit (and, run again,
+    take its edit as the resolution); ``dry_run``: write nothing.
+    """
+    pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
+                  local=local, name=name)
+    old = tree.materialize(src, store, progress)
+    new = tree.materialize(pin, store, progress)
+    series = series_for_pin(lock, src)
+    notes: list[str] = []
+    if pin.source.kind != "pypi-sdist":
+        version, whence = fork_version(new, src)
+        pin = dataclasses.replace(pin, vllm_version=version)
+        new = dataclasses.replace(new, pin=pin)
+        notes.append(f"pin {pin.name}: vllm_version {version} (from {whence})")
+    if resolutions is not None:
+        for f in unmatched_resolutions(resolutions, series):
+            notes.append(f"warning: --resolutions {f} matches no patch of the series "
+                         f"(file names must equal the series' patch names); it was not used")
+    ws = workspace
+    ws_state = portspace.read_state(ws) if ws is not None else None
+    work = store.tmpdir(f"port-{pin.name}-")
+    try:
+        used = resolutions
+        if ws is not None and ws_state is not None:
+            with transaction.tree_lock(ws):
+                portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, new.base_commit)
+                patch = next((p for p in series.patches if p.name == ws_state.patch), None)
+                if patch is None:
+                    raise TreeError(f"--workspace {ws} holds {ws_state.patch}, which is not in pin "
+                                    f"{src.name}'s series; use a new directory")
+                same = [p for p in series.patches if p.series == patch.series]
+                got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
+                notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
+            used = portspace.combine(work / "resolutions", resolutions, portspace.resolutions(ws))
+        repo = work / "port.git"
+        git.init_with_alternates(repo, [old.repo, new.repo])
+        ported = port_series(repo, old, new, series, pin.name, used)
+        ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
+        if ok and dry_run:
+            notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
+                         f"writes the variants, {pin.name}'s PORT.md and the lock entry")
+            return PortResult(src, pin, ok, ported, notes, dry_run=True)
+        if ok:
+            # The written series must check clean: run it exactly as check would.
+            final = _final_tree(repo, new, ported)
+            files = write_result(lock, pin, ported, new, final)
+            written_lock = load(lock.path)
+            if ws is not None and ws_state is not None:
+                portspace.close(ws)
+                notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
+                             "workspace can be deleted")
+            wpin = written_lock.pin(pin.name)
+            res = engine.run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
+            bad = [r for r in res.patches if r.status.value != wpin.expected_status(r.patch)]
+            notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")
+            if bad:
+                ok = False
+                notes.append("the written series does not check as expected: " +
+                             ", ".join(f"{r.patch}: {r.status.value}" for r in bad))
+            return PortResult(src, pin, ok, ported, notes,
+                              check={r.patch: r.status.value for r in res.patches}, written=files)
+        for p in ported:
+            for c in p.conflicts:
+                notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
+                             f"{c['target']!r}, the patch wants {c['patch']!r}")
+        notes.append("nothing was written")
+        opened = None
+        if ws is not None and dry_run:
+            notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
+        elif ws is not None:
+            opened = open_port_workspace(ws, lock, src, pin, new, ported, notes)
+        else:
+            notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
+                         "conflict to edit (then run the same command again), or resolve the conflicts "
+                         f"by hand in a tree (`dsv4patch apply --pin {src.name} --tree DIR`, port the "
+                         "commit, `dsv4patch refresh`) and pass the resolved patches with --resolutions DIR")
+        return PortResult(src, pin, ok, ported, notes, workspace=opened)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

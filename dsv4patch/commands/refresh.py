@@ -1,54 +1,20 @@
 """``dsv4patch refresh``: the commits of a tree on top of its pin's base become the series.
 
-This is the patch-package / ``quilt refresh`` step: edit a tree made by
-``apply`` (amend a patch's commit, add commits with ``git commit``), then
-``refresh`` writes each commit back as a ``git format-patch`` file:
-
-* a commit that still is what its patch makes (the patch file, applied
-  exactly to the commit's parent, gives the commit's tree, and the message is
-  the one ``apply`` writes) is left alone, so an untouched patch gives no
-  churn even when an earlier commit was amended and the later ones rebased;
-* a changed commit of a known patch (its ``Dsv4patch-Patch`` trailer) is
-  written where the pin reads that patch from (its variant, else the series
-  file), or as the pin's variant with ``--as-variant``; the header fields
-  (author, date, subject, trailers) are the commit's, which ``apply`` took
-  from the patch file; dsv4patch's own ``Dsv4patch-*`` trailers are dropped;
-* a new commit becomes a new patch ``NNNN-subject.patch`` beside the pin's
-  last series file, listed after the patch before it, with a header
-  template (``Fix:``, ``Origin:``) to fill in.
-
-Written patches are numbered within their own series (``[PATCH n/7]`` for
-the seven fixes, the extra series on its own), as ``port`` numbers them.
-
-The lock's derived fields (``base_tree``, ``patched_tree``) are then
-recomputed from the written series, exactly as ``lock --update`` does.
+The quilt-refresh step itself is :func:`dsv4patch.refreshing.refresh`; this
+command reads the options, calls it and renders what was written.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, pincheck, report, resolving, transaction, tree
-from dsv4patch import lock as lockmod
+from dsv4patch import refreshing, report
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
-from dsv4patch.lock import Lock
-from dsv4patch.progress import Progress
-from dsv4patch.series import read_series_file, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 
 HELP = "write a tree's commits on top of its pin's base back as the patch series (quilt refresh)"
-TEMPLATE = (
-    "Fix: TODO one line naming the bug this fixes\n"
-    "Origin: TODO the upstream PR or commit it comes from, or local\n"
-)
-_NUMBER = re.compile(r"^(\d{4})-")
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("refresh", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
@@ -60,219 +26,12 @@ def add_parser(sub: Any) -> None:
     _common.add_cache(p)
 
 
-def _strip_ours(message: str) -> tuple[str, str | None]:
-    """The message without dsv4patch's trailers, and the patch name they named."""
-    name = None
-    kept = []
-    for line in message.rstrip("\n").split("\n"):
-        if line.startswith("Dsv4patch-"):
-            if line.startswith("Dsv4patch-Patch:"):
-                name = line.split(":", 1)[1].strip()
-            continue
-        kept.append(line)
-    return "\n".join(kept).rstrip("\n") + "\n", name
-
-
-def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Any) -> bool:
-    """Whether ``commit`` is still what ``patch`` makes: the patch applied exactly (no offset)
-    to the commit's parent gives the commit's tree, and the message is the one apply writes."""
-    if message != transaction.commit_message(patch):
-        return False
-    with git.scratch_index(path, f"{commit}^") as env:
-        res = git.apply(path, patch.path, env=env)
-        if not res.ok or engine.has_offsets(res.stdout + res.stderr):
-            return False
-        return git.write_tree(path, env) == tree_id
-
-
-def _with_template(message: str) -> str:
-    paras = message.rstrip("\n").split("\n\n")
-    if len(paras) > 1 and re.search(r"^Fix:", paras[-1], re.M):
-        return message
-    return message.rstrip("\n") + "\n\n" + TEMPLATE
-
-
-def _slug(subject: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "-", subject).strip("-")[:52] or "patch"
-
-
 def run(args: argparse.Namespace) -> int:
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
-    pin = lock.pin(args.pin)
-    store = _common.open_store(args)
-    pinrepo = tree.materialize(pin, store, _common.progress(args))
-    series = series_for_pin(lock, pin)
-    by_name = {p.name: p for p in series.patches}
-    base = pinrepo.base_commit
-    notes: list[str] = []
-    rows: list[list[str]] = []
-    done: dict[str, Any] = {}
-    with transaction.tree_lock(path):
-        gitdir = transaction.repo_git_dir(path)
-        if resolving.has_workspace(gitdir):
-            raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
-                            f"resolve --continue --tree {path}` (or --abort) before refresh")
-        dirty = git.dirty_paths(path)
-        if dirty:
-            raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
-                            "writes commits: `git commit` (or `git commit --amend`) them first")
-        head = git.head(path)
-        if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
-            raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
-                            f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
-        commits = git.rev_list(path, f"{base}..{head}")
-        merges = [c[:12] for c in commits if len(git.parents(path, c)) != 1]
-        if merges:
-            raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
-                            "commits (rebase them onto the base first)")
-        result = engine.run_series(path, base, series)
-        planned = transaction.plan_commits(path, base, series, result) if result.final_tree else []
-        statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
-        numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
-        next_number = max(numbers, default=0) + 1
-        # Each commit's series (its patch's; a new commit joins the pin's last one), for
-        # numbering within a series.
-        commit_series = []
-        for c in commits:
-            cname = _strip_ours(git.commit_info(path, c).message)[1]
-            commit_series.append(by_name[cname].series if cname in by_name else pin.series[-1])
-        parent = base
-        seen: list[str] = []
-        writes: list[tuple[Path, str]] = []
-        new_entries: list[tuple[str, str | None, str]] = []  # (series, after, name)
-        variants: list[tuple[str, Path]] = []
-        for i, c in enumerate(commits):
-            info = git.commit_info(path, c)
-            full_message, author, tree_id = info.message, info.author, info.tree
-            message = full_message
-            if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
-                raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
-                                "it (`git rebase -i`) or amend a change into it, then refresh again")
-            message, name = _strip_ours(message)
-            if name is not None and name not in by_name:
-                raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
-                                f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
-                                "make it a new patch")
-            exact = name is not None and statuses.get(name) is not engine.Status.OFFSET
-            if name and exact and (planned[: i + 1] == commits[: i + 1]
-                                   or _same_change(path, c, tree_id, full_message, by_name[name])):
-                rows.append([name, "unchanged", str(by_name[name].path)])
-                done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
-                parent = c
-                seen.append(name)
-                continue
-            if name is None:
-                subject = message.split("\n", 1)[0]
-                name = f"{next_number:04d}-{_slug(subject)}.patch"
-                next_number += 1
-                message = _with_template(message)
-                sname = pin.series[-1]
-                after = next((s for s in reversed(seen)
-                              if s in by_name and by_name[s].series == sname), None)
-                new_entries.append((sname, after, name))
-                dest = lock.series[sname].path.parent / name
-                action = "new"
-                notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
-                             "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
-            elif args.as_variant or name in pin.variants:
-                dest = resolving.variants_dir(lock, pin) / name
-                variants.append((name, dest))
-                action = "refreshed"
-            else:
-                dest = by_name[name].path
-                action = "refreshed"
-            parent = git.commit_tree(path, tree_id, parent, message, author)
-            same = [j for j, sn in enumerate(commit_series) if sn == commit_series[i]]
-            writes.append((dest, git.format_patch(path, parent, same.index(i) + 1, len(same))))
-            rows.append([name, action, str(dest)])
-            done[name] = {"action": action, "file": str(dest)}
-            seen.append(name)
-        for name in by_name:
-            if name not in seen:
-                notes.append(f"{name} is in the series but not among {path}'s commits; remove it "
-                             f"from {lock.series[by_name[name].series].path} if you dropped it")
-    for dest, text in writes:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, dest)
-    for sname, after, name in new_entries:
-        sfile = lock.series[sname].path
-        lines = sfile.read_text(encoding="utf-8").splitlines()
-        at = len(lines)
-        if after is not None:
-            listed = [p.name for p in read_series_file(sfile)]
-            if after in listed:
-                idx = listed.index(after)
-                count = -1
-                for j, line in enumerate(lines):
-                    if line.split("#", 1)[0].strip():
-                        count += 1
-                        if count == idx:
-                            at = j + 1
-                            break
-        rel = os.path.relpath(lock.series[sname].path.parent / name, sfile.parent)
-        lines.insert(at, rel)
-        sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    for name, dest in variants:
-        lockmod.set_variant(lock.path, pin.name, name, dest)
-    ok = True
-    fresh = _common.open_lock(args)
-    fpin = fresh.pin(pin.name)
-    checked = pincheck.check_pin(fresh, fpin, store, _common.progress(args))
-    repo, res = checked.repo, checked.result
-    if not args.series:
-        lockmod.update_derived(fresh.path, pin.name,
-                               {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
-    head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
-    if res.final_tree != head_tree:
-        ok = False
-        notes.append(f"the written series gives tree {res.final_tree}, {path} has {head_tree}; "
-                     "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
-    else:
-        notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
-                     + ("" if args.series else f" (patched_tree in {fresh.path})"))
-    if writes and not args.series:
-        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store,
-                                    _common.progress(args))
-    if writes:
-        notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
-                     "the refreshed series' commits on a new --tree")
-    out = {"lock": str(fresh.path), "tree": str(path), "pin": pin.name, "ok": ok,
-           "patched_tree": res.final_tree, "patches": done, "notes": notes}
+    res = refreshing.refresh(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args), tree_path=path,
+                             progress=_common.progress(args), as_variant=args.as_variant, chosen_series=args.series)
+    rows = [[name, v["action"], v["file"]] for name, v in res.patches.items()]
     table, md = report.simple_table(f"dsv4patch refresh {path}", ["patch", "action", "file"], rows)
-    report.emit(args.format, out, table, md)
-    return EXIT_OK if ok else EXIT_UNEXPECTED
-
-
-def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Store,
-                       progress: Progress) -> list[str]:
-    """The other pins that read a rewritten patch file get their derived tree ids
-    recomputed too (as ``lock --update`` would), so the lock stays true for all of them."""
-    notes = []
-    for other in lock.pins.values():
-        if other.name == done_pin:
-            continue
-        try:
-            files = {p.path.resolve() for p in series_for_pin(lock, other).patches}
-        except Exception:
-            continue
-        if not files & written:
-            continue
-        try:
-            checked = pincheck.check_pin(lock, other, store, progress)
-            repo, res = checked.repo, checked.result
-        except Exception as exc:
-            notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
-                         f"recomputed ({exc}): run `dsv4patch lock --update --pin {other.name}`")
-            continue
-        if res.final_tree is None:
-            notes.append(f"pin {other.name} also reads a rewritten patch and its series no longer "
-                         f"applies: `dsv4patch check --pin {other.name}`")
-            continue
-        if lockmod.update_derived(lock.path, other.name,
-                                  {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):
-            notes.append(f"pin {other.name} also reads a rewritten patch: its patched_tree is now "
-                         f"{res.final_tree}")
-    return notes
+    report.emit(args.format, res.to_json(), table, md)
+    return EXIT_OK if res.ok else EXIT_UNEXPECTED

@@ -21,16 +21,17 @@ checks all three: each field names its JSON key and its :class:`Kind`.
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from dsv4patch import safeio
+from dsv4patch.errors import TreeError
+
 COMMIT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a state's commits: nothing git would parse
-STATE_LIMIT = 16 << 20  # the most dsv4patch reads of a state file
+STATE_LIMIT = safeio.STATE_LIMIT  # the most dsv4patch reads of a state file
 
 
 def inside_tree(name: str) -> bool:
@@ -167,20 +168,18 @@ class PortState(State):
     conflicts: list[str] = spec(PATHS)
 
 
-def read_json(path: Path, limit: int = STATE_LIMIT) -> Any:
-    """The JSON in ``path``: never through a link, never blocking on a FIFO, at most ``limit`` bytes.
+class _Unreadable(TreeError):
+    """A state file that is a link, a FIFO, too large, too deep or not JSON (see safeio)."""
 
-    OSError (absent, a link, not a regular file) or ValueError (too large, not JSON)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``: never through a link, never blocking on a FIFO, bounded (:mod:`safeio`).
+
+    OSError (e.g. absent) or ValueError naming what is wrong."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = os.read(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return json.loads(data.decode("utf-8"))
+        return safeio.read_json(path, STATE_LIMIT, error=_Unreadable)
+    except _Unreadable as exc:
+        raise ValueError(str(exc)) from None
 
 
 def read(cls: type[S], path: Path) -> S:
@@ -189,13 +188,5 @@ def read(cls: type[S], path: Path) -> S:
 
 
 def write(path: Path, state: State, *, durable: bool = False) -> None:
-    """Write ``state`` to ``path`` atomically (a temporary file renamed over it); ``durable``: fsync first."""
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)  # never write through a link planted at the temporary name
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(state.to_json(), indent=2))
-        if durable:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write ``state`` to ``path`` atomically (:func:`safeio.atomic_write`: never through a planted link)."""
+    safeio.atomic_write(path, json.dumps(state.to_json(), indent=2), durable=durable)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dsv4patch import engine, git, states, tree
+from dsv4patch import engine, git, safeio, states, tree
 from dsv4patch.errors import TreeError, writing
 from dsv4patch.series import Patch, Series
 from dsv4patch.states import ApplyJournal
@@ -58,10 +58,13 @@ def repo_git_dir(path: Path) -> Path:
 
 
 def _lock_file(lock: Path, where: Path) -> Path:
-    """``lock``, created if needed; a tree we cannot write is the tree's problem (exit 5)."""
+    """``lock``, created if needed; a tree we cannot write is the tree's problem (exit 5).
+
+    A link or FIFO planted at the name is refused (:func:`safeio.open_regular`):
+    taking the lock truncates the file and writes the holder's pid into it."""
     with writing(TreeError, str(where), f"dsv4patch needs to write in {where}; fix it, then run apply again"):
         lock.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644))
+        os.close(safeio.open_regular(lock, os.O_RDWR | os.O_CREAT, 0o644, error=TreeError))
     return lock
 
 
@@ -277,7 +280,9 @@ def clean_scratch(gitdir: Path) -> None:
     """Scratch indexes and journal temp files a killed run left (ours by name; lock held)."""
     for leftover in gitdir.glob(f"{SCRATCH_PREFIX}*"):
         leftover.unlink(missing_ok=True)
-    (gitdir / JOURNAL).with_suffix(".tmp").unlink(missing_ok=True)
+    (gitdir / JOURNAL).with_suffix(".tmp").unlink(missing_ok=True)  # written by dsv4patch before safeio
+    for leftover in gitdir.glob(f".{JOURNAL}.*.dsv4patch-tmp"):  # safeio.atomic_write's temporary files
+        leftover.unlink(missing_ok=True)
 
 
 # --- commits and the move ------------------------------------------------------------------

@@ -97,6 +97,7 @@ def leftovers(tree: Path) -> list[str]:
     names = ["index.lock", "HEAD.lock", "dsv4patch-apply.json", "dsv4patch-apply.tmp"]
     found = [n for n in names if (gitdir / n).exists()]
     found += [p.name for p in gitdir.glob("dsv4patch-index-*")]
+    found += [p.name for p in gitdir.glob(".dsv4patch-apply.json.*")]  # the journal's temporary file
     found += [str(p) for p in (gitdir / "refs").rglob("*.lock")]
     return found
 

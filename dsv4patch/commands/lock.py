@@ -1,8 +1,7 @@
-"""``dsv4patch lock --update``: recompute the lock's derived fields.
+"""``dsv4patch lock``: ``--update`` recomputes the lock's derived fields, ``--build-args`` prints the image's.
 
-Derived fields are the sdist's URL and size (from the index), the pin's base
-tree id and the tree id after its series.  The sha256 and commit are the
-trust anchors and are never rewritten: a mismatch with the index is an error.
+The update is :func:`dsv4patch.lockupdate.update`, the build args
+:mod:`dsv4patch.buildargs`; this command reads the options and renders.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ import argparse
 import os
 from typing import Any
 
-from dsv4patch import buildargs, index, pincheck, report
+from dsv4patch import buildargs, lockupdate, report
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, FetchError, UsageError
-from dsv4patch.lock import load, update_derived
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 
 HELP = ("recompute derived lock fields (sdist url/size, base and patched tree ids); "
         "print or check the Docker image's build args")
@@ -62,38 +60,11 @@ def run(args: argparse.Namespace) -> int:
     if args.build_args or args.check_build_args:
         return _build_args(args)
     lock = _common.open_lock(args)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
-    rows = []
-    out: dict[str, Any] = {"lock": str(lock.path), "pins": {}, "ok": True}
-    for pin in lock.select(args.pin):
-        src_values: dict[str, Any] = {}
-        if pin.source.kind == "pypi-sdist" and (not pin.source.url or pin.source.size is None):
-            info = index.find_sdist(pin.source.name, pin.source.version)
-            if info.sha256 != pin.source.sha256:
-                raise FetchError(
-                    f"pin {pin.name}: the index's {info.filename} has sha256 {info.sha256}, the "
-                    f"lock pins {pin.source.sha256}; refusing to update"
-                )
-            src_values = {"url": info.url, "size": info.size}
-            lock = load(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
-            pin = lock.pin(pin.name)
-        checked = pincheck.check_pin(lock, pin, store, prog)
-        repo, result = checked.repo, checked.result
-        final = result.final_tree
-        values = {"base_tree": repo.base_tree, "patched_tree": final}
-        changed = update_derived(lock.path, pin.name, values, {})
-        out["pins"][pin.name] = {**values, **src_values, "changed": changed}
-        state = "updated" if changed else "unchanged"
-        if final is None:
-            out["ok"] = False
-            blocked = "; ".join(
-                f"{r.patch}: {r.status.value}" for r in result.patches if r.status.blocks
-            )
-            state += f", patched_tree not set: the series does not apply ({blocked})"
-        rows.append([pin.name, repo.base_tree[:12], (final or "-")[:12], state])
+    res = lockupdate.update(lock=lock, pins=args.pin, store=_common.open_store(args),
+                            progress=_common.progress(args))
+    rows = [[p.pin, p.base_tree[:12], (p.patched_tree or "-")[:12], p.state] for p in res.pins]
     table, md = report.simple_table(
         f"dsv4patch lock --update: {lock.path}", ["pin", "base tree", "patched tree", "lock"], rows
     )
-    report.emit(args.format, out, table, md)
-    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED
+    report.emit(args.format, res.to_json(), table, md)
+    return EXIT_OK if res.ok else EXIT_UNEXPECTED

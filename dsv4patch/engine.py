@@ -5,7 +5,7 @@ pin's base commit (``git apply --cached``), never to a work tree.  Each patch
 gets a status; git's exit code is never trusted alone: the verbose output is
 parsed for offsets and ``Skipped patch``, and the index must really change.
 
-``check`` reports the statuses.  ``apply`` (commands/apply.py) takes the same
+``check`` reports the statuses.  ``apply`` (dsv4patch.applying) takes the same
 :class:`SeriesResult` and turns each patch's resulting tree into a commit, so
 the two can never disagree.
 """

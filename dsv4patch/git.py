@@ -561,7 +561,7 @@ def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
     alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))
 
 
-# --- conflict workspace and refresh (commands/resolve.py, commands/refresh.py) -------------
+# --- conflict workspace and refresh (resolving.py, refreshing.py) -------------------------
 
 
 def apply_3way(tree: Path, patch: Path) -> Result:

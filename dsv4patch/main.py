@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = next((a for a in argv if not a.startswith("-")), None)
         args = build_parser(first).parse_args(argv)
         command = args.command
-        debug = debug or bool(getattr(args, "debug", False))
+        debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")
         return int(module.run(args))
     except Dsv4Error as exc:

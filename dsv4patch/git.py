@@ -465,6 +465,23 @@ def clone_local(src: Path, dest: Path) -> None:
                       str(Path(dest).resolve())], repo=False, tied=True)
 
 
+def new_branch_checkout(repo: Path, branch: str, commit: str) -> None:
+    """A fresh clone's work tree checked out at ``commit`` on a new ``branch``, with no remote left."""
+    run(repo, ["remote", "remove", "origin"], tied=True)
+    run(repo, ["checkout", "-q", "-B", branch, commit], tied=True)
+
+
+def describe(repo: Path, commit: str) -> str | None:
+    """``git describe --tags --always`` of ``commit`` (None when git cannot say)."""
+    res = run(repo, ["describe", "--tags", "--always", commit], check=False)
+    return res.stdout.strip() or None if res.ok else None
+
+
+def read_tree(repo: Path, treeish: str, env: Mapping[str, str]) -> None:
+    """Load ``treeish`` into the (scratch) index of ``env``."""
+    run(repo, ["read-tree", treeish], env=env)
+
+
 def worktree_add(repo: Path, dest: Path, commit: str) -> None:
     run(repo, ["worktree", "add", "-q", "--detach", str(Path(dest).resolve()), commit])
 

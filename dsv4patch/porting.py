@@ -118,8 +118,16 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
 _VERSION_ASSIGN = re.compile(r"^(?:__version__|version)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
 
 
-def fork_version(repo: tree.PinRepo, src: Pin) -> tuple[str, str]:
-    """(vLLM version of a git/local pin's tree, where it was read).
+@dataclass(frozen=True)
+class ForkVersion:
+    """The vLLM version of a git/local pin's tree, and where it was read."""
+
+    version: str
+    whence: str
+
+
+def fork_version(repo: tree.PinRepo, src: Pin) -> ForkVersion:
+    """The vLLM version of a git/local pin's tree.
 
     From ``vllm/_version.py`` when the tree has one, else ``git describe
     --tags`` of a local checkout, else the source pin's version with the
@@ -129,15 +137,14 @@ def fork_version(repo: tree.PinRepo, src: Pin) -> tuple[str, str]:
     if entry:
         m = _VERSION_ASSIGN.search(git.cat_blob(repo.repo, entry.oid).decode("utf-8", "replace"))
         if m:
-            return m.group(1), "vllm/_version.py"
+            return ForkVersion(m.group(1), "vllm/_version.py")
     pin = repo.pin
     if pin.source.kind == "local" and pin.source.path is not None:
-        desc = git.run(pin.source.path, ["describe", "--tags", "--always", pin.commit], check=False)
-        tag = desc.stdout.strip()
-        if desc.ok and tag and tag != pin.commit[: len(tag)]:
-            return tag.lstrip("v"), "git describe --tags"
+        tag = git.describe(pin.source.path, pin.commit)
+        if tag and tag != pin.commit[: len(tag)]:
+            return ForkVersion(tag.lstrip("v"), "git describe --tags")
     base = src.vllm_version.split("+", 1)[0]
-    return f"{base}+g{pin.commit[:12]}", f"no version in the tree; {src.name}'s version and the commit"
+    return ForkVersion(f"{base}+g{pin.commit[:12]}", f"no version in the tree; {src.name}'s version and the commit")
 
 
 def port_series(
@@ -181,7 +188,7 @@ def port_series(
             hand = resolutions / patch.name if resolutions else None
             if hand is not None and hand.exists():
                 # A maintainer's resolution wins; say whether the automatic port agrees.
-                git.run(work_repo, ["read-tree", tree_before], env=env)
+                git.read_tree(work_repo, tree_before, env)
                 res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
                 if res2.status is not engine.Status.CLEAN:
                     conflicts.append({"file": str(hand), "hunk": 0, "target": "",
@@ -466,10 +473,10 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     series = series_for_pin(lock, src)
     notes: list[str] = []
     if pin.source.kind != "pypi-sdist":
-        version, whence = fork_version(new, src)
-        pin = dataclasses.replace(pin, vllm_version=version)
+        found = fork_version(new, src)
+        pin = dataclasses.replace(pin, vllm_version=found.version)
         new = dataclasses.replace(new, pin=pin)
-        notes.append(f"pin {pin.name}: vllm_version {version} (from {whence})")
+        notes.append(f"pin {pin.name}: vllm_version {found.version} (from {found.whence})")
     if resolutions is not None:
         for f in unmatched_resolutions(resolutions, series):
             notes.append(f"warning: --resolutions {f} matches no patch of the series "

@@ -101,9 +101,7 @@ def open_tree(path: Path, pinrepo: tree.PinRepo) -> Iterator[str | None]:
             with writing(TreeError, str(path.parent), advice):
                 tmp.parent.mkdir(parents=True, exist_ok=True)
                 git.clone_local(pinrepo.repo, tmp)
-                git.run(tmp, ["remote", "remove", "origin"], tied=True)
-                git.run(tmp, ["checkout", "-q", "-B", f"vllm-{pinrepo.pin.name}",
-                              pinrepo.base_commit], tied=True)
+                git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise

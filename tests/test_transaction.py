@@ -1,0 +1,95 @@
+"""dsv4patch.transaction on a real git tree: the journaled move, recovery, the tree lock.
+
+tests/test_recovery.py kills real ``apply`` runs at each step; these call the
+module directly with the states such a kill leaves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import sh
+from dsv4patch import git, states, transaction
+from dsv4patch.errors import TreeError
+from dsv4patch.states import ApplyJournal
+
+
+def _tree(tmp_path: Path) -> tuple[Path, str, str]:
+    """A tree at commit ``one``; ``two`` (a child changing a.txt, adding b.txt) exists as an object."""
+    tree = tmp_path / "t"
+    tree.mkdir()
+    sh(tree, "init", "-q")
+    (tree / "a.txt").write_text("one\n")
+    sh(tree, "add", "a.txt")
+    sh(tree, "commit", "-qm", "one")
+    one = sh(tree, "rev-parse", "HEAD")
+    (tree / "a.txt").write_text("two\n")
+    (tree / "b.txt").write_text("new\n")
+    sh(tree, "add", "-A")
+    sh(tree, "commit", "-qm", "two")
+    two = sh(tree, "rev-parse", "HEAD")
+    sh(tree, "reset", "-q", "--hard", one)
+    return tree, one, two
+
+
+def test_move_tree_moves_head_index_and_files_and_leaves_no_journal(tmp_path: Path) -> None:
+    tree, one, two = _tree(tmp_path)
+    gitdir = transaction.repo_git_dir(tree)
+    with transaction.tree_lock(tree):
+        transaction.move_tree(tree, gitdir, one, two)
+    assert git.head(tree) == two and git.index_is(tree, two)
+    assert (tree / "a.txt").read_text() == "two\n" and (tree / "b.txt").read_text() == "new\n"
+    assert not transaction.interrupted(gitdir) and git.status_paths(tree) == []
+    assert transaction.recover(tree, gitdir) is None
+
+
+def test_recover_finishes_a_move_killed_before_the_work_tree_moved(tmp_path: Path) -> None:
+    tree, one, two = _tree(tmp_path)
+    gitdir = transaction.repo_git_dir(tree)
+    states.write(gitdir / transaction.JOURNAL, ApplyJournal(frm=one, to=two, ref=git.current_ref(tree)))
+    (gitdir / "index.lock").write_text("")  # what a killed git leaves; no process has it open
+    note = transaction.recover(tree, gitdir)
+    assert note is not None and note.startswith(f"finished an interrupted apply: {one[:12]} -> {two[:12]}")
+    assert "index.lock" in note and not (gitdir / "index.lock").exists()
+    assert git.head(tree) == two and (tree / "b.txt").is_file() and not transaction.interrupted(gitdir)
+
+
+def test_recover_touches_nothing_when_the_user_changed_the_tree(tmp_path: Path) -> None:
+    tree, one, two = _tree(tmp_path)
+    gitdir = transaction.repo_git_dir(tree)
+    states.write(gitdir / transaction.JOURNAL, ApplyJournal(frm=one, to=two, ref=git.current_ref(tree)))
+    (tree / "a.txt").write_text("my edit\n")
+    (tree / "mine.txt").write_text("x\n")
+    with pytest.raises(TreeError, match=r"files the apply moves were edited: a\.txt.*not touch.*mine\.txt"):
+        transaction.recover(tree, gitdir)
+    assert (tree / "a.txt").read_text() == "my edit\n" and git.head(tree) == one
+    assert transaction.interrupted(gitdir)
+
+
+def test_an_unreadable_journal_is_refused(tmp_path: Path) -> None:
+    tree, one, _two = _tree(tmp_path)
+    gitdir = transaction.repo_git_dir(tree)
+    (gitdir / transaction.JOURNAL).write_text(json.dumps({"from": one, "to": "HEAD"}))
+    with pytest.raises(TreeError, match="journal of an interrupted apply.*unreadable"):
+        transaction.recover(tree, gitdir)
+    assert git.head(tree) == one
+
+
+def test_tree_lock_refuses_a_planted_link(tmp_path: Path) -> None:
+    tree, _one, _two = _tree(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tree / ".git" / transaction.TREE_LOCK).symlink_to(victim)
+    with pytest.raises(TreeError, match="symbolic link"), transaction.tree_lock(tree):
+        pass
+    assert victim.read_text() == "keep"
+
+
+def test_a_directory_that_is_not_a_repository_root_is_refused(tmp_path: Path) -> None:
+    tree, _one, _two = _tree(tmp_path)
+    (tree / "sub").mkdir()
+    with pytest.raises(TreeError, match="not the root of a git repository"):
+        transaction.repo_git_dir(tree / "sub")

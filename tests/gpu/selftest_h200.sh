@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# `dsv4patch selftest` on the H200 machine: stock vLLM 0.26.0 (its own wheel, pip-installed), then the
+# patched wheel `dsv4patch wheel` makes there from that stock wheel (pip-installed over it).
+#
+# Here (CPU, network): python tests/gpu/selftest_pack.py  ->  .selftest/manifest.json + part-NN.bin
+# On the device, one call per piece (carry .selftest/manifest.json and .selftest/part-NN.bin):
+#     bash tests/gpu/selftest_h200.sh stage
+# then (carry .selftest/manifest.json only):
+#     bash tests/gpu/selftest_h200.sh stock      # install, selftest of the stock wheel -> $OUT/selftest-stock.json
+#     bash tests/gpu/selftest_h200.sh patched    # dsv4patch wheel, pip install, selftest -> $OUT/selftest-patched.json
+#     bash tests/gpu/selftest_h200.sh all        # both in one call, if it fits
+# Every mode stages the pieces a call carries first, so `stock` may ride with the last piece.
+# Both variants are installed into the same directory ($ST/site), so the JIT caches (TileLang,
+# DeepGEMM, Triton: keyed on install paths) the stock run fills serve the patched run.
+# Environment: ST_DIR (default /tmp/selftest; kept while the machine is held), OUT (results),
+# ST_CALL_LIMIT (seconds of the call, default 600), SELFTEST_ARGS (extra selftest options).
+set -euo pipefail
+T_CALL=$(date +%s)
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+SRC="$ROOT/.selftest"
+ST="${ST_DIR:-/tmp/selftest}"
+RESULTS="${OUT:-$ST/out}"
+PY="${PYTHON:-python3}"
+MODE="${1:-stage}"
+case "$MODE" in stage|stock|patched|all) ;; *) echo "usage: $0 stage|stock|patched|all" >&2; exit 2 ;; esac
+mkdir -p "$ST/parts" "$RESULTS"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
+  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  export CUDA_HOME
+fi
+[[ -f "$SRC/manifest.json" ]] || { echo "no $SRC/manifest.json: carry .selftest/manifest.json (selftest_pack.py)"; exit 2; }
+cp "$SRC/manifest.json" "$ST/manifest.json"
+
+# 1. stage the pieces this call carries (verified), say what is missing
+"$PY" - "$SRC" "$ST" <<'EOF'
+import hashlib, json, shutil, sys
+from pathlib import Path
+src, st = Path(sys.argv[1]), Path(sys.argv[2])
+man = json.loads((st / "manifest.json").read_text())
+missing = []
+for p in man["parts"]:
+    dst = st / "parts" / p["name"]
+    for cand in (src / p["name"], dst):
+        if cand.is_file() and cand.stat().st_size == p["size"]:
+            if hashlib.sha256(cand.read_bytes()).hexdigest() == p["sha256"]:
+                if cand != dst:
+                    shutil.copyfile(cand, dst)
+                break
+            print(f"{cand}: sha256 mismatch, ignored")
+    if not dst.exists():
+        missing.append(p["name"])
+print(f"pieces here: {len(man['parts']) - len(missing)}/{len(man['parts'])}"
+      + (f"; missing: {' '.join(missing)}" if missing else ""))
+(st / "parts" / "MISSING").write_text(" ".join(missing))
+EOF
+if [[ -s "$ST/parts/MISSING" ]]; then echo "carry the missing pieces (one per call), then call again"; exit 0; fi
+[[ "$MODE" == stage ]] && { echo "all pieces staged"; exit 0; }
+
+# 2. unpack once: the stock wheel into the cache as the lock's blob, the rest beside it
+if [[ ! -f "$ST/unpacked.ok" ]]; then
+  t0=$(date +%s)
+  rm -rf "$ST/payload" && mkdir -p "$ST/payload"
+  "$PY" - "$ST" <<'EOF'
+import hashlib, json, lzma, os, sys, tarfile
+from pathlib import Path
+st = Path(sys.argv[1])
+man = json.loads((st / "manifest.json").read_text())
+h = hashlib.sha256()
+with (st / "payload.tar").open("wb") as out:
+    for p in man["parts"]:
+        data = (st / "parts" / p["name"]).read_bytes()
+        h.update(data)
+        out.write(data)
+if h.hexdigest() != man["payload_sha256"]:
+    sys.exit("reassembled payload: sha256 mismatch")
+with tarfile.open(st / "payload.tar") as tar:
+    tar.extractall(st / "payload", filter="data")
+(st / "payload.tar").unlink()
+wheel = st / "payload" / "vllm.whl"
+sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+if sha != man["stock_wheel"]["sha256"]:
+    sys.exit(f"stock wheel sha256 {sha} is not the lock's {man['stock_wheel']['sha256']}")
+with lzma.open(st / "payload" / "rest.tar.xz") as fh, tarfile.open(fileobj=fh) as tar:
+    tar.extractall(st / "payload" / "rest", filter="data")
+(st / "payload" / "rest.tar.xz").unlink()
+blobs = st / "cache" / "blobs" / "sha256"
+blobs.mkdir(parents=True, exist_ok=True)
+os.replace(st / "payload" / "rest" / man["sdist"]["blob"], blobs / man["sdist"]["sha256"])
+named = st / "payload" / man["stock_wheel"]["name"]  # pip wants the wheel's own file name
+os.replace(wheel, named)
+os.link(named, blobs / man["stock_wheel"]["sha256"])  # the blob dsv4patch wheel reads (the lock's sha256)
+print("payload unpacked:", len(man["deps"]), "dependency wheels, stock wheel", named.name)
+EOF
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/deps" \
+    "$ST"/payload/rest/deps/*.whl
+  touch "$ST/unpacked.ok"
+  echo "unpacked and dependencies installed in $(( $(date +%s) - t0 )) s"
+fi
+
+# 3. the vLLM environment's interpreter: python3 with the vLLM site and its dependencies, nothing of
+#    dsv4patch's; .pth files of the --target dirs (nvidia-cutlass-dsl's) resolved as Python would
+vllm_python() {
+  local extra
+  extra="$("$PY" -S -c 'import site, sys; b = list(sys.path); [site.addsitedir(d) for d in sys.argv[1:]]; print(":".join(p for p in sys.path if p not in b and p not in sys.argv[1:]))' "$ST/site" "$ST/deps")"
+  printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$ST/site:$ST/deps${extra:+:$extra}" "$(command -v "$PY")" > "$ST/python-vllm"
+  chmod +x "$ST/python-vllm"
+}
+CLI_ENV=(env "PYTHONPATH=$ST/payload/rest/cli-site:$ROOT" "DSV4PATCH_CACHE=$ST/cache")
+
+run_selftest() {  # $1 = variant, $2 = share of the call's time left (percent, default 100)
+  local v="$1" left rc=0
+  vllm_python
+  left=$(( (${ST_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 25) * ${2:-100} / 100 ))
+  echo "== selftest $v: $(( left )) s left in this call"
+  { nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>&1 || true
+    "$ST/python-vllm" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>&1 || true
+  } | tee "$RESULTS/selftest-$v.env.txt"
+  # shellcheck disable=SC2086
+  "${CLI_ENV[@]}" PYTHONUNBUFFERED=1 "$PY" -m dsv4patch selftest --python "$ST/python-vllm" \
+    --lock "$ROOT/locks/vllm.toml" --pin 0.26.0 --force-sm120-topk --parallel "${ST_PARALLEL:-6}" \
+    --start-deadline "${ST_START_DEADLINE:-420}" --case-deadline "${ST_CASE_DEADLINE:-90}" \
+    --deadline "$left" --work "$ST/work-$v" --format json ${SELFTEST_ARGS:-} \
+    > "$RESULTS/selftest-$v.json" 2> "$RESULTS/selftest-$v.stderr.txt" || rc=$?
+  echo "selftest $v: exit $rc" | tee -a "$RESULTS/selftest-$v.env.txt"
+  "$PY" - "$RESULTS/selftest-$v.json" <<'EOF' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+for c in d.get("checks", []):
+    print(f"{c['name']:<28} {'pass' if c['ok'] else 'FAIL' if c['ok'] is False else 'not run'}  {c.get('note') or ''}"[:300])
+for c in d.get("cases", []):
+    acc = c.get("acceptance") or {}
+    print(f"{c['case']:<28} {c['verdict']:<12} gap={c.get('min_gap')} acc={acc.get('accepted')}/{acc.get('drafted')} "
+          f"{(c.get('error') or '')[:160]}")
+print("min_gap", d.get("min_gap"), "counts", d.get("counts"), "ok", d.get("ok"))
+EOF
+  # the engines' full logs come back in one file (at most 8 files come back from a call)
+  tar czf "$RESULTS/selftest-$v-logs.tgz" -C "$ST" "work-$v" 2>/dev/null || true
+}
+
+install_stock() {
+  rm -rf "$ST/site"
+  t0=$(date +%s)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site" \
+    "$ST"/payload/vllm-*.whl
+  echo "stock wheel installed in $(( $(date +%s) - t0 )) s"
+}
+
+install_patched() {
+  t0=$(date +%s)
+  local kernels=()
+  if compgen -G "$ST/payload/rest/kernels/*.whl" > /dev/null; then
+    kernels=(--kernels "$(ls "$ST"/payload/rest/kernels/*.whl | head -1)")
+  else
+    kernels=(--python "$PY")  # build the kernel library here, against this machine's torch
+  fi
+  rm -rf "$ST/dist"
+  "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$ROOT/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
+    "${kernels[@]}" --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt" ||
+    { echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"; return 1; }
+  echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
+  [[ -d "$ST/site/vllm" ]] || install_stock
+  t0=$(date +%s)
+  # as `pip install --force-reinstall` in a venv: the stock distribution goes first (its dist-info has
+  # another name than the patched one's, and two would leave importlib.metadata to pick), then the
+  # patched wheel into the same directory
+  rm -rf "$ST"/site/vllm "$ST"/site/vllm-*.dist-info "$ST"/site/dsv4patch_kernels_*
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$ST/site" \
+    "$ST"/dist/vllm-*.whl
+  echo "patched wheel installed in place of the stock one in $(( $(date +%s) - t0 )) s"
+}
+
+case "$MODE" in
+  stock) install_stock; run_selftest stock ;;
+  patched) install_patched; run_selftest patched ;;
+  all) install_stock; run_selftest stock 50; install_patched; run_selftest patched ;;
+esac

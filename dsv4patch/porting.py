@@ -43,13 +43,31 @@ from dsv4patch.series import Patch, Series, load_patch, series_for_pin
 from dsv4patch.store import Store
 
 
+@dataclass(frozen=True)
+class Conflict:
+    """One hunk (or a whole file, ``hunk`` 0) that the port could not carry, with both sides."""
+
+    file: str
+    hunk: int
+    target: str  # what the new pin has there
+    patch: str  # what the patch wants
+    line: int | None = None  # where the conflict starts in the merged file
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "hunk": self.hunk}
+        if self.line is not None:
+            out["line"] = self.line
+        out.update(target=self.target, patch=self.patch)
+        return out
+
+
 @dataclass
 class Ported:
     patch: Patch
     action: str  # keep | refresh | merge | drop | conflict
     detail: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
-    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
     text: str | None = None  # the variant's format-patch text
     # a conflict: each file of the patch as the 3-way merge left it (markers where it could not decide)
     merged: dict[str, bytes] = field(default_factory=dict)
@@ -174,7 +192,7 @@ def port_series(
             if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
                 out.append(Ported(patch, "drop", res.message, res.evidence))
                 continue
-            conflicts: list[dict[str, Any]] = []
+            conflicts: list[Conflict] = []
             merged: dict[str, bytes] = {}
             if res.status is engine.Status.CLEAN:
                 auto = Ported(patch, "keep", "applies with zero offset")
@@ -191,8 +209,8 @@ def port_series(
                 git.read_tree(work_repo, tree_before, env)
                 res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
                 if res2.status is not engine.Status.CLEAN:
-                    conflicts.append({"file": str(hand), "hunk": 0, "target": "",
-                                      "patch": f"the resolution does not apply: {res2.status.value}"})
+                    conflicts.append(Conflict(str(hand), 0, "",
+                                              f"the resolution does not apply: {res2.status.value}"))
                 else:
                     hand_tree = git.write_tree(work_repo, env)
                     if auto_tree is None:
@@ -235,24 +253,23 @@ def _note(message: str, line: str) -> str:
 
 
 def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs_tree: str,
-           merged_out: dict[str, bytes] | None = None) -> list[dict[str, Any]]:
+           merged_out: dict[str, bytes] | None = None) -> list[Conflict]:
     """3-way merge each file of ``patch`` into the scratch index; conflicts per hunk.
 
     ``merged_out`` receives each merged file's text, conflict markers included
     (what ``port --workspace`` writes into the work tree).
     """
-    conflicts: list[dict[str, Any]] = []
+    conflicts: list[Conflict] = []
     staged: list[tuple[str, str]] = []
     for f in patch.files:
         theirs = git.ls_tree_entry(repo, theirs_tree, f.path)
         base = git.ls_tree_entry(repo, base_tree, f.source_path) if f.source_path else None
         ours = git.index_blob(repo, env, f.source_path or f.path)
         if f.is_removed:
-            conflicts.append({"file": f.path, "hunk": 0, "target": "", "patch": "(deletes the file)"})
+            conflicts.append(Conflict(f.path, 0, "", "(deletes the file)"))
             continue
         if ours is None and base is not None:
-            conflicts.append({"file": f.path, "hunk": 0, "target": "(file missing in the new pin)",
-                              "patch": f"(modifies {f.source_path})"})
+            conflicts.append(Conflict(f.path, 0, "(file missing in the new pin)", f"(modifies {f.source_path})"))
             continue
         base_data = git.cat_blob(repo, base.oid) if base else b""
         theirs_data = git.cat_blob(repo, theirs.oid) if theirs else b""
@@ -270,8 +287,8 @@ def _merge(repo: Path, env: dict[str, str], patch: Patch, base_tree: str, theirs
     return conflicts
 
 
-def _conflict_hunks(path: str, merged: bytes) -> list[dict[str, Any]]:
-    hunks: list[dict[str, Any]] = []
+def _conflict_hunks(path: str, merged: bytes) -> list[Conflict]:
+    hunks: list[Conflict] = []
     state: str | None = None
     ours: list[str] = []
     theirs: list[str] = []
@@ -284,8 +301,7 @@ def _conflict_hunks(path: str, merged: bytes) -> list[dict[str, Any]]:
         elif line.startswith("=======") and state:
             state = "theirs"
         elif line.startswith(">>>>>>> ") and state:
-            hunks.append({"file": path, "hunk": len(hunks) + 1, "line": start,
-                          "target": "\n".join(ours), "patch": "\n".join(theirs)})
+            hunks.append(Conflict(path, len(hunks) + 1, "\n".join(ours), "\n".join(theirs), line=start))
             state = None
         elif state == "ours":
             ours.append(line)
@@ -393,8 +409,8 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinR
     conflict = ported[k]
     prefix = [(p.patch, p.text or p.patch.path.read_text(encoding="utf-8"))
               for p in ported[:k] if p.action != "drop"]
-    marked = sorted({c["file"] for c in conflict.conflicts if c["file"] in conflict.merged
-                     or c["file"] in conflict.patch.touched})
+    marked = sorted({c.file for c in conflict.conflicts if c.file in conflict.merged
+                     or c.file in conflict.patch.touched})
     with transaction.open_tree(ws, new) as created:
         if created:
             notes.append(created)
@@ -443,7 +459,7 @@ class PortResult:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"from": self.src.name, "to": self.pin.name, "ok": self.ok, "patches": {
             p.patch.name: {"action": p.action, "detail": p.detail, "evidence": p.evidence,
-                           "conflicts": p.conflicts} for p in self.ported}}
+                           "conflicts": [c.to_json() for c in p.conflicts]} for p in self.ported}}
         if self.dry_run:
             out["dry_run"] = True
         if self.check is not None:
@@ -526,8 +542,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                               check={r.patch: r.status.value for r in res.patches}, written=files)
         for p in ported:
             for c in p.conflicts:
-                notes.append(f"{p.patch.name}: {c['file']} hunk #{c['hunk']}: target has "
-                             f"{c['target']!r}, the patch wants {c['patch']!r}")
+                notes.append(f"{p.patch.name}: {c.file} hunk #{c.hunk}: target has "
+                             f"{c.target!r}, the patch wants {c.patch!r}")
         notes.append("nothing was written")
         opened = None
         if ws is not None and dry_run:

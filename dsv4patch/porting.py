@@ -61,10 +61,12 @@ class Conflict:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ported:
+    """What the port did with one patch."""
+
     patch: Patch
-    action: str  # keep | refresh | merge | drop | conflict
+    action: str  # keep | refresh | merge | resolved | drop | conflict | not-ported
     detail: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
@@ -220,15 +222,13 @@ def port_series(
                     else:
                         differ = git.out(work_repo, "diff", "--name-only", auto_tree, hand_tree)
                         verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
-                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})"))
-                    out[-1].text = hand.read_text()
+                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})", text=hand.read_text()))
                     parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
                     continue
             if conflicts:
                 out.append(Ported(patch, "conflict", res.message, conflicts=conflicts, merged=merged))
                 return out + [Ported(p, "not-ported", "after a conflict")
                               for p in series.patches[number:]]
-            out.append(auto)
             message = patch.message
             if auto.action != "keep":
                 message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
@@ -238,9 +238,10 @@ def port_series(
                 # Numbered within its own series: [PATCH n/7] for the seven
                 # fixes, the extra series on its own ([PATCH n/2]).
                 same = [p for p in series.patches if p.series == patch.series]
-                auto.text = git.format_patch(
+                auto = dataclasses.replace(auto, text=git.format_patch(
                     work_repo, commit, same.index(patch) + 1, len(same)
-                )
+                ))
+            out.append(auto)
             parent = commit
     return out
 

@@ -70,6 +70,7 @@ def apply_pin(
     progress: Progress,
     three_way: bool = False,
     build: KernelBuild | None = None,
+    before_build: Callable[[ApplyResult], None] | None = None,
     notes: Sequence[str] = (),
     orig_head: str | None = None,
     invocation: Invocation | None = None,
@@ -78,7 +79,7 @@ def apply_pin(
 
     ``three_way``: a conflict opens the conflict workspace, and a patch that
     applies with an offset is committed too.  ``build``: rebuild the kernels
-    the patches change (None: do not).  ``notes`` come first in the result;
+    the patches change (None: do not), after ``before_build`` got the applied result.  ``notes`` come first in the result;
     ``orig_head`` and ``invocation`` are recorded in a workspace this opens
     (``resolve --continue`` passes the first apply's).  Raises TreeError (exit
     5) for a tree it must not touch, BuildError when the kernels cannot be built.
@@ -172,6 +173,8 @@ def apply_pin(
             )
     built: dict[str, Any] | None = None
     if build is not None:
+        if before_build is not None:  # e.g. show the tree's result before a minutes-long build
+            before_build(ApplyResult(lock.path, path, pin.name, rep, True, list(out_notes), head=final))
         built, build_notes = _build(path, pin, pinrepo, final, build)
         out_notes += build_notes
     return ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final, build=built)

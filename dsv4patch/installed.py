@@ -55,6 +55,11 @@ if spec is not None and spec.submodule_search_locations:
     except Exception as exc:
         out["vllm"]["version"] = None
         out["vllm"]["error"] = repr(exc)
+try:
+    from importlib import metadata as _md
+    out["torch"] = _md.version("torch")
+except Exception:
+    out["torch"] = None
 kdist = sys.argv[1]
 kspec = importlib.util.find_spec(kdist)
 out["kernels"] = None
@@ -152,7 +157,8 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
     root = Path(vllm["root"])
     changes = tree.by_path()
     top = Path(vllm["package"]).name
-    kernel = _kernels(found.get("kernels"), tree.patched_tree, root / top / "__init__.py", kdist)
+    kernel = _kernels(found.get("kernels"), tree.patched_tree, root / top / "__init__.py", kdist,
+                      found.get("torch"))
     out["kernels"] = kernel
     ok = version_ok
     for patch in tree.series.patches:
@@ -195,7 +201,28 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
     return out
 
 
-def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str) -> dict[str, Any]:
+def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:
+    """Why the kernel library does not fit this environment's torch, or None.
+
+    The library is compiled and linked against one torch (``build_info.json``
+    ``torch_version``); ``torch_mismatch`` says it was not the pin's on purpose
+    (``--allow-torch``).  Either way the library is reported as built for
+    another torch when it differs from the pin's or from the torch installed here.
+    """
+    built = str(info.get("torch_version") or "").split("+", 1)[0]
+    required = str(info.get("torch_required") or "").split("+", 1)[0]
+    if info.get("torch_mismatch") or (required and built and built != required):
+        return (f"the kernel library was built for torch {built or '?'}, not torch {required or '?'} "
+                "that the pin's vLLM requires (--allow-torch); rebuild it without --allow-torch")
+    have = (installed_torch or "").split("+", 1)[0]
+    if built and have and built != have:
+        return (f"the kernel library was built for torch {built}, this environment has torch {have}; "
+                "install the pin's torch or rebuild the library against this one")
+    return None
+
+
+def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
+             installed_torch: str | None = None) -> dict[str, Any]:
     if found is None:
         return {"package": kdist, "installed": False, "ok": False,
                 "note": f"{kdist} is not installed: the kernel fixes are not in effect"}
@@ -216,9 +243,15 @@ def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str)
                   for u in info.get("units", [])],
         "routes": {"vllm-hook": hooked, "entry-point": bool(found.get("entry_points"))},
     }
-    res["ok"] = bool(res["tree_id"] == tree_id and res["library_present"] and (hooked or res["routes"]["entry-point"]))
+    res["torch"] = {"built": info.get("torch_version"), "required": info.get("torch_required"),
+                    "installed": installed_torch}
+    problem = torch_problem(info, installed_torch)
+    res["ok"] = bool(res["tree_id"] == tree_id and res["library_present"] and (hooked or res["routes"]["entry-point"])
+                     and problem is None)
     if res["tree_id"] != tree_id:
         res["note"] = f"built from tree {res['tree_id']}, the pin's patched tree is {tree_id}"
+    elif problem is not None:
+        res["note"] = problem
     return res
 
 
@@ -270,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
                                 f"routes: {routes}; archs {archs}); active: "
                                 + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
                                    else f"not checked ({kernel['active']['reason']})"))
+            if kernel.get("note"):
+                out["notes"].append(f"kernel library {kernel['package']}: {kernel['note']}")
         else:
             out["notes"].append(kernel["note"])
     for name, p in out["patches"].items():

@@ -68,6 +68,22 @@ class BuildSettings:
 
 
 @dataclass(frozen=True)
+class ToolchainDef:
+    """A ``[toolchains.NAME]`` table: the kernel build toolchain a pin's torch needs.
+
+    ``requirements`` is a pip requirements file beside the lock with every
+    package pinned and hashed (torch, nvidia-cublas for its headers, the CUDA
+    toolkit wheels); :mod:`dsv4patch.toolchain` installs from it with
+    ``--require-hashes``.
+    """
+
+    name: str
+    torch: str  # the torch version, as the pin's requirements/cuda.txt pins it
+    cuda: str  # CUDA major.minor of that torch's PyPI build; nvcc's major must match
+    requirements: Path
+
+
+@dataclass(frozen=True)
 class SeriesDef:
     name: str
     path: Path  # the series file
@@ -91,6 +107,7 @@ class Pin:
     patched_tree: str | None = None
     build: BuildSettings = BuildSettings()
     wheels: dict[str, WheelFile] = field(default_factory=dict)  # platform -> stock wheel
+    toolchain: ToolchainDef | None = None  # the kernel build toolchain ([toolchains.*])
 
     def expected_status(self, patch_name: str) -> str:
         return self.expect_patches.get(patch_name, self.expect)
@@ -242,7 +259,7 @@ def load(path: Path) -> Lock:
 
 def parse(path: Path, data: dict[str, Any]) -> Lock:
     base = path.parent
-    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins"})
+    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains"})
     schema = top.get("schema", int)
     if schema != 1:
         raise LockFileError(f"{path}: schema = {schema} is not supported (this dsv4patch reads 1)")
@@ -256,10 +273,12 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
             description=t.get("description", str, ""),
             default=t.get("default", bool, True),
         )
+    toolchains = {name: _parse_toolchain(path, name, raw)
+                  for name, raw in top.get("toolchains", dict, {}).items()}
     pins_tab = top.get("pins", dict)
     if not pins_tab:
         raise LockFileError(f"{path}: [pins] is empty; add at least one pin")
-    pins = {name: _parse_pin(path, name, raw, series) for name, raw in pins_tab.items()}
+    pins = {name: _parse_pin(path, name, raw, series, toolchains) for name, raw in pins_tab.items()}
     default_pin = top.get("default_pin", str, next(iter(pins)))
     if default_pin not in pins:
         raise LockFileError(f"{path}: default_pin = {default_pin!r} is not a pin of this lock")
@@ -271,7 +290,22 @@ def valid_pin_name(name: str) -> bool:
     return bool(PIN_NAME.match(name)) and ".." not in name
 
 
-def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef]) -> Pin:
+VERSION = re.compile(r"^\d+(\.\d+)+$")
+
+
+def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
+    where = f'[toolchains."{name}"]'
+    t = _Table(path, where, raw, {"torch", "cuda", "requirements"})
+    torch, cuda = t.get("torch", str), t.get("cuda", str)
+    for key, value in (("torch", torch), ("cuda", cuda)):
+        if not VERSION.match(value):
+            raise LockFileError(f"{path}: {where}.{key} = {value!r} is not a version such as \"2.13.0\"")
+    req = (path.parent / t.get("requirements", str)).resolve()
+    return ToolchainDef(name=name, torch=torch, cuda=cuda, requirements=req)
+
+
+def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
+               toolchains: dict[str, ToolchainDef] | None = None) -> Pin:
     where = f'[pins."{name}"]'
     if not valid_pin_name(name):
         # Pin names become parts of file names (cache, variants, branches).
@@ -286,6 +320,7 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef])
         {
             "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
             "expect_patches", "variants", "base_tree", "patched_tree", "build", "wheels",
+            "toolchain",
         },
     )
     src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
@@ -328,6 +363,10 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef])
             )
     variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
     bt = _Table(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
+    tc_name = t.get("toolchain", str, None)
+    if tc_name is not None and tc_name not in (toolchains or {}):
+        raise LockFileError(f"{path}: {where}.toolchain = {tc_name!r} is not a [toolchains.*] table "
+                            f"(the lock has {', '.join(toolchains or {}) or 'none'})")
     return Pin(
         name=name,
         vllm_version=t.get("vllm_version", str),
@@ -344,6 +383,7 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef])
             max_jobs=bt.get("max_jobs", int, 2), nvcc_threads=bt.get("nvcc_threads", int, 1)
         ),
         wheels=_parse_wheels(path, f"{where}.wheels", t.get("wheels", dict, {})),
+        toolchain=(toolchains or {})[tc_name] if tc_name is not None else None,
     )
 
 

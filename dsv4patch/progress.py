@@ -17,9 +17,14 @@ from typing import Protocol
 class Task(Protocol):
     def advance(self, n: int) -> None: ...
 
+    def update(self, description: str) -> None: ...
+
 
 class _NullTask:
     def advance(self, n: int) -> None:
+        pass
+
+    def update(self, description: str) -> None:
         pass
 
 
@@ -57,7 +62,7 @@ class Progress:
         if total and unit == "bytes":
             columns += [DownloadColumn(), TimeRemainingColumn()]
         elif total:
-            columns += [MofNCompleteColumn(), TextColumn(unit), TimeRemainingColumn()]
+            columns += [MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn()]
         else:
             columns += [TimeElapsedColumn()]
         with RichProgress(*columns, console=console(stderr=True), transient=True) as bar:
@@ -66,6 +71,9 @@ class Progress:
             class _T:
                 def advance(self, n: int) -> None:
                     bar.advance(tid, n)
+
+                def update(self, description: str) -> None:
+                    bar.update(tid, description=description)
 
             yield _T()
 

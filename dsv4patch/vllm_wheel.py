@@ -137,8 +137,23 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def local_version(pin: Pin, series: Series) -> str:
-    return f"{pin.vllm_version}+{LOCAL_PREFIX}.{series.hash()[:12]}"
+def kernels_hash(members: dict[str, bytes]) -> str:
+    """sha256 over the kernel package's members (names and contents): library, build info, runtime."""
+    h = hashlib.sha256()
+    for name in sorted(members):
+        h.update(name.encode() + b"\0" + hashlib.sha256(members[name]).digest())
+    return h.hexdigest()
+
+
+def local_version(pin: Pin, series: Series, kernels: dict[str, bytes] | None = None) -> str:
+    """``<vllm>+dsv4.<patch set 12 hex>[.k<kernel package 12 hex>]``.
+
+    The stock wheel is fixed by the pin (lock sha256); what dsv4patch adds is the
+    patch set and, when the patches change kernels, the kernel package: both are
+    in the label, so two wheels with different contents never share a file name.
+    """
+    label = f"{pin.vllm_version}+{LOCAL_PREFIX}.{series.hash()[:12]}"
+    return label + (f".k{kernels_hash(kernels)[:12]}" if kernels else "")
 
 
 def hook_line(dist: str) -> str:
@@ -236,7 +251,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
     if not m or m.group(2) != pin.vllm_version:
         raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
     name, old_version, tags = m.groups()
-    version = local_version(pin, series)
+    version = local_version(pin, series, kernels.members if kernels else None)
     old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
     infos = zipcopy.open_members(stock_path)
     names = [i.filename for i in infos]

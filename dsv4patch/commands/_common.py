@@ -92,6 +92,12 @@ def render_apply(fmt: str, result: applying.ApplyResult) -> int:
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
+def render_notes(fmt: str, notes: list[str], result: applying.ApplyResult) -> int:
+    """The notes an apply added after its table was shown (text); its exit code."""
+    report.emit(fmt, {"notes": notes}, None, None)
+    return EXIT_OK if result.ok else EXIT_UNEXPECTED
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """The kernel build options of ``apply`` / ``resolve --continue`` (kernel mode, defaults otherwise)."""
@@ -99,6 +105,7 @@ class BuildOptions:
     out: Path | None = None
     python: str | None = None
     nvcc: str | None = None
+    allow_torch: str | None = None
     format: str = "text"
     arch: list[str] | None = None
     extra_include: list[Path] = field(default_factory=list)
@@ -109,9 +116,9 @@ class BuildOptions:
 
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 fmt: str = "text") -> applying.KernelBuild:
+                 allow_torch: str | None = None, fmt: str = "text") -> applying.KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
-    opts = BuildOptions(out=out, python=python, nvcc=nvcc, format=fmt)
+    opts = BuildOptions(out=out, python=python, nvcc=nvcc, allow_torch=allow_torch, format=fmt)
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
         # Transitional: `dsv4patch build`'s kernel mode is still in commands/build.py (helper
@@ -121,3 +128,18 @@ def kernel_build(store: Store, *, out: Path | None, python: str | None = None, n
         return build_command.build_tree(path, pin, store, opts, emit=False)[1]  # type: ignore[arg-type]
 
     return build
+
+
+def add_toolchain_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--python, --allow-torch and --nvcc (build, apply and wheel share them)."""
+    p.add_argument("--python", default=None,
+                   help=prefix + "build against this interpreter's torch, which must be the version "
+                        "the pin's vLLM requires (default: $DSV4PATCH_TORCH_PYTHON, else dsv4patch "
+                        "installs that torch into the cache)")
+    p.add_argument("--allow-torch", default=None, metavar="VERSION",
+                   help=prefix + "with --python: accept its torch VERSION although the pin requires "
+                        "another (recorded in the kernel wheel; `status --installed` reports it)")
+    p.add_argument("--nvcc", default=None,
+                   help=prefix + "the nvcc to use, or fail (default: $CUDA_HOME's, PATH's or "
+                        "/usr/local/cuda's when of the pin torch's CUDA major, else NVIDIA's "
+                        "toolkit wheels at the lock's versions, installed into the cache)")

@@ -30,10 +30,7 @@ def add_parser(sub: Any) -> None:
         "before shipping: without it the kernel fixes are not in effect)",
     )
     p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
-    p.add_argument("--python", default=None,
-                   help="kernel build: interpreter whose torch the kernels are built against "
-                        "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
-    p.add_argument("--nvcc", default=None, help="kernel build: nvcc to use (default: $CUDA_HOME/bin/nvcc or PATH)")
+    _common.add_toolchain_options(p, prefix="kernel build: ")
     p.add_argument(
         "--3way", dest="three_way", action="store_true",
         help="on a conflict, commit the patches before it, apply the failing one 3-way with "
@@ -53,13 +50,24 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
                      f"{pin.name}; --tree to choose)")
     store = _common.open_store(args)
+    shown: list[applying.ApplyResult] = []
+
+    def before_build(done: applying.ApplyResult) -> None:
+        # Text output: what apply did is shown before the kernel step, which takes minutes.
+        if args.format == "text":
+            _common.render_apply(args.format, done)
+            shown.append(done)
+
     result = applying.apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
         three_way=args.three_way,
         build=_common.kernel_build(store, out=args.out, python=args.python, nvcc=args.nvcc,
-                                   fmt=args.format) if args.build else None,
+                                   allow_torch=args.allow_torch, fmt=args.format) if args.build else None,
+        before_build=before_build,
         notes=notes,
         invocation=Invocation(series=tuple(args.series) if args.series else None,
                               cache_dir=args.cache_dir, build=args.build, out=args.out),
     )
+    if shown:  # the table is out: only what the kernel step added
+        return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
     return _common.render_apply(args.format, result)

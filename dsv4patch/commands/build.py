@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report
+from dsv4patch import report, toolchain
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, BuildError
 from dsv4patch.kernels import build as kbuild
@@ -54,10 +54,7 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docker", action="store_true",
                    help="with --full: docker build -f docker/Dockerfile instead of pip")
     p.add_argument("--dry-run", action="store_true", help="print the plan/commands, run nothing")
-    p.add_argument("--python", default=None,
-                   help="interpreter whose torch the kernels are built against "
-                        "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
-    p.add_argument("--nvcc", default=None, help="nvcc to use (default: $CUDA_HOME/bin/nvcc or PATH)")
+    _common.add_toolchain_options(p)
     p.add_argument("--extra-include", type=Path, action="append", default=[],
                    help="extra include dir, e.g. one holding cublas_v2.h (repeatable)")
     p.add_argument("--base", default=None,
@@ -96,8 +93,9 @@ def build_tree(
         archs, origin = resolve_archs(path, pin, args, _nvcc_version(args))
         return _full(path, pin, archs, origin, args, fmt)
     plan = sources.plan(path, _opt(args, "base"))
-    tc = kbuild.detect_toolchain(
-        store, nvcc=_opt(args, "nvcc"), python=_opt(args, "python"),
+    tc = toolchain.resolve(
+        store=store, pin=pin, tree=path, progress=_common.progress(args),
+        nvcc=_opt(args, "nvcc"), python=_opt(args, "python"), allow_torch=_opt(args, "allow_torch"),
         extra_includes=_opt(args, "extra_include", []) or [],
     )
     archs, origin = resolve_archs(path, pin, args, tc.cuda_version)
@@ -112,6 +110,8 @@ def build_tree(
         "mode": "kernels", "pin": pin.name, "dry_run": bool(_opt(args, "dry_run", False)),
         "toolchain": {"nvcc": str(tc.nvcc), "cuda": tc.cuda_version, "torch": tc.torch_version,
                       "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
+                      "torch_required": tc.torch_required, "torch_origin": tc.torch_origin,
+                      "nvcc_origin": tc.nvcc_origin, "torch_mismatch": tc.torch_mismatch,
                       "include_dirs": [str(d) for d in tc.include_dirs]},
         **result.to_dict(),
     }
@@ -120,7 +120,7 @@ def build_tree(
     rows = [[u.source, " ".join(u.archs) or "-", "cached" if u.cached else
              ("would compile" if out["dry_run"] else f"compiled {u.seconds:.0f}s")]
             for u in result.units]
-    out["notes"] = result.notes + [
+    out["notes"] = [tc.describe(), *result.notes] + [
         f"archs: {' '.join(archs)} (from {origin})",
         f"ops: {', '.join(result.ops) or 'none'}",
         *([f"wheel: {result.wheel}"] if result.wheel else []),

@@ -41,10 +41,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kernels", type=Path, default=None,
                    help="the kernel wheel `dsv4patch build` made for this pin and platform "
                         "(default: build it here; needs nvcc and torch)")
-    p.add_argument("--python", default=None,
-                   help="without --kernels: interpreter whose torch the kernels are built against "
-                        "(default: $DSV4PATCH_TORCH_PYTHON, else this one)")
-    p.add_argument("--nvcc", default=None, help="without --kernels: nvcc to use")
+    _common.add_toolchain_options(p, prefix="without --kernels: ")
     p.add_argument("--arch", action="append", default=None,
                    help="without --kernels: CUDA arch (repeatable; default as `dsv4patch build`)")
     p.add_argument("--extra-include", type=Path, action="append", default=[],
@@ -72,7 +69,7 @@ def build_kernels(lock: Lock, pin: Pin, store: Store, args: argparse.Namespace,
     if rc != EXIT_OK:
         raise BuildError(f"pin {pin.name}: apply into {tree} failed: {buf.getvalue()[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")
-    bns = argparse.Namespace(arch=args.arch, python=args.python, nvcc=args.nvcc,
+    bns = argparse.Namespace(arch=args.arch, python=args.python, nvcc=args.nvcc, allow_torch=args.allow_torch,
                              extra_include=args.extra_include, out=out_dir, format="json",
                              full=False, dry_run=False, base=None)
     _rc, res = build.build_tree(tree, pin, store, bns, emit=False)

@@ -57,10 +57,16 @@ BASE_FLAGS = (
     "-DUSE_CUDA", "-DENABLE_FP8",
     "-Xcompiler", "-fPIC",
 )
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # 2: prefix maps, fixed module ids, stripped library
 # No device link: the units are whole-program (no -rdc), and nvcc's device link would
 # embed an empty cubin for its default arch (sm_75) in the library.
-LINK_FLAGS = ("-shared", "-nodlink", "-cudart", "shared")
+# --strip-all: the local symbols (.symtab) name nvcc's temp files (tmpxft_<pid>_...), so an
+# unstripped library differs from run to run; .dynsym, which loading needs, stays.
+LINK_FLAGS = ("-shared", "-nodlink", "-cudart", "shared", "-Xlinker", "--strip-all")
+# Where nvcc is told each unit lives (cudafe++'s --orig_src_path_name): the module id nvcc
+# hashes from it names every internal symbol of the unit, host and device, so the real path
+# (tree or cache location) would change the library's bytes.
+FIXED_SRC = "/dsv4patch/src"
 PLUGIN_GROUP = "vllm.general_plugins"
 
 
@@ -100,6 +106,41 @@ class Toolchain:
     torch_lib: Path
     include_dirs: tuple[Path, ...]  # extra dirs for cublas_v2.h etc.
     machine: str = platform.machine()  # the host nvcc compiles for (the wheel's platform)
+    # What dsv4patch.toolchain chose and why (empty for a Toolchain made by detect_toolchain):
+    torch_required: str = ""  # the torch version the pin's vLLM requires
+    torch_required_origin: str = ""  # where that was read
+    torch_origin: str = ""  # "--python X" or "provisioned <cache dir>"
+    nvcc_origin: str = ""  # "--nvcc", "CUDA_HOME", "PATH", "NVIDIA wheels (...)"
+    torch_cuda_expected: str | None = None  # CUDA the runtime torch has (a CPU torch: the lock's)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def torch_mismatch(self) -> bool:
+        """Built against a torch other than the pin's (``--allow-torch``)."""
+        return bool(self.torch_required) and self.torch_version.split("+")[0] != self.torch_required
+
+    def describe(self) -> str:
+        """One line for text output: which torch and nvcc."""
+        torch = f"torch {self.torch_version}" + (f" ({self.torch_origin})" if self.torch_origin else "")
+        nvcc = f"nvcc {self.cuda_version} {self.nvcc}" + (f" ({self.nvcc_origin})" if self.nvcc_origin else "")
+        return f"toolchain: {torch}; {nvcc}"
+
+    def prefix_maps(self, tree: Path, build_dir: Path) -> list[str]:
+        """``-ffile-prefix-map`` flags: no cache, tree or toolkit path reaches the library.
+
+        The host compiler (and nvcc's host preprocessing) gets them; a path
+        with a comma cannot be passed through ``-Xcompiler`` and is left out.
+        """
+        maps = [(tree, "/dsv4patch/src"), (build_dir, "/dsv4patch/build"),
+                (self.torch_include.parent.parent, "/dsv4patch/torch"),
+                (self.nvcc.resolve().parent.parent, "/dsv4patch/cuda"),
+                *((d, f"/dsv4patch/include{i}") for i, d in enumerate(self.include_dirs))]
+        flags: list[str] = []
+        for src, dst in maps:
+            s = str(Path(src).absolute())
+            if "," not in s and "=" not in s:
+                flags += ["-Xcompiler", f"-ffile-prefix-map={s}={dst}"]
+        return flags
 
     def includes(self) -> list[str]:
         args = ["-I", str(self.torch_include), "-I", str(self.torch_include / "torch/csrc/api/include")]
@@ -140,7 +181,8 @@ def _torch_info(python: str) -> dict[str, str | None]:
             "pass --python with the interpreter of the environment vLLM runs in "
             "(or set DSV4PATCH_TORCH_PYTHON)"
         )
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    info: dict[str, str | None] = json.loads(res.stdout.strip().splitlines()[-1])
+    return info
 
 
 def _has_cublas(d: Path) -> bool:
@@ -155,23 +197,41 @@ def cublas_candidates(nvcc: Path, site: Path | None) -> list[Path]:
     return cands
 
 
-def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.executable) -> Path:
-    """``include/`` of the nvidia-cublas wheel for ``cuda_version``, cached in the store."""
+def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.executable,
+                         requirement: str | None = None, progress: Progress | None = None) -> Path:
+    """``include/`` of the nvidia-cublas wheel for ``cuda_version``, cached in the store.
+
+    ``requirement``: a pinned, hashed requirements line (the lock's toolchain);
+    the download is then checked with ``--require-hashes``.
+    """
     major, minor = (int(x) for x in cuda_version.split(".")[:2])
     pkg = "nvidia-cublas" if major >= 13 else f"nvidia-cublas-cu{major}"
     spec = f"{pkg}>={major}.{minor},<{major}.{minor + 1}"
-    dest = store.root / "kernels" / "cublas-headers" / f"{pkg}-{major}.{minor}"
-    with store.lock(f"cublas-{pkg}-{major}.{minor}"):
+    name = f"{pkg}-{major}.{minor}"
+    if requirement is not None:
+        spec = requirement.split()[0]
+        name = f"{spec.replace('==', '-')}-{sha256_bytes(requirement.encode())[:12]}"
+    dest = store.root / "kernels" / "cublas-headers" / name
+    with store.lock(f"cublas-{name}"):
         if (dest / "include" / "cublas_v2.h").is_file():
             return dest / "include"
         tmp = store.tmpdir("cublas-")
         try:
-            res = subprocess.run(
-                [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                 "-d", str(tmp), spec],
-                capture_output=True, text=True, timeout=900,
-            )
+            if requirement is not None:
+                (tmp / "req.txt").write_text(requirement + "\n", encoding="utf-8")
+                args = ["--require-hashes", "-r", str(tmp / "req.txt")]
+            else:
+                args = [spec]
+            with (progress or Progress(False)).task(f"downloading {spec} (for cublas_v2.h)", None):
+                res = subprocess.run(
+                    [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                     "--disable-pip-version-check", "-d", str(tmp), *args],
+                    capture_output=True, text=True, timeout=1800,
+                )
             wheels = sorted(tmp.glob("*.whl"))
+            if len(wheels) == 1:
+                os.replace(wheels[0], tmp / "cublas.whl")
+                wheels = [tmp / "cublas.whl"]
             if res.returncode != 0 or not wheels:
                 raise BuildError(
                     f"cublas_v2.h is not in the CUDA toolkit and `pip download {spec}` failed "
@@ -241,6 +301,12 @@ def check_cuda_match(tc: Toolchain) -> str | None:
     The library links ``libcudart.so.<nvcc major>``; next to a torch built for
     another CUDA major that library is missing or a second runtime gets loaded.
     """
+    if tc.torch_cuda_version is None and tc.torch_cuda_expected:
+        return (
+            f"torch {tc.torch_version} is a CPU build: its headers and libraries are enough to "
+            f"compile and link (docs/kernels.md); the library runs in torch "
+            f"{tc.torch_version.split('+')[0]} built for CUDA {tc.torch_cuda_expected}"
+        )
     if tc.torch_cuda_version is None:
         return (
             f"torch {tc.torch_version} at {tc.python} is a CPU-only build (torch.version.cuda "
@@ -385,7 +451,8 @@ def plan_build(
         cmd = [str(tc.nvcc), *common]
         for a in ua:
             cmd += gencode(a)
-        cmd += ["-I", "csrc", *tc.includes(), "-c", u.path, "-o", str(obj)]
+        cmd += ["-I", "csrc", *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent),
+                "-Xcudafe", f"--orig_src_path_name={FIXED_SRC}/{u.path}", "-c", u.path, "-o", str(obj)]
         builds.append(UnitBuild(Path(u.path).stem, u.path, ua, key, obj, cmd,
                                 ops=tuple(o.name for o in plan.ops if o.unit == u.path)))
     built = {b.source for b in builds}
@@ -397,7 +464,7 @@ def plan_build(
         obj = store.root / "kernels" / key / "dsv4patch_bindings.o"
         src = obj.with_suffix(".cpp")
         cmd = [str(tc.nvcc), *common, "-I", str(plan.tree / Path(ops_h).parent), "-I", "csrc",
-               *tc.includes(), "-c", str(src), "-o", str(obj)]
+               *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent), "-c", str(src), "-o", str(obj)]
         builds.append(UnitBuild("dsv4patch_bindings", "<generated bindings>", (), key, obj, cmd, text))
     return builds, ops, notes
 
@@ -425,14 +492,53 @@ def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:
         os.replace(tmp, u.obj)
 
 
-def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int) -> None:
+def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int,
+                  progress: Progress | None = None) -> None:
+    """Compile what is not cached, ``max_jobs`` at a time; a bar shows units done/total and elapsed."""
     todo = [u for u in units if not u.obj.is_file()]
     for u in units:
         if u.obj.is_file():
             u.cached = True
-    with ThreadPoolExecutor(max_workers=max(1, max_jobs)) as pool:
-        for f in [pool.submit(_compile, u, cwd, store) for u in todo]:
-            f.result()
+    if not todo:
+        return
+    prog = progress or Progress(False)
+    with prog.task(f"compiling {len(todo)} kernel unit(s) with nvcc", len(todo), "units") as task, \
+            ThreadPoolExecutor(max_workers=max(1, max_jobs)) as pool:
+        futures = [pool.submit(_compile, u, cwd, store) for u in todo]
+        try:
+            for f in futures:
+                f.result()
+                task.advance(1)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _torch_cuda_stub(store: Store, tc: Toolchain) -> Path:
+    """A directory with an empty ``libtorch_cuda.so`` to link against a CPU torch.
+
+    The library must *need* libtorch_cuda (the stable ABI's CUDA entry points,
+    e.g. ``aoti_torch_get_current_cuda_stream``, live there, and torch loads it
+    RTLD_LOCAL); a CPU torch has none, so this stub gives the linker the name.
+    At run time the CUDA torch's own libtorch_cuda.so, already loaded, satisfies it.
+    """
+    d = store.root / "kernels" / "stubs" / sha256_bytes(tc.nvcc_version.encode())[:12]
+    lib = d / "libtorch_cuda.so"
+    with store.lock(f"kernel-stub-{d.name}"):
+        if lib.is_file():
+            return d
+        d.mkdir(parents=True, exist_ok=True)
+        src = d / "stub.cpp"
+        src.write_text("// dsv4patch: stands in for a CPU torch's missing libtorch_cuda.so at link time\n")
+        tmp = d / f"libtorch_cuda.so.tmp{os.getpid()}"
+        res = subprocess.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
+                              "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BuildError(f"building the libtorch_cuda link stub failed:\n{res.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)
+    return d
 
 
 def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
@@ -447,10 +553,12 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
         cmd = [str(tc.nvcc), *LINK_FLAGS, "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
-        if (tc.torch_lib / "libtorch_cuda.so").exists():
-            # The stable ABI's CUDA entry points (aoti_torch_get_current_cuda_stream, ...)
-            # live in libtorch_cuda, which torch loads RTLD_LOCAL: the library must need it.
-            cmd += ["-ltorch_cuda"]
+        # The stable ABI's CUDA entry points (aoti_torch_get_current_cuda_stream, ...)
+        # live in libtorch_cuda, which torch loads RTLD_LOCAL: the library must need it,
+        # whether or not it uses a symbol of it (--no-as-needed), a CPU torch through a stub.
+        if not (tc.torch_lib / "libtorch_cuda.so").exists():
+            cmd += ["-L", str(_torch_cuda_stub(store, tc))]
+        cmd += ["-Xlinker", "--no-as-needed", "-ltorch_cuda"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise BuildError(f"linking the kernel library failed:\n{res.stderr.strip()[-4000:]}")
@@ -514,6 +622,10 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         "ops": result.ops, "units": units,
         "torch_version": tc.torch_version, "torch_cuda_version": tc.torch_cuda_version,
         "cuda_version": tc.cuda_version, "library": lib,
+        # The torch the pin's vLLM requires; torch_mismatch: built against another one on
+        # purpose (--allow-torch), which `status --installed` reports.
+        "torch_required": tc.torch_required or None, "torch_mismatch": tc.torch_mismatch,
+        "library_sha256": sha256_bytes(result.library.read_bytes()),
     }
     files = {
         f"{name}/__init__.py": RUNTIME_SOURCE.read_bytes(),
@@ -545,10 +657,9 @@ def build(
     """Compile, link and package; ``archs`` is the ``TORCH_CUDA_ARCH_LIST`` to build for."""
     cpu_note = check_cuda_match(toolchain)
     units, ops, notes = plan_build(plan, archs, toolchain, store, nvcc_threads)
+    notes[:0] = list(toolchain.notes)
     if cpu_note:
         notes.insert(0, cpu_note)
-        if progress is not None:
-            progress.note(cpu_note)
     result = BuildResult(plan, tuple(archs), units, [o.name for o in ops], notes=notes,
                          arch_origin=arch_origin)
     if plan.unmapped:
@@ -564,8 +675,8 @@ def build(
             u.cached = u.obj.is_file()
         return result
     if progress is not None:
-        progress.note(f"compiling {sum(not u.obj.is_file() for u in units)} of {len(units)} unit(s)")
-    compile_units(units, plan.tree, store, max_jobs)
+        progress.note(toolchain.describe())
+    compile_units(units, plan.tree, store, max_jobs, progress)
     result.library = link(units, toolchain, store)
     result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir)
     return result

@@ -225,6 +225,7 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
                       "--require-hashes", "--only-binary=:all:", "--no-compile",
                       "--disable-pip-version-check", "-r", str(req_file)],
                      progress, what, tmp / "pip.log")
+            shutil.copyfile(tmp / "pip.log", env / "pip.log")  # what was downloaded, kept for reports
             (env / ".ready").write_text(json.dumps({"packages": [r.line() for r in reqs]}) + "\n")
             shutil.rmtree(root, ignore_errors=True)  # a half-made entry of an older layout
             root.parent.mkdir(parents=True, exist_ok=True)

@@ -90,13 +90,19 @@ def test_two_builds_identical_and_named_with_local_version(wheels: dict) -> None
     a, b = wheels["a"], wheels["b"]
     assert a.parent != b.parent and a.read_bytes() == b.read_bytes()
     series_hash = wheels["tree"].series.hash()
-    assert a.name == f"vllm-0.27.1+dsv4.{series_hash[:12]}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    # The label covers the patch set and the kernel package (library, build info, runtime).
+    with zipfile.ZipFile(a) as zf:
+        kmembers = {n: zf.read(n) for n in zf.namelist() if n.startswith("dsv4patch_kernels_0_27_1/")}
+    assert kmembers
+    version = f"0.27.1+dsv4.{series_hash[:12]}.k{vllm_wheel.kernels_hash(kmembers)[:12]}"
+    assert version == wheels["report"]["version"]
+    assert a.name == f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     assert vllm_wheel.check_record(a) == []
     with zipfile.ZipFile(a) as zf:
         assert zf.testzip() is None
-        info = f"vllm-0.27.1+dsv4.{series_hash[:12]}.dist-info"
+        info = f"vllm-{version}.dist-info"
         meta = zf.read(f"{info}/METADATA").decode()
-        assert f"\nVersion: 0.27.1+dsv4.{series_hash[:12]}\n" in meta
+        assert f"\nVersion: {version}\n" in meta
         prov = json.loads(zf.read(f"{info}/dsv4patch.json"))
         names = zf.namelist()
     assert names[-1] == f"{info}/RECORD"
@@ -157,7 +163,8 @@ def test_pip_installs_it_and_installed_files_are_the_patched_tree(wheels: dict, 
     py, site, env = installed["python"], installed["site"], _clean_env()
     show = subprocess.run([py, "-m", "pip", "show", "vllm"], capture_output=True, text=True, env=env)
     series_hash = wheels["tree"].series.hash()
-    assert f"Version: 0.27.1+dsv4.{series_hash[:12]}" in show.stdout.splitlines()
+    assert any(line.startswith(f"Version: 0.27.1+dsv4.{series_hash[:12]}.k")
+               for line in show.stdout.splitlines())
     for f in wheels["tree"].files:
         if f.path.startswith("vllm/"):
             assert _sha((site / f.path).read_bytes()) == _sha(f.patched), f.path

@@ -72,8 +72,15 @@ def build_kernels(lock: Lock, pin: Pin, store: Store, args: argparse.Namespace,
     bns = argparse.Namespace(arch=args.arch, python=args.python, nvcc=args.nvcc, allow_torch=args.allow_torch,
                              extra_include=args.extra_include, out=out_dir, format="json",
                              full=False, dry_run=False, base=None)
-    _rc, res = build.build_tree(tree, pin, store, bns, emit=False)
-    return Path(res["wheel"]) if res.get("wheel") else None
+    try:
+        _rc, res = build.build_tree(tree, pin, store, bns, emit=False)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a failed build leaves nothing in the cache
+        raise
+    if not res.get("wheel"):
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return None
+    return Path(res["wheel"])
 
 
 def run(args: argparse.Namespace) -> int:

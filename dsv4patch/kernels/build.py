@@ -67,6 +67,7 @@ LINK_FLAGS = ("-shared", "-nodlink", "-cudart", "shared", "-Xlinker", "--strip-a
 # hashes from it names every internal symbol of the unit, host and device, so the real path
 # (tree or cache location) would change the library's bytes.
 FIXED_SRC = "/dsv4patch/src"
+LINK_MAP = "{ global: *; local: _edata; _end; __bss_start; };\n"
 PLUGIN_GROUP = "vllm.general_plugins"
 
 
@@ -229,9 +230,6 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
                     capture_output=True, text=True, timeout=1800,
                 )
             wheels = sorted(tmp.glob("*.whl"))
-            if len(wheels) == 1:
-                os.replace(wheels[0], tmp / "cublas.whl")
-                wheels = [tmp / "cublas.whl"]
             if res.returncode != 0 or not wheels:
                 raise BuildError(
                     f"cublas_v2.h is not in the CUDA toolkit and `pip download {spec}` failed "
@@ -254,6 +252,8 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
             os.replace(unpack, dest / "include")
+            (dest / "wheel.json").write_text(json.dumps(  # what was downloaded, kept for reports
+                {"wheel": wheels[0].name, "size": wheels[0].stat().st_size}) + "\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dest / "include"
@@ -515,22 +515,30 @@ def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int
             raise
 
 
-def _torch_cuda_stub(store: Store, tc: Toolchain) -> Path:
-    """A directory with an empty ``libtorch_cuda.so`` to link against a CPU torch.
+def _torch_cuda_stub(store: Store, tc: Toolchain, base_cmd: list[str]) -> Path:
+    """A directory with a stand-in ``libtorch_cuda.so`` to link against a CPU torch.
 
     The library must *need* libtorch_cuda (the stable ABI's CUDA entry points,
     e.g. ``aoti_torch_get_current_cuda_stream``, live there, and torch loads it
-    RTLD_LOCAL); a CPU torch has none, so this stub gives the linker the name.
-    At run time the CUDA torch's own libtorch_cuda.so, already loaded, satisfies it.
+    RTLD_LOCAL), and a CPU torch has none.  A trial link with
+    ``--no-undefined`` names the symbols no linked library defines; the stub
+    defines exactly those as functions (and nothing else), so the library's
+    dynamic symbol table, and its bytes, are what a link against the CUDA
+    torch gives.  At run time the CUDA torch's own libtorch_cuda.so, already
+    loaded, satisfies them.
     """
-    d = store.root / "kernels" / "stubs" / sha256_bytes(tc.nvcc_version.encode())[:12]
+    trial = subprocess.run([*base_cmd, "-Xlinker", "--no-undefined"], capture_output=True, text=True)
+    names = sorted(set(re.findall(r"undefined reference to `([A-Za-z_][A-Za-z0-9_]*)'", trial.stderr)))
+    text = "// dsv4patch: stands in for a CPU torch's missing libtorch_cuda.so at link time\n" + "".join(
+        f'extern "C" void {n}(void) {{}}\n' for n in names)
+    d = store.root / "kernels" / "stubs" / sha256_bytes((tc.nvcc_version + text).encode())[:16]
     lib = d / "libtorch_cuda.so"
     with store.lock(f"kernel-stub-{d.name}"):
         if lib.is_file():
             return d
         d.mkdir(parents=True, exist_ok=True)
         src = d / "stub.cpp"
-        src.write_text("// dsv4patch: stands in for a CPU torch's missing libtorch_cuda.so at link time\n")
+        src.write_text(text)
         tmp = d / f"libtorch_cuda.so.tmp{os.getpid()}"
         res = subprocess.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
                               "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
@@ -543,21 +551,33 @@ def _torch_cuda_stub(store: Store, tc: Toolchain) -> Path:
 
 def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
     key = _key({"objs": [u.key for u in units], "nvcc": tc.nvcc_version, "torch_lib": str(tc.torch_lib),
-                "flags": LINK_FLAGS})
+                "flags": LINK_FLAGS, "map": LINK_MAP})
     out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
     with store.lock(f"kernel-{key}"):
         if out.is_file():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        cmd = [str(tc.nvcc), *LINK_FLAGS, "-o", str(tmp),
+        # ld exports _edata/_end/__bss_start unless a linked library defines them (a CUDA
+        # torch's libc10 does, a CPU torch's does not): never exported, the bytes agree.
+        vmap = store.root / "kernels" / "link-v1.map"
+        if not vmap.is_file():
+            tmp_map = vmap.with_name(vmap.name + f".tmp{os.getpid()}")
+            tmp_map.write_text(LINK_MAP)
+            os.replace(tmp_map, vmap)
+        cmd = [str(tc.nvcc), *LINK_FLAGS, "-Xlinker", f"--version-script={vmap}", "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
         # The stable ABI's CUDA entry points (aoti_torch_get_current_cuda_stream, ...)
         # live in libtorch_cuda, which torch loads RTLD_LOCAL: the library must need it,
         # whether or not it uses a symbol of it (--no-as-needed), a CPU torch through a stub.
         if not (tc.torch_lib / "libtorch_cuda.so").exists():
-            cmd += ["-L", str(_torch_cuda_stub(store, tc))]
+            trial_out = tmp.with_name(tmp.name + ".trial")
+            base = [c if c != str(tmp) else str(trial_out) for c in cmd]
+            try:
+                cmd += ["-L", str(_torch_cuda_stub(store, tc, base))]
+            finally:
+                trial_out.unlink(missing_ok=True)
         cmd += ["-Xlinker", "--no-as-needed", "-ltorch_cuda"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -620,7 +640,11 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         "vllm_version": vllm_version, "pin": pin_name, "tree_id": result.plan.tree_id,
         "head": result.plan.head, "base": result.plan.base, "archs": list(result.archs),
         "ops": result.ops, "units": units,
-        "torch_version": tc.torch_version, "torch_cuda_version": tc.torch_cuda_version,
+        # The torch release and the CUDA of the torch the library runs in. Not the local label
+        # of the torch it was built against (+cpu / +cu130): both give the same library bytes
+        # (docs/kernels.md, "The toolchain"), so the wheel is the same too.
+        "torch_version": tc.torch_version.split("+", 1)[0],
+        "torch_cuda_version": tc.torch_cuda_expected or tc.torch_cuda_version,
         "cuda_version": tc.cuda_version, "library": lib,
         # The torch the pin's vLLM requires; torch_mismatch: built against another one on
         # purpose (--allow-torch), which `status --installed` reports.

@@ -1,0 +1,215 @@
+"""dsv4patch.toolchain: the kernel build's torch and nvcc come from the pin.
+
+Real pip against this machine's package sources (here a wheel mirror serves
+torch 2.13.0+cpu, which the lock's hashes include), the lock's hashed
+requirements file, real nvcc compiles of the patched 0.27.1 units for one arch
+(9.0a: the test's arch list is cut to one to keep it within minutes), real git
+trees from the cached sdist.  No GPU is needed: nothing here loads the library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import LOCK
+
+from dsv4patch import installed, toolchain
+from dsv4patch.errors import BuildError, LockFileError
+from dsv4patch.lock import load
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+PIN = load(LOCK).pin("0.27.1")
+ARCH = "9.0a"
+HAVE_NVCC = bool(toolchain.system_nvccs())
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="needs a system nvcc")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    from dsv4patch.main import main
+
+    t = tmp_path_factory.mktemp("tc") / "vllm"
+    assert main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(t),
+                 "--cache-dir", str(shared_cache), "--format", "json", "--no-build"]) == 0
+    return t
+
+
+def _run(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+         prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [*(prefix or []), sys.executable, "-m", "dsv4patch", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=3600,
+                          env={**os.environ, **(env or {})})
+
+
+def test_lock_requirements_are_pinned_and_hashed(tmp_path: Path) -> None:
+    assert PIN.toolchain is not None and PIN.toolchain.torch == "2.13.0"
+    reqs = toolchain.read_requirements(PIN.toolchain.requirements)
+    assert reqs["torch"].version == "2.13.0" and len(reqs["torch"].hashes) >= 10
+    for name in (*toolchain.CUDA_PACKAGES, toolchain.CUBLAS_PACKAGE):
+        assert reqs[name].hashes, name
+    bad = tmp_path / "r.txt"
+    bad.write_text("torch==2.13.0\n")
+    with pytest.raises(LockFileError, match="pinned and hashed"):
+        toolchain.read_requirements(bad)
+
+
+def test_required_torch_is_read_from_the_pinned_tree(tree: Path) -> None:
+    req = toolchain.required_torch(tree)
+    assert (req.version, req.origin) == ("2.13.0", "requirements/cuda.txt of the pinned tree")
+
+
+@pytest.mark.slow
+def test_provisioned_torch_is_cached_and_hash_checked(tmp_path: Path) -> None:
+    assert PIN.toolchain is not None
+    store = Store.open(tmp_path / "cache")
+    env = toolchain.ensure_torch(store, PIN.toolchain, Progress(False))
+    assert toolchain.public(env.version) == "2.13.0"
+    assert (env.include / "torch" / "csrc" / "stable" / "library.h").is_file()
+    assert (env.lib / "libtorch_cpu.so").is_file() and (env.lib / "libc10.so").is_file()
+    again = toolchain.ensure_torch(store, PIN.toolchain, Progress(False))  # no pip: .ready is there
+    assert again == env
+    # A hash the index's file does not have: pip refuses, nothing is left in the cache.
+    only_wrong = toolchain.Requirement("torch", "2.13.0", ("0" * 64,))
+    store2 = Store.open(tmp_path / "cache2")
+    with pytest.raises(BuildError, match="pip exit"):
+        toolchain._provision(store2, "torch", [only_wrong], Progress(False), "installing torch", ["t"])
+    assert list((store2.root / "tmp").iterdir()) == []
+    assert not (store2.root / "toolchains").exists() or not any((store2.root / "toolchains").iterdir())
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_nonexistent_nvcc_fails_and_wrong_torch_is_refused(tree: Path, shared_cache: Path,
+                                                           tmp_path: Path) -> None:
+    env = {"DSV4PATCH_CACHE": str(shared_cache)}
+    res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+               "--nvcc", "/nonexistent/nvcc", "--out", tmp_path / "d", env=env)
+    assert res.returncode == 7, res.stderr
+    assert "--nvcc /nonexistent/nvcc: no such executable" in res.stderr
+    assert not (tmp_path / "d").exists()
+    # A torch other than the pin's (here the 2.14.1 the issue's user had): refused with both versions.
+    other = _torch_env(shared_cache, "2.14.1")
+    res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+               "--python", other, "--out", tmp_path / "d", env=env)
+    assert res.returncode == 7, res.stderr
+    assert "torch 2.14.1" in res.stderr and "not torch 2.13.0" in res.stderr
+    assert "--allow-torch 2.14.1" in res.stderr
+    res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+               "--allow-torch", "2.14.1", "--out", tmp_path / "d", env=env)
+    assert res.returncode == 2 and "--allow-torch VERSION goes with --python" in res.stderr
+
+
+def _torch_env(cache: Path, version: str) -> str:
+    """A venv with torch ``version`` (no dependencies: the build only reads its files)."""
+    root = cache / "test-torch" / version
+    if not (root / ".ready").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+        subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                        f"torch=={version}"], check=True)
+        (root / ".ready").write_text("")
+    return str(root / "bin" / "python")
+
+
+def _build(tree: Path, cache: Path, out: Path, *extra: str, prefix: list[str] | None = None,
+           env: dict[str, str] | None = None) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+               "--out", out, "--format", "json", *extra, prefix=prefix,
+               env={"DSV4PATCH_CACHE": str(cache), **(env or {})})
+    assert res.returncode == 0, res.stderr[-4000:]
+    return json.loads(res.stdout), res
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_library_bytes_do_not_depend_on_the_cache_path(tree: Path, tmp_path: Path) -> None:
+    """Two cold caches at different paths (each installs the pin's torch): the same library,
+    the same kernel wheel; build_info names the pin's torch; a warm rebuild compiles nothing."""
+    a, ra = _build(tree, tmp_path / "cache-a", tmp_path / "out-a")
+    b, _ = _build(tree, tmp_path / "second-cache-b", tmp_path / "out-b")
+    assert a["toolchain"]["torch_origin"].startswith("provisioned ")
+    assert str(tmp_path / "cache-a") in a["toolchain"]["torch_origin"]
+    assert a["library"] != b["library"]
+    assert _sha(Path(a["library"])) == _sha(Path(b["library"]))
+    assert Path(a["wheel"]).name == Path(b["wheel"]).name
+    assert _sha(Path(a["wheel"])) == _sha(Path(b["wheel"]))
+    with zipfile.ZipFile(a["wheel"]) as zf:
+        info = json.loads(zf.read("dsv4patch_kernels_0_27_1/build_info.json"))
+    assert toolchain.public(info["torch_version"]) == "2.13.0" and info["torch_required"] == "2.13.0"
+    assert info["torch_mismatch"] is False and info["library_sha256"] == _sha(Path(a["library"]))
+    assert installed.torch_problem(info, "2.13.0") is None
+    assert str(tmp_path) not in Path(a["library"]).read_bytes().decode("latin-1")
+    again, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a2")
+    assert again["compiled"] == [] and _sha(Path(again["wheel"])) == _sha(Path(a["wheel"]))
+    text = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+                "--out", tmp_path / "out-a3", env={"DSV4PATCH_CACHE": str(tmp_path / "cache-a")})
+    assert text.returncode == 0
+    assert "toolchain: torch 2.13.0" in text.stdout and "nvcc 13.0" in text.stdout
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_allow_torch_builds_and_status_reports_it(tree: Path, shared_cache: Path,
+                                                  tmp_path: Path) -> None:
+    other = _torch_env(shared_cache, "2.14.1")
+    rep, _ = _build(tree, shared_cache, tmp_path / "out", "--python", other, "--allow-torch", "2.14.1")
+    assert rep["toolchain"]["torch_mismatch"] is True
+    with zipfile.ZipFile(rep["wheel"]) as zf:
+        info = json.loads(zf.read("dsv4patch_kernels_0_27_1/build_info.json"))
+    assert info["torch_version"].startswith("2.14.1") and info["torch_mismatch"] is True
+    problem = installed.torch_problem(info, "2.14.1")
+    assert problem is not None and "torch 2.14.1" in problem and "2.13.0" in problem
+    # The patched wheel with that kernel library, installed: status --installed says so, exit 1.
+    res = _run("wheel", "--lock", LOCK, "--pin", "0.27.1", "--kernels", rep["wheel"],
+               "--out", tmp_path / "wheel", "--format", "json", env={"DSV4PATCH_CACHE": str(shared_cache)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    json.loads(res.stdout)["wheel"]], check=True)
+    st = _run("status", "--installed", "--lock", LOCK, "--python", venv / "bin" / "python",
+              env={"DSV4PATCH_CACHE": str(shared_cache)})
+    assert st.returncode == 1, st.stdout + st.stderr
+    assert "built for torch 2.14.1, not torch 2.13.0" in st.stdout and "DOES NOT MATCH" in st.stdout
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="hiding the system toolkit needs root and unshare -m")
+def test_without_a_system_nvcc_the_lock_toolkit_wheels_are_used(tree: Path, shared_cache: Path,
+                                                                tmp_path: Path) -> None:
+    """The toolkit hidden in a private mount namespace: an empty directory over the CUDA
+    root, /dev/null over /usr/local/bin/nvcc, PATH without nvcc; the lock's NVIDIA wheels
+    are installed and give the same library bytes as the system nvcc of the same version."""
+    cuda_root = Path("/usr/local/cuda").resolve()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    hide = [f"mount --bind {empty} {cuda_root}"]
+    for p in ("/usr/local/bin/nvcc", "/usr/bin/nvcc"):
+        if Path(p).exists():
+            hide.append(f"mount --bind /dev/null {p}")
+    script = " && ".join(hide) + ' && exec "$@"'
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if not (Path(d) / "nvcc").exists() or d == "/usr/local/bin")
+    rep, _ = _build(tree, shared_cache, tmp_path / "out", prefix=prefix,
+                    env={"PATH": path, "CUDA_HOME": "", "CUDA_PATH": ""})
+    assert rep["toolchain"]["nvcc_origin"].startswith("NVIDIA wheels")
+    assert str(shared_cache / "toolchains") in rep["toolchain"]["nvcc"]
+    assert rep["toolchain"]["cuda"] == "13.0"
+    with zipfile.ZipFile(rep["wheel"]) as zf:
+        assert json.loads(zf.read("dsv4patch_kernels_0_27_1/build_info.json"))["cuda_version"] == "13.0"

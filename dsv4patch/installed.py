@@ -95,7 +95,8 @@ def probe(python: str, kernel_dist: str) -> dict[str, Any]:
     if res.returncode != 0 or line is None:
         raise UsageError(f"--python {python}: not a working Python interpreter "
                          f"({(res.stderr.strip().splitlines() or ['no output'])[-1]})")
-    return json.loads(line[len("DSV4PATCH-PROBE "):])
+    found: dict[str, Any] = json.loads(line[len("DSV4PATCH-PROBE "):])
+    return found
 
 
 def _sha(data: bytes) -> str:

@@ -95,7 +95,7 @@ def _parser(verb: str | None) -> argparse.ArgumentParser:
 def test_the_docs_show_commands() -> None:
     """The scan finds the README's commands (a broken scan would pass everything below)."""
     readme = [argv for page, argv, fenced in COMMANDS if page == "README.md" and fenced]
-    assert ["check", "--lock", "locks/vllm.toml"] in readme
+    assert ["apply", "--lock", "locks/vllm.toml"] in readme  # the first command: the card's
     assert len(readme) >= 7 and len(COMMANDS) >= 20
 
 

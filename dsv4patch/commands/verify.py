@@ -282,7 +282,7 @@ class _Sessions:
             futures = [pool.submit(testrun.run_and_store, self.store, self.env, tree_id, nodeids, cwd,
                                    self.work / f"session-{self.ran + i}.jsonl")
                        for i, (_key, tree_id, nodeids, cwd) in enumerate(todo)]
-            for (key, *_), fut in zip(todo, futures):
+            for (key, *_), fut in zip(todo, futures, strict=True):
                 self._results[key] = fut.result()
         self.ran += len(todo)
 

@@ -24,8 +24,9 @@ cp "$LIBDIR/kernel_proof.json" "$RESULTS/kernel_proof.build.json"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } > "$RESULTS/kernel_proof.env.txt" 2>&1
-rc=0
-PYTHONUNBUFFERED=1 "$PY" "$HERE/run_vllm_binary_proof.py" --standalone "$LIBDIR" "$RESULTS" \
-  > >(tee "$RESULTS/kernel_proof.log") 2>&1 || rc=$?
+set +e
+PYTHONUNBUFFERED=1 "$PY" "$HERE/run_vllm_binary_proof.py" --standalone "$LIBDIR" "$RESULTS" 2>&1 \
+  | tee "$RESULTS/kernel_proof.log"
+rc=${PIPESTATUS[0]}
 echo "kernel_proof.sh: exit $rc" | tee -a "$RESULTS/kernel_proof.log"
 exit "$rc"

@@ -552,7 +552,13 @@ def standalone_main(args: argparse.Namespace) -> int:
               f"Probes (not expectations), ties and in-contract long rows at width 196608: "
               f"{len(probes['cases']) - len(probes['not_ok'])} of {len(probes['cases'])} right"
               + (f"; not right: {', '.join(probes['not_ok'])}" if probes["not_ok"] else ""), ""]
-    (out / "kernel_proof.md").write_text("\n".join(lines))
+    by_id = {c["id"]: c for c in probes["cases"]}
+    for pid in probes["not_ok"]:
+        c, res = by_id[pid], probes["results"][pid]
+        first = (res.get("errors") or [res.get("tail", "")])[0]
+        lines.append(f"* {pid}: {c['op']} rows {c['rows']} k {c['k']} max_seq_len {c['msl']} "
+                     f"data {c.get('data', 'randn')}: {res['status']}; {str(first)[:200]}")
+    (out / "kernel_proof.md").write_text("\n".join(lines) + "\n")
     log(f"ok={report['ok']}")
     return 0 if report["ok"] else 1
 

@@ -96,6 +96,12 @@ def test_nonexistent_nvcc_fails_and_wrong_torch_is_refused(tree: Path, shared_ca
     assert res.returncode == 7, res.stderr
     assert "--nvcc /nonexistent/nvcc: no such executable" in res.stderr
     assert not (tmp_path / "d").exists()
+    # `wheel` builds the kernels in the cache: a failed build leaves no tmp/kernels-wheel-* there.
+    before = set((shared_cache / "tmp").glob("kernels-wheel-*"))
+    res = _run("wheel", "--lock", LOCK, "--pin", "0.27.1", "--nvcc", "/nonexistent/nvcc", "--out", tmp_path / "w",
+               env=env)
+    assert res.returncode == 7 and "--nvcc /nonexistent/nvcc: no such executable" in res.stderr, res.stderr
+    assert set((shared_cache / "tmp").glob("kernels-wheel-*")) <= before
     # A torch other than the pin's (here the 2.14.1 the user had): refused with both versions.
     other = _torch_env(shared_cache, "2.14.1")
     res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,

@@ -14,14 +14,12 @@ and ``dsv4patch build`` runs on it (needs nvcc and a torch, ``--python``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import platform
 import shutil
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report, vllm_wheel
+from dsv4patch import applying, report, vllm_wheel
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, BuildError, UsageError
 from dsv4patch.kernels import stock
@@ -58,16 +56,13 @@ def host_platform() -> str:
 def build_kernels(lock: Lock, pin: Pin, store: Store, args: argparse.Namespace,
                   patched_tree: str) -> Path | None:
     """Create the patched tree in the cache and run ``dsv4patch build`` on it; the kernel wheel."""
-    from dsv4patch.commands import apply, build
+    from dsv4patch.commands import build
 
     tree = store.root / "wheel-trees" / f"{pin.name}-{patched_tree[:12]}"
-    ns = argparse.Namespace(tree=tree, lock=lock.path, pin=pin.name, series=getattr(args, "series", None),
-                            build=False, out=None, format="json", cache_dir=args.cache_dir)
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = apply.run(ns)
-    if rc != EXIT_OK:
-        raise BuildError(f"pin {pin.name}: apply into {tree} failed: {buf.getvalue()[-2000:]}")
+    applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=tree,
+                                 progress=_common.progress(args))
+    if not applied.ok:
+        raise BuildError(f"pin {pin.name}: apply into {tree} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")
     bns = argparse.Namespace(arch=args.arch, python=args.python, nvcc=args.nvcc, allow_torch=args.allow_torch,
                              extra_include=args.extra_include, out=out_dir, format="json",

@@ -44,14 +44,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_cli import ENV, run_cli, write_report  # noqa: E402
 from dsv4patch import git, tree  # noqa: E402
 from dsv4patch.lock import load  # noqa: E402
 from dsv4patch.progress import Progress  # noqa: E402
 from dsv4patch.series import series_for_pin  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
-
-from bench_cli import ENV, run_cli, write_report  # noqa: E402
-
 
 ONE = "0.27.1"
 
@@ -88,7 +86,7 @@ def main() -> int:
         pins.append((repo.repo, repo.base_commit, [p.path for p in series_for_pin(lock, pin).patches]))
     dsv4patch_check(args.lock, store.root)  # warm-up (fills the check cache)
     dsv4patch_check(args.lock, store.root, "--pin", ONE)
-    one = [p for p, name in zip(pins, lock.pins) if name == ONE]
+    one = [p for p, name in zip(pins, lock.pins, strict=True) if name == ONE]
     base_t, tool_t, base1_t, tool1_t, nocache_t = [], [], [], [], []
     for _ in range(args.rounds):
         base_t.append(baseline(pins))

@@ -77,7 +77,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench_cli import run_cli, write_report  # noqa: E402
-
 from dsv4patch.kernels import build as kbuild  # noqa: E402
 from dsv4patch.kernels import sources  # noqa: E402
 from dsv4patch.lock import load as load_lock  # noqa: E402

@@ -155,7 +155,7 @@ def write_lock(path: Path, pins: dict[str, str], series: dict[str, list[str]] | 
         sfile = path.parent / f"{name}.series"
         sfile.write_text("".join(f"{f}\n" for f in files))
         parts.append(f'[series.{name}]\npath = "{sfile.name}"\n')
-    for name, body in pins.items():
+    for body in pins.values():
         parts.append(textwrap.dedent(body).strip() + "\n")
     path.write_text("\n".join(parts))
     return path

@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import LOCK, ROOT
 
+from conftest import LOCK, ROOT
 from dsv4patch.lock import load
 
 PATCHED = load(LOCK).pin("0.27.1").patched_tree

@@ -168,8 +168,8 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
 
     from conftest import LOCK
     from dsv4patch import checkcache as cc
-    from dsv4patch.pincheck import CachedCheck
     from dsv4patch.lock import load
+    from dsv4patch.pincheck import CachedCheck
     from dsv4patch.store import Store
 
     real = cc.tool_identity

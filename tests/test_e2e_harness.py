@@ -259,7 +259,7 @@ def test_cases_cross_window_blocks_and_topk() -> None:
     assert nopad.prompts[:-1] == short.prompts[:-1] and min(map(len, nopad.prompts)) <= 1 + 2
     assert pf.max_tokens == nopad.max_tokens == short.max_tokens
     for c in cases.values():
-        for p, n in zip(c.prompts, c.max_tokens):
+        for p, n in zip(c.prompts, c.max_tokens, strict=True):
             assert all(2 <= t < tiny.VOCAB_SIZE for t in p)
             assert len(p) + n <= 4096
 
@@ -1187,7 +1187,7 @@ def test_plain_bm_doubles_each_step_and_keeps_the_real_requests(tmp_path: Path) 
     assert out["mtp2-fd-na"][0]["speculative_config"] == run_e2e.speculative_config("mtp2", {"na"})
     assert out["mtp2-fd-na"][0]["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     case = {c.name: c for c in run_e2e.build_cases()}["short_b5"]
-    real = [(len(p), n) for p, n in zip(case.prompts, case.max_tokens)]
+    real = [(len(p), n) for p, n in zip(case.prompts, case.max_tokens, strict=True)]
     # one generate each (only the scorer, method "plain", scores); -bm: each request and its mate
     assert [eval(g) for g in gen_r2] == [real] and [eval(g) for g in gen_bm] == [real + [(2, n) for _, n in real]]
     assert [eval(g) for g in gen_bm3] == [real + [(2, n) for _, n in real] * 3]
@@ -1564,7 +1564,7 @@ class _Lens(list):
         return _Lens(out) if isinstance(i, slice) else out
 
     def __sub__(self, other):  # type: ignore[override]
-        return _Lens(a - b for a, b in zip(self, other))
+        return _Lens(a - b for a, b in zip(self, other, strict=True))
 
 
 def test_same_shape_oracle_tells_near_tie_flips_from_other_differences() -> None:

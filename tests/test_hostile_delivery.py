@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pin_table, sdist_pin, sh, write_lock
-from localindex import LocalIndex, Stream, serve
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
+from localindex import LocalIndex, Stream, serve
 from test_hostile import Sdist, marker_script, snapshot_dir
 from test_port_fork import _project as _port_project
 from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401 (fixture)

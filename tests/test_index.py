@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from localindex import LocalIndex, serve
 from dsv4patch import index
 from dsv4patch.errors import IntegrityError
 from dsv4patch.kernels import stock
 from dsv4patch.lock import WheelFile, load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+from localindex import LocalIndex, serve
 
 DEAD = "http://127.0.0.1:9/nowhere"  # the discard port: connection refused
 

@@ -213,8 +213,8 @@ def test_second_run_waits_then_fails_clearly(tmp_path, upstream, cli, monkeypatc
     d.mkdir()
     lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
     cache = tmp_path / "c"
-    from dsv4patch.tree import cache_key
     from dsv4patch.lock import load
+    from dsv4patch.tree import cache_key
 
     key = cache_key(load(lock).pin("p"))
     monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")

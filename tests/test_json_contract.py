@@ -27,7 +27,7 @@ def test_every_command_and_the_error_object_have_a_schema():
     assert {p.name.split(".")[0] for p in SCHEMAS.glob("*.schema.json")} == set(COMMANDS) | {"error"}
 
 
-def test_real_outputs_validate(tmp_path, cli, fork_lock):  # noqa: F811
+def test_real_outputs_validate(tmp_path, cli, fork_lock):
     cache = ("--cache-dir", tmp_path / "cache")
     fork = ("--lock", fork_lock, "--pin", "fork", *cache)
     tree = tmp_path / "t"
@@ -63,7 +63,7 @@ def test_real_outputs_validate(tmp_path, cli, fork_lock):  # noqa: F811
     assert validate("error", err.out)["error"]["kind"] == "usage"
 
 
-def test_markdown_carries_conflict_evidence_and_next_lines(tmp_path, cli, fork_lock):  # noqa: F811
+def test_markdown_carries_conflict_evidence_and_next_lines(tmp_path, cli, fork_lock):
     md = cli("check", "--lock", fork_lock, "--cache-dir", tmp_path / "c", "--format", "markdown").out
     assert md.startswith("| pin |")
     lines = md.splitlines()

@@ -19,8 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import LOCK, validate_json
 
+from conftest import LOCK, validate_json
 from dsv4patch import testenv
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild

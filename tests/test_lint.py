@@ -6,7 +6,7 @@ that only one CLI path reached. pyflakes finds undefined names statically in
 every module of the package, the GPU scripts and the benchmarks.
 
 ``mypy --strict`` (``[tool.mypy]`` in pyproject: strict, files = dsv4patch)
-and ``ruff check`` (``[tool.ruff.lint]``) run on the package as the venv's own
+and ``ruff check`` (``[tool.ruff.lint]``; on the tests and benchmarks too) run as the venv's own
 tools, the same checks as .pre-commit-config.yaml (issue 26); any finding fails
 the test with the tool's report.  Two more tests give each tool a file with a
 known finding, so a configuration that stopped checking would fail too.
@@ -65,8 +65,8 @@ def test_mypy_strict_passes_on_the_package() -> None:
     assert "Success: no issues found" in res.stdout, res.stdout
 
 
-def test_ruff_passes_on_the_package() -> None:
-    res = _tool("ruff", "check", "--no-fix", "--output-format", "concise", "dsv4patch")
+def test_ruff_passes_on_the_package_tests_and_benchmarks() -> None:
+    res = _tool("ruff", "check", "--no-fix", "--output-format", "concise", "dsv4patch", "tests", "benchmarks")
     assert res.returncode == 0, f"ruff check found problems:\n{res.stdout}{res.stderr}"
 
 
@@ -89,4 +89,5 @@ def test_pre_commit_runs_the_same_checks() -> None:
     """.pre-commit-config.yaml's hooks are the two commands above, with the project's venv."""
     text = (ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     entries = [line.split("entry:", 1)[1].strip() for line in text.splitlines() if "entry:" in line]
-    assert entries == [".venv/bin/python -m ruff check --no-fix dsv4patch", ".venv/bin/python -m mypy"]
+    assert entries == [".venv/bin/python -m ruff check --no-fix dsv4patch tests benchmarks",
+                       ".venv/bin/python -m mypy"]

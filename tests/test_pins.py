@@ -23,9 +23,10 @@ pytestmark = pytest.mark.network
 
 @pytest.fixture(scope="module")
 def check_report(shared_cache: Path):
-    from dsv4patch.main import main
-    import io
     import contextlib
+    import io
+
+    from dsv4patch.main import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

@@ -354,7 +354,7 @@ def _random_kills(tmp_path: Path, cli, lock: Path, pin: str, cache: Path, kills:
             seen["user-refused"] += 1
             subprocess.run(["rm", "-rf", str(tree)], check=True)  # start the next kill afresh
             continue
-        for attempt in (1, 2):
+        for attempt in (1, 2):  # noqa: B007 (read after the loop: which rerun succeeded)
             res = cli(*apply_args(lock, tree, cache, pin))
             if res.rc == 0:
                 break

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT, git_pin, sh, write_lock
-from localindex import serve
 from dsv4patch.errors import EXIT_FETCH, EXIT_TREE
+from localindex import serve
 
 
 def test_git_remote_fetches_exact_commit_from_bare_repo(tmp_path, upstream, cli):

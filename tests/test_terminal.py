@@ -77,7 +77,7 @@ def test_no_color_and_pipes_get_no_escape_codes(shared_cache):
     assert lines and max(len(line) for line in lines) <= 80
 
 
-def test_progress_for_git_import_and_fork_sources(tmp_path, fork_lock):  # noqa: F811
+def test_progress_for_git_import_and_fork_sources(tmp_path, fork_lock):
     rc, out = run_pty(["check", "--lock", str(fork_lock), "--pin", "fork", "--cache-dir", str(tmp_path / "c")],
                       _env())
     text = ANSI.sub(b"", out).decode("utf-8", "replace")

@@ -12,10 +12,9 @@ import dataclasses
 import shutil
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-
-from types import SimpleNamespace
 
 from conftest import pin_requirements, sh
 from dsv4patch import testenv, testrun

@@ -19,8 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import LOCK
 
+from conftest import LOCK
 from dsv4patch import installed, toolchain
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.lock import load

@@ -50,9 +50,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve()
 
@@ -974,18 +975,18 @@ def child_main(args: argparse.Namespace) -> int:
                         use_tqdm=False,
                     )
                     per_req = []
-                    for o, s in zip(outs, seqs):
+                    for o, s in zip(outs, seqs, strict=False):
                         lps = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
                                for d in (o.outputs[0].logprobs or [])]
                         per_req.append(forced_deficits(s, list(o.outputs[0].token_ids), lps))
                 else:
                     outs = llm.generate(
-                        [TokensPrompt(prompt_token_ids=p + s) for p, s in zip(prompts, seqs)],
+                        [TokensPrompt(prompt_token_ids=p + s) for p, s in zip(prompts, seqs, strict=False)],
                         SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False),
                         use_tqdm=False,
                     )
                     per_req = []
-                    for o, p, s in zip(outs, prompts, seqs):
+                    for o, p, s in zip(outs, prompts, seqs, strict=False):
                         plp = [None if d is None else {int(k): float(v.logprob) for k, v in d.items()}
                                for d in (o.prompt_logprobs or [])]
                         per_req.append(deficits(len(p), s, plp))
@@ -1264,7 +1265,7 @@ def run_child(
 
 def first_difference(ref: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
     """(request, position) of the first differing token, or None when equal."""
-    for r, (a, b) in enumerate(zip(ref, got)):
+    for r, (a, b) in enumerate(zip(ref, got, strict=False)):
         n = min(len(a), len(b))
         for i in range(n):
             if a[i] != b[i]:
@@ -1391,7 +1392,7 @@ class TwinNoise:
     def z(self) -> list[float]:
         out = []
         n1, n2 = self.run[0], self.twin[0]
-        for k1, k2 in zip(self.run[1:], self.twin[1:]):
+        for k1, k2 in zip(self.run[1:], self.twin[1:], strict=False):
             p = (k1 + k2) / (n1 + n2) if n1 + n2 else 0.0
             se = (p * (1 - p) * (1 / n1 + 1 / n2)) ** 0.5 if n1 and n2 else 0.0
             out.append(round((k1 / n1 - k2 / n2) / se, 2) if se else 0.0)
@@ -1576,7 +1577,7 @@ def batch_change_step(tokens: list[list[int]], accepts: list[list[list[int]]]) -
     batch (FlashMLA splits each request's KV by the whole batch's work) may
     flip a near tie from then on.  None when no request accepted a draft.
     """
-    ends = [step_of(acc, len(t) - 1) + 1 for t, acc in zip(tokens, accepts) if any(n > 0 for _, n in acc)]
+    ends = [step_of(acc, len(t) - 1) + 1 for t, acc in zip(tokens, accepts, strict=False) if any(n > 0 for _, n in acc)]
     return min(ends, default=None)
 
 
@@ -1682,7 +1683,7 @@ def same_shape_rows(runs: list[RunResult]) -> list[SameShape]:
                 traced = acc is not None and len(acc) == len(c.tokens)
                 change = batch_change_step(c.tokens, acc) if traced else None
                 equal, after, after_change, before = 0, 0, 0, []
-                for i, (a, b) in enumerate(zip(refc.tokens or [], c.tokens)):
+                for i, (a, b) in enumerate(zip(refc.tokens or [], c.tokens, strict=False)):
                     d = first_difference([a], [b])
                     if d is None:
                         equal += 1
@@ -1787,7 +1788,7 @@ def flip_gap_notes(runs: list[RunResult]) -> list[str]:
             ref = mine.get(c.case)
             if ref is None or c.status not in FINISHED or not c.tokens or not ref.gaps:
                 continue
-            firsts = [(i, first_difference([a], [b])) for i, (a, b) in enumerate(zip(ref.tokens or [], c.tokens))]
+            firsts = [(i, first_difference([a], [b])) for i, (a, b) in enumerate(zip(ref.tokens or [], c.tokens, strict=False))]
             gaps = sorted(g for g in (_at(ref.gaps, i, d[1]) for i, d in firsts if d is not None) if g is not None)
             if gaps:
                 notes.append(f"{bm.variant}{f' (call {bm.call})' if bm.call else ''} plain vs {bm.method} {c.case}: "
@@ -1817,7 +1818,7 @@ def eager_prefill_notes(runs: list[RunResult]) -> list[str]:
                 rc = mine.get(c.case)
                 if rc is None or c.status not in FINISHED or not c.tokens:
                     continue
-                firsts = [d[1] for a, b in zip(rc.tokens or [], c.tokens) if (d := first_difference([a], [b]))]
+                firsts = [d[1] for a, b in zip(rc.tokens or [], c.tokens, strict=False) if (d := first_difference([a], [b]))]
                 line = (f"{r.variant}{f' (call {r.call})' if r.call else ''} {r.method} vs {ref.method} {c.case}: "
                         f"{len(c.tokens) - len(firsts)}/{len(c.tokens)} requests equal")
                 if firsts:
@@ -1891,7 +1892,7 @@ def controls(runs: list[RunResult]) -> list[str]:
         q = next((p for p in plains if p.variant == "patched" and p.call == call), None)
         if s and q:
             tag = f" (call {call})" if call else ""
-            for cs_, cq in zip(s.cases, q.cases):
+            for cs_, cq in zip(s.cases, q.cases, strict=False):
                 if cs_.tokens and cq.tokens:
                     d = first_difference(cs_.tokens, cq.tokens)
                     notes.append(

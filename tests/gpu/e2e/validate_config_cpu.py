@@ -30,7 +30,7 @@ import types
 def _fake_cuda_platform() -> None:
     import torch
 
-    lib = torch.library.Library("_C", "DEF")  # noqa: F841 - kept alive below
+    lib = torch.library.Library("_C", "DEF")  # kept alive below
     for name, answer in (
         ("cutlass_scaled_mm_supports_fp8", True),
         ("cutlass_scaled_mm_supports_block_fp8", True),

@@ -47,7 +47,9 @@ import io
 import json
 import os
 import re
+import stat
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -58,6 +60,7 @@ from dsv4patch.kernels.build import dist_name
 from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.lock import Lock, Pin, WheelFile
 from dsv4patch.progress import Progress
+from dsv4patch.safeio import loads_json, read_stream
 from dsv4patch.series import Series
 from dsv4patch.store import Store
 
@@ -169,6 +172,7 @@ class KernelPackage:
     source: Path
 
 
+KERNEL_MEMBER_LIMIT = 1 << 30  # the most one member of a --kernels wheel may declare (docs/trust.md)
 _MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
 
 
@@ -185,18 +189,33 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
     members: dict[str, bytes] = {}
     try:
         with zipfile.ZipFile(path) as zf:
-            for name in zf.namelist():
+            for zi in zf.infolist():
+                name = zi.filename
                 if name.startswith(dist + "/") and not name.endswith("/"):
                     problem = member_problem(name)
                     if problem:
                         raise BuildError(f"--kernels {path}: member {name!r} {problem}")
-                    members[name] = zf.read(name)
-    except (zipfile.BadZipFile, OSError) as exc:
+                    if stat.S_IFMT(zi.external_attr >> 16) not in (0, stat.S_IFREG):
+                        raise BuildError(f"--kernels {path}: member {name!r} is not a regular file "
+                                         "(a symbolic link?); refused")
+                    if zi.file_size > KERNEL_MEMBER_LIMIT:
+                        raise BuildError(f"--kernels {path}: member {name!r} declares {zi.file_size} bytes, "
+                                         f"more than {KERNEL_MEMBER_LIMIT}; refused")
+                    with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
+                        members[name] = read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}",
+                                                    error=BuildError)
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
     raw = members.get(f"{dist}/build_info.json")
     if raw is None:
         raise BuildError(f"--kernels {path}: no {dist}/build_info.json")
-    info = json.loads(raw)
+    info = loads_json(raw, label=f"--kernels {path}: {dist}/build_info.json", error=BuildError)
+    bad = ("it is not a JSON object" if not isinstance(info, dict) else next(
+        (f'"{k}" is not a string' for k in ("tree_id", "vllm_version", "library")
+         if not isinstance(info.get(k), str)), None))
+    if bad:
+        raise BuildError(f"--kernels {path}: {dist}/build_info.json is not what `dsv4patch build` writes "
+                         f"({bad}); rebuild it with `dsv4patch build --pin {pin.name}`")
     if info.get("tree_id") != tree_id or info.get("vllm_version") != pin.vllm_version:
         raise BuildError(
             f"--kernels {path}: built from tree {info.get('tree_id')} for vLLM "
@@ -280,8 +299,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
             # The stock RECORD: hashes of every unchanged member (checked while copying:
             # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
             rec_info = infos[names.index(f"{old_info}/RECORD")]
-            stock_record = {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(
-                zipcopy.inflate(zipcopy.read_raw(src, rec_info)).decode())) if row}
+            stock_record = read_record(zipcopy.read_raw(src, rec_info), f"stock wheel {stock_name}")
             record: list[tuple[str, str, str]] = []
             writer = zipcopy.Writer(dst)
             seen: set[str] = set()
@@ -289,6 +307,8 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
             for info in infos:
                 raw = zipcopy.read_raw(src, info)
                 seen.add(info.filename)
+                if info.filename != rec_info.filename and info.filename not in shipped:
+                    verify_member(raw, stock_record, f"stock wheel {stock_name}")
                 if info.filename.startswith(old_info + "/"):
                     dist_info.append(raw)
                     continue
@@ -303,6 +323,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                             f"{_sha(change.base)[:16] if change.base else 'no such file'}); refusing "
                             "to patch a wheel that does not match its source tree"
                         )
+                    verify_member(raw, stock_record, f"stock wheel {stock_name}")
                     if change.patched is None:
                         result.removed.append(info.filename)
                         files.append({"path": info.filename, "patches": list(change.patches),
@@ -319,11 +340,10 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                     new_data = text + hook
                     result.hooked = info.filename
                 if new_data is None:
-                    if info.filename not in stock_record:
-                        raise BuildError(f"stock wheel {stock_name}: {info.filename} is not in RECORD")
                     writer.add(raw)
-                    h, size = stock_record[info.filename]
-                    record.append((info.filename, h, size))
+                    if not info.filename.endswith("/"):  # verify_member checked it is in RECORD
+                        h, size = stock_record[info.filename]
+                        record.append((info.filename, h, size))
                 else:
                     mode = (info.external_attr >> 16) & 0o777 or 0o644
                     writer.add(zipcopy.deflate(info.filename, new_data, mode, info.date_time))
@@ -372,7 +392,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                     record_raw = raw
                     continue
                 if rel == "METADATA":
-                    data = _set_version(zipcopy.inflate(raw), version)
+                    data = _set_version(zipcopy.inflate(raw), version, stock_name)
                     writer.add(zipcopy.deflate(new, data, 0o644, raw.date_time))
                     record.append((new, record_hash(data), str(len(data))))
                     continue
@@ -404,12 +424,67 @@ def top_package(top: set[str]) -> str:
     return "vllm" if "vllm" in top else sorted(top)[0]
 
 
-def _set_version(metadata: bytes, version: str) -> bytes:
-    text = metadata.decode("utf-8")
+def _set_version(metadata: bytes, version: str, stock_name: str = "") -> bytes:
+    try:
+        text = metadata.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"stock wheel {stock_name}: METADATA is not UTF-8 (byte {exc.start}); "
+                             "refusing to repack it") from None
     new, n = re.subn(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
     if n != 1:
         raise BuildError("the stock wheel's METADATA has no Version field")
     return new.encode("utf-8")
+
+
+_RECORD_HASHES = ("sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b", "blake2s")
+
+
+def read_record(raw: zipcopy.Raw, what: str) -> dict[str, tuple[str, str]]:
+    """A wheel's RECORD: member -> (hash, size), every row checked (three columns, UTF-8)."""
+    data = zipcopy.inflate(raw)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"{what}: {raw.name} is not UTF-8 (byte {exc.start}); refusing the wheel") from None
+    record: dict[str, tuple[str, str]] = {}
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise IntegrityError(f"{what}: {raw.name} is not a CSV file ({exc}); refusing the wheel") from None
+    for i, row in enumerate(rows, 1):
+        if not row:
+            continue
+        if len(row) != 3:
+            raise IntegrityError(f"{what}: {raw.name} row {i} has {len(row)} columns, not 3 (path, hash, "
+                                 "size); refusing the wheel")
+        record[row[0]] = (row[1], row[2])
+    return record
+
+
+def verify_member(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: str) -> None:
+    """Refuse a member that RECORD does not list, or whose content is not RECORD's hash and size.
+
+    The lock's sha256 covers the wheel file, not the truth of its RECORD: a
+    member whose bytes differ from what RECORD says would carry the lie into
+    the patched wheel.  Inflated piece by piece (bounded memory).
+    """
+    if raw.name.endswith("/"):
+        return  # a directory entry: RECORD lists files only
+    row = record.get(raw.name)
+    if row is None:
+        raise IntegrityError(f"{what}: {raw.name} is not in RECORD; refusing to repack a wheel whose RECORD "
+                             "does not list every member")
+    algo, _, want = row[0].partition("=")
+    if algo not in _RECORD_HASHES or not want:
+        raise IntegrityError(f"{what}: RECORD gives {raw.name} the hash {row[0][:40]!r}, not sha256=... "
+                             "(or a stronger hashlib algorithm); refusing the wheel")
+    got, size = zipcopy.digest(raw, algo)
+    if base64.urlsafe_b64encode(got).rstrip(b"=").decode() != want.rstrip("="):
+        raise IntegrityError(f"{what}: {raw.name}'s {algo} is not the one its RECORD lists; refusing to "
+                             "repack a wheel whose RECORD lies about its members")
+    if row[1] and row[1] != str(size):
+        raise IntegrityError(f"{what}: {raw.name} is {size} bytes, its RECORD says {row[1][:20]!r}; "
+                             "refusing the wheel")
 
 
 def check_record(path: Path) -> list[str]:

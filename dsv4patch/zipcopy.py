@@ -14,24 +14,36 @@ the same bytes.
 Only what wheels need is supported: stored or deflated members, no
 encryption, no archive above 4 GiB or 65535 members (no ZIP64); anything
 else is refused, never written wrongly.
+
+A member's content is never trusted to be the size its headers declare: it
+is inflated piece by piece (:func:`chunks`) and refused the moment it goes
+past that size, so a small wheel whose member inflates to gigabytes costs a
+megabyte of memory, not the gigabytes (issue 29).  A member inflated whole
+into memory (a file the series changes, RECORD, METADATA) must declare at
+most :data:`INFLATE_LIMIT`.  Symlink members are refused (:func:`read_raw`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import stat
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from dsv4patch.errors import BuildError
+from dsv4patch.errors import BuildError, IntegrityError
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
 _END = struct.Struct("<4sHHHHIIH")
 _LIMIT = 0xFFFFFFFF
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
+INFLATE_LIMIT = 256 << 20  # the most a member read whole into memory may declare (docs/trust.md)
+_PIECE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,11 @@ def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
         raise BuildError(f"{info.filename}: encrypted zip members are not supported")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise BuildError(f"{info.filename}: compression method {info.compress_type} is not supported")
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind not in (0, stat.S_IFREG) and not (kind == stat.S_IFDIR and info.filename.endswith("/")):
+        what = "a symbolic link" if kind == stat.S_IFLNK else f"not a regular file (mode {kind:o})"
+        raise IntegrityError(f"{info.filename}: the zip member is {what}; refused (an installer "
+                             "would create it where it points)")
     fh.seek(info.header_offset)
     head = fh.read(_LOCAL.size)
     fields = _LOCAL.unpack(head)
@@ -75,12 +92,67 @@ def deflate(name: str, data: bytes, mode: int = 0o644,
                date_time, (0o100000 | mode) << 16)
 
 
-def inflate(raw: Raw) -> bytes:
-    """The member's content, CRC-checked."""
-    data = raw.data if raw.method == zipfile.ZIP_STORED else zlib.decompress(raw.data, -15)
-    if len(data) != raw.size or zlib.crc32(data) & 0xFFFFFFFF != raw.crc:
-        raise BuildError(f"{raw.name}: CRC or size mismatch in the zip")
-    return data
+def chunks(raw: Raw) -> Iterator[bytes]:
+    """The member's content piece by piece (1 MiB), never past its declared size, CRC-checked at the end.
+
+    IntegrityError the moment the content goes past ``raw.size``, or when it
+    ends short of it, is not a complete deflate stream, or fails its CRC.
+    """
+    got = 0
+    crc = 0
+
+    def count(piece: bytes) -> bytes:
+        nonlocal got, crc
+        got += len(piece)
+        if got > raw.size:
+            raise IntegrityError(f"{raw.name}: the zip member inflates past the {raw.size} bytes its "
+                                 "header declares; refused")
+        crc = zlib.crc32(piece, crc)
+        return piece
+
+    if raw.method == zipfile.ZIP_STORED:
+        for i in range(0, len(raw.data), _PIECE):
+            yield count(raw.data[i:i + _PIECE])
+    else:
+        d = zlib.decompressobj(-15)
+        pos = 0
+        try:
+            while not d.eof:
+                if d.unconsumed_tail:
+                    feed = d.unconsumed_tail
+                elif pos < len(raw.data):
+                    feed, pos = raw.data[pos:pos + _PIECE], pos + _PIECE
+                else:
+                    feed = b""
+                piece = d.decompress(feed, _PIECE)  # never more than 1 MiB out per call
+                if piece:
+                    yield count(piece)
+                elif not feed:
+                    break
+        except zlib.error as exc:
+            raise IntegrityError(f"{raw.name}: the zip member is not valid deflate data ({exc})") from None
+        if not d.eof:
+            raise IntegrityError(f"{raw.name}: the zip member's deflate data is truncated")
+    if got != raw.size or crc & 0xFFFFFFFF != raw.crc:
+        raise IntegrityError(f"{raw.name}: CRC or size mismatch in the zip")
+
+
+def inflate(raw: Raw, limit: int = INFLATE_LIMIT) -> bytes:
+    """The member's content, CRC-checked; at most ``limit`` bytes (the declared size is checked first)."""
+    if raw.size > limit:
+        raise IntegrityError(f"{raw.name}: the zip member declares {raw.size} bytes, more than the "
+                             f"{limit} dsv4patch reads into memory; refused")
+    return b"".join(chunks(raw))
+
+
+def digest(raw: Raw, algorithm: str = "sha256") -> tuple[bytes, int]:
+    """(hash digest, size) of the member's content, inflated piece by piece (bounded memory)."""
+    h = hashlib.new(algorithm)
+    size = 0
+    for piece in chunks(raw):
+        h.update(piece)
+        size += len(piece)
+    return h.digest(), size
 
 
 def _dos(dt: tuple[int, int, int, int, int, int]) -> tuple[int, int]:

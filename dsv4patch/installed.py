@@ -26,18 +26,18 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report, vllm_wheel
+from dsv4patch import report, safeio, vllm_wheel
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import Lock, Pin
+from dsv4patch.safeio import loads_json
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
 _PROBE = r"""
@@ -66,10 +66,16 @@ out["kernels"] = None
 if kspec is not None and kspec.submodule_search_locations:
     d = list(kspec.submodule_search_locations)[0]
     info = None
-    try:
-        with open(os.path.join(d, "build_info.json"), encoding="utf-8") as fh:
-            info = json.load(fh)
-    except (OSError, ValueError):
+    try:  # no link, no FIFO, at most 1 MiB (the installed package is not trusted)
+        fd = os.open(os.path.join(d, "build_info.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            import stat
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                raw = os.read(fd, (1 << 20) + 1)
+                info = json.loads(raw) if len(raw) <= 1 << 20 else None
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, RecursionError):
         pass
     eps = []
     try:
@@ -83,20 +89,97 @@ print("DSV4PATCH-PROBE " + json.dumps(out))
 
 STATES = ("present", "stock", "missing", "other")
 
+# Bounds (docs/trust.md): what the target interpreter and its installed files may make dsv4patch read.
+OUTPUT_LIMIT = 16 << 20  # bytes of a child's stdout + stderr kept (the probe, the kernel check)
+INIT_LIMIT = 16 << 20  # bytes of vllm/__init__.py read to look for the hook line
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+                cwd: str | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``cmd``: killed past ``timeout`` s or :data:`OUTPUT_LIMIT` bytes of output.
+
+    ``subprocess.run(capture_output=True)`` keeps whatever a child prints; an
+    interpreter named by ``--python`` is not trusted to print little.
+    """
+    import selectors
+    import time
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=cwd)
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    total = 0
+    deadline = time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    for f in (proc.stdout, proc.stderr):
+        sel.register(f, selectors.EVENT_READ)
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            for key, _ in sel.select(min(left, 1.0)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                total += len(chunk)
+                if total > OUTPUT_LIMIT:
+                    raise UsageError(f"{cmd[0]}: printed more than {OUTPUT_LIMIT} bytes; stopped it")
+                bufs[key.fd].append(chunk)
+        rc = proc.wait(max(deadline - time.monotonic(), 0.1))
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
+    return (rc, b"".join(bufs[out_fd]).decode("utf-8", "replace"),
+            b"".join(bufs[err_fd]).decode("utf-8", "replace"))
+
+
+def _probe_problem(data: Any) -> str | None:
+    """Why the probe's answer is not the shape _PROBE prints, or None."""
+    if not isinstance(data, dict) or not isinstance(data.get("python"), str):
+        return "the answer is not an object with a \"python\" string"
+    v = data.get("vllm")
+    if v is not None:
+        if not isinstance(v, dict) or not all(isinstance(v.get(k), str) for k in ("package", "root")):
+            return "\"vllm\" has no string \"package\" and \"root\""
+        if any(v.get(k) is not None and not isinstance(v.get(k), str) for k in ("version", "provenance")):
+            return "\"vllm\" has a version or provenance that is not a string"
+    if data.get("torch") is not None and not isinstance(data.get("torch"), str):
+        return "\"torch\" is not a version string"
+    k = data.get("kernels")
+    if k is not None:
+        if not isinstance(k, dict) or not isinstance(k.get("dir"), str):
+            return "\"kernels\" has no string \"dir\""
+        eps = k.get("entry_points", [])
+        if not isinstance(eps, list) or not all(isinstance(e, str) for e in eps):
+            return "\"kernels\".entry_points is not a list of strings"
+    return None
+
 
 def probe(python: str, kernel_dist: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     try:
-        res = subprocess.run([python, "-c", _PROBE, kernel_dist], capture_output=True, text=True,
-                             timeout=120, env=env, cwd="/")
+        rc, stdout, stderr = run_bounded([python, "-c", _PROBE, kernel_dist], 120, env=env, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"--python {python}: cannot run it ({exc})") from None
-    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("DSV4PATCH-PROBE ")), None)
-    if res.returncode != 0 or line is None:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("DSV4PATCH-PROBE ")), None)
+    if rc != 0 or line is None:
         raise UsageError(f"--python {python}: not a working Python interpreter "
-                         f"({(res.stderr.strip().splitlines() or ['no output'])[-1]})")
-    found: dict[str, Any] = json.loads(line[len("DSV4PATCH-PROBE "):])
-    return found
+                         f"({(stderr.strip().splitlines() or ['no output'])[-1][:300]})")
+    data = loads_json(line[len("DSV4PATCH-PROBE "):], label=f"--python {python}: the probe's answer",
+                      error=UsageError)
+    problem = _probe_problem(data)
+    if problem:
+        raise UsageError(f"--python {python}: the probe's answer is not what it prints ({problem}); "
+                         "is this a Python interpreter?")
+    return dict(data)
 
 
 def _sha(data: bytes) -> str:
@@ -147,11 +230,12 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
                             f"{pin.vllm_version}")
     if vllm.get("provenance"):
         try:
-            prov = json.loads(vllm["provenance"])
-            out["installed"]["provenance"] = {k: prov.get(k) for k in
-                                              ("pin", "version", "patch_set_sha256", "patched_tree")}
-        except ValueError:
-            out["installed"]["provenance"] = "unreadable"
+            prov = loads_json(vllm["provenance"], label="dsv4patch.json")
+        except safeio.UnsafeFileError:
+            prov = None
+        out["installed"]["provenance"] = ({k: prov.get(k) for k in
+                                           ("pin", "version", "patch_set_sha256", "patched_tree")}
+                                          if isinstance(prov, dict) else "unreadable")
     tree = vllm_wheel.patched_tree(lock, pin, store, progress)
     out["patch_set_sha256"] = tree.series.hash()
     out["patched_tree"] = tree.patched_tree
@@ -174,12 +258,18 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
                 continue  # tests, kernel sources, files another patch restores: not shipped
             target = root / rel
             if change.patched is None:
-                files[rel] = {"state": "present" if not target.exists() else "stock"}
+                files[rel] = {"state": "present" if not os.path.lexists(target) else "stock"}
                 continue
+            # At most one byte more than the larger of the two contents it may rightly have.
+            limit = max(len(change.patched), len(change.base or b""))
             try:
-                have = target.read_bytes()
+                have = safeio.read_bytes(target, limit, what=str(target))
             except FileNotFoundError:
                 files[rel] = {"state": "missing"}
+                continue
+            except (safeio.UnsafeFileError, OSError) as exc:
+                files[rel] = {"state": "other", "problem": str(exc) if isinstance(exc, safeio.UnsafeFileError)
+                              else f"{target}: {exc.strerror or exc}"}
                 continue
             if have == change.patched:
                 files[rel] = {"state": "present"}
@@ -228,20 +318,27 @@ def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
         return {"package": kdist, "installed": False, "ok": False,
                 "note": f"{kdist} is not installed: the kernel fixes are not in effect"}
     info = found.get("build_info") or {}
+    shape = None
+    if not isinstance(info, dict):
+        shape, info = f"build_info.json is a {type(info).__name__}, not an object", {}
     # build_info.json is the installed package's word: its library must be a file in the package.
-    name = str(info.get("library", ""))
+    name = info.get("library", "")
+    name = name if isinstance(name, str) else ""
     lib = Path(found["dir"]) / name
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         lib = Path(found["dir"]) / "<no library named>"
-    try:
-        hooked = vllm_wheel.hook_line(kdist) in init.read_text(encoding="utf-8")
-    except OSError:
+    try:  # bytes, not text: a vllm/__init__.py that is not UTF-8 simply has no hook line
+        hooked = vllm_wheel.hook_line(kdist).encode() in safeio.read_bytes(init, INIT_LIMIT)
+    except (OSError, safeio.UnsafeFileError):
         hooked = False
+    units = info.get("units", [])
+    tree = info.get("tree_id")
     res: dict[str, Any] = {
         "package": kdist, "installed": True, "dir": found["dir"],
-        "tree_id": info.get("tree_id"), "library": str(lib), "library_present": lib.is_file(),
+        "tree_id": tree if isinstance(tree, str) else None, "library": str(lib),
+        "library_present": safeio.is_regular(lib),
         "units": [{"unit": u.get("unit"), "sass": u.get("sass"), "ptx": u.get("ptx")}
-                  for u in info.get("units", [])],
+                  for u in (units if isinstance(units, list) else []) if isinstance(u, dict)],
         "routes": {"vllm-hook": hooked, "entry-point": bool(found.get("entry_points"))},
     }
     res["torch"] = {"built": info.get("torch_version"), "required": info.get("torch_required"),
@@ -253,6 +350,8 @@ def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
         res["note"] = f"built from tree {res['tree_id']}, the pin's patched tree is {tree_id}"
     elif problem is not None:
         res["note"] = problem
+    if shape:
+        res["note"] = shape
     return res
 
 
@@ -262,13 +361,16 @@ def _gpu_present() -> bool:
 
 def active_check(python: str, kdist: str) -> dict[str, Any]:
     """On a GPU machine: the kernel package's own dispatcher check."""
-    res = subprocess.run([python, "-m", kdist, "check", "--json"], capture_output=True, text=True,
-                         timeout=600)
     try:
-        data = json.loads(res.stdout[res.stdout.index("{"):])
-    except ValueError:
-        data = {"output": res.stdout[-2000:] + res.stderr[-2000:]}
-    return {"checked": True, "exit_code": res.returncode, "report": data, "active": res.returncode == 0}
+        rc, stdout, stderr = run_bounded([python, "-m", kdist, "check", "--json"], 600)
+    except subprocess.TimeoutExpired:
+        return {"checked": True, "exit_code": None, "report": {"output": "timed out after 600 s"}, "active": False}
+    data: Any
+    try:
+        data = loads_json(stdout[stdout.index("{"):], label=f"{kdist} check --json")
+    except (ValueError, safeio.UnsafeFileError):
+        data = {"output": stdout[-2000:] + stderr[-2000:]}
+    return {"checked": True, "exit_code": rc, "report": data, "active": rc == 0}
 
 
 def run(args: argparse.Namespace) -> int:

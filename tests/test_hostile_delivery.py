@@ -544,3 +544,287 @@ def test_bad_download_timeout_is_a_usage_error(tmp_path, cli, monkeypatch, no_in
     monkeypatch.setenv("DSV4PATCH_DOWNLOAD_TIMEOUT", value)
     res = _fetch(cli, lock, tmp_path / "cache")
     assert res.rc == EXIT_USAGE and "DSV4PATCH_DOWNLOAD_TIMEOUT" in res.err, (res.rc, res.err)
+
+
+# --- issue 29: a stock wheel that lies, links or inflates past what it declares ------------------------
+
+
+def _record_row(name: str, data: bytes) -> str:
+    return f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+
+
+def _wheel_of(members: list[tuple[zipfile.ZipInfo | str, bytes]], record: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in [*members, ("vllm-0.0.1.dist-info/RECORD", record.encode())]:
+            zf.writestr(n if isinstance(n, zipfile.ZipInfo) else zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0)), d)
+    return buf.getvalue()
+
+
+BASE_MEMBERS = {"vllm/__init__.py": b"", "vllm/_version.py": b"__version__ = '0.0.1'\n",
+                "vllm-0.0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n",
+                "vllm-0.0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"}
+
+
+def _lying_wheel(case: str) -> bytes:
+    members: list[tuple[zipfile.ZipInfo | str, bytes]] = list(BASE_MEMBERS.items())
+    rows = [_record_row(n, d) for n, d in BASE_MEMBERS.items()]
+    if case == "wrong-hash":  # an unchanged member whose RECORD hash is another file's
+        rows[1] = _record_row("vllm/_version.py", b"__version__ = '9.9.9'\n")
+    elif case == "wrong-size":
+        rows[1] = rows[1].rsplit(",", 1)[0] + ",999"
+    elif case == "dist-info-not-in-record":
+        rows = [r for r in rows if not r.startswith("vllm-0.0.1.dist-info/WHEEL")]
+    elif case == "one-column-row":
+        rows.append("vllm/extra.py")
+    elif case == "no-hash":
+        rows[1] = "vllm/_version.py,,22"
+    elif case == "md5":
+        rows[1] = "vllm/_version.py,md5=abc,22"
+    elif case == "metadata-not-utf8":
+        meta = b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\nSummary: \xff\xfe\n"
+        members[2] = ("vllm-0.0.1.dist-info/METADATA", meta)
+        rows[2] = _record_row("vllm-0.0.1.dist-info/METADATA", meta)
+    elif case == "symlink":
+        link = zipfile.ZipInfo("vllm/passwd.py", (2020, 1, 1, 0, 0, 0))
+        link.external_attr = (0o120777 << 16)
+        members.append((link, b"/etc/passwd"))
+        rows.append(_record_row("vllm/passwd.py", b"/etc/passwd"))
+    return _wheel_of(members, "\n".join([*rows, "vllm-0.0.1.dist-info/RECORD,,"]))
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("wrong-hash", "vllm/_version.py"),
+    ("wrong-size", "vllm/_version.py"),
+    ("dist-info-not-in-record", "WHEEL is not in RECORD"),
+    ("one-column-row", "columns"),
+    ("no-hash", "vllm/_version.py"),
+    ("md5", "vllm/_version.py"),
+    ("metadata-not-utf8", "METADATA is not UTF-8"),
+    ("symlink", "symbolic link"),
+])
+def test_stock_wheel_that_lies_is_refused(tmp_path, cli, no_index_config, case, needle):
+    """Every member is checked against the stock RECORD while copying; links and malformed rows refused.
+
+    The lock's sha256 covers the wheel file, not the truth of its RECORD: a wrong hash would be
+    carried into the patched wheel's RECORD and pip would refuse (or worse, trust) it.
+    """
+    lock, cache = _wheel_lock(tmp_path, _lying_wheel(case))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert needle in res.err and "internal error" not in res.err
+    assert json.loads(res.out)["error"]["exit_code"] == EXIT_FETCH
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_stock_wheel_that_tells_the_truth_still_repacks(tmp_path, cli, no_index_config):
+    lock, cache = _wheel_lock(tmp_path, _lying_wheel("none"))
+    res = _wheel(cli, lock, cache, tmp_path / "out")
+    assert res.rc == EXIT_OK, res.err
+    from dsv4patch import vllm_wheel
+
+    assert vllm_wheel.check_record(Path(json.loads(res.out)["wheel"])) == []
+
+
+def _bomb(name: str, declared: int, inflated: int) -> tuple[bytes, int]:
+    """A deflated member of ``inflated`` zero bytes whose headers declare ``declared``: (raw bytes, crc)."""
+    import zlib
+
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    crc = 0
+    out = []
+    zero = b"\0" * (1 << 20)
+    for _ in range(inflated >> 20):
+        out.append(comp.compress(zero))
+        crc = zlib.crc32(zero, crc)
+    out.append(comp.flush())
+    return b"".join(out), crc
+
+
+@pytest.mark.parametrize("member", ["vllm/__init__.py", "vllm/big.bin"])
+def test_stock_wheel_member_that_inflates_past_its_declared_size_is_refused_in_bounded_memory(
+        tmp_path, no_index_config, member):
+    """384 MiB of zeros deflated (~380 KiB) in a member that declares 10 bytes: refused before it is inflated.
+
+    Run in a child process so its peak RSS is measured alone (ru_maxrss of the child).
+    """
+    import subprocess
+    import sys
+
+    from dsv4patch import zipcopy
+
+    packed, crc = _bomb(member, 10, 384 << 20)
+    members = dict(BASE_MEMBERS)
+    members.setdefault(member, b"")
+    rows = [_record_row(n, d) for n, d in members.items()]
+    buf = io.BytesIO()
+    w = zipcopy.Writer(buf)
+    for n, d in members.items():
+        if n == member:
+            w.add(zipcopy.Raw(n, packed, zipfile.ZIP_DEFLATED, crc, 10, (2020, 1, 1, 0, 0, 0), 0o100644 << 16))
+        else:
+            w.add(zipcopy.deflate(n, d))
+    w.add(zipcopy.deflate("vllm-0.0.1.dist-info/RECORD", "\n".join([*rows, "vllm-0.0.1.dist-info/RECORD,,"]).encode()))
+    w.close()
+    assert len(buf.getvalue()) < 1 << 20
+    lock, cache = _wheel_lock(tmp_path, buf.getvalue())
+    out = tmp_path / "out"
+    probe = (
+        "import resource, subprocess, sys\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.stderr.write(r.stderr)\n")
+    res = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "dsv4patch", "wheel", "--lock",
+                          str(lock), "--pin", "s", "--platform", "x86_64", "--cache-dir", str(cache),
+                          "--out", str(out)], capture_output=True, text=True, env={**os.environ})
+    rc, rss_kib = map(int, res.stdout.split())
+    assert rc == EXIT_FETCH, res.stderr
+    assert "inflates past the 10 bytes" in res.stderr and member in res.stderr
+    assert rss_kib < 200 * 1024, f"peak RSS {rss_kib} KiB"
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+# --- issue 29: a --kernels wheel of the wrong shape -------------------------------------------------
+
+
+@pytest.mark.parametrize("build_info", [b"[]", b"not json", b'{"tree_id": 1}', b"[" * 100_000])
+def test_kernel_wheel_build_info_of_the_wrong_shape_is_a_build_error(tmp_path, build_info):
+    from dsv4patch import vllm_wheel
+    from dsv4patch.errors import BuildError
+    from dsv4patch.lock import load
+
+    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    pin = load(lock).pin("s")
+    dist = vllm_wheel.dist_name(pin.name)
+    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(kw, "w") as zf:
+        zf.writestr(f"{dist}/build_info.json", build_info)
+        zf.writestr(f"{dist}/lib.so", b"\x7fELF")
+    with pytest.raises(BuildError, match="build_info.json"):
+        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+
+
+def test_kernel_wheel_symlink_member_is_refused(tmp_path):
+    from dsv4patch import vllm_wheel
+    from dsv4patch.errors import BuildError
+    from dsv4patch.lock import load
+
+    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    pin = load(lock).pin("s")
+    dist = vllm_wheel.dist_name(pin.name)
+    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(kw, "w") as zf:
+        zf.writestr(f"{dist}/build_info.json", json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1",
+                                                          "library": "lib.so"}))
+        link = zipfile.ZipInfo(f"{dist}/lib.so")
+        link.external_attr = 0o120777 << 16
+        zf.writestr(link, "/etc/passwd")
+    with pytest.raises(BuildError, match="regular file"):
+        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+
+
+# --- issue 29: status --installed on an environment that is not what it seems ------------------------
+
+
+def _fake_site(tmp_path: Path, init: bytes | None = b"A = 1\n") -> Path:
+    """A site directory with a vLLM 0.0.1 distribution (the small pin's patched __init__.py)."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    if init is not None:
+        (site / "vllm" / "__init__.py").write_bytes(init)
+    (site / "vllm-0.0.1.dist-info").mkdir()
+    (site / "vllm-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n")
+    return site
+
+
+def _status_installed(cli, lock: Path, cache: Path, python: str = ""):
+    import sys
+
+    return cli("status", "--installed", "--lock", lock, "--pin", "s", "--cache-dir", cache,
+               "--python", python or sys.executable, "--format", "json")
+
+
+def test_status_installed_reference_case(tmp_path, cli, monkeypatch, no_index_config):
+    """The fake site as it should be: the patched file is present (the hostile cases below differ in one file)."""
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    monkeypatch.setenv("PYTHONPATH", str(_fake_site(tmp_path)))
+    res = _status_installed(cli, lock, cache)
+    rep = json.loads(res.out)
+    assert rep["patches"]["0001-init.patch"]["state"] == "present", res.out
+
+
+@pytest.mark.parametrize("case", ["dev-zero", "sparse-3g", "fifo", "directory", "loop", "link-to-file"])
+def test_status_installed_file_that_is_not_a_regular_file_is_reported_not_read(
+        tmp_path, cli, monkeypatch, no_index_config, case):
+    import threading
+
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    site = _fake_site(tmp_path, init=None)
+    init = site / "vllm" / "__init__.py"
+    if case == "dev-zero":
+        init.symlink_to("/dev/zero")
+    elif case == "sparse-3g":
+        with open(init, "wb") as fh:
+            fh.truncate(3 << 30)
+    elif case == "fifo":
+        os.mkfifo(init)
+    elif case == "directory":
+        init.mkdir()
+    elif case == "loop":
+        init.symlink_to(init)
+    else:
+        (tmp_path / "real.py").write_text("A = 1\n")
+        init.symlink_to(tmp_path / "real.py")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    watchdog = threading.Timer(120, lambda: os._exit(99))  # a FIFO that blocks fails the run, not hangs it
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        res = _status_installed(cli, lock, cache)
+    finally:
+        watchdog.cancel()
+    assert res.rc == EXIT_UNEXPECTED, (res.rc, res.err)
+    f = json.loads(res.out)["patches"]["0001-init.patch"]["files"]["vllm/__init__.py"]
+    assert f["state"] == "other" and str(init) in f["problem"], f
+
+
+def test_status_installed_kernel_package_of_the_wrong_shape(tmp_path, cli, monkeypatch, no_index_config):
+    """build_info.json a list, vllm/__init__.py not UTF-8: reported (exit 1), never exit 70."""
+    from dsv4patch.kernels.build import dist_name
+
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    site = _fake_site(tmp_path, init=b"A = 1\n# \xff\xfe\n")
+    kpkg = site / dist_name("s")
+    kpkg.mkdir()
+    (kpkg / "__init__.py").write_bytes(b"\xff\xfe")
+    for info in ("[1, 2]", '{"units": "x", "library": 7, "tree_id": []}'):
+        (kpkg / "build_info.json").write_text(info)
+        monkeypatch.setenv("PYTHONPATH", str(site))
+        res = _status_installed(cli, lock, cache)
+        assert res.rc == EXIT_UNEXPECTED, (res.rc, res.err)
+        assert json.loads(res.out)["kernels"]["ok"] is False
+
+
+@pytest.mark.parametrize("answer", ["[]", '{"python": 1}', '{"python": "p", "vllm": "x"}',
+                                    '{"python": "p", "vllm": {"package": 1, "root": "/"}}',
+                                    '{"python": "p", "vllm": null, "kernels": {"dir": "/", "entry_points": 3}}',
+                                    "[" * 100_000])
+def test_status_installed_probe_answer_of_the_wrong_type(tmp_path, cli, no_index_config, answer):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    fake = tmp_path / "fakepython"
+    (tmp_path / "answer").write_text("DSV4PATCH-PROBE " + answer + "\n")
+    fake.write_text(f"#!/bin/sh\ncat '{tmp_path / 'answer'}'\n")
+    fake.chmod(0o755)
+    res = _status_installed(cli, lock, cache, str(fake))
+    assert res.rc == 2, (res.rc, res.err)
+    assert str(fake) in res.err and "internal error" not in res.err
+
+
+def test_status_installed_probe_that_prints_without_end_is_stopped(tmp_path, cli, no_index_config):
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    fake = tmp_path / "fakepython"
+    fake.write_text("#!/bin/sh\nexec yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n")
+    fake.chmod(0o755)
+    res = _status_installed(cli, lock, cache, str(fake))
+    assert res.rc == 2 and "printed more than" in res.err, (res.rc, res.err)

@@ -30,6 +30,11 @@ says which kernel is active (the CUDA kernel's registration site names the
 generated ``dsv4patch_bindings`` unit), for which archs, from which tree, and
 which route did it.  Exit codes: 0 all ops run the dsv4patch kernels, 1 a stock
 kernel is active, 3 nothing could be read (no CUDA libraries).
+``python -m <dist> install-hook``: 0 the line was added or is there already,
+1 with a one-line message when it cannot be (no vLLM; ``vllm/__init__.py`` a
+symbolic link, not a regular file, not UTF-8, or not writable).  It writes a
+new file beside ``__init__.py`` (random name, created exclusively, never
+through a link) and renames it over ``__init__.py``.
 """
 
 from __future__ import annotations
@@ -402,20 +407,79 @@ def hook_line() -> str:
     return f"__import__({_DIST!r}).activate('vllm-hook')  {HOOK_MARK}\n"
 
 
+_INIT_LIMIT = 16 << 20  # the most install-hook reads of vllm/__init__.py
+
+
+def _read_init(path: str) -> str:
+    """vllm/__init__.py's text: a regular file (no link, no FIFO), at most 16 MiB, UTF-8; else SystemExit."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SystemExit(f"{path}: cannot open it ({exc.strerror or exc}); a symbolic link is not followed, "
+                         "reinstall vLLM") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SystemExit(f"{path} is not a regular file; reinstall vLLM")
+        data = os.read(fd, _INIT_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _INIT_LIMIT:
+        raise SystemExit(f"{path} is larger than {_INIT_LIMIT} bytes: not vLLM's __init__.py")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SystemExit(f"{path} is not UTF-8: not vLLM's __init__.py; reinstall vLLM") from None
+
+
 def hook_installed() -> bool:
     path = _vllm_file(HOOK_FILE)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return hook_line() in fh.read()
-    except OSError:
+        return hook_line() in _read_init(path)
+    except SystemExit:
         return False
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` over ``path`` through a new temporary file (``O_EXCL | O_NOFOLLOW``), then rename.
+
+    A link planted at any name near ``path`` is never written through: the
+    temporary name is random and created exclusively, and the rename
+    replaces ``path`` itself.  The file keeps its permission bits.
+    """
+    import secrets
+
+    directory, name = os.path.split(path)
+    mode = os.lstat(path).st_mode & 0o777
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        tmp = f".{name}.{secrets.token_hex(6)}.dsv4patch-tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            try:
+                view = memoryview(text.encode("utf-8"))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
 
 
 def install_hook() -> tuple[str, bool]:
     """Append the activation line to the installed vllm/__init__.py (idempotent)."""
     path = _vllm_file(HOOK_FILE)
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = _read_init(path)
     if hook_line() in text:
         return path, False
     if HOOK_MARK in text:
@@ -424,10 +488,11 @@ def install_hook() -> tuple[str, bool]:
         raise SystemExit(f"{path} does not define vLLM's __version__: not the vLLM the kernels "
                          "were built for")
     text = (text if text.endswith("\n") else text + "\n") + hook_line()
-    tmp = path + ".dsv4patch-tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        _replace(path, text)
+    except OSError as exc:
+        raise SystemExit(f"cannot write {path} ({exc.strerror or exc}); run install-hook as the user "
+                         "that owns the vLLM install, or on a writable site-packages") from None
     return path, True
 
 

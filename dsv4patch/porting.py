@@ -35,8 +35,8 @@ from typing import Any
 
 import tomlkit
 
-from dsv4patch import engine, git, index, portspace, transaction, tree
-from dsv4patch.errors import FetchError, LockFileError, TreeError, UsageError
+from dsv4patch import engine, git, index, portspace, safeio, transaction, tree
+from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, Series, load_patch, series_for_pin
@@ -206,6 +206,10 @@ def port_series(
                 auto = Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})")
             auto_tree = None if conflicts else git.write_tree(work_repo, env)
             hand = resolutions / patch.name if resolutions else None
+            if hand is not None and os.path.lexists(hand) and not safeio.is_regular(hand):
+                kind = "a symbolic link" if hand.is_symlink() else "not a regular file"
+                raise PatchFileError(f"--resolutions {hand} is {kind}; a resolution must be a file in the "
+                                     "directory itself (copy it there), dsv4patch does not follow links")
             if hand is not None and hand.exists():
                 # A maintainer's resolution wins; say whether the automatic port agrees.
                 git.read_tree(work_repo, tree_before, env)
@@ -222,7 +226,8 @@ def port_series(
                     else:
                         differ = git.out(work_repo, "diff", "--name-only", auto_tree, hand_tree)
                         verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
-                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})", text=hand.read_text()))
+                    text = safeio.read_text(hand, error=PatchFileError)
+                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})", text=text))
                     parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
                     continue
             if conflicts:

@@ -34,7 +34,7 @@ import re
 import shutil
 from pathlib import Path
 
-from dsv4patch import git, states, tree
+from dsv4patch import git, safeio, states, tree
 from dsv4patch.errors import TreeError
 from dsv4patch.series import Patch
 from dsv4patch.states import PortState, inside_tree
@@ -90,12 +90,19 @@ def collect(path: Path, state: PortState, patch: Patch, number: int, total: int)
     if text is None:
         raise TreeError(f"the resolution of {patch.name} in {path} changes nothing; make the change the "
                         "patch must make on this pin, then run the port again")
-    out = git.git_dir(path) / RESOLVED
+    out = _resolved_dir(path)
     out.mkdir(exist_ok=True)
-    tmp = out / f".{patch.name}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out / patch.name)
+    safeio.atomic_write(out / patch.name, text)
     return out
+
+
+def _resolved_dir(path: Path) -> Path:
+    """``<git dir>/dsv4patch-port``: a real directory or nothing; a planted link is refused (exit 5)."""
+    d = git.git_dir(path) / RESOLVED
+    if os.path.islink(d) or (os.path.lexists(d) and not d.is_dir()):
+        raise TreeError(f"{d} is a symbolic link or not a directory: dsv4patch did not make it, and does "
+                        "not write through it; remove it, then run the port again")
+    return d
 
 
 def resolution_patch(path: Path, at: str, patch: Patch, number: int, total: int) -> str | None:
@@ -115,7 +122,7 @@ def resolution_patch(path: Path, at: str, patch: Patch, number: int, total: int)
 
 def resolutions(path: Path) -> Path | None:
     """The directory of resolutions the workspace collected so far, if any."""
-    d = git.git_dir(path) / RESOLVED
+    d = _resolved_dir(path)
     return d if d.is_dir() else None
 
 
@@ -145,7 +152,7 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
     scratch = git.git_dir(path) / "dsv4patch-port-patch.tmp"
     try:
         for p, text in prefix:
-            scratch.write_text(text, encoding="utf-8")
+            safeio.atomic_write(scratch, text, durable=False)  # a link planted at the name is replaced
             with git.scratch_index(path, parent) as env:
                 res = git.apply(path, scratch, env=env)
                 if not res.ok:

@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch import engine, git, portspace, states, transaction, tree
+from dsv4patch import engine, git, portspace, safeio, states, transaction, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import FetchError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin
@@ -77,12 +77,19 @@ def read_state(gitdir: Path, path: Path) -> ResolveState:
             "--3way` opens one when a patch conflicts"
         )
     try:
-        return states.read(ResolveState, sp)
+        state = states.read(ResolveState, sp)
     except (OSError, ValueError) as exc:
         raise TreeError(
             f"{sp} (the conflict workspace's state) is unreadable ({exc}); restore the tree "
             "yourself (`git reset --hard` to the commit you want) and delete the file"
         ) from None
+    for key, oid in (("orig_head", state.orig_head), ("at", state.at)):
+        if not git.has_object(path, f"{oid}^{{commit}}"):
+            raise TreeError(
+                f"{sp} names {key} {oid[:12]}, a commit {path} does not have: dsv4patch did not write "
+                "this state. Restore the tree yourself (`git reset --hard` to the commit you want), "
+                "then delete the file")
+    return state
 
 
 @dataclass(frozen=True)
@@ -304,9 +311,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
             )
         target = variants_dir(opened, pin) / patch.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        safeio.atomic_write(target, text)
         lockmod.set_variant(opened.path, pin.name, patch.name, target)
         notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}"]
         git.reset_hard(path, state.at)

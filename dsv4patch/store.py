@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from dsv4patch import safeio
 from dsv4patch.errors import (
     BusyError,
     CacheError,
@@ -78,7 +79,9 @@ def file_lock(
     """
     timeout = lock_timeout() if timeout is None else timeout
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # Never through a planted link, never blocking on a FIFO: the pid written below would truncate
+    # whatever a link points at.
+    fd = safeio.open_regular(path, os.O_RDWR | os.O_CREAT, 0o644, error=CacheError)
     if inherit:
         os.set_inheritable(fd, True)
     try:

@@ -828,3 +828,181 @@ def test_status_installed_probe_that_prints_without_end_is_stopped(tmp_path, cli
     fake.chmod(0o755)
     res = _status_installed(cli, lock, cache, str(fake))
     assert res.rc == 2 and "printed more than" in res.err, (res.rc, res.err)
+
+
+# --- issue 29: links planted where dsv4patch writes --------------------------------------------------
+
+
+def _victim(tmp_path: Path) -> Path:
+    v = tmp_path / "victim.txt"
+    v.write_text("precious\n")
+    return v
+
+
+def _workspace_aborted(tmp_path: Path, cli, lock: Path) -> Path:
+    """A fork tree made by `apply --3way`, its workspace aborted: at the pin's base, ready to apply again."""
+    tree, _state_file, _state = _workspace(tmp_path, cli, lock)
+    res = cli("resolve", "--abort", "--tree", tree, "--lock", lock, "--cache-dir", tmp_path / "cache")
+    assert res.rc == EXIT_OK, res.err
+    return tree
+
+
+@pytest.mark.parametrize("name", ["dsv4patch.lock", "dsv4patch-resolve.tmp", "dsv4patch-resolve.json.tmp",
+                                  "dsv4patch-apply.tmp"])
+def test_apply_3way_never_writes_through_a_link_planted_in_git_dir(tmp_path, cli, fork_lock, name):
+    tree = _workspace_aborted(tmp_path, cli, fork_lock)
+    victim = _victim(tmp_path)
+    (tree / ".git" / name).unlink(missing_ok=True)
+    (tree / ".git" / name).symlink_to(victim)
+    res = cli("apply", "--lock", fork_lock, "--pin", "fork", "--cache-dir", tmp_path / "cache", "--tree", tree,
+              "--3way", "--no-build")
+    assert victim.read_text() == "precious\n"
+    if name == "dsv4patch.lock":
+        assert res.rc == EXIT_TREE and "symbolic link" in res.err and name in res.err, (res.rc, res.err)
+    else:  # a stale name dsv4patch no longer writes: ignored (the state is written under a random name)
+        assert res.rc == EXIT_UNEXPECTED, (res.rc, res.err)
+        assert not (tree / ".git" / "dsv4patch-resolve.json").is_symlink()
+
+
+def test_resolve_state_that_is_a_fifo_never_blocks(tmp_path, cli, fork_lock):
+    import threading
+
+    tree, state_file, _state = _workspace(tmp_path, cli, fork_lock)
+    state_file.unlink()
+    os.mkfifo(state_file)
+    watchdog = threading.Timer(120, lambda: os._exit(99))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        res = cli("resolve", "--abort", "--tree", tree, "--lock", fork_lock, "--cache-dir", tmp_path / "cache")
+        app = cli("apply", "--lock", fork_lock, "--pin", "fork", "--cache-dir", tmp_path / "cache", "--tree", tree,
+                  "--no-build")
+    finally:
+        watchdog.cancel()
+    assert res.rc == EXIT_TREE and "FIFO" in res.err, (res.rc, res.err)
+    assert app.rc == EXIT_TREE and "FIFO" in app.err, (app.rc, app.err)
+
+
+def test_resolve_abort_with_a_state_naming_a_commit_the_tree_lacks(tmp_path, cli, fork_lock):
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    state["orig_head"] = "f" * 40
+    state_file.write_text(json.dumps(state))
+    res = cli("resolve", "--abort", "--tree", tree, "--lock", fork_lock, "--cache-dir", tmp_path / "cache")
+    assert res.rc == EXIT_TREE, (res.rc, res.err)
+    assert "f" * 12 in res.err and "internal error" not in res.err
+
+
+def test_deeply_nested_state_file_is_refused_not_a_crash(tmp_path, cli, fork_lock):
+    tree, state_file, _state = _workspace(tmp_path, cli, fork_lock)
+    state_file.write_text("[" * 100_000 + "]" * 100_000)
+    res = cli("resolve", "--abort", "--tree", tree, "--lock", fork_lock, "--cache-dir", tmp_path / "cache")
+    assert res.rc == EXIT_TREE and "internal error" not in res.err, (res.rc, res.err)
+
+
+def test_port_workspace_resolutions_dir_that_is_a_link_is_refused(tmp_path, cli, upstream):
+    """`.git/dsv4patch-port` planted as a link to a directory outside: the resolution is not written there."""
+    from conftest import MINI_FILES, git_pin
+
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    (root / "patches").mkdir()
+    envs = MINI_FILES["vllm/envs.py"]
+    upstream.patch(root / "patches/0001-merge.patch", "a", {"vllm/envs.py": envs.replace("VAR_20 = 20", "VAR_20 = 200")},
+                   "one")
+    lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
+                      {"main": ["../patches/0001-merge.patch"]})
+    (upstream.path / "vllm/envs.py").write_text(envs.replace("VAR_20 = 20", "VAR_20 = 21"))
+    sh(upstream.path, "commit", "-qam", "conflict")
+    new_commit = sh(upstream.path, "rev-parse", "HEAD")
+    ws = tmp_path / "ws"
+    port = ["port", "--lock", lock, "--from", "old", "--to", new_commit, "--git", upstream.path, "--name", "new",
+            "--cache-dir", tmp_path / "c", "--workspace", ws]
+    res = cli(*port)
+    assert res.rc == EXIT_UNEXPECTED, (res.rc, res.err)
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    (ws / ".git" / "dsv4patch-port").symlink_to(outside)
+    (ws / "vllm/envs.py").write_text(envs.replace("VAR_20 = 20", "VAR_20 = 2100"))
+    again = cli(*port)
+    assert list(outside.iterdir()) == [], list(outside.iterdir())
+    assert again.rc == EXIT_TREE and "dsv4patch-port" in again.err and "symbolic link" in again.err, again.err
+
+
+def test_port_resolution_that_is_a_link_is_refused(tmp_path, upstream, cli):
+    lock, fork = _port_project(tmp_path, upstream)
+    res_dir = tmp_path / "resolutions"
+    res_dir.mkdir()
+    secret = tmp_path / "outside.patch"
+    secret.write_text("not a patch of ours\n")
+    (res_dir / "0001-many.patch").symlink_to(secret)
+    before = lock.read_text()
+    res = cli("port", "--lock", lock, "--local", fork, "--name", "fork", "--resolutions", res_dir,
+              "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT, (res.rc, res.err)
+    assert "0001-many.patch" in res.err and "symbolic link" in res.err
+    assert lock.read_text() == before
+
+
+def _hook_site(tmp_path: Path) -> tuple[Path, str]:
+    """A site with a vLLM package and a kernel package made of kernels/runtime.py (what build ships)."""
+    import dsv4patch.kernels.runtime as runtime_mod
+
+    site = tmp_path / "hooksite"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("__version__ = '0.0.1'\n")
+    dist = "dsv4patch_kernels_t"
+    (site / dist).mkdir()
+    shutil.copyfile(runtime_mod.__file__, site / dist / "__init__.py")
+    (site / dist / "__main__.py").write_text("import sys\n\nfrom . import main\n\nsys.exit(main())\n")
+    (site / dist / "build_info.json").write_text(json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1"}))
+    return site, dist
+
+
+def _install_hook(site: Path, dist: str):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, "-m", dist, "install-hook"], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(site)}, cwd=str(site), timeout=60)
+
+
+def test_install_hook_never_writes_through_a_planted_temporary_link(tmp_path):
+    site, dist = _hook_site(tmp_path)
+    victim = _victim(tmp_path)
+    init = site / "vllm" / "__init__.py"
+    (site / "vllm" / "__init__.py.dsv4patch-tmp").symlink_to(victim)
+    res = _install_hook(site, dist)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "precious\n"
+    assert not init.is_symlink() and "dsv4patch kernels hook" in init.read_text()
+
+
+@pytest.mark.parametrize("case", ["link", "fifo", "readonly"])
+def test_install_hook_refuses_in_one_line(tmp_path, case):
+    import threading
+
+    site, dist = _hook_site(tmp_path)
+    init = site / "vllm" / "__init__.py"
+    victim = _victim(tmp_path)
+    if case == "link":
+        init.unlink()
+        init.symlink_to(victim)
+    elif case == "fifo":
+        init.unlink()
+        os.mkfifo(init)
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes a read-only directory")  # pragma: no cover
+        (site / "vllm").chmod(0o555)
+    watchdog = threading.Timer(60, lambda: os._exit(99))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        res = _install_hook(site, dist)
+    finally:
+        watchdog.cancel()
+        (site / "vllm").chmod(0o755)
+    assert res.returncode == 1, (res.returncode, res.stderr)
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert victim.read_text() == "precious\n"

@@ -132,13 +132,17 @@ class Toolchain:
         The host compiler (and nvcc's host preprocessing) gets them; a path
         with a comma cannot be passed through ``-Xcompiler`` and is left out.
         """
-        maps = [(tree, "/dsv4patch/src"), (build_dir, "/dsv4patch/build"),
-                (self.torch_include.parent.parent, "/dsv4patch/torch"),
-                (self.nvcc.resolve().parent.parent, "/dsv4patch/cuda"),
-                *((d, f"/dsv4patch/include{i}") for i, d in enumerate(self.include_dirs))]
+        # nvcc adds the toolkit's include dirs as "$(TOP)/targets/..." with TOP as nvcc.profile
+        # spells it ("/usr/local/cuda-13.0/bin/.."): mapped literally, as the compiler sees it.
+        top = nvcc_top(self.nvcc)
+        maps: list[tuple[Path | str, str]] = [
+            (tree, "/dsv4patch/src"), (build_dir, "/dsv4patch/build"),
+            (self.torch_include.parent.parent, "/dsv4patch/torch"),
+            *([(top, "/dsv4patch/cuda"), (os.path.normpath(top), "/dsv4patch/cuda")] if top else []),
+            *((d, f"/dsv4patch/include{i}") for i, d in enumerate(self.include_dirs))]
         flags: list[str] = []
         for src, dst in maps:
-            s = str(Path(src).absolute())
+            s = src if isinstance(src, str) else str(Path(src).absolute())
             if "," not in s and "=" not in s:
                 flags += ["-Xcompiler", f"-ffile-prefix-map={s}={dst}"]
         return flags
@@ -151,6 +155,17 @@ class Toolchain:
         for d in self.include_dirs:
             args += ["-Xcompiler", f"-idirafter,{d}"]
         return args
+
+
+def nvcc_top(nvcc: Path) -> str | None:
+    """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``)."""
+    try:
+        res = subprocess.run([str(nvcc), "-dryrun", "-c", "dsv4patch-probe.cu", "-o", "dsv4patch-probe.o"],
+                             capture_output=True, text=True, timeout=120, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^#\$ TOP=(.+)$", res.stdout + res.stderr, re.M)
+    return m.group(1).strip() if m else None
 
 
 def find_nvcc(nvcc: str | None = None) -> Path:

@@ -7,13 +7,15 @@
 #     bash tests/gpu/selftest_h200.sh stage
 # then (carry .selftest/manifest.json only):
 #     bash tests/gpu/selftest_h200.sh stock      # install, selftest of the stock wheel -> $OUT/selftest-stock.json
-#     bash tests/gpu/selftest_h200.sh patched    # dsv4patch wheel, pip install, selftest -> $OUT/selftest-patched.json
-#     bash tests/gpu/selftest_h200.sh all        # both in one call, if it fits
+#     bash tests/gpu/selftest_h200.sh wheel      # dsv4patch wheel there (kernels built there), pip install it
+#     bash tests/gpu/selftest_h200.sh patched    # (wheel if not done yet,) selftest -> $OUT/selftest-patched.json
+#     bash tests/gpu/selftest_h200.sh all        # stock, wheel, patched in one call, if it fits
 # Every mode stages the pieces a call carries first, so `stock` may ride with the last piece.
 # Both variants are installed into the same directory ($ST/site), so the JIT caches (TileLang,
 # DeepGEMM, Triton: keyed on install paths) the stock run fills serve the patched run.
 # Environment: ST_DIR (default /tmp/selftest; kept while the machine is held), OUT (results),
-# ST_CALL_LIMIT (seconds of the call, default 600), SELFTEST_ARGS (extra selftest options).
+# ST_CALL_LIMIT (seconds of the call, default 600), SELFTEST_ARGS (extra selftest options),
+# ST_WHEEL_ARGS (extra `dsv4patch wheel` options, e.g. `--arch 9.0` to build the kernels for sm_90 only).
 set -euo pipefail
 T_CALL=$(date +%s)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +25,7 @@ ST="${ST_DIR:-/tmp/selftest}"
 RESULTS="${OUT:-$ST/out}"
 PY="${PYTHON:-python3}"
 MODE="${1:-stage}"
-case "$MODE" in stage|stock|patched|all) ;; *) echo "usage: $0 stage|stock|patched|all" >&2; exit 2 ;; esac
+case "$MODE" in stage|stock|wheel|patched|all) ;; *) echo "usage: $0 stage|stock|wheel|patched|all" >&2; exit 2 ;; esac
 mkdir -p "$ST/parts" "$RESULTS"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
@@ -140,14 +142,17 @@ EOF
 }
 
 install_stock() {
-  rm -rf "$ST/site"
+  [[ -f "$ST/stock.installed" ]] && { echo "stock wheel installed earlier on this machine"; return 0; }
+  rm -rf "$ST/site" "$ST/patched.installed"
   t0=$(date +%s)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site" \
     "$ST"/payload/vllm-*.whl
+  touch "$ST/stock.installed"
   echo "stock wheel installed in $(( $(date +%s) - t0 )) s"
 }
 
 install_patched() {
+  [[ -f "$ST/patched.installed" ]] && { echo "patched wheel installed earlier on this machine: $(cat "$ST/patched.installed")"; return 0; }
   t0=$(date +%s)
   local kernels=()
   if compgen -G "$ST/payload/rest/kernels/*.whl" > /dev/null; then
@@ -156,23 +161,26 @@ install_patched() {
     kernels=(--python "$PY")  # build the kernel library here, against this machine's torch
   fi
   rm -rf "$ST/dist"
+  # shellcheck disable=SC2086
   "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$ROOT/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
-    "${kernels[@]}" --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt" ||
+    "${kernels[@]}" ${ST_WHEEL_ARGS:-} --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt" ||
     { echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"; return 1; }
   echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
-  [[ -d "$ST/site/vllm" ]] || install_stock
+  [[ -f "$ST/stock.installed" ]] || install_stock
   t0=$(date +%s)
   # as `pip install --force-reinstall` in a venv: the stock distribution goes first (its dist-info has
   # another name than the patched one's, and two would leave importlib.metadata to pick), then the
   # patched wheel into the same directory
-  rm -rf "$ST"/site/vllm "$ST"/site/vllm-*.dist-info "$ST"/site/dsv4patch_kernels_*
+  rm -rf "$ST"/site/vllm "$ST"/site/vllm-*.dist-info "$ST"/site/dsv4patch_kernels_* "$ST/stock.installed"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$ST/site" \
     "$ST"/dist/vllm-*.whl
   echo "patched wheel installed in place of the stock one in $(( $(date +%s) - t0 )) s"
+  ls "$ST"/dist/vllm-*.whl > "$ST/patched.installed"
 }
 
 case "$MODE" in
   stock) install_stock; run_selftest stock ;;
+  wheel) install_patched ;;
   patched) install_patched; run_selftest patched ;;
   all) install_stock; run_selftest stock 50; install_patched; run_selftest patched ;;
 esac

@@ -23,7 +23,7 @@ split into pieces of at most ``--piece-mib`` (``.selftest/part-NN.bin``) with
 device call per piece stages it; see docs/selftest.md.
 
 Usage: python tests/gpu/selftest_pack.py [--out .selftest] [--cache-dir DIR]
-       [--wheels-cache DIR] [--kernels WHEEL] [--piece-mib 52]
+       [--wheels-cache DIR] [--kernels WHEEL] [--piece-mib 56] [--xz-preset 6]
 """
 
 from __future__ import annotations
@@ -72,6 +72,24 @@ def _add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         tar.addfile(info)
 
 
+def xz(src: Path, preset: int) -> Path:
+    """SRC.xz: the xz binary on all cores when present (pack.py's preset 9 took most of an hour on a
+    loaded 2-core machine for these 713 MB), else stdlib lzma."""
+    dst = src.with_name(src.name + ".xz")
+    if shutil.which("xz"):
+        with dst.open("wb") as out:
+            subprocess.run(["xz", f"-{preset}", "-T0", "-c", str(src)], stdout=out, check=True)
+        return dst
+    import lzma
+
+    comp = lzma.LZMACompressor(preset=preset)
+    with src.open("rb") as f, dst.open("wb") as out:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            out.write(comp.compress(chunk))
+        out.write(comp.flush())
+    return dst
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from dsv4patch.kernels import stock
@@ -85,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels-cache", type=Path, default=Path("/work/cache/e2e-wheels"),
                     help="pip download cache of the dependency wheels (pack.py's --cache)")
     ap.add_argument("--kernels", type=Path, default=None, help="a dsv4patch build kernel wheel for the pin")
-    ap.add_argument("--piece-mib", type=float, default=52.0)
+    ap.add_argument("--piece-mib", type=float, default=56.0,
+                    help="piece size (a call carries one piece, the manifest and the repo: keep under ~60)")
+    ap.add_argument("--xz-preset", type=int, default=6, choices=range(0, 10), metavar="0-9")
     args = ap.parse_args(argv)
     pack = _pack_module()
     lock = load(ROOT / "locks" / "vllm.toml")
@@ -129,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(rest_tar, "w", format=tarfile.PAX_FORMAT) as tar:
             for p in sorted(rest.rglob("*")):
                 _add(tar, p, str(p.relative_to(rest)))
-        rest_xz = pack.xz_compress(rest_tar)
+        rest_xz = xz(rest_tar, args.xz_preset)
         payload = work / "payload.tar"
         with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
             _add(tar, wheel_blob, "vllm.whl")

@@ -543,7 +543,8 @@ def run_selftest(
                 except Dsv4Error as exc:
                     results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
                     return
-            budget = max(60.0, deadlines.total - 30.0)  # beside the engines: nearly the whole run
+            # beside the engines: what is left of the whole run
+            budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
             results.append(check_regression(lock, chosen_pin, python, store, progress, gpu=on_gpu,
                                             timeout=budget))
 

@@ -410,6 +410,19 @@ def cat_blob(repo: Path, oid: str) -> bytes:
     return out_bytes(repo, "cat-file", "blob", oid)
 
 
+def refresh_index(repo: Path) -> None:
+    """Bring the index's stat data up to date with the work tree (``git update-index -q --refresh``).
+
+    A tree copied with ``cp -a``, rsync or a Docker ``COPY`` keeps its files'
+    content and mtimes but not their inodes and ctimes, so every index entry
+    looks modified to ``read-tree -m -u`` ("not uptodate. Cannot merge.")
+    although ``git status`` (which refreshes in memory) calls the tree clean.
+    This rewrites only the index's stat cache, as ``git status`` does when it
+    may; a file whose content differs stays modified.
+    """
+    run(repo, ["update-index", "-q", "--refresh"], check=False, tied=True)
+
+
 def checkout_to(repo: Path, old: str, new: str) -> None:
     """Move a clean work tree and HEAD from ``old`` to ``new``."""
     run(repo, ["read-tree", "-m", "-u", old, new], tied=True)

@@ -313,5 +313,7 @@ def move_tree(path: Path, gitdir: Path, head: str, final: str) -> None:
     journal = gitdir / JOURNAL
     record = ApplyJournal(frm=head, to=final, ref=git.current_ref(path), pid=os.getpid())
     states.write(journal, record, durable=True)
+    # Under the journal: a run killed here leaves at most a stale index.lock, which recovery removes.
+    git.refresh_index(path)
     git.checkout_to(path, head, final)
     journal.unlink()

@@ -22,6 +22,7 @@ import pytest
 
 from conftest import MINI_FILES, git_pin, pin_table, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED
+from test_recovery import wide_lock  # noqa: F401 (fixture)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOP = "vllm-0.0.1"
@@ -518,3 +519,78 @@ def test_quoted_names_are_read_as_git_reads_them(tmp_path, upstream, cli):
     good = raw_patch_lock(ok, upstream, new_file("vllm/\\303\\244.py", "A = 1", quoted=True))
     res = cli("check", "--lock", good, "--cache-dir", tmp_path / "c", "--format", "json")
     assert res.rc == EXIT_OK, res.err
+
+
+# --- issue 29: a tree copied with cp -a (a CI cache restore, rsync, Docker COPY) ---------------------
+
+
+def test_apply_on_a_tree_copied_with_cp_a_refreshes_stale_stat_data(shared_cache, tmp_path, cli):
+    """The real 0.27.1 pin: a dsv4patch tree at the pin's base, copied with `cp -a`, then applied.
+
+    The copy's files have new inodes and ctimes, so the index's stat data no longer matches
+    them although their content does: git read-tree -m -u refused ("not uptodate", exit 70).
+    apply refreshes the stat data (only that) and moves the tree; real changes stay refused.
+    """
+    import subprocess
+
+    from conftest import LOCK
+    from dsv4patch.lock import load
+
+    tree = tmp_path / "vllm-src"
+    args = ("apply", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--no-build")
+    assert cli(*args, "--tree", tree).rc == 0
+    base = sh(tree, "rev-list", "--max-parents=0", "HEAD")
+    sh(tree, "reset", "-q", "--hard", base)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+    res = cli(*args, "--tree", copy)
+    assert res.rc == 0, (res.rc, res.err)
+    assert sh(copy, "rev-parse", "HEAD^{tree}") == load(LOCK).pin("0.27.1").patched_tree
+    assert sh(copy, "status", "--porcelain") == ""
+    # A copy whose content differs is still dirty: refused, untouched.
+    dirty = tmp_path / "dirty"
+    subprocess.run(["cp", "-a", str(tree), str(dirty)], check=True)
+    (dirty / "vllm" / "envs.py").write_text("# changed\n")
+    res = cli(*args, "--tree", dirty)
+    assert res.rc == EXIT_TREE and "vllm/envs.py" in res.err, (res.rc, res.err)
+    assert sh(dirty, "rev-parse", "HEAD") == base
+
+
+def test_random_kills_while_applying_copied_trees(tmp_path, cli, wide_lock):
+    """Seeded random SIGKILLs of apply on fresh `cp -a` copies of a base tree (the stat refresh
+    included): one or two plain re-runs always reach the locked tree, clean, with nothing left over."""
+    import random
+    import subprocess
+    import time
+
+    from test_recovery import apply_args, killpg, leftovers, spawn, state
+
+    cache = tmp_path / "c"
+    tree = tmp_path / "orig"
+    ref = cli(*apply_args(wide_lock, tree, cache), "--format", "json")
+    assert ref.rc == 0, ref.err
+    final = json.loads(ref.out)["head"]
+    sh(tree, "reset", "-q", "--hard", sh(tree, "rev-list", "--max-parents=0", "HEAD"))
+    timing_copy = tmp_path / "timing"
+    subprocess.run(["cp", "-a", str(tree), str(timing_copy)], check=True)
+    t0 = time.monotonic()
+    timing = spawn(apply_args(wide_lock, timing_copy, cache))
+    timing.wait()
+    duration = time.monotonic() - t0
+    assert timing.returncode == 0 and state(timing_copy) == (final, "")
+    rng = random.Random(29)
+    for i in range(10):
+        copy = tmp_path / f"copy{i}"
+        subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+        delay = rng.uniform(duration * 0.2, duration * 1.05)
+        proc = spawn(apply_args(wide_lock, copy, cache))
+        time.sleep(delay)
+        killpg(proc)
+        for _attempt in (1, 2):
+            res = cli(*apply_args(wide_lock, copy, cache))
+            if res.rc == 0:
+                break
+        assert res.rc == 0, (i, delay, res.rc, res.err)
+        assert state(copy) == (final, ""), (i, delay)
+        assert leftovers(copy) == [], (i, delay)
+        subprocess.run(["rm", "-rf", str(copy)], check=True)

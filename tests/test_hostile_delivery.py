@@ -978,6 +978,29 @@ def test_install_hook_never_writes_through_a_planted_temporary_link(tmp_path):
     assert not init.is_symlink() and "dsv4patch kernels hook" in init.read_text()
 
 
+def _read_only(d: Path) -> None:
+    """Make ``d`` read-only for this process: a read-only bind mount as root (root ignores modes), else chmod."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        return
+    ok = subprocess.run(["mount", "--bind", str(d), str(d)], capture_output=True).returncode == 0 and \
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(d)], capture_output=True).returncode == 0
+    if not ok:
+        subprocess.run(["umount", str(d)], capture_output=True)
+        pytest.skip("root here cannot make a read-only bind mount")
+
+
+def _writable(d: Path) -> None:
+    import subprocess
+
+    if os.geteuid() == 0:
+        subprocess.run(["umount", str(d)], capture_output=True)
+    else:
+        d.chmod(0o755)
+
+
 @pytest.mark.parametrize("case", ["link", "fifo", "readonly"])
 def test_install_hook_refuses_in_one_line(tmp_path, case):
     import threading
@@ -992,9 +1015,7 @@ def test_install_hook_refuses_in_one_line(tmp_path, case):
         init.unlink()
         os.mkfifo(init)
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes a read-only directory")  # pragma: no cover
-        (site / "vllm").chmod(0o555)
+        _read_only(site / "vllm")
     watchdog = threading.Timer(60, lambda: os._exit(99))
     watchdog.daemon = True
     watchdog.start()
@@ -1002,7 +1023,24 @@ def test_install_hook_refuses_in_one_line(tmp_path, case):
         res = _install_hook(site, dist)
     finally:
         watchdog.cancel()
-        (site / "vllm").chmod(0o755)
+        _writable(site / "vllm")
     assert res.returncode == 1, (res.returncode, res.stderr)
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert victim.read_text() == "precious\n"
+
+
+def test_apply_journal_that_is_a_fifo_never_blocks(tmp_path, cli, fork_lock):
+    import threading
+
+    tree = _workspace_aborted(tmp_path, cli, fork_lock)
+    os.mkfifo(tree / ".git" / "dsv4patch-apply.json")
+    watchdog = threading.Timer(120, lambda: os._exit(99))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        res = cli("apply", "--lock", fork_lock, "--pin", "fork", "--cache-dir", tmp_path / "cache", "--tree", tree,
+                  "--no-build", "--format", "json")
+    finally:
+        watchdog.cancel()
+    assert res.rc == EXIT_TREE and "dsv4patch-apply.json" in res.err, (res.rc, res.err)
+    assert json.loads(res.out)["error"]["exit_code"] == EXIT_TREE

@@ -34,17 +34,22 @@ COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fet
 EPILOG = """\
 exit codes:
   0    success: every result is what the lock expects
-  1    a result differs from the lock (unexpected patch status, tree id, failed proof)
+  1    a result differs from the lock (unexpected patch status, tree id, failed proof;
+       status --installed: a file that is not the patched one, a link, FIFO or too large)
   2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT,
-       DSV4PATCH_DOWNLOAD_TIMEOUT)
+       DSV4PATCH_DOWNLOAD_TIMEOUT), or a --python whose answers are not a Python's
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
-       unsafe paths, names or content)
-  4    a pinned source could not be fetched or verified, or the cache is unusable or full
-       (check offline: cached pins are still reported, the others marked not-fetched)
+       unsafe paths, names or content; a --resolutions entry that is a link)
+  4    a pinned source could not be fetched or verified (an index page of the wrong shape
+       or over 32 MiB, a download past the lock's size or DSV4PATCH_DOWNLOAD_TIMEOUT, a
+       stock wheel whose RECORD lies or whose members link or inflate past their size),
+       or the cache is unusable or full (check offline: cached pins are still reported,
+       the others marked not-fetched)
   5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
-       settings, holds changes an interrupted apply did not make, or cannot be written
+       settings or a link, FIFO or malformed state file in .git where dsv4patch reads or
+       writes, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
-  7    kernel build or test environment failed
+  7    kernel build or test environment failed (or a --kernels wheel of the wrong shape)
   70   internal error (a bug, or git failing unexpectedly): please report it with the
        output of --debug (or DSV4PATCH_DEBUG=1), which adds the traceback
   130  interrupted (Ctrl-C); the next apply finishes or refuses an interrupted one

@@ -1044,3 +1044,17 @@ def test_apply_journal_that_is_a_fifo_never_blocks(tmp_path, cli, fork_lock):
         watchdog.cancel()
     assert res.rc == EXIT_TREE and "dsv4patch-apply.json" in res.err, (res.rc, res.err)
     assert json.loads(res.out)["error"]["exit_code"] == EXIT_TREE
+
+
+@pytest.mark.parametrize("answer", ["", "[]", '{"version": 2}', "[" * 100_000])
+def test_kernel_build_torch_probe_answer_of_the_wrong_type_is_a_build_error(tmp_path, answer):
+    """The interpreter kernels are built against answers the torch probe: a wrong shape is exit 7, not 70."""
+    from dsv4patch.errors import BuildError
+    from dsv4patch.kernels import build
+
+    (tmp_path / "answer").write_text(answer + "\n")
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"#!/bin/sh\ncat '{tmp_path / 'answer'}'\n")
+    fake.chmod(0o755)
+    with pytest.raises(BuildError, match="fakepython"):
+        build._torch_info(str(fake))

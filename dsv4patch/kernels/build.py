@@ -197,7 +197,15 @@ def _torch_info(python: str) -> dict[str, str | None]:
             "pass --python with the interpreter of the environment vLLM runs in "
             "(or set DSV4PATCH_TORCH_PYTHON)"
         )
-    info: dict[str, str | None] = json.loads(res.stdout.strip().splitlines()[-1])
+    from dsv4patch.safeio import loads_json
+
+    lines = res.stdout.strip().splitlines()
+    data = loads_json(lines[-1] if lines else "", label=f"{python}: its answer about torch", error=BuildError)
+    if not (isinstance(data, dict) and all(isinstance(data.get(k), str) for k in ("version", "include", "lib", "site"))
+            and (data.get("cuda") is None or isinstance(data.get("cuda"), str))):
+        raise BuildError(f"{python}: its answer about torch is not the object dsv4patch's probe prints; "
+                         "pass --python with the interpreter of the environment vLLM runs in")
+    info: dict[str, str | None] = {k: data.get(k) for k in ("version", "include", "lib", "site", "cuda")}
     return info
 
 

@@ -92,6 +92,7 @@ STATES = ("present", "stock", "missing", "other")
 # Bounds (docs/trust.md): what the target interpreter and its installed files may make dsv4patch read.
 OUTPUT_LIMIT = 16 << 20  # bytes of a child's stdout + stderr kept (the probe, the kernel check)
 INIT_LIMIT = 16 << 20  # bytes of vllm/__init__.py read to look for the hook line
+EDIT_SLACK = 1 << 20  # an installed file may be this much larger than the pin's copy and still be read
 
 
 def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
@@ -260,8 +261,9 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
             if change.patched is None:
                 files[rel] = {"state": "present" if not os.path.lexists(target) else "stock"}
                 continue
-            # At most one byte more than the larger of the two contents it may rightly have.
-            limit = max(len(change.patched), len(change.base or b""))
+            # Bounded: the larger of the two contents it may rightly have, plus room for a local edit
+            # (reported with its diff summary); anything larger is reported as too large, never read whole.
+            limit = max(len(change.patched), len(change.base or b"")) + EDIT_SLACK
             try:
                 have = safeio.read_bytes(target, limit, what=str(target))
             except FileNotFoundError:

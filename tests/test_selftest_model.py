@@ -318,3 +318,48 @@ def test_missing_parts_names_what_a_changed_layout_lacks():
     mtp = MTP()
     del mtp.model.layers["4"].e_proj
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]
+
+
+# ---------------------------------------------------------------------------
+# vLLM 0.26.0's own classes (CPU test venv, the stock wheel's Python files): the oracle finds every part
+
+
+@pytest.mark.slow  # the pin's tree and CPU test venv (shared cache), the stock wheel (303 MB, cached)
+def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, shared_cache):
+    import os
+    import subprocess
+    import zipfile
+    from pathlib import Path
+
+    from dsv4patch import testenv
+    from dsv4patch.kernels import stock
+    from dsv4patch.lock import load
+    from dsv4patch.main import main
+    from dsv4patch.store import Store
+
+    root = Path(__file__).resolve().parent.parent
+    lock = root / "locks" / "vllm.toml"
+    tree = tmp_path / "tree"
+    assert main(["apply", "--lock", str(lock), "--pin", "0.26.0", "--tree", str(tree), "--cache-dir",
+                 str(shared_cache), "--no-build", "--format", "json"]) == 0
+    store = Store.open(shared_cache)
+    env = testenv.ensure(tree, store, torch="2.13.0")
+    site = tmp_path / "site"
+    wheel = stock.wheel_path(store, stock.wheel_for(load(lock).pin("0.26.0"), "x86_64"))
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
+                zf.extract(name, site)
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([str(env.python), str(root / "tests" / "selftest_vllm026_probe.py"),
+                          str(root / "tests" / "gpu" / "e2e"), str(root / "dsv4patch" / "selftest" / "model.py"),
+                          str(m.write_model(tmp_path / "tiny"))], env=e, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert {k: v["class"] for k, v in out.items()} == {
+        "target": "DeepseekV4ForCausalLM", "mtp": "DeepSeekV4MTP", "dspark": "DSparkDeepseekV4ForCausalLM"}
+    assert all(v["missing"] == [] for v in out.values()), out
+    assert out["target"]["set"]["decoder_layer_hc"] == m.NUM_LAYERS
+    assert out["mtp"]["weight"] == ["torch.float8_e4m3fn", [m.HIDDEN_SIZE, m.HIDDEN_SIZE]]
+    assert out["mtp"]["weight_scale_inv"] == ["torch.float32", [32, 32]] and out["mtp"]["e_proj_columns_one_hot"]

@@ -38,6 +38,7 @@ from dsv4patch.errors import (
     NotFetchedError,
     UsageError,
 )
+from dsv4patch.hashing import hash_file
 from dsv4patch.progress import Progress
 
 CHUNK = 1 << 20
@@ -291,11 +292,3 @@ def _download(
             "with `dsv4patch fetch --sdist FILE`"
         ) from None
     return got, h.hexdigest(), expected
-
-
-def hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()

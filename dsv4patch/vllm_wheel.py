@@ -40,7 +40,6 @@ identical.
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
 import io
@@ -56,6 +55,7 @@ from typing import Any
 
 from dsv4patch import git, pincheck, zipcopy
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError
+from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.lock import Lock, Pin, WheelFile
@@ -134,10 +134,6 @@ def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
     if entry is None or not entry.is_blob:
         return None
     return git.cat_blob(repo, entry.oid)
-
-
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def kernels_hash(members: dict[str, bytes]) -> str:
@@ -239,10 +235,6 @@ class WheelBuild:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def member_problem(name: str) -> str | None:
     """Why a wheel member ``name`` is not a plain path inside the wheel, or None.
 
@@ -319,21 +311,21 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                     if change.base is None or have != change.base:
                         raise IntegrityError(
                             f"stock wheel {stock_name}: {info.filename} is not pin {pin.name}'s "
-                            f"unpatched file (sha256 {_sha(have)[:16]}, the pin's source tree has "
-                            f"{_sha(change.base)[:16] if change.base else 'no such file'}); refusing "
+                            f"unpatched file (sha256 {sha256(have)[:16]}, the pin's source tree has "
+                            f"{sha256(change.base)[:16] if change.base else 'no such file'}); refusing "
                             "to patch a wheel that does not match its source tree"
                         )
                     verify_member(raw, stock_record, f"stock wheel {stock_name}")
                     if change.patched is None:
                         result.removed.append(info.filename)
                         files.append({"path": info.filename, "patches": list(change.patches),
-                                      "base_sha256": _sha(change.base), "patched_sha256": None})
+                                      "base_sha256": sha256(change.base), "patched_sha256": None})
                         continue
                     new_data = change.patched
                     result.replaced.append(info.filename)
                     files.append({"path": info.filename, "patches": list(change.patches),
-                                  "base_sha256": _sha(change.base),
-                                  "patched_sha256": _sha(change.patched)})
+                                  "base_sha256": sha256(change.base),
+                                  "patched_sha256": sha256(change.patched)})
                 if kernels and info.filename == f"{top_package(top)}/__init__.py":
                     base = new_data if new_data is not None else zipcopy.inflate(raw)
                     text = base if base.endswith(b"\n") else base + b"\n"
@@ -347,7 +339,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 else:
                     mode = (info.external_attr >> 16) & 0o777 or 0o644
                     writer.add(zipcopy.deflate(info.filename, new_data, mode, info.date_time))
-                    record.append((info.filename, record_hash(new_data), str(len(new_data))))
+                    record.append(zipcopy.record_row(info.filename, new_data))
             added = {p: f for p, f in shipped.items() if p not in seen}
             for path, change in sorted(added.items()):
                 if change.base is not None:
@@ -357,14 +349,14 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 if change.patched is None:
                     continue
                 writer.add(zipcopy.deflate(path, change.patched))
-                record.append((path, record_hash(change.patched), str(len(change.patched))))
+                record.append(zipcopy.record_row(path, change.patched))
                 result.added.append(path)
                 files.append({"path": path, "patches": list(change.patches), "base_sha256": None,
-                              "patched_sha256": _sha(change.patched)})
+                              "patched_sha256": sha256(change.patched)})
             for path, data in sorted(kmembers.items()):
                 mode = 0o755 if path.endswith(".so") else 0o644
                 writer.add(zipcopy.deflate(path, data, mode))
-                record.append((path, record_hash(data), str(len(data))))
+                record.append(zipcopy.record_row(path, data))
                 result.added.append(path)
             provenance = {
                 "pin": pin.name, "vllm_version": pin.vllm_version, "version": version,
@@ -394,22 +386,17 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 if rel == "METADATA":
                     data = _set_version(zipcopy.inflate(raw), version, stock_name)
                     writer.add(zipcopy.deflate(new, data, 0o644, raw.date_time))
-                    record.append((new, record_hash(data), str(len(data))))
+                    record.append(zipcopy.record_row(new, data))
                     continue
                 writer.add(zipcopy.Raw(new, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
                                        raw.external_attr))
                 h, size = stock_record[raw.name]
                 record.append((new, h, size))
             writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
-            record.append((f"{new_info}/{PROVENANCE}", record_hash(prov), str(len(prov))))
-            out = io.StringIO()
-            w = csv.writer(out, lineterminator="\n")
-            for row in record:
-                w.writerow(row)
-            w.writerow((f"{new_info}/RECORD", "", ""))
+            record.append(zipcopy.record_row(f"{new_info}/{PROVENANCE}", prov))
             assert record_raw is not None
-            writer.add(zipcopy.deflate(f"{new_info}/RECORD", out.getvalue().encode(), 0o644,
-                                       record_raw.date_time))
+            writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
+                                       0o644, record_raw.date_time))
             writer.close()
         os.replace(tmp, result.path)
     finally:
@@ -479,7 +466,7 @@ def verify_member(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: st
         raise IntegrityError(f"{what}: RECORD gives {raw.name} the hash {row[0][:40]!r}, not sha256=... "
                              "(or a stronger hashlib algorithm); refusing the wheel")
     got, size = zipcopy.digest(raw, algo)
-    if base64.urlsafe_b64encode(got).rstrip(b"=").decode() != want.rstrip("="):
+    if record_b64(got) != want.rstrip("="):
         raise IntegrityError(f"{what}: {raw.name}'s {algo} is not the one its RECORD lists; refusing to "
                              "repack a wheel whose RECORD lies about its members")
     if row[1] and row[1] != str(size):

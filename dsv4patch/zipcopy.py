@@ -1,4 +1,9 @@
-"""Copy a zip (a wheel) member by member without recompressing what is unchanged.
+"""The one wheel writer: deterministic zips, copied member by member where unchanged.
+
+Both wheels dsv4patch makes are written here: the kernel plugin wheel
+(:func:`write`, from :mod:`dsv4patch.kernels.build`) and the patched vLLM
+wheel (:class:`Writer` fed by the repacker, :mod:`dsv4patch.vllm_wheel`); their
+``RECORD`` files come from :func:`record`.
 
 The stock vLLM wheel is about 300 MB of compressed shared libraries; the
 patched wheel differs from it in a few Python files and its metadata.
@@ -25,17 +30,21 @@ most :data:`INFLATE_LIMIT`.  Symlink members are refused (:func:`read_raw`).
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
+import os
 import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from dsv4patch.errors import BuildError, IntegrityError
+from dsv4patch.hashing import record_hash
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -205,3 +214,33 @@ def open_members(path: Path) -> list[zipfile.ZipInfo]:
             return zf.infolist()
     except (zipfile.BadZipFile, OSError) as exc:
         raise BuildError(f"{path}: not a readable zip ({exc})") from None
+
+
+def record_row(name: str, data: bytes) -> tuple[str, str, str]:
+    """The RECORD row of member ``name`` with content ``data``."""
+    return name, record_hash(data), str(len(data))
+
+
+def record(rows: Iterable[tuple[str, str, str]], record_name: str) -> bytes:
+    """A wheel's RECORD: ``rows`` in order, then the RECORD's own row (no hash, no size)."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        w.writerow(row)
+    w.writerow((record_name, "", ""))
+    return out.getvalue().encode()
+
+
+def write(path: Path, members: Iterable[Raw]) -> Path:
+    """Write ``members`` in order as the zip ``path`` (atomically: a temporary file, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            writer = Writer(fh)
+            for raw in members:
+                writer.add(raw)
+            writer.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

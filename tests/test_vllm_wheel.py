@@ -23,9 +23,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import LOCK, ROOT
-from dsv4patch import testenv, vllm_wheel, zipcopy
+
+from dsv4patch import hashing, testenv, vllm_wheel, zipcopy
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
 from dsv4patch.lock import load
@@ -174,7 +174,7 @@ def test_pip_installs_it_and_installed_files_are_the_patched_tree(wheels: dict, 
     assert len(rows) > 4000
     for path, h, size in rows:
         data = (site / path).read_bytes()
-        assert vllm_wheel.record_hash(data) == h and str(len(data)) == size, path
+        assert hashing.record_hash(data) == h and str(len(data)) == size, path
     # The kernel package's runtime sees its hook in the installed vllm/__init__.py.
     res = subprocess.run([py, "-c", f"import {KDIST} as k; print(k.hook_installed(), k.BUILD_INFO['tree_id'])"],
                          capture_output=True, text=True, env=env)

@@ -29,8 +29,6 @@ the toolkit's CUDA version is downloaded once with ``pip download`` and only its
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import platform
@@ -45,7 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsv4patch import zipcopy
 from dsv4patch.errors import BuildError
+from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
 from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
@@ -89,10 +89,6 @@ def gencode(arch: str) -> list[str]:
 
 def cuda_major(version: str) -> int:
     return int(version.split(".")[0])
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -234,7 +230,7 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
     name = f"{pkg}-{major}.{minor}"
     if requirement is not None:
         spec = requirement.split()[0]
-        name = f"{spec.replace('==', '-')}-{sha256_bytes(requirement.encode())[:12]}"
+        name = f"{spec.replace('==', '-')}-{sha256(requirement.encode())[:12]}"
     dest = store.root / "kernels" / "cublas-headers" / name
     with store.lock(f"cublas-{name}"):
         if (dest / "include" / "cublas_v2.h").is_file():
@@ -425,11 +421,11 @@ class BuildResult:
 
 def _closure_hashes(tree: Path, rel: str) -> list[tuple[str, str]]:
     files = [rel, *sources.include_closure(tree, rel)]
-    return [(f, sha256_bytes((tree / f).read_bytes())) for f in files]
+    return [(f, sha256((tree / f).read_bytes())) for f in files]
 
 
 def _key(parts: dict[str, object]) -> str:
-    return sha256_bytes(json.dumps(parts, sort_keys=True).encode())
+    return sha256(json.dumps(parts, sort_keys=True).encode())
 
 
 def dist_name(pin_name: str) -> str:
@@ -462,7 +458,7 @@ def plan_build(
              "flags": common}
     cublas = next((d / "cublas_v2.h" for d in tc.include_dirs if _has_cublas(d)), None)
     if cublas is not None:
-        ident["cublas_v2.h"] = sha256_bytes(cublas.read_bytes())
+        ident["cublas_v2.h"] = sha256(cublas.read_bytes())
     builds: list[UnitBuild] = []
     for u in plan.units:
         ua = unit_arch[u.path]
@@ -554,7 +550,7 @@ def _torch_cuda_stub(store: Store, tc: Toolchain, base_cmd: list[str]) -> Path:
     names = sorted(set(re.findall(r"undefined reference to `([A-Za-z_][A-Za-z0-9_]*)'", trial.stderr)))
     text = "// dsv4patch: stands in for a CPU torch's missing libtorch_cuda.so at link time\n" + "".join(
         f'extern "C" void {n}(void) {{}}\n' for n in names)
-    d = store.root / "kernels" / "stubs" / sha256_bytes((tc.nvcc_version + text).encode())[:16]
+    d = store.root / "kernels" / "stubs" / sha256((tc.nvcc_version + text).encode())[:16]
     lib = d / "libtorch_cuda.so"
     with store.lock(f"kernel-stub-{d.name}"):
         if lib.is_file():
@@ -613,10 +609,6 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
 RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
                 entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "",
                 requires: Sequence[str] = ()) -> Path:
@@ -633,19 +625,12 @@ def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
         f"{info}/entry_points.txt": entry_points.encode(),
     }
     allf = {**files, **meta}
-    record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in allf.items()) + f"{info}/RECORD,,\n"
-    allf[f"{info}/RECORD"] = record.encode()
+    allf[f"{info}/RECORD"] = zipcopy.record((zipcopy.record_row(p, d) for p, d in allf.items()),
+                                            f"{info}/RECORD")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}-{version}-{tag}.whl"
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for arc, data in allf.items():
-            zi = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
-            zi.external_attr = (0o755 if arc.endswith(".so") else 0o644) << 16
-            zi.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(zi, data)
-    os.replace(tmp, path)
-    return path
+    return zipcopy.write(out_dir / f"{name}-{version}-{tag}.whl",
+                         (zipcopy.deflate(arc, data, 0o755 if arc.endswith(".so") else 0o644)
+                          for arc, data in allf.items()))
 
 
 def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain, out_dir: Path) -> Path:
@@ -672,7 +657,7 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         # The torch the pin's vLLM requires; torch_mismatch: built against another one on
         # purpose (--allow-torch), which `status --installed` reports.
         "torch_required": tc.torch_required or None, "torch_mismatch": tc.torch_mismatch,
-        "library_sha256": sha256_bytes(result.library.read_bytes()),
+        "library_sha256": sha256(result.library.read_bytes()),
     }
     files = {
         f"{name}/__init__.py": RUNTIME_SOURCE.read_bytes(),

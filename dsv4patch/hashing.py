@@ -1,0 +1,39 @@
+"""The sha256 digests dsv4patch computes, in one place.
+
+Three forms are needed: the hex digest of bytes (file contents in reports and
+provenance), the hex digest of a file read in chunks (cache blobs, seeded
+files: never read whole), and a wheel ``RECORD`` entry (``sha256=`` and the
+urlsafe base64 digest without padding, as the wheel spec writes it).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def sha256(data: bytes) -> str:
+    """The hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    """The hex sha256 of the file at ``path``, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def record_b64(digest: bytes) -> str:
+    """A digest as a wheel RECORD writes it: urlsafe base64 without the padding."""
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def record_hash(data: bytes) -> str:
+    """The hash column of a wheel RECORD row for ``data``."""
+    return "sha256=" + record_b64(hashlib.sha256(data).digest())

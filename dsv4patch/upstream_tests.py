@@ -6,7 +6,8 @@ that contains the fix (0.28.0 for #51538) which cover it.  The test files are
 not copied into this repository: ``dsv4patch verify --upstream-tests`` takes
 them from that release's sdist (a pin of the lock, so its sha256 is checked),
 copies exactly the listed files into two scratch checkouts of the pin under
-test (patched and unpatched) and runs the listed node ids in both, on CPU.
+test (patched and unpatched) and runs the listed node ids in both, on CPU
+(:func:`run`; ``commands/verify.py`` renders its :class:`UpstreamResult`).
 
 A test is *evidence* only when it passes on the patched tree and fails on the
 unpatched one.  Every other outcome is listed with its reason.
@@ -27,20 +28,21 @@ brackets and a reason in parentheses:
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsv4patch import engine, git, report, testenv, tree
-from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, PatchFileError, TreeError
+from dsv4patch.errors import PatchFileError, TreeError
 from dsv4patch.lock import Lock, Pin
+from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, series_for_pin
+from dsv4patch.store import Store
 
 TRAILER = "Upstream-Test"
 DEFAULT_FROM = "0.28.0"
@@ -141,40 +143,72 @@ def cpu_device(text: str) -> str:
     return text
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--upstream-tests", action="store_true",
-        help="instead of the patches' own tests, run upstream's tests of each fix (the "
-             "headers' Upstream-Test: lines, taken from the --from release's sdist) on the "
-             "patched and the unpatched pin",
-    )
-    p.add_argument(
-        "--from", dest="upstream_from", metavar="PIN", default=None,
-        help=f"with --upstream-tests: the lock's pin whose tests are run (default: {DEFAULT_FROM})",
-    )
+@dataclass
+class UpstreamResult:
+    """The upstream tests of one pin's patches, each run patched and unpatched."""
+
+    pin: Pin
+    source: Pin  # the pin whose sdist the tests come from
+    rows: list[Row]
+    torch: str | None  # None: nothing ran here (every test needs a GPU)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pin": self.pin.name,
+            "from": self.source.name,
+            "torch": self.torch,
+            "ok": self.ok,
+            "tests": [
+                {"patch": r.test.patch, "nodeid": r.test.nodeid, "mode": r.test.mode,
+                 "patched": str(r.patched), "unpatched": str(r.unpatched),
+                 "verdict": r.verdict, "ok": r.ok}
+                for r in self.rows
+            ],
+        }
+
+    def table(self) -> tuple[report.Table, str]:
+        """The terminal table and its markdown."""
+        return report.simple_table(
+            f"dsv4patch verify --upstream-tests: pin {self.pin.name}, tests of vLLM "
+            f"{self.source.vllm_version} (CPU, TRITON_INTERPRET=1)",
+            ["patch", "upstream test", "mode", "patched", "unpatched", "verdict"],
+            [[r.test.patch[:4], r.test.nodeid.rsplit("/", 1)[-1], r.test.mode,
+              _short(str(r.patched)), _short(str(r.unpatched)), r.verdict]
+             for r in self.rows],
+        )
 
 
-def command(args: argparse.Namespace) -> int:
-    """``dsv4patch verify --upstream-tests``: run, report, exit code."""
-    lock = _common.open_lock(args)
-    pin = lock.pin(args.pin)
-    source = _source_pin(lock, args.upstream_from)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
-    pinrepo = tree.materialize(pin, store, prog)
-    srcrepo = tree.materialize(source, store, prog)
+def run(
+    *,
+    lock: Lock,
+    pin: Pin,
+    store: Store,
+    progress: Progress,
+    source: Pin | None = None,
+    patches: Sequence[str] | None = None,
+    torch: str | None = None,
+) -> UpstreamResult:
+    """Run upstream's tests of ``pin``'s patches (``patches``: only those) from ``source``'s
+    sdist (default: the lock's pin 0.28.0) on the patched and the unpatched pin."""
+    source = source or source_pin(lock, None)
+    pinrepo = tree.materialize(pin, store, progress)
+    srcrepo = tree.materialize(source, store, progress)
     series = series_for_pin(lock, pin)
     result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
     if result.final_tree is None:
         raise TreeError(
             f"pin {pin.name}: the series does not apply, nothing to verify; run dsv4patch check"
         )
-    wanted = getattr(args, "patch", None)
+    wanted = patches
     rows = [Row(t) for p in series.patches
             if not wanted or any(p.name == w or p.name.startswith(w) for w in wanted)
             for t in declared(p)]
     work = store.tmpdir(f"upstream-tests-{pin.name}-")
-    torch = None
+    torch_version = None
     try:
         files = _source_files(srcrepo, source, rows)
         patched = work / "patched"
@@ -189,22 +223,23 @@ def command(args: argparse.Namespace) -> int:
                 (d / rel).write_text(data, encoding="utf-8")
         runnable = [r for r in rows if r.test.mode != "gpu"]
         if runnable:
-            env = testenv.ensure(patched, store, args.torch, log=work / "pip.log")
-            torch = env.torch
+            env = testenv.ensure(patched, store, torch, log=work / "pip.log")
+            torch_version = env.torch
             nodeids = [r.test.nodeid for r in runnable]
-            for d, attr in ((patched, "patched"), (unpatched, "unpatched")):
-                results = run_nodeids(env, d, nodeids, work / f"{attr}.xml")
-                for r in runnable:
-                    setattr(r, attr, results[r.test.nodeid])
+            on_patched = run_nodeids(env, patched, nodeids, work / "patched.xml")
+            on_unpatched = run_nodeids(env, unpatched, nodeids, work / "unpatched.xml")
+            for r in runnable:
+                r.patched, r.unpatched = on_patched[r.test.nodeid], on_unpatched[r.test.nodeid]
     finally:
         for d in (work / "patched", work / "unpatched"):
             if (d / ".git").exists():
                 git.worktree_remove(pinrepo.repo, d)
         shutil.rmtree(work, ignore_errors=True)
-    return _emit(args, pin, source, rows, torch)
+    return UpstreamResult(pin, source, rows, torch_version)
 
 
-def _source_pin(lock: Lock, name: str | None) -> Pin:
+def source_pin(lock: Lock, name: str | None) -> Pin:
+    """The pin whose tests run: ``name`` (``--from``), else the lock's 0.28.0."""
     return lock.pin(name or DEFAULT_FROM)
 
 
@@ -298,29 +333,3 @@ def _message(bad: ET.Element | None) -> str:
 def _short(text: str, limit: int = 72) -> str:
     """A table cell: the reason cut short (``--format json`` has it whole)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _emit(args: argparse.Namespace, pin: Pin, source: Pin, rows: list[Row], torch: str | None) -> int:
-    ok = all(r.ok for r in rows)
-    out: dict[str, Any] = {
-        "pin": pin.name,
-        "from": source.name,
-        "torch": torch,
-        "ok": ok,
-        "tests": [
-            {"patch": r.test.patch, "nodeid": r.test.nodeid, "mode": r.test.mode,
-             "patched": str(r.patched), "unpatched": str(r.unpatched),
-             "verdict": r.verdict, "ok": r.ok}
-            for r in rows
-        ],
-    }
-    table, md = report.simple_table(
-        f"dsv4patch verify --upstream-tests: pin {pin.name}, tests of vLLM "
-        f"{source.vllm_version} (CPU, TRITON_INTERPRET=1)",
-        ["patch", "upstream test", "mode", "patched", "unpatched", "verdict"],
-        [[r.test.patch[:4], r.test.nodeid.rsplit("/", 1)[-1], r.test.mode,
-          _short(str(r.patched)), _short(str(r.unpatched)), r.verdict]
-         for r in rows],
-    )
-    report.emit(args.format, out, table, md)
-    return EXIT_OK if ok else EXIT_UNEXPECTED

@@ -17,8 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import pin_requirements, sh
-from dsv4patch import testenv, testrun
-from dsv4patch.commands import verify
+from dsv4patch import testenv, testrun, verifying
 from dsv4patch.store import Store
 from dsv4patch.tree import PinRepo
 
@@ -93,7 +92,7 @@ def test_a_file_that_cannot_be_imported_does_not_hide_the_others(env: testenv.Te
     work = tmp_path / "work"
     work.mkdir()
     store = Store.open(tmp_path / "store")
-    sessions = verify._Sessions(store, env, pinrepo, work, use_cache=True)
+    sessions = verifying.Sessions(store, env, pinrepo, work, use_cache=True)
     patches = [SimpleNamespace(tests=ids) for ids in (A_IDS, B_IDS, C_IDS)]
     out = [sessions.results(tree_id, patches, p) for p in patches]  # type: ignore[arg-type]
     assert len(out[0]) == 5 and {r.outcome for r in out[0]} == {"passed", "failed", "skipped"}

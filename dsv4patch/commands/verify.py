@@ -1,53 +1,19 @@
 """``dsv4patch verify``: prove each patch's tests fail before and pass after.
 
-For every patch of the pin's series (same engine as check/apply):
-
-* *before*: the unpatched pin plus only that patch's new test files
-  (``git apply --include='tests/*'``);
-* *after*: the pin with the whole series applied.
-
-Both run the node ids the patch header lists under ``Test:``, in the cached
-CPU test environment (testenv.py).  All patches' tests of one tree state run in
-one pytest session (testrun.py): one *before* state (the unpatched pin plus
-every patch's test files; a patch whose test files do not combine with the
-others' gets its own) and one *after* state, so vLLM is imported twice per
-run, not twice per patch.  A session's results are cached in the store by tree
-id, node ids and venv contents; with nothing changed no work tree is checked
-out and no test runs (``--no-cache`` runs them anyway).  A patch is *proven* when every test fails
-(or errors) before and passes after.  A test that passes on both is a defect
-of the test.  Tests that skip for lack of CUDA are reported as such, with the
-GPU script that proves them (tests/gpu/).
-
-For a patch that ``check`` finds already upstream, its tests run on the
-unpatched pin: all passing confirms the fix is there.  Tests written against
-the old pin's internals may not run on a newer one; they are then reported
-(pass count, failure kinds) without failing the command, since the markers
-decided.
+The proof is :func:`dsv4patch.verifying.verify` (``--upstream-tests``:
+:func:`dsv4patch.upstream_tests.run`); this module parses the options and
+renders the result.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import time
-import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, testenv, testrun, tree, upstream_tests
+from dsv4patch import report, upstream_tests, verifying
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, TreeError
-from dsv4patch.series import Patch, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 
-UPSTREAM_CONFIRMED = "upstream: tests pass unpatched"
-UPSTREAM_PARTIAL = "upstream by markers; tests inconclusive"
 HELP = "prove each patch's regression tests fail on the unpatched pin and pass once patched"
 
 
@@ -59,297 +25,31 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep the before/after work trees")
     p.add_argument("--no-cache", action="store_true",
                    help="run the tests even when results for the same tree, tests and venv are cached")
-    upstream_tests.add_arguments(p)
+    p.add_argument(
+        "--upstream-tests", action="store_true",
+        help="instead of the patches' own tests, run upstream's tests of each fix (the "
+             "headers' Upstream-Test: lines, taken from the --from release's sdist) on the "
+             "patched and the unpatched pin",
+    )
+    p.add_argument(
+        "--from", dest="upstream_from", metavar="PIN", default=None,
+        help="with --upstream-tests: the lock's pin whose tests are run "
+             f"(default: {upstream_tests.DEFAULT_FROM})",
+    )
     _common.add_output(p, markdown=True)
     _common.add_cache(p)
 
 
-@dataclass
-class Outcome:
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    total: int = 0
-    skip_reasons: tuple[str, ...] = ()
-    failure_kinds: tuple[str, ...] = ()  # exception type per failing test
-
-    def __str__(self) -> str:
-        parts = [f"{n} {w}" for n, w in ((self.passed, "passed"), (self.failed, "failed"),
-                                          (self.skipped, "skipped")) if n]
-        return ", ".join(parts) or "no tests ran"
-
-
-def run_tests(env: testenv.TestEnv, cwd: Path, nodeids: list[str], xml: Path) -> Outcome:
-    cmd = env.pytest_args() + ["-q", "--junitxml", str(xml), "-o", "junit_family=xunit1", *nodeids]
-    subprocess.run(cmd, cwd=cwd, env=env.env(), capture_output=True, text=True)
-    if not xml.exists():
-        return Outcome()
-    out = Outcome()
-    reasons = []
-    kinds = []
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        out.total += 1
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if bad is not None:
-            out.failed += 1
-            msg = (bad.get("message") or "").strip()
-            kinds.append("assert" if msg.startswith(("assert", "AssertionError")) else
-                         msg.split(":", 1)[0][:40] or "error")
-        elif case.find("skipped") is not None:
-            out.skipped += 1
-            reasons.append(case.find("skipped").get("message", ""))  # type: ignore[union-attr]
-        else:
-            out.passed += 1
-    out.skip_reasons = tuple(sorted(set(reasons)))
-    out.failure_kinds = tuple(kinds)
-    return out
-
-
-def verdict(before: Outcome, after: Outcome) -> str:
-    if after.total == 0:
-        return "no tests"
-    if after.skipped == after.total:
-        return "skipped here"
-    if after.passed == after.total and before.failed == before.total and before.total == after.total:
-        return "proven"
-    return "NOT PROVEN"
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.upstream_tests:
-        return upstream_tests.command(args)
-    clock = _Phases()
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
-    with clock("prepare"):
-        pinrepo = tree.materialize(pin, store, prog)
-        series = series_for_pin(lock, pin)
-        result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
-    final = result.final_tree
-    if final is None:
-        raise TreeError(
-            f"pin {pin.name}: the series does not apply, nothing to verify; run dsv4patch check"
-        )
-    patches = [p for p in series.patches if _selected(p, args.patch)]
-    status = {r.patch: r.status for r in result.patches}
-    work = store.tmpdir(f"verify-{pin.name}-")
-    rows: list[list[str]] = []
-    out: dict[str, Any] = {"pin": pin.name, "patched_tree": final, "patches": {}, "ok": True}
-    try:
-        with clock("venv"):
-            env = testenv.ensure(_requirements(pinrepo.repo, final, work / "requirements"), store,
-                                 args.torch, log=work / "pip.log")
-        sessions = _Sessions(store, env, pinrepo, work, use_cache=not args.no_cache)
-        with_tests = [p for p in patches if p.tests]
-        with clock("prepare"):
-            states = _before_states(pinrepo, with_tests)
-        applying = [p for p in with_tests if status[p.name].applies]
-        before: dict[str, Outcome] = {}
-        after: dict[str, Outcome] = {}
-        with clock("tests"):
-            plan = [(tree_id, [n for p in group for n in p.tests]) for tree_id, group in states]
-            if applying:
-                plan.append((final, [n for p in applying for n in p.tests]))
-            sessions.run_all(plan)
-            for tree_id, group in states:
-                for patch in group:
-                    before[patch.name] = _outcome(sessions.results(tree_id, group, patch))
-            for patch in applying:
-                after[patch.name] = _outcome(sessions.results(final, applying, patch))
-        for patch in patches:
-            entry = _verify_patch(patch, status[patch.name], before.get(patch.name),
-                                  after.get(patch.name))
-            out["patches"][patch.name] = entry
-            out["ok"] &= not entry["verdict"].startswith("NOT PROVEN")
-            rows.append([patch.name, str(len(patch.tests)), entry["before"], entry["after"],
-                         entry["where"], entry["verdict"]])
-    finally:
-        if not args.keep:
-            for d in sorted(work.iterdir()) if work.exists() else []:
-                if (d / ".git").exists():
-                    git.worktree_remove(pinrepo.repo, d)
-            shutil.rmtree(work, ignore_errors=True)
-    out["torch"] = env.torch
-    out["sessions"] = {"run": sessions.ran, "cached": sessions.cached}
-    out["phases"] = clock.seconds
-    table, md = report.simple_table(
-        f"dsv4patch verify: pin {pin.name} (torch {env.torch} CPU, TRITON_INTERPRET=1; "
-        f"pytest sessions: {sessions.ran} run, {sessions.cached} cached)",
-        ["patch", "tests", "before (unpatched)", "after (patched)", "where", "verdict"], rows,
-    )
-    report.emit(args.format, out, table, md)
-    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED
-
-
-class _Phases:
-    """Wall seconds per phase of the run (reported as ``phases`` in the JSON output)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.monotonic() - t0, 3)
-
-
-def _requirements(repo: Path, treeish: str, dest: Path) -> Path:
-    """The requirement files testenv reads, from git (no checkout needed to pick the venv)."""
-    for name in ("common.txt", "cuda.txt"):
-        res = git.run(repo, ["cat-file", "blob", f"{treeish}:requirements/{name}"], check=False)
-        if res.ok:
-            (dest / "requirements").mkdir(parents=True, exist_ok=True)
-            (dest / "requirements" / name).write_text(res.stdout)
-    return dest
-
-
-def _before_states(pinrepo: tree.PinRepo, patches: list[Patch]) -> list[tuple[str, list[Patch]]]:
-    """Tree states for the *before* runs: the unpatched pin plus the test files of as many
-    patches as combine (normally all, one state); a patch whose test files do not apply
-    on top of the others' gets a state of its own."""
-    alone: list[tuple[str, list[Patch]]] = []
-    together: list[Patch] = []
-    with git.scratch_index(pinrepo.repo, pinrepo.base_commit) as env:
-        for patch in patches:
-            if _apply_tests(pinrepo.repo, env, patch).ok:
-                together.append(patch)
-                continue
-            with git.scratch_index(pinrepo.repo, pinrepo.base_commit) as own:
-                res = _apply_tests(pinrepo.repo, own, patch)
-                if not res.ok:
-                    raise TreeError(f"{patch.name}: its test files do not apply to the unpatched pin: "
-                                    f"{res.stderr}")
-                alone.append((git.write_tree(pinrepo.repo, own), [patch]))
-        combined = git.write_tree(pinrepo.repo, env)
-    return ([(combined, together)] if together else []) + alone
-
-
-def _apply_tests(repo: Path, env: dict[str, str], patch: Patch) -> git.Result:
-    return git.run(repo, ["apply", "--cached", "--include=tests/*", str(patch.path)], env=env,
-                   check=False)
-
-
-class _Sessions:
-    """pytest sessions per tree state (one for all the patches that share it, from the
-    results cache when nothing changed); work trees are checked out only for a run."""
-
-    def __init__(self, store: Store, env: testenv.TestEnv, pinrepo: tree.PinRepo, work: Path,
-                 use_cache: bool) -> None:
-        self.store, self.env, self.pinrepo, self.work, self.use_cache = store, env, pinrepo, work, use_cache
-        self.ran = 0
-        self.cached = 0
-        self._trees: dict[str, Path] = {}
-        self._results: dict[tuple[str, tuple[str, ...]], list[testrun.TestResult]] = {}
-
-    def checkout(self, tree_id: str) -> Path:
-        if tree_id not in self._trees:
-            dest = self.work / f"tree-{len(self._trees)}"
-            commit = git.commit_tree(self.pinrepo.repo, tree_id, self.pinrepo.base_commit,
-                                     "verify: tree state\n")
-            git.worktree_add(self.pinrepo.repo, dest, commit)
-            self._trees[tree_id] = dest
-        return self._trees[tree_id]
-
-    def session(self, tree_id: str, nodeids: list[str]) -> list[testrun.TestResult]:
-        key = (tree_id, tuple(dict.fromkeys(nodeids)))
-        if key not in self._results:
-            self.run_all([(tree_id, nodeids)])
-        return self._results[key]
-
-    def run_all(self, plan: list[tuple[str, list[str]]]) -> None:
-        """Look up every session of ``plan`` in the cache; run the others at the same time
-        (each is one process that mostly waits on one core: vLLM's import, the Triton
-        interpreter), after checking their trees out one by one."""
-        todo: list[tuple[tuple[str, tuple[str, ...]], str, list[str], Path]] = []
-        for tree_id, nodeids in plan:
-            key = (tree_id, tuple(dict.fromkeys(nodeids)))
-            if key in self._results or any(k == key for k, *_ in todo):
-                continue
-            hit = testrun.lookup(self.store, self.env, tree_id, nodeids) if self.use_cache else None
-            if hit is not None:
-                self._results[key] = hit
-                self.cached += 1
-            else:
-                todo.append((key, tree_id, nodeids, self.checkout(tree_id)))
-        if not todo:
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
-            futures = [pool.submit(testrun.run_and_store, self.store, self.env, tree_id, nodeids, cwd,
-                                   self.work / f"session-{self.ran + i}.jsonl")
-                       for i, (_key, tree_id, nodeids, cwd) in enumerate(todo)]
-            for (key, *_), fut in zip(todo, futures, strict=True):
-                self._results[key] = fut.result()
-        self.ran += len(todo)
-
-    def results(self, tree_id: str, group: list[Patch], patch: Patch) -> list[testrun.TestResult]:
-        """``patch``'s results from the session of ``group`` on ``tree_id``; if that session
-        says nothing about them (pytest stopped early), from a session of its own."""
-        found = testrun.select(self.session(tree_id, [n for p in group for n in p.tests]), patch.tests)
-        if not found and len(group) > 1:
-            found = testrun.select(self.session(tree_id, patch.tests), patch.tests)
-        return found
-
-
-def _outcome(results: list[testrun.TestResult]) -> Outcome:
-    out = Outcome()
-    reasons = []
-    kinds = []
-    for r in results:
-        out.total += 1
-        if r.outcome == "failed":
-            out.failed += 1
-            msg = r.message.strip()
-            kinds.append("assert" if msg.startswith(("assert", "AssertionError")) else
-                         msg.split(":", 1)[0][:40] or "error")
-        elif r.outcome == "skipped":
-            out.skipped += 1
-            reasons.append(r.message)
-        else:
-            out.passed += 1
-    out.skip_reasons = tuple(sorted(set(reasons)))
-    out.failure_kinds = tuple(kinds)
-    return out
-
-
-def _selected(p: Patch, wanted: list[str] | None) -> bool:
-    return not wanted or any(p.name == w or p.name.startswith(w) for w in wanted)
-
-
-def _verify_patch(
-    patch: Patch,
-    status: engine.Status,
-    before: Outcome | None,
-    after: Outcome | None,
-) -> dict[str, Any]:
-    if not patch.tests:
-        return {"tests": [], "before": "-", "after": "-", "where": "-", "verdict": "no tests"}
-    before = before or Outcome()
-    if not status.applies:
-        # Found upstream by check: the strongest signal is the patch's own tests
-        # passing on the unpatched pin (the fix is present).
-        if before.total and before.passed == before.total:
-            v = UPSTREAM_CONFIRMED
-        elif before.total and before.skipped == before.total:
-            v = "skipped here"
-        else:
-            # Tests written against the old pin's internals may not run on a newer
-            # one (changed signatures, fakes that no longer reach the code): the
-            # markers decided, the tests are reported as they are.
-            counts: dict[str, int] = {}
-            for k in before.failure_kinds:
-                counts[k] = counts.get(k, 0) + 1
-            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
-            v = f"{UPSTREAM_PARTIAL}: {before.passed}/{before.total} pass; failures: {kinds}"
-        return {"tests": patch.tests, "status": status.value, "before": str(before),
-                "after": "-", "where": "cpu (unpatched pin)", "verdict": v,
-                "failure_kinds": list(before.failure_kinds)}
-    after = after or Outcome()
-    v = verdict(before, after)
-    where = "cpu" if v != "skipped here" else "gpu only: " + "; ".join(after.skip_reasons)[:80]
-    return {"tests": patch.tests, "before": str(before), "after": str(after), "where": where,
-            "verdict": v}
+    if args.upstream_tests:
+        source = upstream_tests.source_pin(lock, args.upstream_from)
+        up = upstream_tests.run(lock=lock, pin=pin, source=source, store=_common.open_store(args),
+                                progress=_common.progress(args), patches=args.patch, torch=args.torch)
+        report.emit(args.format, up.to_json(), *up.table())
+        return EXIT_OK if up.ok else EXIT_UNEXPECTED
+    res = verifying.verify(lock=lock, pin=pin, store=_common.open_store(args), progress=_common.progress(args),
+                           patches=args.patch, torch=args.torch, keep=args.keep, use_cache=not args.no_cache)
+    report.emit(args.format, res.to_json(), *res.table())
+    return EXIT_OK if res.ok else EXIT_UNEXPECTED

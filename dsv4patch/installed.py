@@ -18,26 +18,30 @@ kernel library of this patched tree is installed.  The kernel library is
 reported with its archs and activation routes (the ``vllm/__init__.py`` hook
 line or the ``vllm.general_plugins`` entry point); on a machine with a GPU,
 ``python -m <kernel package> check`` says whether its kernels are the ones
-torch's dispatcher runs.  Exit 0 only when everything matches.
+torch's dispatcher runs.  ``ok`` only when everything matches.
+
+:func:`check` is the whole inspection (``dsv4patch status --installed`` renders
+its :class:`InstalledReport`).
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import hashlib
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsv4patch import report, safeio, vllm_wheel
-from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.errors import UsageError
+from dsv4patch.hashing import sha256
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import Lock, Pin
+from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json
+from dsv4patch.store import Store
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
 _PROBE = r"""
@@ -183,10 +187,6 @@ def probe(python: str, kernel_dist: str) -> dict[str, Any]:
     return dict(data)
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _diff_summary(have: bytes, want: bytes) -> str:
     a = want.decode("utf-8", "replace").splitlines()
     b = have.decode("utf-8", "replace").splitlines()
@@ -211,7 +211,7 @@ def pick_pin(lock: Lock, name: str | None, version: str | None) -> Pin:
     return matches[0] if matches else lock.pin(None)
 
 
-def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress: Any) -> dict[str, Any]:
+def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progress: Progress) -> dict[str, Any]:
     """The report (``ok`` and per-patch states) for the vLLM ``python`` sees."""
     first = probe(python, "")
     version = (first.get("vllm") or {}).get("version")
@@ -278,7 +278,7 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Any, progress:
             elif change.base is not None and have == change.base:
                 files[rel] = {"state": "stock"}
             else:
-                files[rel] = {"state": "other", "sha256": _sha(have),
+                files[rel] = {"state": "other", "sha256": sha256(have),
                               "diff": _diff_summary(have, change.patched)}
         kernel_only = not files and any(p.startswith("csrc/") for p in paths)
         if kernel_only:
@@ -375,11 +375,59 @@ def active_check(python: str, kdist: str) -> dict[str, Any]:
     return {"checked": True, "exit_code": rc, "report": data, "active": rc == 0}
 
 
-def run(args: argparse.Namespace) -> int:
-    python = args.python or os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
-    lock = _common.open_lock(args)
-    store = _common.open_store(args)
-    out = inspect(lock, args.pin, python, store, _common.progress(args))
+@dataclass
+class InstalledReport:
+    """Does the vLLM an interpreter sees carry the lock's patched files and kernels?"""
+
+    python: str
+    pin: str
+    vllm_version: str
+    installed: dict[str, Any] | None  # package, version, provenance (the wheel's word)
+    patches: dict[str, dict[str, Any]]  # patch -> state and per-file states
+    kernels: dict[str, Any] | None
+    ok: bool
+    notes: list[str] = field(default_factory=list)
+    patch_set_sha256: str | None = None  # None: vLLM is not installed (nothing compared)
+    patched_tree: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
+                               "installed": self.installed, "patches": self.patches,
+                               "kernels": self.kernels, "ok": self.ok, "notes": self.notes}
+        if self.patch_set_sha256 is not None:
+            out["patch_set_sha256"] = self.patch_set_sha256
+            out["patched_tree"] = self.patched_tree
+        return out
+
+    def table(self) -> tuple[report.Table, str]:
+        """The terminal table (one row per patch) and its markdown."""
+        rows = []
+        for name, p in self.patches.items():
+            detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
+                               for f, v in p["files"].items() if v["state"] != "present")
+            rows.append([name, p["state"], detail])
+        return report.simple_table(f"dsv4patch status --installed: {self.python}",
+                                   ["patch", "state", "files not present"], rows)
+
+
+def default_python() -> str:
+    """The interpreter checked without ``--python``: $DSV4PATCH_VLLM_PYTHON, else this one."""
+    return os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+
+
+def check(
+    *,
+    lock: Lock,
+    store: Store,
+    progress: Progress,
+    pin_name: str | None = None,
+    python: str | None = None,
+) -> InstalledReport:
+    """Inspect the vLLM ``python`` (default :func:`default_python`) sees against pin
+    ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
+    the kernel package whether its kernels are the ones torch runs."""
+    python = python or default_python()
+    out = inspect(lock, pin_name, python, store, progress)
     kernel = out.get("kernels") or {}
     if kernel.get("installed"):
         if _gpu_present():
@@ -387,11 +435,6 @@ def run(args: argparse.Namespace) -> int:
             out["ok"] &= kernel["active"]["active"]
         else:
             kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
-    rows = []
-    for name, p in out["patches"].items():
-        detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
-                           for f, v in p["files"].items() if v["state"] != "present")
-        rows.append([name, p["state"], detail])
     inst = out.get("installed")
     out["notes"] = list(out["notes"]) + [
         f"python {out['python']}: " + (f"vLLM {inst.get('version')} at {inst.get('package')}" if inst
@@ -421,7 +464,8 @@ def run(args: argparse.Namespace) -> int:
                 f"(`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
                 "--no-deps <wheel>`)")
     out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
-    table, md = report.simple_table(f"dsv4patch status --installed: {out['python']}",
-                                    ["patch", "state", "files not present"], rows)
-    report.emit(args.format, out, table, md)
-    return EXIT_OK if out["ok"] else EXIT_UNEXPECTED
+    return InstalledReport(
+        python=out["python"], pin=out["pin"], vllm_version=out["vllm_version"], installed=out["installed"],
+        patches=out["patches"], kernels=out["kernels"], ok=bool(out["ok"]), notes=out["notes"],
+        patch_set_sha256=out.get("patch_set_sha256"), patched_tree=out.get("patched_tree"),
+    )

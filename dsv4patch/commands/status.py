@@ -45,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
         from dsv4patch import installed
 
-        args.series = None
-        return installed.run(args)
+        inst = installed.check(lock=_common.open_lock(args), store=_common.open_store(args),
+                               progress=_common.progress(args), pin_name=args.pin, python=args.python)
+        report.emit(args.format, inst.to_json(), *inst.table())
+        return EXIT_OK if inst.ok else EXIT_UNEXPECTED
     if args.tree is None:
         raise UsageError("give --tree DIR (a tree made by dsv4patch apply) or --installed")
     if args.python is not None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import applying, report
+from dsv4patch import applying, building, report
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
@@ -98,34 +97,14 @@ def render_notes(fmt: str, notes: list[str], result: applying.ApplyResult) -> in
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
-@dataclass(frozen=True)
-class BuildOptions:
-    """The kernel build options of ``apply`` / ``resolve --continue`` (kernel mode, defaults otherwise)."""
-
-    out: Path | None = None
-    python: str | None = None
-    nvcc: str | None = None
-    allow_torch: str | None = None
-    format: str = "text"
-    arch: list[str] | None = None
-    extra_include: list[Path] = field(default_factory=list)
-    full: bool = False
-    docker: bool = False
-    dry_run: bool = False
-    base: str | None = None
-
-
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
                  allow_torch: str | None = None, fmt: str = "text") -> applying.KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
-    opts = BuildOptions(out=out, python=python, nvcc=nvcc, allow_torch=allow_torch, format=fmt)
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
-        # Transitional: `dsv4patch build`'s kernel mode is still in commands/build.py (helper
-        # CORE-DELIVER moves it into the core); this is the one place a command reaches it.
-        from dsv4patch.commands import build as build_command
-
-        return build_command.build_tree(path, pin, store, opts, emit=False)[1]  # type: ignore[arg-type]
+        return building.build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
+                                   python=python, nvcc=nvcc, allow_torch=allow_torch,
+                                   out=out or building.DEFAULT_OUT).to_json()
 
     return build
 

@@ -19,11 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import applying, report, vllm_wheel
+from dsv4patch import applying, building, report, vllm_wheel
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, BuildError, UsageError
 from dsv4patch.kernels import stock
 from dsv4patch.lock import Lock, Pin
+from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
 HELP = "make the patched vLLM wheel from the pin's stock wheel (patched files + rebuilt kernels)"
@@ -56,26 +57,22 @@ def host_platform() -> str:
 def build_kernels(lock: Lock, pin: Pin, store: Store, args: argparse.Namespace,
                   patched_tree: str) -> Path | None:
     """Create the patched tree in the cache and run ``dsv4patch build`` on it; the kernel wheel."""
-    from dsv4patch.commands import build
-
     tree = store.root / "wheel-trees" / f"{pin.name}-{patched_tree[:12]}"
     applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=tree,
                                  progress=_common.progress(args))
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {tree} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")
-    bns = argparse.Namespace(arch=args.arch, python=args.python, nvcc=args.nvcc, allow_torch=args.allow_torch,
-                             extra_include=args.extra_include, out=out_dir, format="json",
-                             full=False, dry_run=False, base=None)
     try:
-        _rc, res = build.build_tree(tree, pin, store, bns, emit=False)
+        built = building.build_tree(tree=tree, pin=pin, store=store, progress=Progress.for_output("json"),
+                                    archs=args.arch, python=args.python, nvcc=args.nvcc,
+                                    allow_torch=args.allow_torch, extra_include=args.extra_include, out=out_dir)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)  # a failed build leaves nothing in the cache
         raise
-    if not res.get("wheel"):
+    if built.wheel is None:
         shutil.rmtree(out_dir, ignore_errors=True)
-        return None
-    return Path(res["wheel"])
+    return built.wheel
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from dsv4patch.kernels import stock  # noqa: E402
 from dsv4patch.lock import load  # noqa: E402
-from dsv4patch.store import Store, hash_file  # noqa: E402
+from dsv4patch.hashing import hash_file  # noqa: E402
+from dsv4patch.store import Store  # noqa: E402
 
 
 def stock_library(store: Store, pin) -> tuple[Path, str, str]:

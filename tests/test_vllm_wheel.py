@@ -23,8 +23,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import LOCK, ROOT
 
+from conftest import LOCK, ROOT
 from dsv4patch import hashing, testenv, vllm_wheel, zipcopy
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock

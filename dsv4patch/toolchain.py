@@ -13,7 +13,7 @@ hashed requirements file (``[toolchains.NAME].requirements``, pip
 nvcc is the one ``--nvcc`` names (used or the build fails), else
 ``CUDA_HOME``/``CUDA_PATH``/``PATH``/``/usr/local/cuda``'s when its CUDA major
 is the pin torch's; otherwise NVIDIA's toolkit wheels at the lock's versions
-(``nvidia-cuda-nvcc`` with crt, nvvm, cccl and the runtime headers) are
+(``nvidia-cuda-nvcc`` with crt, nvvm, cccl, nvtx and the runtime headers) are
 installed into the cache the same way.  A torch that differs from the pin's
 (``--python``) is refused unless ``--allow-torch VERSION`` says so on purpose;
 the kernel wheel's ``build_info.json`` then records it.
@@ -47,8 +47,10 @@ from dsv4patch.store import Store
 
 ENV_VERSION = "1"
 MAX_TEXT = 1 << 20  # requirements files, torch/version.py, METADATA: read at most this much
+# nvidia-nvtx: CCCL includes nvtx3 when it is there (a CUDA toolkit always has it), which
+# changes the compiled code; without it the wheels' toolkit would differ from a system one.
 CUDA_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
-                 "nvidia-cuda-runtime")
+                 "nvidia-cuda-runtime", "nvidia-nvtx")
 CUBLAS_PACKAGE = "nvidia-cublas"
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+!-]*)$")
 _HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")

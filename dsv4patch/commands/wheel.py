@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                              "`dsv4patch build` produced no kernel library")
         tmp_kernels = kwheel.parent
         kernels = vllm_wheel.read_kernels(kwheel, pin, tree.patched_tree, plat)
+        notes.append(f"kernel library built here for torch {kernels.info.get('torch_version')}, "
+                     f"CUDA {kernels.info.get('cuda_version')}")
     else:
         notes.append("the patches change no kernel source: no kernel library added")
     try:

@@ -2,8 +2,8 @@
 
 The port itself is :mod:`dsv4patch.porting` (its conflict workspace
 :mod:`dsv4patch.portspace`); this command reads the options, calls
-:func:`porting.port` and renders the result.  ``--verify`` then runs
-``dsv4patch verify`` on the new pin.
+:func:`porting.port` and renders the result.  ``--verify`` then proves the
+new pin as ``dsv4patch verify`` does (:func:`dsv4patch.verifying.verify`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import porting, report
+from dsv4patch import lock as lockmod
+from dsv4patch import porting, report, verifying
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 
@@ -60,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
                                     ["patch", "action", "detail"], rows)
     report.emit(args.format, out, table, md)
     if res.ok and args.verify and not args.dry_run:
-        # Transitional (until verify's core, dsv4patch.verifying, lands): as before this change.
-        from dsv4patch.commands import verify
-
-        vargs = argparse.Namespace(lock=lock.path, pin=res.pin.name, patch=None, torch=args.torch,
-                                   keep=False, format=args.format, cache_dir=args.cache_dir)
-        return verify.run(vargs)
+        written = lockmod.open_lock(lock.path)  # with the new pin, as `dsv4patch verify` reads it
+        proof = verifying.verify(lock=written, pin=written.pin(res.pin.name), store=store, progress=prog,
+                                 torch=args.torch)
+        report.emit(args.format, proof.to_json(), *proof.table())
+        return EXIT_OK if proof.ok else EXIT_UNEXPECTED
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from dsv4patch.errors import FetchError, UsageError
 from dsv4patch.safeio import loads_json
@@ -104,7 +104,8 @@ def _request(url: str, auth_from: str | None = None, accept: str | None = None) 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follow redirects to http(s) only (urllib's own handler also follows ``ftp:``)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
         problem = http_url_problem(newurl)
         if problem:
             raise urllib.error.URLError(f"redirect to {redact(newurl)} refused: {problem}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import applying
 from dsv4patch.commands import _common
@@ -19,7 +18,7 @@ HELP = "apply a pin's patch series to a tree as commits (creates the tree if abs
 DEFAULT_TREE_DIR = "vllm-src"  # without --tree: ./vllm-src/<pin> under the current directory
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, default=None,

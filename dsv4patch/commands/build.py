@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import building, report
 from dsv4patch.commands import _common
@@ -26,7 +25,7 @@ from dsv4patch.errors import EXIT_OK
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("build", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, required=True, help="a tree made by dsv4patch apply")

@@ -16,7 +16,7 @@ from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help=HELP, description=HELP)
     _common.add_lock(p)
     _common.add_output(p, markdown=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import fetching, report
 from dsv4patch.commands import _common
@@ -19,7 +18,7 @@ from dsv4patch.errors import EXIT_OK
 HELP = "download, verify and materialize pins into the cache (or seed it from a file)"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fetch", help=HELP, description=HELP)
     _common.add_lock(p, series=False)
     p.add_argument("--sdist", type=Path, action="append", default=[], help="seed the cache from this sdist file (repeatable; it must be the sha256 a "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from dsv4patch import buildargs, lockupdate, report
 from dsv4patch.commands import _common
@@ -18,7 +17,7 @@ HELP = ("recompute derived lock fields (sdist url/size, base and patched tree id
         "print or check the Docker image's build args")
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lock", help=HELP, description=HELP)
     _common.add_lock(p, series=False)
     mode = p.add_mutually_exclusive_group(required=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import lock as lockmod
 from dsv4patch import porting, report, verifying
@@ -20,7 +19,7 @@ from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("port", help=HELP, description=HELP)
     _common.add_lock(p, pins=False)
     p.add_argument("--to", default=None,

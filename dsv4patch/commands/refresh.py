@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import refreshing, report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 
 HELP = "write a tree's commits on top of its pin's base back as the patch series (quilt refresh)"
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("refresh", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, required=True, help="a tree made by `dsv4patch apply`, with your commits")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import applying, report, resolving
 from dsv4patch.commands import _common
@@ -21,7 +20,7 @@ from dsv4patch.resolving import Invocation
 HELP = "finish (--continue) or undo (--abort) the conflict workspace `apply --3way` left in a tree"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("resolve", help=HELP, description=HELP)
     _common.add_lock(p, pins=False, series=False)
     p.add_argument("--tree", type=Path, required=True, help="the tree `apply --3way` left a conflict in")

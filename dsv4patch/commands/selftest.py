@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import report
 from dsv4patch.commands import _common
@@ -31,7 +30,7 @@ accepted or all rejected), not-run.  Exit 0 only when every selected case passes
 (or is refused by the platform); 1 when any fails or did not run."""
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("selftest", help=HELP, description=DESCRIPTION)
     p.add_argument("--python", default=None,
                    help="interpreter of the environment whose vLLM is checked (default: $DSV4PATCH_VLLM_PYTHON, "

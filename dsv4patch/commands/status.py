@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import report, treestatus
 from dsv4patch.commands import _common
@@ -19,7 +18,7 @@ HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, 
         "they match the lock's series")
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help=HELP, description=HELP)
     p.add_argument("--tree", type=Path, default=None, help="a tree made by dsv4patch apply")
     p.add_argument("--lock", type=Path, default=None,

@@ -8,7 +8,6 @@ renders the result.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from dsv4patch import report, upstream_tests, verifying
 from dsv4patch.commands import _common
@@ -17,7 +16,7 @@ from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
 HELP = "prove each patch's regression tests fail on the unpatched pin and pass once patched"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("verify", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--patch", action="append", help="only these patches (file name or NNNN prefix)")

@@ -31,7 +31,7 @@ HELP = "make the patched vLLM wheel from the pin's stock wheel (patched files + 
 PLATFORMS = ("x86_64", "aarch64")
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("wheel", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--out", type=Path, default=Path("dist"), help="output directory (default: %(default)s)")

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dsv4patch.errors import Dsv4Error
 from dsv4patch.selftest import model as tiny
@@ -48,6 +48,11 @@ from dsv4patch.selftest.oracle import (
     first_difference,
     min_gap,
 )
+
+if TYPE_CHECKING:
+    from dsv4patch.lock import Lock
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 CHILD = Path(__file__).resolve().parent / "child.py"
 VERDICTS = ("pass", "differs", "hang", "crash", "refused", "inconclusive", "not-run")
@@ -164,7 +169,7 @@ def judge(engine: Engine, pset: PromptSet, ev: dict[str, Any]) -> CaseResult:
     return res
 
 
-def _probe_hang(pid: int, log: Any) -> None:
+def _probe_hang(pid: int, log: IO[str]) -> None:
     """Python stacks of a child that stopped making progress (SIGUSR1: faulthandler), into its log."""
     log.write("\n===== hang probe: python stacks (SIGUSR1) =====\n")
     log.flush()
@@ -351,7 +356,7 @@ class CheckResult:
         return {"name": self.name, "ok": self.ok, "note": self.note or None, **self.data}
 
 
-def check_installed(lock: Any, pin: str | None, python: str, store: Any, progress: Any) -> CheckResult:
+def check_installed(lock: Lock, pin: str | None, python: str, store: Store, progress: Progress) -> CheckResult:
     """What ``status --installed`` checks (its core function), the kernel package's GPU check on a GPU."""
     from dsv4patch import installed
 
@@ -387,7 +392,7 @@ def _junit(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def check_regression(lock: Any, pin: str, python: str, store: Any, progress: Any, *, gpu: bool,
+def check_regression(lock: Lock, pin: str, python: str, store: Store, progress: Progress, *, gpu: bool,
                      timeout: float = 600.0, env: dict[str, str] | None = None) -> CheckResult:
     """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
 
@@ -502,11 +507,11 @@ CHECK_NAMES = ("installed", "regression")
 
 def run_selftest(
     *,
-    lock: Any,
+    lock: Lock | None,  # None (and store None) when no check is selected
     pin: str | None,
     python: str,
-    store: Any,
-    progress: Any,
+    store: Store | None,
+    progress: Progress,
     checks: tuple[str, ...],
     cases: list[Case],
     work: Path,
@@ -528,6 +533,10 @@ def run_selftest(
     results: list[CheckResult] = []
 
     def run_checks() -> None:
+        if not checks:
+            return
+        if lock is None or store is None:  # guarded() reports it as the check's failure
+            raise RuntimeError("internal: the selected checks need the lock and the store")
         chosen_pin = pin
         if "installed" in checks:
             inst = check_installed(lock, pin, python, store, progress)

@@ -51,7 +51,10 @@ def _dsv4patch_argvs(line: str) -> list[list[str]]:
     line = PLACEHOLDER.sub("PLACEHOLDER", line)
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
-    words = list(lexer)
+    try:
+        words = list(lexer)
+    except ValueError as exc:  # an unclosed quote: not a command a shell would run
+        return [[f"(line does not split: {exc}: {line.strip()})"]] if "dsv4patch" in line else []
     argvs: list[list[str]] = []
     current: list[str] = []
     for word in [*words, ";"]:
@@ -105,7 +108,7 @@ def test_command_parses(page: str, argv: list[str], fenced: bool) -> None:
     try:
         args = _parser(argv[0] if argv else None).parse_args(argv)
     except UsageError as exc:
-        incomplete = re.search(r"arguments are required|expected one argument", str(exc))
+        incomplete = re.search(r"arguments are required|expected one argument|one of the arguments .* is required", str(exc))
         if fenced or not incomplete:
             pytest.fail(f"{page}: `dsv4patch {' '.join(argv)}` does not parse: {exc}")
         return

@@ -45,17 +45,21 @@ import hashlib
 import io
 import json
 import os
+import platform as platform_module
 import re
+import shutil
 import stat
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dsv4patch import git, pincheck, zipcopy
-from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError
+from dsv4patch import applying, building, git, pincheck, report, zipcopy
+from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, UsageError
 from dsv4patch.hashing import record_b64, record_hash, sha256
+from dsv4patch.kernels import stock as stock_wheels
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.lock import Lock, Pin, WheelFile
@@ -494,3 +498,127 @@ def check_record(path: Path) -> list[str]:
         problems += [f"{n}: in RECORD, not in the wheel" for n in rows]
     return problems
 
+
+def host_platform() -> str:
+    """This machine as a wheel platform of the lock (``x86_64``, ``aarch64``)."""
+    m = platform_module.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+@dataclass
+class PatchedWheel:
+    """What :func:`make_wheel` wrote: the wheel and what it changed against the stock one."""
+
+    pin: Pin
+    platform: str
+    stock: WheelFile
+    tree: PatchedTree
+    built: WheelBuild
+    kernels: KernelPackage | None
+    kernels_given: bool  # from a --kernels wheel (else built here)
+    kernel_sources: list[str]  # the kernel sources the patches change
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        built, tree, k = self.built, self.tree, self.kernels
+        return {
+            "pin": self.pin.name, "platform": self.platform, "wheel": str(built.path), "version": built.version,
+            "patch_set_sha256": tree.series.hash(), "patched_tree": tree.patched_tree,
+            "stock_wheel": {"url": self.stock.url, "sha256": self.stock.sha256},
+            "replaced": built.replaced, "added": built.added, "removed": built.removed,
+            "not_shipped": built.not_shipped, "hooked": built.hooked,
+            "kernels": None if k is None else {"package": k.dist, "from": str(k.source)
+                                               if self.kernels_given else "built here",
+                                               "ops": k.info.get("ops")},
+            "notes": self.notes + [
+                f"wheel: {built.path}",
+                f"version {built.version} (patch set {tree.series.hash()[:12]}, tree {tree.patched_tree[:12]})",
+                f"not in the wheel (not shipped by vLLM's wheel): {len(built.not_shipped)} file(s)"
+                + (" (kernel sources: in the kernel library)" if self.kernel_sources else ""),
+            ],
+        }
+
+    def table(self) -> tuple[report.Table, str]:
+        built = self.built
+        rows = [[p, "replaced"] for p in built.replaced] + [[p, "added"] for p in built.added] + \
+               [[p, "removed"] for p in built.removed] + \
+               ([[built.hooked, "kernels hook line appended"]] if built.hooked else [])
+        return report.simple_table(f"dsv4patch wheel: {self.pin.name} ({self.platform})", ["file", "change"], rows)
+
+
+def make_wheel(
+    *,
+    lock: Lock,
+    pin: Pin,
+    store: Store,
+    progress: Progress,
+    out: Path,
+    platform: str | None = None,
+    kernels: Path | None = None,
+    archs: Sequence[str] | None = None,
+    python: str | None = None,
+    nvcc: str | None = None,
+    allow_torch: str | None = None,
+    extra_include: Sequence[Path] = (),
+) -> PatchedWheel:
+    """The patched wheel of ``pin`` for ``platform`` (default: this machine's), written into ``out``.
+
+    The kernel library comes from ``kernels`` (a ``dsv4patch build`` wheel of this pin and
+    patched tree) or, when the patches change kernel sources, is built here: the patched
+    tree is created in the cache and its kernels built (``archs``, ``python``, ``nvcc``,
+    ``allow_torch``, ``extra_include`` as for :func:`dsv4patch.building.build_tree`).
+    """
+    plat = platform or host_platform()
+    wheel = stock_wheels.wheel_for(pin, plat)
+    tree = patched_tree(lock, pin, store, progress)
+    kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
+    notes: list[str] = []
+    kpkg = None
+    tmp_kernels: Path | None = None
+    if kernels is not None:
+        kpkg = read_kernels(kernels, pin, tree.patched_tree, plat)
+    elif kernel_sources:
+        if plat != host_platform():
+            raise UsageError(
+                f"--platform {plat}: the kernel library is built for this machine "
+                f"({host_platform()}); build it on a {plat} machine with `dsv4patch build --pin "
+                f"{pin.name}` and pass the wheel with --kernels")
+        kwheel = _build_kernels(lock, pin, store, progress, tree.patched_tree, archs=archs, python=python,
+                                nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include)
+        if kwheel is None:
+            raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
+                             "`dsv4patch build` produced no kernel library")
+        tmp_kernels = kwheel.parent
+        kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
+        notes.append(f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
+                     f"CUDA {kpkg.info.get('cuda_version')}")
+    else:
+        notes.append("the patches change no kernel source: no kernel library added")
+    try:
+        blob = stock_wheels.wheel_path(store, wheel, progress)
+        built = build(tree, blob, wheel, kpkg, out)
+    finally:
+        if tmp_kernels is not None:
+            shutil.rmtree(tmp_kernels, ignore_errors=True)
+    return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
+
+
+def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, patched: str, *,
+                   archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
+                   extra_include: Sequence[Path]) -> Path | None:
+    """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel."""
+    path = store.root / "wheel-trees" / f"{pin.name}-{patched[:12]}"
+    applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+    if not applied.ok:
+        raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
+    out_dir = store.tmpdir("kernels-wheel-")
+    try:
+        built = building.build_tree(tree=path, pin=pin, store=store, progress=Progress(False), archs=archs,
+                                    python=python,
+                                    nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a failed build leaves nothing in the cache
+        raise
+    if built.wheel is None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return built.wheel

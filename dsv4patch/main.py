@@ -26,7 +26,7 @@ from dsv4patch.errors import (
     Dsv4Error,
     UsageError,
 )
-from dsv4patch.report import SCHEMA_VERSION
+from dsv4patch.report import SCHEMA_VERSION, literal
 
 COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh",
             "selftest")
@@ -104,7 +104,8 @@ def _report(
     message = redact_text(message)
     extra = {k: redact_text(v) if isinstance(v, str) else v for k, v in (extra or {}).items()}
     prog = f"dsv4patch {command}" if command else "dsv4patch"
-    print(f"{prog}: error: {message}".rstrip(), file=sys.stderr)
+    # A message quotes pins, paths and patch text: control characters are shown escaped.
+    print(literal(f"{prog}: error: {message}".rstrip()), file=sys.stderr)
     if as_json:
         err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
                                "command": command or None}

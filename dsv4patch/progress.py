@@ -56,9 +56,10 @@ class Progress:
         )
         from rich.progress import Progress as RichProgress
 
-        from dsv4patch.report import console
+        from dsv4patch.report import console, literal
 
-        columns = [TextColumn("{task.description}"), BarColumn()]
+        # A description names a pin or a file: shown literally, never read as markup.
+        columns = [TextColumn("{task.description}", markup=False), BarColumn()]
         if total and unit == "bytes":
             columns += [DownloadColumn(), TimeRemainingColumn()]
         elif total:
@@ -66,17 +67,19 @@ class Progress:
         else:
             columns += [TimeElapsedColumn()]
         with RichProgress(*columns, console=console(stderr=True), transient=True) as bar:
-            tid = bar.add_task(description, total=total)
+            tid = bar.add_task(literal(description), total=total)
 
             class _T:
                 def advance(self, n: int) -> None:
                     bar.advance(tid, n)
 
                 def update(self, description: str) -> None:
-                    bar.update(tid, description=description)
+                    bar.update(tid, description=literal(description))
 
             yield _T()
 
     def note(self, message: str) -> None:
         if self.enabled:
-            print(message, file=sys.stderr)
+            from dsv4patch.report import literal
+
+            print(literal(message), file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,11 +18,31 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # rich is loaded only where a terminal table is printed (see console)
     from rich.console import Console, OverflowMethod
     from rich.table import Table as RichTable
+    from rich.text import Text
 
 OK_MARK = {True: "ok", False: "UNEXPECTED"}
 # Version of every --format json object (schemas/*.schema.json); bump it when a
 # field changes meaning or goes away (adding fields does not bump it).
 SCHEMA_VERSION = 1
+
+
+# C0 controls but tab and newline, DEL and the C1 controls (U+0080-U+009F, 8-bit CSI/OSC).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def literal(text: object) -> str:
+    """TEXT with every control character shown as an escape (``\\x1b``, ``\\r``):
+    text from a patch, a tree, a lock, an index or an error never moves the cursor,
+    sets a colour or opens a link on the user's terminal (issue 28)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+def plain(text: object) -> Text:
+    """TEXT as a rich Text shown as it is: brackets are never read as markup
+    (``[bold]``, ``[link=…]``, ``[/]`` stay on screen) and controls are escaped."""
+    from rich.text import Text
+
+    return Text(literal(text))
 
 
 def console(stderr: bool = False) -> Console:
@@ -58,11 +79,13 @@ class Table:
     def to_rich(self) -> RichTable:
         from rich.table import Table as RichTable
 
-        table = RichTable(title=self.title)
+        # Every cell is a plain Text: pin names, paths, evidence quoted from a patch or a
+        # tree (``params.lengths[row_idx]``) are shown literally, never read as markup.
+        table = RichTable(title=plain(self.title))
         for c in self.columns:
-            table.add_column(c, overflow=self.overflow.get(c, "ellipsis"))
+            table.add_column(plain(c), overflow=self.overflow.get(c, "ellipsis"))
         for r in self.rows:
-            table.add_row(*r)
+            table.add_row(*(plain(cell) for cell in r))
         return table
 
 
@@ -75,14 +98,14 @@ def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | 
         # Postable as a PR comment as is: the table, then every note (conflicts, evidence,
         # next steps) as a list item.
         notes = [f"- {n}".replace("\n", "\n  ") for n in report.get("notes", [])]
-        sys.stdout.write((markdown or "") + ("\n\n" + "\n".join(notes) if notes else "") + "\n")
+        sys.stdout.write(literal((markdown or "") + ("\n\n" + "\n".join(notes) if notes else "")) + "\n")
     else:
         out = console()
         if table is not None:
             out.print(table.to_rich())
         for line in report.get("notes", []):
             # Notes are never cut or re-wrapped: commands in them must stay copy-pasteable.
-            out.print(line, markup=False, highlight=False, soft_wrap=True)
+            out.print(plain(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:

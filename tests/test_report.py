@@ -1,0 +1,84 @@
+"""Literal text (issue 28): what comes from a patch, a tree, a lock or an error reaches the
+terminal as it is: brackets are never read as rich markup, control characters (ANSI CSI,
+OSC 8 links) are shown escaped (``\\x1b``) and never written raw.
+
+The CLI runs in a real pseudo-terminal (colour on) and with its output piped, against a real
+git upstream and a real port.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import MINI_FILES, git_pin, sh, write_lock
+from dsv4patch.report import literal, simple_table
+from test_terminal import SGR, _env, run_pty
+
+HOSTILE = '[bold]B[/] [link=https://x]L[/link] \x1b[31mRED\x1b]8;;https://evil\x07X\x1b]8;;\x07 a[i]'
+SHOWN = '[bold]B[/] [link=https://x]L[/link] \\x1b[31mRED\\x1b]8;;https://evil\\x07X\\x1b]8;;\\x07 a[i]'
+
+
+def test_literal_escapes_every_control_character():
+    assert literal(HOSTILE) == SHOWN
+    assert literal("a\tb\nc") == "a\tb\nc"
+    assert literal("\x9b31m\x7f\r") == "\\x9b31m\\x7f\\r"
+
+
+def test_table_cells_are_never_markup():
+    from rich.console import Console
+
+    table, md = simple_table("t [bold]x[/]", ["c[/]"], [["params.lengths[row_idx];"], [HOSTILE]])
+    con = Console(width=200, color_system="truecolor", force_terminal=True)
+    with con.capture() as cap:
+        con.print(table.to_rich())
+    text = SGR.sub(b"", cap.get().encode()).decode()
+    assert "params.lengths[row_idx];" in text and "t [bold]x[/]" in text and "c[/]" in text
+    assert SHOWN in text
+    assert "\x1b]" not in cap.get() and "\x07" not in cap.get()
+
+
+def _hostile_port(tmp_path: Path, upstream) -> tuple[Path, str]:
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    (root / "patches").mkdir()
+    worker = MINI_FILES["vllm/worker.py"]
+    changed = worker.replace("return 0", f"return 2  # {HOSTILE} params.lengths[row_idx];")
+    upstream.patch(root / "patches/0001-x.patch", "a", {"vllm/worker.py": changed}, "one")
+    lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
+                      {"main": ["../patches/0001-x.patch"]})
+    # upstream changed the same line its own way: a conflict quoting both lines
+    (upstream.path / "vllm/worker.py").write_text(worker.replace("return 0", "return 1  # [b]up[/b] params.lengths[row] > 0 \x1b[32mG"))
+    sh(upstream.path, "commit", "-qam", "upstream's own")
+    return lock, sh(upstream.path, "rev-parse", "HEAD")
+
+
+def test_port_table_shows_patch_text_literally(tmp_path, upstream, shared_cache):
+    lock, new = _hostile_port(tmp_path, upstream)
+    args = ["port", "--lock", str(lock), "--to", new, "--git", str(upstream.path), "--name", "new",
+            "--dry-run", "--cache-dir", str(tmp_path / "c")]
+    for env in (_env(), _env(NO_COLOR="1")):  # colour on a pty, and without
+        rc, out = run_pty(args, env, cols=400)
+        assert rc == 1, out  # the conflict, reported with both lines quoted
+        assert b"\x1b]" not in out and b"\x07" not in out and b"\x1b[31m" not in out and b"\x1b[32m" not in out
+        text = SGR.sub(b"", out).decode()
+        assert "params.lengths[row_idx];" in text and "[bold]B[/]" in text
+        assert "[b]up[/b] params.lengths[row] > 0 \\x1b[32mG" in text
+        assert "[link=https://x]L[/link]" in text and "\\x1b[31mRED" in text
+    for fmt in ("markdown", "text"):
+        import subprocess
+        import sys
+
+        from conftest import ROOT
+        p = subprocess.run([sys.executable, "-m", "dsv4patch", *args, "--format", fmt], env=_env(),
+                           cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 1, p.stderr
+        assert "\x1b" not in p.stdout and "\x07" not in p.stdout and "[bold]B[/]" in p.stdout
+        assert "params.lengths[row_idx];" in p.stdout and "[b]up[/b] params.lengths[row] > 0" in p.stdout
+
+
+def test_a_lock_pin_name_with_markup_and_escapes_is_shown_literally(tmp_path, upstream):
+    lock = write_lock(tmp_path / "vllm.toml", {"x": git_pin("[bold]p[/]\\u001b[31m\\u001b]8;;x\\u0007", upstream)})
+    rc, out = run_pty(["check", "--lock", str(lock), "--cache-dir", str(tmp_path / "c")], _env())
+    assert rc != 0
+    assert b"\x1b]" not in out and b"\x07" not in out and b"\x1b[31m" not in out
+    assert b"[bold]p[/]" in out and b"\\x1b[31m" in out

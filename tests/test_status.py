@@ -114,3 +114,27 @@ def test_moved_local_checkout_is_reported_as_changed(tmp_path, upstream, cli):
     st = cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format", "json")
     rep = json.loads(st.out)
     assert st.rc == 1 and rep["source"].startswith("changed:") and "check out that commit" in rep["source"]
+
+
+def test_status_without_tree_uses_the_only_tree_apply_made(tmp_path, upstream, cli, monkeypatch):
+    """issue 28 item 5: `apply` without --tree puts the tree at ./vllm-src/<pin>; `status` finds it."""
+    d = tmp_path / "lock"
+    d.mkdir()
+    lock = _lock(d, upstream)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    res = cli("status", "--lock", lock)
+    assert res.rc == 2 and "give --tree DIR" in res.err and "no ./vllm-src/<pin>" in res.err
+    assert cli("apply", "--lock", lock, "--pin", "p", "--cache-dir", tmp_path / "c").rc == 0
+    assert (work / "vllm-src/p/.git").exists()
+    res = cli("status", "--lock", lock, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    rep = json.loads(res.out)
+    assert set(_states(rep).values()) == {"applied"}
+    assert rep["notes"][0].startswith(f"tree: {work / 'vllm-src/p'}")
+    assert cli("status", "--lock", lock, "--pin", "p").rc == 0
+    (work / "vllm-src/other").mkdir()
+    res = cli("status", "--lock", lock)
+    assert res.rc == 2 and "2 trees under ./vllm-src" in res.err and "--tree vllm-src/other" in res.err
+    assert cli("status", "--lock", lock, "--pin", "p").rc == 0  # --pin chooses

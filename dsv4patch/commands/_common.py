@@ -69,6 +69,28 @@ def tree_path(args: argparse.Namespace) -> Path:
     return checked_tree(args.tree)
 
 
+DEFAULT_TREE_DIR = "vllm-src"  # apply without --tree: ./vllm-src/<pin> under the current directory
+
+
+def default_tree(pin: str | None) -> Path:
+    """The tree ``apply`` made without ``--tree``: ``./vllm-src/<pin>`` (``--pin``), else the one
+    directory under ``./vllm-src``; none or several is a usage error naming what to give."""
+    base = Path(DEFAULT_TREE_DIR)
+    if pin is not None:
+        if (base / pin).is_dir():
+            return checked_tree(base / pin)
+        raise UsageError(f"no ./{DEFAULT_TREE_DIR}/{pin} here (where `dsv4patch apply --pin {pin}` puts "
+                         f"its tree): give --tree DIR")
+    found = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.is_symlink()) if base.is_dir() else []
+    if len(found) == 1:
+        return checked_tree(base / found[0])
+    if not found:
+        raise UsageError(f"give --tree DIR (a tree made by dsv4patch apply) or --installed: "
+                         f"there is no ./{DEFAULT_TREE_DIR}/<pin> here")
+    choices = ", ".join(f"--tree {DEFAULT_TREE_DIR}/{n}" for n in found[:20])
+    raise UsageError(f"{len(found)} trees under ./{DEFAULT_TREE_DIR}: choose one ({choices}) or give --pin")
+
+
 def checked_tree(given: Path) -> Path:
     """A ``--tree``: a directory, or a path that does not exist yet (apply creates it).
 

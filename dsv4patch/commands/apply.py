@@ -15,7 +15,7 @@ from dsv4patch.commands import _common
 from dsv4patch.resolving import Invocation
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
-DEFAULT_TREE_DIR = "vllm-src"  # without --tree: ./vllm-src/<pin> under the current directory
+DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: ./vllm-src/<pin> under the current directory
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -20,7 +20,9 @@ HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help=HELP, description=HELP)
-    p.add_argument("--tree", type=Path, default=None, help="a tree made by dsv4patch apply")
+    p.add_argument("--tree", type=Path, default=None,
+                   help=f"a tree made by dsv4patch apply (default: ./{_common.DEFAULT_TREE_DIR}/<pin> "
+                        f"for --pin, else the only tree under ./{_common.DEFAULT_TREE_DIR})")
     p.add_argument("--lock", type=Path, default=None,
                    help="compare with this lock's series (default: $DSV4PATCH_LOCK, else locks/vllm.toml "
                         "here or in a parent directory; for --tree only when one of its pins has "
@@ -48,12 +50,14 @@ def run(args: argparse.Namespace) -> int:
                                progress=_common.progress(args), pin_name=args.pin, python=args.python)
         report.emit(args.format, inst.to_json(), *inst.table())
         return EXIT_OK if inst.ok else EXIT_UNEXPECTED
-    if args.tree is None:
-        raise UsageError("give --tree DIR (a tree made by dsv4patch apply) or --installed")
     if args.python is not None:
         raise UsageError("--python goes with --installed")
-    path: Path = _common.tree_path(args)
+    path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin)
     res = treestatus.tree_status(path=path, lock=args.lock, pin=args.pin)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())
-    report.emit(args.format, res.to_json(), table, md)
+    out = res.to_json()
+    if args.tree is None:
+        out["notes"] = [f"tree: {path} (no --tree: the tree under ./{_common.DEFAULT_TREE_DIR})",
+                        *out.get("notes", [])]
+    report.emit(args.format, out, table, md)
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

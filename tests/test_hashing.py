@@ -1,0 +1,52 @@
+"""hashing.py: the sha256 forms dsv4patch writes (hex, file in chunks, wheel RECORD), checked
+against independent computations (hashlib, and the RECORD text pip's installer reads)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+from dsv4patch import hashing, zipcopy
+
+
+def test_hash_file_reads_in_chunks_and_matches_the_bytes(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (3 * hashing.CHUNK // 256 + 7)  # spans several chunks, not a multiple
+    f = tmp_path / "blob"
+    f.write_bytes(data)
+    assert hashing.hash_file(f) == hashing.sha256(data) == hashlib.sha256(data).hexdigest()
+    f.write_bytes(data[:-1] + b"\x00")
+    assert hashing.hash_file(f) != hashing.sha256(data)
+
+
+def test_record_hash_is_the_wheel_spec_form() -> None:
+    data = b"print('hi')\n"
+    digest = hashlib.sha256(data).digest()
+    assert hashing.record_hash(data) == "sha256=" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    assert "=" not in hashing.record_hash(data)[len("sha256="):]
+    assert hashing.record_b64(digest) == hashing.record_hash(data)[len("sha256="):]
+
+
+def test_one_writer_gives_a_wheel_whose_record_lists_every_member(tmp_path: Path) -> None:
+    files = {"pkg/__init__.py": b"x = 1\n", "pkg/lib.so": b"\x7fELF" + b"\0" * 100, "pkg,odd name.txt": b"a"}
+    record_name = "pkg-1.0.dist-info/RECORD"
+    members = {**files, record_name: zipcopy.record((zipcopy.record_row(n, d) for n, d in files.items()),
+                                                    record_name)}
+    out = zipcopy.write(tmp_path / "pkg-1.0-py3-none-any.whl",
+                        (zipcopy.deflate(n, d, 0o755 if n.endswith(".so") else 0o644) for n, d in members.items()))
+    again = zipcopy.write(tmp_path / "again.whl", (zipcopy.deflate(n, d) for n, d in members.items()))
+    with zipfile.ZipFile(out) as zf:
+        assert zf.testzip() is None
+        assert {n: zf.read(n) for n in files} == files
+        assert (zf.getinfo("pkg/lib.so").external_attr >> 16) & 0o777 == 0o755
+        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode())))
+    assert rows[-1] == [record_name, "", ""]
+    assert {r[0]: (r[1], r[2]) for r in rows[:-1]} == {
+        n: (hashing.record_hash(d), str(len(d))) for n, d in files.items()}
+    # Deterministic: the same members give the same bytes (modes aside, the second copy is 0644).
+    assert zipcopy.write(tmp_path / "third.whl", (zipcopy.deflate(n, d) for n, d in members.items())
+                         ).read_bytes() == again.read_bytes()
+    assert not list(tmp_path.glob(".*.tmp*"))

@@ -1,0 +1,55 @@
+"""building.py: the arch list a build uses and vLLM's own build of the whole tree (dry run),
+on the real patched 0.27.1 tree (made by applying.apply_pin).  Compiling the kernels
+(building.build_tree) is test_kernels.py's and test_vllm_wheel.py's (needs nvcc)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCK
+from dsv4patch import applying, building
+from dsv4patch.kernels import sources
+from dsv4patch.lock import load
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+pytestmark = [pytest.mark.network]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    lock = load(LOCK)
+    path = tmp_path_factory.mktemp("bt") / "vllm"
+    res = applying.apply_pin(lock=lock, pin=lock.pin("0.27.1"), store=Store.open(shared_cache), tree_path=path,
+                             progress=Progress(False))
+    assert res.ok, res.notes
+    return path
+
+
+def test_archs_from_the_caller_else_the_lock_else_the_trees_release_list(tree: Path) -> None:
+    pin = load(LOCK).pin("0.27.1")
+    assert building.resolve_archs(tree, pin, ["9.0a"], None) == (("9.0a",), "--arch")
+    archs, origin = building.resolve_archs(tree, pin, None, "13.0")
+    if pin.cuda_arch_list:
+        assert (archs, origin) == (pin.cuda_arch_list, 'lock: pins."0.27.1".cuda_arch_list')
+    else:
+        assert archs == sources.release_arch_list(tree, "13.0", platform.machine()).archs and archs
+        assert origin.startswith(f"vLLM release list for {platform.machine()}")
+
+
+def test_full_build_dry_run_says_what_would_run_and_runs_nothing(tree: Path) -> None:
+    pin = load(LOCK).pin("0.27.1")
+    res = building.full_build(tree=tree, pin=pin, archs=["9.0a", "10.0f"], python="/no/such/python", dry_run=True)
+    assert res.command == ["/no/such/python", "-m", "pip", "install", "-v", "."]
+    assert res.env["TORCH_CUDA_ARCH_LIST"] == "9.0a 10.0f" and res.env["MAX_JOBS"] == str(pin.build.max_jobs)
+    out = res.to_json()
+    assert out["mode"] == "full" and out["dry_run"] is True and out["cwd"] == str(tree)
+    assert out["notes"] == ["VLLM_TARGET_DEVICE='cuda' TORCH_CUDA_ARCH_LIST='9.0a 10.0f' "
+                            f"MAX_JOBS='{pin.build.max_jobs}' NVCC_THREADS='{pin.build.nvcc_threads}' "
+                            "/no/such/python -m pip install -v ."]
+    docker = building.full_build(tree=tree, pin=pin, archs=["9.0a"], docker=True, dry_run=True)
+    assert docker.command[:4] == ["docker", "build", "-f", "docker/Dockerfile"] and docker.env == {}
+    assert "torch_cuda_arch_list=9.0a" in docker.command and f"vllm-dsv4patch:{pin.name}" in docker.command

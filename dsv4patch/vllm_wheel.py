@@ -613,7 +613,7 @@ def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, patch
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")
     try:
-        built = building.build_tree(tree=path, pin=pin, store=store, progress=Progress(False), archs=archs,
+        built = building.build_tree(tree=path, pin=pin, store=store, progress=progress, archs=archs,
                                     python=python,
                                     nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
     except BaseException:

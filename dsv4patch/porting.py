@@ -76,10 +76,13 @@ class Ported:
 
 
 def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | None,
-            git_url: str | None = None, local: Path | None = None, name: str | None = None) -> Pin:
+            git_url: str | None = None, local: Path | None = None, name: str | None = None,
+            dry_run: bool = False) -> Pin:
     """The pin to port to: vLLM ``to`` on PyPI, commit ``to`` of ``git_url``, or the checkout ``local``.
 
-    ``name``: the new pin's name (default: the version, or ``fork-<commit>``)."""
+    ``name``: the new pin's name (default: the version, or ``fork-<commit>``).  A name that
+    is already a pin of the lock is refused, except with ``dry_run`` when that pin is ``to``
+    (its version or commit): then that pin itself is returned, to compare the port with."""
     if git_url and local:
         raise UsageError("--git and --local both name the new pin's source; pass one")
     if local is not None:
@@ -106,7 +109,13 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
             "'+' and '-' (no '/', spaces or '..')"
         )
     if name in lock.pins:
-        raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name")
+        have = lock.pins[name]
+        if dry_run and to in (have.vllm_version, have.commit, name):
+            return have
+        hint = ("; `--dry-run` compares the port with it" if to in (have.vllm_version, have.commit, name)
+                else "")
+        raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name NEW to add "
+                            f"another pin{hint}")
     if local is not None:
         return Pin(name=name, vllm_version=name, commit=to,
                    source=Source(kind="local", path=local),
@@ -399,6 +408,23 @@ def evidence_lines(evidence: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _compare_with_pin(pin: Pin, ported: list[Ported], notes: list[str]) -> bool:
+    """Whether each ported patch's action agrees with what ``pin`` (already locked) expects of it:
+    ``drop`` where it expects ``upstream``, a carried patch where it expects ``clean``."""
+    differ = []
+    for p in ported:
+        want = pin.expected_status(p.patch.name)
+        got = ("upstream" if p.action == "drop" else
+               "clean" if p.action in ("keep", "refresh", "merge", "resolved") else p.action)
+        if got != want:
+            differ.append(f"{p.patch.name}: the port gives {p.action}, pin {pin.name} expects {want}")
+    if differ:
+        notes.append(f"differs from the locked pin {pin.name}: " + "; ".join(differ))
+    else:
+        notes.append(f"agrees with the locked pin {pin.name}: every patch as its lock entry expects")
+    return not differ
+
+
 def unmatched_resolutions(resolutions: Path, series: Series) -> list[str]:
     """Files of ``--resolutions DIR`` that name no patch of the series (PORT.md aside)."""
     names = {p.name for p in series.patches}
@@ -489,12 +515,16 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     take its edit as the resolution); ``dry_run``: write nothing.
     """
     pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
-                  local=local, name=name)
+                  local=local, name=name, dry_run=dry_run)
+    existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
     old = tree.materialize(src, store, progress)
     new = tree.materialize(pin, store, progress)
     series = series_for_pin(lock, src)
     notes: list[str] = []
-    if pin.source.kind != "pypi-sdist":
+    if existing:
+        notes.append(f"pin {pin.name} is already in the lock: the port is compared with it (its "
+                     f"variants taken as resolutions, its expected statuses checked); nothing is written")
+    elif pin.source.kind != "pypi-sdist":
         found = fork_version(new, src)
         pin = dataclasses.replace(pin, vllm_version=found.version)
         new = dataclasses.replace(new, pin=pin)
@@ -519,10 +549,26 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                 got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
                 notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
             used = portspace.combine(work / "resolutions", resolutions, portspace.resolutions(ws))
+        if existing and pin.variants:
+            # The lock's variants for this pin are the maintainer's port: used like --resolutions
+            # (an explicit --resolutions file wins).
+            theirs = work / "pin-variants"
+            theirs.mkdir()
+            for vname, vpath in pin.variants.items():
+                shutil.copyfile(vpath, theirs / vname)
+            used = portspace.combine(work / "with-variants", theirs, used)
         repo = work / "port.git"
         git.init_with_alternates(repo, [old.repo, new.repo])
         ported = port_series(repo, old, new, series, pin.name, used)
+        if existing and used is not None:  # name the lock's variant, not the temporary copy
+            ported = [dataclasses.replace(p, detail=p.detail.replace(
+                str(used / p.patch.name), f"pin {pin.name}'s variant {pin.variants[p.patch.name]}"))
+                if p.patch.name in pin.variants else p for p in ported]
         ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
+        if existing:
+            ok = _compare_with_pin(pin, ported, notes) and ok
+        if ok and dry_run and existing:
+            return PortResult(src, pin, ok, ported, notes, dry_run=True)
         if ok and dry_run:
             notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
                          f"writes the variants, {pin.name}'s PORT.md and the lock entry")

@@ -167,3 +167,72 @@ def test_every_dependency_is_explained() -> None:
     names = {re.match(r"[A-Za-z0-9._-]+", s).group(0).lower() for s in specs}  # type: ignore[union-attr]
     text = (ROOT / "docs" / "dependencies.md").read_text().lower()
     assert sorted(n for n in names if f"**{n}**" not in text) == []
+
+
+def _port_examples() -> list[tuple[str, ...]]:
+    """Every ``dsv4patch port`` example the pages and ``port --help`` show without a placeholder."""
+    found: list[tuple[str, ...]] = []
+    texts = [p.read_text() for p in PAGES]
+    help_text = main.build_parser("port").format_help()
+    texts.append(f"`{help_text}`" if "dsv4patch port " in help_text else "")
+    for text in texts:
+        for line in _fenced_lines(text) + _inline_commands(text):
+            for argv in _dsv4patch_argvs(line):
+                if len(argv) > 1 and argv[0] == "port" and "PLACEHOLDER" not in argv and tuple(argv) not in found:
+                    found.append(tuple(argv))
+    return found
+
+
+def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None:
+    """issue 28 item 3: each port example, run as typed (in a copy of this project, with the real
+    vLLM sdists of the shared cache), does what the page next to it says."""
+    import json
+    import shutil
+    import subprocess
+
+    from dsv4patch import tree
+    from dsv4patch.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
+
+    proj = tmp_path / "proj"
+    for d in ("locks", "patches"):
+        shutil.copytree(ROOT / d, proj / d)
+    lock = proj / "locks" / "vllm.toml"
+    before = lock.read_text()
+    # ../vllm-acme: a fork checkout at 0.27.1's tree (the page's --local example).
+    pr = tree.materialize(load(lock).pin("0.27.1"), Store.open(shared_cache), Progress(False))
+    acme = tmp_path / "vllm-acme"
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(pr.repo), str(acme)], check=True)
+    subprocess.run(["git", "-C", str(acme), "checkout", "-q", pr.base_commit], check=True)
+    monkeypatch.chdir(proj)
+    monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(shared_cache))
+    want = {
+        ("port", "--to", "0.28.0", "--dry-run"): 0,
+        ("port", "--to", "0.26.0", "--name", "0.26.0-new"): 1,
+        ("port", "--to", "0.26.0", "--name", "0.26.0-new", "--workspace", "../ws026"): 1,
+        ("port", "--local", "../vllm-acme", "--dry-run"): 0,
+    }
+    examples = _port_examples()
+    assert set(examples) == set(want), f"a port example without an expected result here: {examples}"
+    for argv in examples:
+        import io
+        from contextlib import redirect_stdout
+
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            rc = main.main([*argv, "--format", "json"])
+        assert rc == want[argv], (argv, buf.getvalue()[-3000:])
+        rep = json.loads(buf.getvalue())
+        actions = {k[:4]: v["action"] for k, v in rep["patches"].items()}
+        if argv[2] == "0.28.0":
+            assert actions == {**{f"000{i}": "drop" for i in range(1, 9)}, "0009": "resolved"}
+            assert any("agrees with the locked pin 0.28.0" in n for n in rep["notes"])
+        elif argv[1] == "--local":
+            assert set(actions.values()) == {"keep"}
+        else:
+            assert actions["0001"] == "refresh" and actions["0002"] == "merge"
+            assert actions["0003"] == "conflict"
+        assert lock.read_text() == before  # nothing written to the lock
+    assert (tmp_path / "ws026" / ".git" / "dsv4patch-port.json").is_file()

@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--local", type=Path, default=None,
                    help="a clean local checkout (a fork) to port to, at --to or its HEAD")
     p.add_argument("--dry-run", action="store_true",
-                   help="report what the port would do (keep, refresh, merge, drop) and write nothing")
+                   help="report what the port would do (keep, refresh, merge, drop) and write nothing; "
+                        "--to a version that is already a pin: compare the port with that pin")
     p.add_argument("--from", dest="from_pin", default=None, help="pin to port from (default: the lock's default)")
     p.add_argument("--name", default=None, help="name of the new pin (default: the version/commit)")
     p.add_argument(

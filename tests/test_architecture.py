@@ -10,6 +10,7 @@ failure names the module and the line.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +171,14 @@ def test_every_module_is_in_the_architecture_page() -> None:
     missing = [m.path.as_posix() for m in MODULES
                if m.path.name != "__init__.py" and m.path.as_posix() not in table]
     assert missing == [], "name each module of dsv4patch/ in docs/ARCHITECTURE.md"
+
+
+def test_every_test_file_is_in_the_map() -> None:
+    """The map of which test covers which module lists every tests/test_*.py, and only those."""
+    section = ARCHITECTURE.read_text().split("\n## Which test covers which module", 1)[1]
+    named = set(re.findall(r"`(tests/test_[\w]+\.py)`", section))
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")}
+    assert sorted(files - named) == [] and sorted(named - files) == []
 
 
 def test_the_architecture_page_names_no_module_that_is_gone() -> None:

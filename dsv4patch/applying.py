@@ -16,12 +16,13 @@ or the call fails (a patched tree with stale kernels is half-patched).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, pincheck, resolving, transaction, tree
+from dsv4patch import engine, forks, git, pincheck, resolving, transaction, tree
 from dsv4patch.errors import BuildError, TreeError, writing
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.pincheck import PinReport
@@ -74,6 +75,7 @@ def apply_pin(
     notes: Sequence[str] = (),
     orig_head: str | None = None,
     invocation: Invocation | None = None,
+    branch: str | None = None,
 ) -> ApplyResult:
     """Commit ``pin``'s series (of ``lock``) into the tree at ``tree_path`` (created from the pin if absent).
 
@@ -81,11 +83,14 @@ def apply_pin(
     applies with an offset is committed too.  ``build``: rebuild the kernels
     the patches change (None: do not), after ``before_build`` got the applied result.  ``notes`` come first in the result;
     ``orig_head`` and ``invocation`` are recorded in a workspace this opens
-    (``resolve --continue`` passes the first apply's).  Raises TreeError (exit
+    (``resolve --continue`` passes the first apply's).  A ``git``/``local`` pin's tree may be
+    the user's own checkout (HEAD at the pin's commit or a descendant, :mod:`dsv4patch.forks`):
+    the series is checked against HEAD's content and committed on the current branch, or on
+    a new ``branch`` made at HEAD.  Raises TreeError (exit
     5) for a tree it must not touch, BuildError when the kernels cannot be built.
     """
     path = tree_path
-    pinrepo = tree.materialize(pin, store, progress)
+    pinrepo = tree.materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     out_notes = list(notes)
     advice = (f"free space or fix permissions under {path}, then run apply again "
@@ -119,10 +124,27 @@ def apply_pin(
                 f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first"
             )
         head = git.head(path)
-        if not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
+        fork = forks.is_fork_checkout(path, pinrepo, head)
+        if fork and head is not None:
+            checked = forks.checkout_pinrepo(path, pinrepo, head)
+            if checked.base_tree != pinrepo.base_tree:
+                # The fork's own commits change the content: the lock's tree ids do not apply.
+                out_notes.append(f"{path}: the series is checked against {checked.base_commit[:12]} "
+                                 f"(the fork's content on top of pin {pin.name}'s commit "
+                                 f"{pin.commit[:12]}); the lock's tree ids are not compared")
+                pin = dataclasses.replace(pin, base_tree=None, patched_tree=None)
+                checked = dataclasses.replace(checked, pin=pin)
+            pinrepo = checked
+        elif branch is not None:
+            raise TreeError(f"--branch goes with a checkout of a git or local pin (a fork); {path} "
+                            f"is a tree dsv4patch made for pin {pin.name}")
+        elif not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
             raise TreeError(
                 f"{path} is not a tree of pin {pin.name}: its history lacks the pin's base "
-                f"commit {pinrepo.base_commit[:12]}; use a new directory for --tree"
+                f"commit {pinrepo.base_commit[:12]}"
+                + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
+                   if pin.source.kind in forks.FORK_KINDS else "")
+                + "; use a new directory for --tree"
             )
         with writing(TreeError, str(path), advice):
             result = engine.run_series(path, pinrepo.base_commit, series)
@@ -134,6 +156,9 @@ def apply_pin(
 
         if three_way and result.final_tree is None:
             with writing(TreeError, str(path), advice):
+                if branch is not None and head is not None:  # the workspace commits onto it
+                    out_notes.append(forks.start_branch(path, branch, head))
+                    branch = None
                 ws = resolving.open_workspace(
                     path=path, gitdir=gitdir, lock=lock, pin=pin, pinrepo=pinrepo, series=series,
                     result=result, head=head, store=store, progress=progress,
@@ -160,6 +185,8 @@ def apply_pin(
             out_notes.append(f"{path} already has all patches of pin {pin.name}; nothing to do")
         elif head is not None and (head == pinrepo.base_commit or head in commits):
             with writing(TreeError, str(path), advice):
+                if branch is not None:
+                    out_notes.append(forks.start_branch(path, branch, head))
                 transaction.move_tree(path, gitdir, head, final)
             out_notes.append(
                 f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, pincheck, resolving, transaction, tree
+from dsv4patch import engine, forks, git, pincheck, resolving, transaction, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import TreeError
 from dsv4patch.lock import Lock, Pin
@@ -110,7 +110,7 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
     patches become the pin's variants instead of overwriting shared series files.
     """
     path = tree_path
-    pinrepo = tree.materialize(pin, store, progress)
+    pinrepo = tree.materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     by_name = {p.name: p for p in series.patches}
     base = pinrepo.base_commit
@@ -126,6 +126,9 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
             raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
                             "writes commits: `git commit` (or `git commit --amend`) them first")
         head = git.head(path)
+        fork = forks.is_fork_checkout(path, pinrepo, head) and head is not None
+        if fork and head is not None:
+            base = forks.checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
         if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
             raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
                             f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
@@ -226,11 +229,23 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
     ok = True
     fresh = lockmod.open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     fpin = fresh.pin(pin.name)
-    checked = pincheck.check_pin(fresh, fpin, store, progress)
-    repo, res = checked.repo, checked.result
-    if not chosen_series:
-        lockmod.update_derived(fresh.path, pin.name,
-                               {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
+    keep_ids = bool(chosen_series)  # the lock's derived tree ids stay as they are
+    if fork:
+        # The fork's own checkout: the written series is run on the commit it sits on there; the
+        # lock's tree ids are the pin's, rewritten only when that commit has the pin's content.
+        res = engine.run_series(path, base, series_for_pin(fresh, fpin))
+        if git.out(path, "rev-parse", f"{base}^{{tree}}") != pinrepo.base_tree:
+            keep_ids = True
+            notes.append(f"{path}: the series sits on {base[:12]}, the fork's content on top of pin "
+                         f"{pin.name}'s commit; the lock's tree ids were left as they are")
+        elif not keep_ids:
+            lockmod.update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
+    else:
+        checked = pincheck.check_pin(fresh, fpin, store, progress)
+        repo, res = checked.repo, checked.result
+        if not chosen_series:
+            lockmod.update_derived(fresh.path, pin.name,
+                                   {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
     head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
     if res.final_tree != head_tree:
         ok = False
@@ -238,8 +253,8 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
                      "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
     else:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
-                     + ("" if chosen_series else f" (patched_tree in {fresh.path})"))
-    if writes and not chosen_series:
+                     + ("" if keep_ids else f" (patched_tree in {fresh.path})"))
+    if writes and not keep_ids:
         notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store, progress)
     if writes:
         notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "

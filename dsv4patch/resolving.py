@@ -319,7 +319,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
         opened = lockmod.open_lock(lock_path, state.series)
         pin = opened.pin(pin.name)
         if not state.series:
-            repo = tree.materialize(pin, store, progress)
+            repo = tree.materialize(pin, store, progress, checkout=path)
             res = engine.run_series(repo.repo, repo.base_commit, series_for_pin(opened, pin))
             lockmod.update_derived(opened.path, pin.name,
                                    {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})

@@ -62,11 +62,16 @@ def is_materialized(pin: Pin, store: Store) -> bool:
     return (store.root / "trees" / f"{cache_key(pin)}.git" / READY).exists()
 
 
-def materialize(pin: Pin, store: Store, progress: Progress) -> PinRepo:
+def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | None = None) -> PinRepo:
+    """``pin``'s tree as a cached bare repository with its base commit.
+
+    ``checkout``: the tree a command works on; when it is a ``local`` pin's own
+    checkout (a fork's, :mod:`dsv4patch.forks`), its HEAD may have moved on from
+    the pinned commit (the series committed on top) and the caller checks it."""
     if pin.source.kind == "local":
         # Revalidated on every run, warm cache or not: a checkout that has moved
         # or has edits is refused the same way a cold cache refuses it.
-        check_local_checkout(pin)
+        check_local_checkout(pin, own_tree=checkout)
     key = cache_key(pin)
     dest = store.root / "trees" / f"{key}.git"
     with store.lock(f"tree-{key}"):
@@ -332,9 +337,13 @@ def check_target_tree(path: Path) -> None:
         )
 
 
-def check_local_checkout(pin: Pin) -> None:
+def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
     """A ``local`` pin's checkout must exist and be a clean git checkout at the pinned commit,
-    with no git settings that would run programs (checked before `git status` runs)."""
+    with no git settings that would run programs (checked before `git status` runs).
+
+    ``own_tree``: the tree being worked on; when it is this checkout, HEAD may descend from the
+    pinned commit (the fork's branch with the series on top) and may be mid-work (the caller
+    checks cleanliness)."""
     src = pin.source
     assert src.path is not None
     if not src.path.exists():
@@ -345,6 +354,9 @@ def check_local_checkout(pin: Pin) -> None:
     if not git.is_repo_root(src.path):
         raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
     head = git.head(src.path)
+    own = own_tree is not None and os.path.realpath(own_tree) == os.path.realpath(src.path)
+    if own and head is not None and git.is_ancestor(src.path, pin.commit, head):
+        return
     if head != pin.commit:
         raise TreeError(
             f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "

@@ -233,7 +233,7 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None)
         if ppin.source.kind == "local":
             # The pin's own checkout, revalidated on every run (HEAD, cleanliness).
             try:
-                tree.check_local_checkout(ppin)
+                tree.check_local_checkout(ppin, own_tree=path)
                 source = "unchanged"
             except (TreeError, FetchError) as exc:
                 source = f"changed: {exc}"

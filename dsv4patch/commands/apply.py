@@ -35,6 +35,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="on a conflict, commit the patches before it, apply the failing one 3-way with "
         "conflict markers and stop; then `dsv4patch resolve --continue` or `--abort`",
     )
+    p.add_argument(
+        "--branch", default=None, metavar="NAME",
+        help="with --tree on your own checkout of a git or local pin (a fork): commit the series "
+        "on a new branch NAME made at HEAD (default: on the current branch)",
+    )
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                                    allow_torch=args.allow_torch, fmt=args.format) if args.build else None,
         before_build=before_build,
         notes=notes,
+        branch=args.branch,
         invocation=Invocation(series=tuple(args.series) if args.series else None,
                               cache_dir=args.cache_dir, build=args.build, out=args.out),
     )

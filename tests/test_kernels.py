@@ -52,9 +52,11 @@ def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -
 
 def test_changed_sources_map_to_units_and_ops(patched_tree: Path) -> None:
     plan = sources.plan(patched_tree)
-    # extra 2 passes max_seq_len from both launchers (topk.cu, cooperative_topk.cu).
+    # extra 2 passes max_seq_len from both launchers (topk.cu, cooperative_topk.cu); extra 3
+    # adds the exact fallback to the header both units include.
     assert set(plan.changed) == {"csrc/libtorch_stable/persistent_topk.cuh",
                                  "csrc/libtorch_stable/cooperative_topk.cuh",
+                                 "csrc/libtorch_stable/topk_histogram_4096.cuh",
                                  TOPK, COOP}
     units = {u.path: u for u in plan.units}
     assert set(units) == {"csrc/libtorch_stable/topk.cu", "csrc/libtorch_stable/cooperative_topk.cu"}
@@ -428,3 +430,51 @@ def test_issue29_shape_exact_check_on_cpu(patched_tree: Path, shared_cache: Path
     assert wrong_rows <= {r for r, x in enumerate(lengths) if x > 32768}
     assert len(rep["dup"]) == 1 and "1024 repeated" in rep["dup"][0]
     assert len(rep["outside"]) == 1 and "1 >= width" in rep["outside"][0]
+
+
+# Extra 3's gated cases, on CPU: the exact check judges a tie-overflow row (8192 scores of
+# one coarse bin at the head of a row of 32768) against torch.topk, as on the H200.
+OVERFLOW_CHECK = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import run_vllm_binary_proof as proof
+
+cases = proof.overflow_cases()
+case = next(c for c in cases if c["op"] == "cooperative_topk" and c["k"] == 2048
+            and c.get("data") == "tie_block")
+case = dict(case, rows=3, lengths=case["lengths"][:3])
+rows, width, k = case["rows"], case["width"], case["k"]
+g = torch.Generator().manual_seed(29)
+logits = -(torch.randn(rows, width, generator=g).abs() + 1.0)
+logits[:, :8192] = 0.5 + torch.rand(rows, 8192, generator=g) * 0.03
+right = torch.stack([torch.topk(logits[r, :32768], k).indices for r in range(rows)]).int()
+unwritten = right.clone()
+unwritten[0, 1024:] = -7  # cooperative_topk before extra 3: 1,024 slots never written
+subset = right.clone()  # the top-k of the first 1,024 tie entries only
+subset[1, :] = torch.cat([torch.topk(logits[1, :1024], 1024).indices,
+                          torch.topk(logits[1, 8192:32768], k - 1024).indices + 8192]).int()
+print(json.dumps({"n": len(cases), "data": sorted({c.get("data", "randn") for c in cases}),
+                  "ops": sorted({(c["op"], c["rows"]) for c in cases}),
+                  "right": proof.check(torch, case, logits, right),
+                  "unwritten": proof.check(torch, case, logits, unwritten),
+                  "subset": proof.check(torch, case, logits, subset)}))
+"""
+
+
+def test_overflow_cases_exact_check_on_cpu(patched_tree: Path, shared_cache: Path) -> None:
+    """The H200 proof gates concentrated and tied scores on every path (extra 3) and judges them
+    exactly: the top-k passes; 1,024 unwritten slots and a top-k over a subset of the ties fail."""
+    env = testenv.ensure(patched_tree, Store.open(shared_cache))
+    res = subprocess.run([str(env.python), "-c", OVERFLOW_CHECK, str(GPU_DIR)], env=env.env(),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["n"] == 44
+    assert {"rand", "ties", "tie_block", "equal", "randn"} == set(rep["data"])
+    assert [["cooperative_topk", 31], ["persistent_topk", 31], ["persistent_topk", 40]] == [
+        o for o in rep["ops"] if o[1] in (31, 40)]
+    assert rep["right"] == []
+    assert len(rep["unwritten"]) == 1 and "1024 never written" in rep["unwritten"][0]
+    assert len(rep["subset"]) == 1 and rep["subset"][0].startswith("row 1 ")
+    assert "values differ" in rep["subset"][0]

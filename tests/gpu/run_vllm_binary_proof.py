@@ -157,6 +157,8 @@ def inputs(torch, c: dict, seed: int):
             head = torch.rand(rows + 1, span, generator=g, device="cuda", dtype=torch.float32)
             buf = -(buf.abs() + 1.0)
             buf[:, :span] = 0.5 + head * 0.03
+        elif data == "equal":  # every score of every row equal
+            buf.fill_(0.25)
     logits = buf[:rows]
     lengths = torch.tensor(c["lengths"], dtype=torch.int32, device="cuda")
     out = torch.full((rows, c["k"]), -7, dtype=torch.int32, device="cuda")
@@ -406,23 +408,30 @@ def issue29_cases() -> list[dict]:
     return cases
 
 
-def long_row_probes() -> list[dict]:
-    """Probes of the kernels beyond the clamp, reported apart from the expectations: the
-    issue's shape with quarter-step scores (many exactly equal), with one CTA's share of
-    every row in one coarse bin (tie buffer overflow), and in-contract long rows at its
-    width (max_seq_len = width, so 177256 is a valid length)."""
+def overflow_cases() -> list[dict]:
+    """Concentrated and tied scores (extra 3): issue 29's shape with quarter-step scores (many
+    exactly equal), with one CTA's share of every row in one coarse bin (8192 scores at the
+    head: cooperative_topk kept 1,024 ties per CTA and left 1,024 slots unwritten), in-contract
+    long rows at its width (max_seq_len = width, so 177256 is a valid length) with normal,
+    uniform and tied scores, FilteredTopK's long rows (40 rows) with uniform scores, and rows
+    of one repeated score on the short paths (<= 8192, <= 16384, <= 32768, cluster)."""
     cases = [dict(c, data="ties") for c in issue29_cases() if c["data"] == "randn"]
-    # More than 1,024 scores of one CTA's share in the threshold's coarse bin (cooperative_topk
-    # keeps 1,024 ties per CTA): all rows in range, k slots may stay unwritten (-7 here).
     cases += [dict(c, data="tie_block", lengths=[32768] * c["rows"])
               for c in issue29_cases() if c["data"] == "randn"]
-    for op in ("cooperative_topk", "persistent_topk"):
+    for op, rows in (("cooperative_topk", 31), ("persistent_topk", 31), ("persistent_topk", 40)):
         for k in (2048, 512):
             for data in ("randn", "rand", "ties"):
                 lengths = [max(0, min(x, 196608)) for x in ISSUE29_LENGTHS]
-                lengths = [lengths[i % len(lengths)] for i in range(31)]
-                cases.append({"op": op, "rows": 31, "width": 196608, "k": k, "msl": 196608,
+                lengths = [lengths[i % len(lengths)] for i in range(rows)]
+                cases.append({"op": op, "rows": rows, "width": 196608, "k": k, "msl": 196608,
                               "lengths": lengths, "data": data})
+    for op, rows, width in (("persistent_topk", 8, 8192), ("persistent_topk", 8, 32768),
+                            ("persistent_topk", 40, 32768), ("persistent_topk", 4, 65536),
+                            ("cooperative_topk", 4, 16384), ("cooperative_topk", 8, 65536),
+                            ("cooperative_topk", 31, 65536)):
+        for k in (2048, 512):
+            cases.append({"op": op, "rows": rows, "width": width, "k": k, "msl": width,
+                          "lengths": [width] * rows, "data": "equal"})
     return cases
 
 
@@ -489,16 +498,20 @@ def differential(site: Path, mode: str, work: Path, n_fuzz: int, section, expect
                    "cooperative_topk, persistent kernel, FilteredTopK): exactly the top-k of "
                    "min(len, width, max_seq_len), no repeated index, none outside the row",
                    not i29_bad and len(i29) == 12, json.dumps(i29_bad)[:400]))
-    probes = [dict(c, id=f"p{i}", seed=29500 + i) for i, c in enumerate(long_row_probes())]
-    log(f"probes (not expectations): {len(probes)} cases at width 196608")
-    pr, _ = run_cases(probes, site, mode, work, "probe")
-    section("long_row_probes", {"note": "not an expectation: issue 29's shape with many exactly "
-                                "equal scores, with 8192 scores of one coarse bin at the head of "
-                                "each row (tie buffer overflow), and in-contract rows up to the "
-                                "width (max_seq_len = width) at its shape; a failure here is a "
-                                "kernel bug the clamp does not reach",
-                                "cases": probes, "results": pr,
-                                "not_ok": sorted(k for k, v in pr.items() if v["status"] != "ok")})
+    ov = [dict(c, id=f"p{i}", seed=29500 + i) for i, c in enumerate(overflow_cases())]
+    log(f"overflow cases (extra 3): {len(ov)} cases, concentrated and tied scores")
+    pr, _ = run_cases(ov, site, mode, work, "overflow")
+    ov_bad = sorted(k for k, v in pr.items() if v["status"] != "ok")
+    section("overflow_cases", {"note": "extra 3: issue 29's shape with quarter-step ties, 8192 "
+                               "scores of one coarse bin at each row's head, in-contract rows up "
+                               "to the width with normal, uniform and tied scores, and rows of "
+                               "one repeated score on the short paths",
+                               "cases": ov, "results": pr, "not_ok": ov_bad})
+    expect.append((f"concentrated and tied scores ({len(ov)} cases: uniform, quarter-step ties, a "
+                   "one-bin block per row, all-equal rows; cooperative_topk, persistent kernel, "
+                   "FilteredTopK): exactly the top-k, no repeated index, none outside the row, "
+                   "none unwritten", not ov_bad and len(pr) == len(ov),
+                   ", ".join(ov_bad)[:400]))
 
 
 def standalone_main(args: argparse.Namespace) -> int:
@@ -539,7 +552,7 @@ def standalone_main(args: argparse.Namespace) -> int:
     report["expectations"] = [{"what": w, "ok": ok, "detail": det[:400]} for w, ok, det in expect]
     report["ok"] = all(ok for _, ok, _ in expect)
     (out / "kernel_proof.json").write_text(json.dumps(report, indent=1))
-    probes = report["sections"]["long_row_probes"]
+    ov = report["sections"]["overflow_cases"]
     lines = [f"# dsv4patch kernel proof on {report['device']} (sm_{report['capability'].replace('.', '')}, "
              f"torch {report['torch']})", "",
              f"vLLM {meta['vllm_version']}, series {' + '.join(meta['series'])}, patched tree "
@@ -548,13 +561,15 @@ def standalone_main(args: argparse.Namespace) -> int:
              "", "| expectation | ok | detail |", "|---|---|---|"]
     lines += [f"| {w} | {'yes' if ok else '**NO**'} | {det[:160].replace('|', '/')} |"
               for w, ok, det in expect]
+    n_diff = report["sections"]["differential"]["cases"]
     lines += ["", f"All expectations held: **{report['ok']}**", "",
-              f"Probes (not expectations), ties and in-contract long rows at width 196608: "
-              f"{len(probes['cases']) - len(probes['not_ok'])} of {len(probes['cases'])} right"
-              + (f"; not right: {', '.join(probes['not_ok'])}" if probes["not_ok"] else ""), ""]
-    by_id = {c["id"]: c for c in probes["cases"]}
-    for pid in probes["not_ok"]:
-        c, res = by_id[pid], probes["results"][pid]
+              f"Cases right: {n_diff - len(report['sections']['differential']['not_ok'])} of {n_diff} "
+              f"(differential), {len(ov['cases']) - len(ov['not_ok'])} of {len(ov['cases'])} "
+              "(concentrated and tied scores)"
+              + (f"; not right: {', '.join(ov['not_ok'])}" if ov["not_ok"] else ""), ""]
+    by_id = {c["id"]: c for c in ov["cases"]}
+    for pid in ov["not_ok"]:
+        c, res = by_id[pid], ov["results"][pid]
         first = (res.get("errors") or [res.get("tail", "")])[0]
         lines.append(f"* {pid}: {c['op']} rows {c['rows']} k {c['k']} max_seq_len {c['msl']} "
                      f"data {c.get('data', 'randn')}: {res['status']}; {str(first)[:200]}")
@@ -579,7 +594,8 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: pytest, diff, perf")
     ap.add_argument("--standalone", action="store_true",
                     help="BUNDLE is make_kernel_proof.py's directory: run the kernels alone "
-                    "(hang input, differential, issue 29's shape, probes), no stock vLLM")
+                    "(hang input, differential, issue 29's shape, concentrated and tied "
+                    "scores), no stock vLLM")
     args = ap.parse_args()
     if args.standalone:
         return standalone_main(args)

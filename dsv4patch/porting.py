@@ -446,6 +446,11 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinR
     with transaction.open_tree(ws, new) as created:
         if created:
             notes.append(created)
+        if not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
+            # e.g. the fork's own checkout: its branch is never reset to the new pin's tree.
+            raise TreeError(f"--workspace {ws} is a git tree without pin {pin.name}'s base commit "
+                            f"{new.base_commit[:12]} (your own checkout?); nothing was touched: the "
+                            "workspace is a directory of its own, give a new one")
         at = portspace.open_workspace(ws, new.base_commit, prefix, conflict.patch, conflict.merged, marked,
                                       lock=lock.path, src=src.name, dst=pin.name)
     notes.append(f"{ws}: pin {pin.name} with {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "

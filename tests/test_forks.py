@@ -154,3 +154,16 @@ def test_fork_apply_refuses_an_existing_branch_and_a_checkout_not_on_the_pin(tmp
     res = cli("apply", "--lock", lock, "--pin", "old", "--tree", fork, "--no-build", *cache)
     assert res.rc == 5 and "use a new directory for --tree" in res.err, res.err
     _intact(fork, before)
+
+
+def test_port_workspace_on_the_fork_itself_is_refused_untouched(tmp_path, upstream, cli):
+    """A port conflict's workspace is a directory of its own: pointed at the fork's checkout, it
+    is refused (exit 5) and the fork's branch is never reset to the new pin's tree."""
+    lock, fork = _fork(tmp_path, upstream)
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 1  # acme"))
+    sh(fork, "commit", "-qam", "fork: return 1")
+    before = _history(fork)
+    res = cli("port", "--lock", lock, "--local", fork, "--workspace", fork, "--cache-dir", tmp_path / "c")
+    assert res.rc == 5 and "use a new directory" in res.err, res.out + res.err
+    _intact(fork, before)
+    assert sh(fork, "status", "--porcelain") == ""

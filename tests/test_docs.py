@@ -227,7 +227,10 @@ def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None
         rep = json.loads(buf.getvalue())
         actions = {k[:4]: v["action"] for k, v in rep["patches"].items()}
         if argv[2] == "0.28.0":
-            assert actions == {**{f"000{i}": "drop" for i in range(1, 9)}, "0009": "resolved"}
+            # the seven fixes and extra 1 are upstream; the later extras come from 0.28.0's variants
+            assert {k: v for k, v in actions.items() if v == "drop"} == {f"000{i}": "drop" for i in range(1, 9)}
+            assert actions["0009"] == "resolved"
+            assert set(actions.values()) <= {"drop", "resolved", "keep", "refresh", "merge"}
             assert any("agrees with the locked pin 0.28.0" in n for n in rep["notes"])
         elif argv[1] == "--local":
             assert set(actions.values()) == {"keep"}

@@ -71,6 +71,18 @@ def shared_cache() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def cpu_testenv(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The CPU test venv (torch's CPU build, triton, pytest) that verify uses, for tests that need
+    torch: the CLI's own venv has none (CI's has none), so such tests run their torch parts in this
+    venv's python. Built once into the shared cache (minutes on a cold cache, needs PyPI)."""
+    from dsv4patch import testenv
+    from dsv4patch.store import Store
+
+    req = pin_requirements("0.27.1", shared_cache, tmp_path_factory.mktemp("req"))
+    return testenv.ensure(req, Store.open(shared_cache))
+
+
 @dataclass
 class CliResult:
     rc: int

@@ -1,19 +1,27 @@
 """dsv4patch.selftest.model: the successor design, its margin, and the weights it sets.
 
 The margin is checked twice: in pure Python on the designed matrices
-(``reference_logits``, always), and in torch (when torch is installed: the
-CPU wheel, ``pip install torch``) by applying ``apply_oracle_weights`` to
+(``reference_logits``), and in torch (CPU) by applying ``apply_oracle_weights`` to
 modules laid out as vLLM 0.26.0's DeepSeek-V4 classes name them and running
 the mHC residual, hc head, norm and heads through a reference forward written
 here from the formulas (vLLM's own kernels need a GPU; that part is the
 device run's).
+
+The torch checks run in this process when torch imports here, else in the CPU
+test venv's python (``cpu_testenv``, conftest.py; the CLI's venv, CI's
+included, has no torch): they never skip.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import random
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -111,12 +119,30 @@ def test_the_config_meets_vllm_0_26_0s_constraints(tmp_path):
 # torch: the weights on vLLM-shaped modules, through a reference forward
 
 
-def _torch():
-    return pytest.importorskip("torch", reason="torch is not installed (pip install torch: the CPU wheel)")
+@pytest.fixture
+def torch_run(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], None]:
+    """Runs a torch check (a function of this module): here when torch imports, else in the
+    CPU test venv's python, where its failure (or a torch that will not import) fails the test."""
+    def run(check: Callable[[], None]) -> None:
+        if importlib.util.find_spec("torch") is not None:
+            check()
+            return
+        env = request.getfixturevalue("cpu_testenv")
+        here = Path(__file__).resolve()
+        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        e.update(PYTHONPATH=os.pathsep.join([str(here.parent.parent), str(here.parent)]),
+                 CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+        code = f"import {here.stem} as t; t.{check.__name__}(); print('checked')"
+        res = subprocess.run([str(env.python), "-c", code], env=e, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, f"{check.__name__} in {env.python}:\n{res.stdout[-2000:]}{res.stderr[-6000:]}"
+        assert res.stdout.strip().splitlines()[-1:] == ["checked"], res.stdout[-2000:]
+
+    return run
 
 
 def _modules():
-    torch = _torch()
+    import torch
+
     nn = torch.nn
     H, V, hc = m.HIDDEN_SIZE, m.VOCAB_SIZE, 4
 
@@ -259,7 +285,12 @@ def _gaps_and_argmax(torch, logits):
     return (top.values[:, 0] - top.values[:, 1]), top.indices[:, 0]
 
 
-def test_apply_oracle_weights_makes_the_target_follow_the_successor_map():
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+def test_apply_oracle_weights_makes_the_target_follow_the_successor_map(torch_run):
+    torch_run(_check_the_target_follows_the_successor_map)
+
+
+def _check_the_target_follows_the_successor_map():
     torch, Target, _, _ = _modules()
     model = Target()
     done = m.apply_oracle_weights(model)
@@ -277,7 +308,12 @@ def test_apply_oracle_weights_makes_the_target_follow_the_successor_map():
     assert model.model.layers[0].wo.weight.float().std().item() > 0.5
 
 
-def test_apply_oracle_weights_makes_the_mtp_draft_agree_on_accept_only():
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+def test_apply_oracle_weights_makes_the_mtp_draft_agree_on_accept_only(torch_run):
+    torch_run(_check_the_mtp_draft_agrees_on_accept_only)
+
+
+def _check_the_mtp_draft_agrees_on_accept_only():
     torch, _, MTP, _ = _modules()
     mtp = MTP()
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == []
@@ -295,7 +331,12 @@ def test_apply_oracle_weights_makes_the_mtp_draft_agree_on_accept_only():
     assert agree == len(DESIGN.accept)
 
 
-def test_apply_oracle_weights_gives_dspark_its_markov_bias():
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+def test_apply_oracle_weights_gives_dspark_its_markov_bias(torch_run):
+    torch_run(_check_dspark_has_its_markov_bias)
+
+
+def _check_dspark_has_its_markov_bias():
     torch, _, _, DSpark = _modules()
     ds = DSpark()
     assert m.missing_parts("DSparkDeepseekV4ForCausalLM", m.apply_oracle_weights(ds)) == []
@@ -313,8 +354,13 @@ def test_apply_oracle_weights_gives_dspark_its_markov_bias():
                     for t in DESIGN.cycle] == want
 
 
-def test_missing_parts_names_what_a_changed_layout_lacks():
-    torch, _, MTP, _ = _modules()
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+def test_missing_parts_names_what_a_changed_layout_lacks(torch_run):
+    torch_run(_check_missing_parts_names_what_a_changed_layout_lacks)
+
+
+def _check_missing_parts_names_what_a_changed_layout_lacks():
+    _, _, MTP, _ = _modules()
     mtp = MTP()
     del mtp.model.layers["4"].e_proj
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import pin_requirements, sh
+from conftest import sh
 from dsv4patch import testenv, testrun, verifying
 from dsv4patch.store import Store
 from dsv4patch.tree import PinRepo
@@ -51,9 +51,8 @@ C_IDS = ["tests/test_c.py::test_other"]
 
 
 @pytest.fixture(scope="module")
-def env(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> testenv.TestEnv:
-    req = pin_requirements("0.27.1", shared_cache, tmp_path_factory.mktemp("req"))
-    return testenv.ensure(req, Store.open(shared_cache))
+def env(cpu_testenv: testenv.TestEnv) -> testenv.TestEnv:
+    return cpu_testenv
 
 
 def _tree(root: Path) -> Path:

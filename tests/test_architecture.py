@@ -122,7 +122,7 @@ def test_no_code_builds_a_namespace_or_captures_stdout() -> None:
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="left of issue 26 at 02:40 UTC: commands/selftest.py:77 checks its "
+@pytest.mark.xfail(strict=True, reason="left of issue 26 at 02:40 UTC: commands/selftest.py run() checks its "
                    "deadline options with getattr(args, opt) in a loop (read args.deadline etc. directly)")
 def test_no_hidden_attributes_read_from_args() -> None:
     """No ``getattr(args, ...)``: an option a command reads is one its parser defines."""

@@ -19,7 +19,7 @@ lock's URL instead.  ``lock --update`` and ``port`` ask the same index for an
 sdist's URL, size and hash.
 
 None of these settings, nor the index's pages, are trusted (see "What
-dsv4patch trusts" in the README): an index URL must be ``http(s)://host/...``
+dsv4patch trusts" in docs/trust.md): an index URL must be ``http(s)://host/...``
 (a ``file:``, ``ftp:``, ``javascript:``... setting is refused, exit 2), a link
 or redirect to anything but http(s) is not followed, and credentials in an
 index URL (``https://user:token@host/simple``) are sent, as HTTP basic auth,

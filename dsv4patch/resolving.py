@@ -16,7 +16,7 @@ nothing else: resolving meant ``git am -3`` and ``format-patch`` by hand.
   return to.
 
 The state file lives in the tree, which dsv4patch does not trust (see "What
-dsv4patch trusts" in the README): its commits must be commit ids, its paths
+dsv4patch trusts" in docs/trust.md): its commits must be commit ids, its paths
 paths inside the tree, and it cannot choose where ``resolve`` writes.  The
 lock is the one the command finds (``--lock``, ``$DSV4PATCH_LOCK``, the
 checkout's ``locks/vllm.toml``) and must be the one the state names; the

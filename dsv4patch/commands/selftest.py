@@ -72,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.parallel < 1:
         raise UsageError("--parallel must be at least 1")
-    for opt in ("deadline", "start_deadline", "case_deadline", "kv_cache_gib"):
-        if getattr(args, opt) <= 0:
-            raise UsageError(f"--{opt.replace('_', '-')} must be positive")
+    for opt, value in (("deadline", args.deadline), ("start-deadline", args.start_deadline),
+                       ("case-deadline", args.case_deadline), ("kv-cache-gib", args.kv_cache_gib)):
+        if value <= 0:
+            raise UsageError(f"--{opt} must be positive")
     patterns = _patterns(args.cases)
     every = casemod.all_cases(force_sm120_topk=args.force_sm120_topk)
     if args.list:

@@ -15,8 +15,10 @@ turns the pin's stock PyPI wheel (sha256 from the lock) into
   ``vllm/__init__.py`` gets the activation hook line (the ``install-hook``
   route), so every process that imports vLLM loads the rebuilt kernels;
 * ``METADATA`` carries the local version, ``RECORD`` is rewritten (hash and
-  size of every member), and ``<dist-info>/dsv4patch.json`` names the pin,
-  the patch-set hash, the patched tree and each replaced file.
+  size of every member), ``<dist-info>/dsv4patch.json`` names the pin,
+  the patch-set hash, the patched tree and each replaced file, and
+  ``<dist-info>/sboms/dsv4patch.cdx.json`` says the same in CycloneDX 1.6
+  (:mod:`dsv4patch.sbom`; PEP 770's place for SBOMs).
 
 Why repack rather than vLLM's ``VLLM_USE_PRECOMPILED=1`` route: that route
 runs ``setup.py`` on the source tree, which needs ``setuptools-scm``
@@ -56,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dsv4patch import applying, building, git, pincheck, report, zipcopy
+from dsv4patch import applying, building, git, pincheck, report, sbom, zipcopy
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, UsageError
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import stock as stock_wheels
@@ -237,6 +239,8 @@ class WheelBuild:
     not_shipped: list[str] = field(default_factory=list)
     hooked: str | None = None  # the file that got the kernels' activation line
     provenance: dict[str, Any] = field(default_factory=dict)
+    sbom: str | None = None  # the CycloneDX SBOM's member (<dist-info>/sboms/...)
+    sbom_size: int = 0
 
 
 def member_problem(name: str) -> str | None:
@@ -398,6 +402,11 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 record.append((new, h, size))
             writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
             record.append(zipcopy.record_row(f"{new_info}/{PROVENANCE}", prov))
+            doc = sbom.build(wheel_sbom(tree, stock, stock_name, version, kernels))
+            writer.add(zipcopy.deflate(sbom.sbom_path(new_info), doc))
+            record.append(zipcopy.record_row(sbom.sbom_path(new_info), doc))
+            result.sbom = sbom.sbom_path(new_info)
+            result.sbom_size = len(doc)
             assert record_raw is not None
             writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
                                        0o644, record_raw.date_time))
@@ -409,6 +418,26 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
     if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
         result.not_shipped += sorted(missing)
     return result
+
+
+def kernel_library(kernels: KernelPackage) -> sbom.KernelLibrary:
+    """The kernel package as the SBOM describes it (its library's sha256, the package's hash)."""
+    lib = str(kernels.info.get("library"))
+    parts = kernels.source.name.split("-")
+    return sbom.KernelLibrary(
+        package=kernels.dist, version=parts[1] if len(parts) > 2 else "unknown", library=lib,
+        library_sha256=sha256(kernels.members[f"{kernels.dist}/{lib}"]),
+        package_sha256=kernels_hash(kernels.members), info=dict(kernels.info))
+
+
+def wheel_sbom(tree: PatchedTree, stock: WheelFile, stock_name: str, version: str,
+               kernels: KernelPackage | None) -> sbom.WheelSbom:
+    """What the patched wheel's SBOM says: the applied patches, the ancestors, the kernel library."""
+    return sbom.WheelSbom(
+        pin=tree.pin, version=version, stock=stock, stock_filename=stock_name,
+        patches=[p for p in tree.series.patches if p.name in tree.patch_files],
+        patch_set_sha256=tree.series.hash(), base_tree=tree.base_tree, patched_tree=tree.patched_tree,
+        kernels=kernel_library(kernels) if kernels is not None else None)
 
 
 def top_package(top: set[str]) -> str:
@@ -533,6 +562,7 @@ class PatchedWheel:
             "notes": self.notes + [
                 f"wheel: {built.path}",
                 f"version {built.version} (patch set {tree.series.hash()[:12]}, tree {tree.patched_tree[:12]})",
+                f"SBOM (CycloneDX 1.6): {built.sbom} ({built.sbom_size} bytes)",
                 f"not in the wheel (not shipped by vLLM's wheel): {len(built.not_shipped)} file(s)"
                 + (" (kernel sources: in the kernel library)" if self.kernel_sources else ""),
             ],

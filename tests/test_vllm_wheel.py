@@ -124,7 +124,8 @@ def test_differs_from_stock_only_in_patched_files_kernels_and_metadata(wheels: d
         renamed = {(new_info + n[len(old_info):] if n.startswith(old_info) else n): n for n in s_infos}
         added = set(n_infos) - set(renamed)
         assert added == {f"{KDIST}/__init__.py", f"{KDIST}/__main__.py", f"{KDIST}/build_info.json",
-                         f"{KDIST}/libdsv4patch_kernels.so", new_info + "dsv4patch.json"}
+                         f"{KDIST}/libdsv4patch_kernels.so", new_info + "dsv4patch.json",
+                         new_info + "sboms/dsv4patch.cdx.json"}
         assert set(renamed) <= set(n_infos)  # nothing removed
         differing = set()
         for new, old in renamed.items():

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report, safeio, vllm_wheel
-from dsv4patch.errors import UsageError
+from dsv4patch import report, safeio, sbom, vllm_wheel
+from dsv4patch.errors import EXIT_UNEXPECTED, Dsv4Error, UsageError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import Lock, Pin
@@ -56,6 +56,9 @@ if spec is not None and spec.submodule_search_locations:
         dist = metadata.distribution("vllm")
         out["vllm"]["version"] = dist.version
         out["vllm"]["provenance"] = dist.read_text("dsv4patch.json")
+        # PEP 770 SBOMs: <dist-info>/sboms/*, as the installed RECORD lists them (located, not read)
+        out["vllm"]["sboms"] = sorted(str(dist.locate_file(f)) for f in (dist.files or [])
+                                      if f.parent.name == "sboms" and f.parent.parent.name.endswith(".dist-info"))
     except Exception as exc:
         out["vllm"]["version"] = None
         out["vllm"]["error"] = repr(exc)
@@ -92,6 +95,13 @@ print("DSV4PATCH-PROBE " + json.dumps(out))
 """
 
 STATES = ("present", "stock", "missing", "other")
+
+
+class SbomError(Dsv4Error):
+    """The installed vLLM has no readable SBOM to show (exit 1: it is not what the lock makes)."""
+
+    exit_code = EXIT_UNEXPECTED
+    kind = "integrity"
 
 # Bounds (docs/trust.md): what the target interpreter and its installed files may make dsv4patch read.
 OUTPUT_LIMIT = 16 << 20  # bytes of a child's stdout + stderr kept (the probe, the kernel check)
@@ -156,6 +166,9 @@ def _probe_problem(data: Any) -> str | None:
             return "\"vllm\" has no string \"package\" and \"root\""
         if any(v.get(k) is not None and not isinstance(v.get(k), str) for k in ("version", "provenance")):
             return "\"vllm\" has a version or provenance that is not a string"
+        sboms = v.get("sboms", [])
+        if not isinstance(sboms, list) or not all(isinstance(x, str) for x in sboms):
+            return "\"vllm\".sboms is not a list of strings"
     if data.get("torch") is not None and not isinstance(data.get("torch"), str):
         return "\"torch\" is not a version string"
     k = data.get("kernels")
@@ -290,8 +303,88 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
         out["patches"][patch.name] = {"state": state, "files": files}
         ok &= state == "present"
     ok &= kernel["ok"] or not any(p.startswith("csrc/") for p in changes)
+    out["sbom"], out["sbom_document"] = check_sbom(vllm, tree, kernel)
+    ok &= out["sbom"]["state"] != "mismatch"  # an SBOM that contradicts the installed files fails
     out["ok"] = bool(ok)
     return out
+
+
+def _library_sha256(path: Path) -> str | None:
+    """sha256 of the installed kernel library (no link, no FIFO, at most 1 GiB), or None."""
+    import hashlib
+
+    try:
+        fd = safeio.open_regular(path)
+    except (OSError, safeio.UnsafeFileError):
+        return None
+    h = hashlib.sha256()
+    got = 0
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            got += len(chunk)
+            if got > vllm_wheel.KERNEL_MEMBER_LIMIT:
+                return None
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
+               kernel: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The installed SBOM (``<dist-info>/sboms/dsv4patch.cdx.json``) against what is installed.
+
+    (report, the document's text or None).  ``state``: ``ok``, ``mismatch`` (it
+    contradicts the installed version, the lock's patch set or the installed
+    kernel library: each ``problems`` line says which), ``unreadable`` (a link,
+    too large, not JSON) or ``absent`` (vLLM installed another way: the
+    patched tree plus a kernel wheel, or a stock wheel).
+    """
+    paths = list(vllm.get("sboms") or [])
+    mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
+    if not mine:
+        return ({"state": "absent", "path": None, "others": paths,
+                 "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
+                              "(not installed from a `dsv4patch wheel` wheel)"]}, None)
+    path = mine[0]
+    rep: dict[str, Any] = {"state": "unreadable", "path": path, "problems": []}
+    try:
+        raw = safeio.read_bytes(path, sbom.SBOM_LIMIT, what=path)
+        doc = loads_json(raw, label=path, limit=sbom.SBOM_LIMIT)
+    except FileNotFoundError:
+        rep["problems"].append(f"{path}: listed in RECORD but missing")
+        return rep, None
+    except (OSError, safeio.UnsafeFileError) as exc:
+        rep["problems"].append(str(exc) if isinstance(exc, safeio.UnsafeFileError) else f"{path}: {exc}")
+        return rep, None
+    facts = sbom.read(doc)
+    problems = list(facts.problems)
+    version = vllm.get("version")
+    if facts.version != version:
+        problems.append(f"the SBOM describes vLLM {facts.version}, the installed vLLM is {version}")
+    if version and facts.purl != sbom.purl(version):
+        problems.append(f"the SBOM's purl is {facts.purl}, not {sbom.purl(version)}")
+    applied = {p.name: p.sha256 for p in tree.series.patches if p.name in tree.patch_files}
+    if facts.patch_set_sha256 != tree.series.hash():
+        problems.append(f"the SBOM's patch set is {str(facts.patch_set_sha256)[:12]}, the lock's is "
+                        f"{tree.series.hash()[:12]}")
+    if facts.patches != applied:
+        diff = sorted(set(facts.patches.items()) ^ set(applied.items()))
+        problems.append("the SBOM's patches are not the lock's applied patches (differ: "
+                        + ", ".join(n for n, _ in diff[:5]) + ")")
+    if sorted(facts.diff_sha256) != sorted(applied.values()):
+        problems.append("the SBOM's pedigree patch texts do not hash to the lock's patches")
+    if kernel.get("installed"):
+        have = _library_sha256(Path(kernel["library"]))
+        if facts.kernel_library_sha256 is None:
+            problems.append("the SBOM names no kernel library, one is installed")
+        elif have != facts.kernel_library_sha256:
+            problems.append(f"the installed kernel library {kernel['library']} has sha256 "
+                            f"{str(have)[:16]}, the SBOM says {facts.kernel_library_sha256[:16]}")
+    elif facts.kernel_library_sha256 is not None:
+        problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
+    rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
+    return rep, raw.decode("utf-8", "replace")
 
 
 def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:
@@ -389,6 +482,8 @@ class InstalledReport:
     notes: list[str] = field(default_factory=list)
     patch_set_sha256: str | None = None  # None: vLLM is not installed (nothing compared)
     patched_tree: str | None = None
+    sbom: dict[str, Any] | None = None  # the installed SBOM checked (check_sbom); None: no vLLM
+    sbom_document: str | None = None  # its text, as installed (``status --installed --format cyclonedx``)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
@@ -397,6 +492,8 @@ class InstalledReport:
         if self.patch_set_sha256 is not None:
             out["patch_set_sha256"] = self.patch_set_sha256
             out["patched_tree"] = self.patched_tree
+        if self.sbom is not None:
+            out["sbom"] = self.sbom
         return out
 
     def table(self) -> tuple[report.Table, str]:
@@ -463,9 +560,19 @@ def check(
                 f"{name}: {p['state']} ({bad or 'its kernels: see the kernel library line'})\n  next: install the patched wheel again "
                 f"(`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
                 "--no-deps <wheel>`)")
+    rep = out.get("sbom")
+    if rep is not None:
+        if rep["state"] == "ok":
+            out["notes"].append(f"SBOM {rep['path']}: matches the installed vLLM, patch set and kernel library")
+        else:
+            out["notes"].append(f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
+                                + "".join(f"\n  {line}" for line in rep["problems"])
+                                + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
+                                   if rep["state"] == "mismatch" else ""))
     out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
     return InstalledReport(
         python=out["python"], pin=out["pin"], vllm_version=out["vllm_version"], installed=out["installed"],
         patches=out["patches"], kernels=out["kernels"], ok=bool(out["ok"]), notes=out["notes"],
         patch_set_sha256=out.get("patch_set_sha256"), patched_tree=out.get("patched_tree"),
+        sbom=out.get("sbom"), sbom_document=out.get("sbom_document"),
     )

@@ -8,6 +8,7 @@ it and renders the table.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from dsv4patch import report, treestatus
@@ -36,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--python", default=None,
                    help="with --installed: the interpreter of the vLLM environment (default: "
                         "$DSV4PATCH_VLLM_PYTHON, else the one running dsv4patch)")
-    _common.add_output(p)
+    p.add_argument("--format", choices=["text", "json", "cyclonedx"], default="text",
+                   help="output format; cyclonedx (with --installed): print the installed vLLM's CycloneDX "
+                        "SBOM as installed (exit 1 when it is absent, unreadable or does not match)")
     _common.add_cache(p)
 
 
@@ -48,10 +51,19 @@ def run(args: argparse.Namespace) -> int:
 
         inst = installed.check(lock=_common.open_lock(args), store=_common.open_store(args),
                                progress=_common.progress(args), pin_name=args.pin, python=args.python)
+        if args.format == "cyclonedx":
+            if inst.sbom_document is None:
+                reason = "; ".join((inst.sbom or {}).get("problems") or ["vLLM is not installed"])
+                raise installed.SbomError(f"status --installed --format cyclonedx: no SBOM to print ({reason}); "
+                                       "run `dsv4patch status --installed` for the whole report")
+            sys.stdout.write(inst.sbom_document)
+            return EXIT_OK if inst.ok else EXIT_UNEXPECTED
         report.emit(args.format, inst.to_json(), *inst.table())
         return EXIT_OK if inst.ok else EXIT_UNEXPECTED
     if args.python is not None:
         raise UsageError("--python goes with --installed")
+    if args.format == "cyclonedx":
+        raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
     path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin)
     res = treestatus.tree_status(path=path, lock=args.lock, pin=args.pin)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())

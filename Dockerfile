@@ -232,6 +232,7 @@ RUN if python3 -m pip --version >/dev/null 2>&1; then \
     && /opt/dsv4patch-venv/bin/pip install --no-cache-dir --no-index \
         --find-links /opt/dsv4patch/wheels dsv4patch \
     && ln -s /opt/dsv4patch-venv/bin/dsv4patch /usr/local/bin/dsv4patch \
+    && python3 -c 'import glob, zipfile; z = zipfile.ZipFile(glob.glob("/opt/dsv4patch/dist/vllm-*.whl")[0]); n = [m for m in z.namelist() if m.endswith(".dist-info/sboms/dsv4patch.cdx.json")]; open("/opt/dsv4patch/sbom.cdx.json", "wb").write(z.read(n[0]))' \
     && dsv4patch status --installed --python "$(command -v python3)" --pin "${VLLM_PIN}" \
     && if [ "${KERNEL_DISPATCH_CHECK}" = 1 ]; then \
         python3 -m "dsv4patch_kernels_$(echo "${VLLM_PIN}" | tr -cs 'A-Za-z0-9\n' '_')" check --no-device; \
@@ -244,4 +245,5 @@ LABEL org.opencontainers.image.title="vLLM ${VLLM_VERSION} with the DeepSeek-V4 
       dev.dsv4patch.vllm.commit="${VLLM_COMMIT}" \
       dev.dsv4patch.patch-set.sha256="${PATCH_SET_SHA256}" \
       dev.dsv4patch.patched-tree="${PATCHED_TREE}" \
-      dev.dsv4patch.lock.sha256="${LOCK_SHA256}"
+      dev.dsv4patch.lock.sha256="${LOCK_SHA256}" \
+      dev.dsv4patch.sbom="/opt/dsv4patch/sbom.cdx.json"

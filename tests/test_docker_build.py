@@ -56,6 +56,7 @@ import pytest
 from dsv4patch import buildargs, testenv
 from dsv4patch.kernels import stock
 from dsv4patch.lock import load
+from dsv4patch.series import series_for_pin
 from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,8 +325,16 @@ def test_final_image_runs_the_patched_wheel(built) -> None:
                for line in show.splitlines())
     rep = json.loads(docker(*run, "dsv4patch", "status", "--installed", "--format", "json").stdout)
     assert rep["ok"] and rep["pin"] == PIN and rep["patched_tree"] == want["PATCHED_TREE"]
-    assert set(p["state"] for p in rep["patches"].values()) == {"present"} and len(rep["patches"]) == 9
+    lock = load(built["lock"])
+    assert set(p["state"] for p in rep["patches"].values()) == {"present"}
+    assert len(rep["patches"]) == len(series_for_pin(lock, lock.pin(PIN)).patches)  # ten since extra 3
     assert rep["kernels"]["ok"] and rep["kernels"]["routes"]["vllm-hook"]
+    # The SBOM: at the path the label names, the same bytes as the installed one, which matches.
+    assert rep["sbom"]["state"] == "ok"
+    labels = json.loads(docker("image", "inspect", "dsv4patch-test/final:ok").stdout)[0]["Config"]["Labels"]
+    assert labels["dev.dsv4patch.sbom"] == "/opt/dsv4patch/sbom.cdx.json"
+    assert docker(*run, "cat", labels["dev.dsv4patch.sbom"]).stdout == docker(
+        *run, "dsv4patch", "status", "--installed", "--format", "cyclonedx").stdout
     assert "dsv4patch status --installed" in built["log"] and "everything matches the lock" in built["log"]
     pin = load(built["lock"]).pin(PIN)
     with zipfile.ZipFile(stock.wheel_path(Store.open(built["cache"]), stock.wheel_for(pin, "x86_64"))) as zf:

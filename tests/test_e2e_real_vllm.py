@@ -296,7 +296,7 @@ def test_status_installed_sh_reports_both_sites_from_the_carried_sdist(vllm_026:
 
     The sites are laid out as ``device.sh`` lays them out: the stock wheel's
     vLLM, and a copy with the patched tree's files over it (no kernel wheel
-    here: fixes 7-9 then read ``missing``). The lock's patched tree is made
+    here: fixes 7-10 then read ``missing``). The lock's patched tree is made
     from the sdist that ``pack_status.py`` carries, in a cache of its own.
     """
     e2e, src = tmp_path / "e2e", tmp_path / "src"
@@ -329,8 +329,8 @@ def test_status_installed_sh_reports_both_sites_from_the_carried_sdist(vllm_026:
     patched, stock_rep = reports
     assert patched["installed"]["package"] == str(e2e / "vllm-patched" / "vllm")
     states = {n[:4]: p["state"] for n, p in patched["patches"].items()}
-    assert states == {**{f"000{i}": "present" for i in range(1, 7)}, **{f"000{i}": "missing" for i in (7, 8, 9)}}
+    assert states == {**{f"000{i}": "present" for i in range(1, 7)}, **{f"{i:04d}": "missing" for i in (7, 8, 9, 10)}}
     assert {n[:4]: p["state"] for n, p in stock_rep["patches"].items()} == \
-        {**{f"000{i}": "stock" for i in range(1, 7)}, **{f"000{i}": "missing" for i in (7, 8, 9)}}
+        {**{f"000{i}": "stock" for i in range(1, 7)}, **{f"{i:04d}": "missing" for i in (7, 8, 9, 10)}}
     assert not patched["ok"] and not stock_rep["ok"]
     assert text.count("exit code: 1") == 4 and "no GPU" in text

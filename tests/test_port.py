@@ -49,7 +49,7 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     # sampling-state copy), so the automatic port stops there.
     assert actions == {"0001": "refresh", "0002": "merge", "0003": "conflict", "0004": "not-ported",
                        "0005": "not-ported", "0006": "not-ported", "0007": "not-ported",
-                       "0008": "not-ported", "0009": "not-ported"}
+                       "0008": "not-ported", "0009": "not-ported", "0010": "not-ported"}
     hunk = rep["patches"][next(k for k in rep["patches"] if k.startswith("0003"))]["conflicts"][0]
     assert hunk["file"] == "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
     assert "max_model_len" in hunk["patch"]  # the two sides are reported

@@ -273,7 +273,11 @@ def test_status_installed_names_the_patch_and_file_that_differ(cli, installed: d
     assert _status(cli, shared_cache, "--python", installed["python"]).rc == 0
 
 
-def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_cache: Path) -> None:
+def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Away from any ./vllm-src (CI's main job makes one in the checkout): status without
+    # --tree then has nothing to take.
+    monkeypatch.chdir(tmp_path)
     venv = tmp_path / "empty"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     res = _status(cli, shared_cache, "--python", venv / "bin" / "python", "--format", "json")

@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -105,10 +106,16 @@ def open_regular(
 
 def read_fd(fd: int, limit: int, *, label: str, error: type[Dsv4Error] = UnsafeFileError) -> bytes:
     """At most ``limit`` bytes from ``fd`` (read from its current offset); more is ``error``."""
+    return _read_bounded(lambda n: os.read(fd, n), limit, label, error)
+
+
+def _read_bounded(read: Callable[[int], bytes], limit: int, label: str, error: type[Dsv4Error]) -> bytes:
+    """Calls ``read(n)`` until it returns b"", asking for at most one byte past ``limit`` in all;
+    more than ``limit`` bytes is ``error``."""
     chunks: list[bytes] = []
     got = 0
     while True:
-        chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+        chunk = read(min(1 << 20, limit + 1 - got))
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
@@ -144,16 +151,7 @@ class _Readable(Protocol):
 def read_stream(stream: _Readable | BinaryIO, limit: int, *, label: str,
                 error: type[Dsv4Error] = UnsafeFileError) -> bytes:
     """At most ``limit`` bytes from a stream (a response, a zip member); more is ``error``."""
-    chunks: list[bytes] = []
-    got = 0
-    while True:
-        chunk = stream.read(min(1 << 20, limit + 1 - got))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        got += len(chunk)
-        if got > limit:
-            raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+    return _read_bounded(stream.read, limit, label, error)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -276,6 +276,29 @@ def _wheel_lock(tmp_path: Path, wheel: bytes) -> tuple[Path, Path]:
     return lock, cache
 
 
+def _read_crafted_kernel_wheel(tmp_path: Path, members: dict[str | zipfile.ZipInfo, bytes | str]) -> None:
+    """``vllm_wheel.read_kernels`` on a ``--kernels`` wheel of ``members`` (names under the pin's kernel
+    distribution ``{dist}``) for the small sdist pin; what it raises is the test's."""
+    from dsv4patch import vllm_wheel
+    from dsv4patch.lock import load
+
+    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    pin = load(lock).pin("s")
+    dist = vllm_wheel.dist_name(pin.name)
+    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(kw, "w") as zf:
+        for name, data in members.items():
+            if isinstance(name, zipfile.ZipInfo):
+                name.filename = name.filename.format(dist=dist)
+                zf.writestr(name, data)
+            else:
+                zf.writestr(name.format(dist=dist), data)
+    vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+
+
+_GOOD_BUILD_INFO = json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1", "library": "lib.so"})
+
+
 def _wheel(cli, lock: Path, cache: Path, out: Path):
     return cli("wheel", "--lock", lock, "--pin", "s", "--platform", "x86_64", "--cache-dir", cache,
                "--out", out, "--format", "json")
@@ -404,21 +427,11 @@ def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
 
 def test_kernel_wheel_member_outside_its_package_is_refused(tmp_path):
     """``--kernels WHEEL`` is not pinned by any hash: its members are checked like the stock wheel's."""
-    from dsv4patch import vllm_wheel
     from dsv4patch.errors import BuildError
-    from dsv4patch.lock import load
 
-    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
-    pin = load(lock).pin("s")
-    dist = vllm_wheel.dist_name(pin.name)
-    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
-    with zipfile.ZipFile(kw, "w") as zf:
-        zf.writestr(f"{dist}/build_info.json", json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1",
-                                                          "library": "lib.so"}))
-        zf.writestr(f"{dist}/lib.so", b"\x7fELF")
-        zf.writestr(f"{dist}/../../evil.py", b"import os\n")
     with pytest.raises(BuildError, match=r"evil\.py"):
-        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+        _read_crafted_kernel_wheel(tmp_path, {"{dist}/build_info.json": _GOOD_BUILD_INFO, "{dist}/lib.so": b"\x7fELF",
+                                              "{dist}/../../evil.py": b"import os\n"})
 
 
 # --- issue 29: what an index or file host sends is bounded, and its credentials never shown ------
@@ -704,38 +717,19 @@ def test_stock_wheel_member_that_inflates_past_its_declared_size_is_refused_in_b
 
 @pytest.mark.parametrize("build_info", [b"[]", b"not json", b'{"tree_id": 1}', b"[" * 100_000])
 def test_kernel_wheel_build_info_of_the_wrong_shape_is_a_build_error(tmp_path, build_info):
-    from dsv4patch import vllm_wheel
     from dsv4patch.errors import BuildError
-    from dsv4patch.lock import load
 
-    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
-    pin = load(lock).pin("s")
-    dist = vllm_wheel.dist_name(pin.name)
-    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
-    with zipfile.ZipFile(kw, "w") as zf:
-        zf.writestr(f"{dist}/build_info.json", build_info)
-        zf.writestr(f"{dist}/lib.so", b"\x7fELF")
     with pytest.raises(BuildError, match="build_info.json"):
-        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+        _read_crafted_kernel_wheel(tmp_path, {"{dist}/build_info.json": build_info, "{dist}/lib.so": b"\x7fELF"})
 
 
 def test_kernel_wheel_symlink_member_is_refused(tmp_path):
-    from dsv4patch import vllm_wheel
     from dsv4patch.errors import BuildError
-    from dsv4patch.lock import load
 
-    lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
-    pin = load(lock).pin("s")
-    dist = vllm_wheel.dist_name(pin.name)
-    kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
-    with zipfile.ZipFile(kw, "w") as zf:
-        zf.writestr(f"{dist}/build_info.json", json.dumps({"tree_id": "t" * 40, "vllm_version": "0.0.1",
-                                                          "library": "lib.so"}))
-        link = zipfile.ZipInfo(f"{dist}/lib.so")
-        link.external_attr = 0o120777 << 16
-        zf.writestr(link, "/etc/passwd")
+    link = zipfile.ZipInfo("{dist}/lib.so")
+    link.external_attr = 0o120777 << 16
     with pytest.raises(BuildError, match="regular file"):
-        vllm_wheel.read_kernels(kw, pin, "t" * 40, "x86_64")
+        _read_crafted_kernel_wheel(tmp_path, {"{dist}/build_info.json": _GOOD_BUILD_INFO, link: "/etc/passwd"})
 
 
 # --- issue 29: status --installed on an environment that is not what it seems ------------------------

@@ -285,67 +285,58 @@ def _gaps_and_argmax(torch, logits):
     return (top.values[:, 0] - top.values[:, 1]), top.indices[:, 0]
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-def test_apply_oracle_weights_makes_the_target_follow_the_successor_map(torch_run):
-    torch_run(_check_the_target_follows_the_successor_map)
+def _head_logits(torch, owner, residual, norm, head):
+    """The hc head of ``owner``, the final norm, then the vocabulary projection ``head``."""
+    return _rms(torch, _hc_head(torch, owner, residual), norm.weight) @ head.weight.float().t()
+
+
+def _oracle_model(which):
+    """torch, the module of class ``which`` (vLLM's name) with the oracle weights applied, and what they set."""
+    torch, *classes = _modules()
+    model = next(c for c in classes if c.__name__ == which)()
+    done = m.apply_oracle_weights(model)
+    assert m.missing_parts(which, done) == []
+    return torch, model, done
 
 
 def _check_the_target_follows_the_successor_map():
-    torch, Target, _, _ = _modules()
-    model = Target()
-    done = m.apply_oracle_weights(model)
-    assert m.missing_parts("DeepseekV4ForCausalLM", done) == []
+    torch, model, done = _oracle_model("DeepseekV4ForCausalLM")
     assert done["decoder_layer_hc"] == 2 and done["rescaled"] > 0
     tokens = torch.tensor(list(DESIGN.cycle) + [2, 3, m.NOISE_TOKEN])
     residual = model.model.embed_tokens.weight[tokens].float().unsqueeze(1).repeat(1, 4, 1)
     for layer in model.model.layers:
         residual = _layer(torch, layer, residual)
-    h = _rms(torch, _hc_head(torch, model.model, residual), model.model.norm.weight)
-    gaps, best = _gaps_and_argmax(torch, h @ model.lm_head.weight.float().t())
+    gaps, best = _gaps_and_argmax(torch, _head_logits(torch, model.model, residual, model.model.norm, model.lm_head))
     assert best.tolist() == [DESIGN.successor[t] for t in tokens.tolist()]
     assert gaps.min().item() > 0.9 * m.GAIN, gaps.min().item()
     # and the inner weights are random values, not the dummy loader's 1e-3 (every kernel sees real data)
     assert model.model.layers[0].wo.weight.float().std().item() > 0.5
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-def test_apply_oracle_weights_makes_the_mtp_draft_agree_on_accept_only(torch_run):
-    torch_run(_check_the_mtp_draft_agrees_on_accept_only)
-
-
 def _check_the_mtp_draft_agrees_on_accept_only():
-    torch, _, MTP, _ = _modules()
-    mtp = MTP()
-    assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == []
+    torch, mtp, _ = _oracle_model("DeepSeekV4MTP")
     layer = mtp.model.layers["4"]
     tokens = torch.tensor(DESIGN.cycle)
     e = _rms(torch, mtp.model.embed_tokens.weight[tokens].float(), layer.enorm.weight)
     prev = torch.randn(len(tokens), 4, m.HIDDEN_SIZE)  # the target's hidden: h_proj must drop it
     hidden = layer.h_proj(_rms(torch, prev, layer.hnorm.weight)) + layer.e_proj(e).unsqueeze(1)
     hidden = _layer(torch, layer.mtp_block, hidden)
-    h = _rms(torch, _hc_head(torch, layer, hidden), layer.shared_head.norm.weight)
-    gaps, best = _gaps_and_argmax(torch, h @ layer.shared_head.head.weight.float().t())
+    gaps, best = _gaps_and_argmax(torch, _head_logits(torch, layer, hidden, layer.shared_head.norm,
+                                                      layer.shared_head.head))
     assert best.tolist() == [DESIGN.mtp_draft(t) for t in DESIGN.cycle]
     assert gaps.min().item() > 0.9 * m.GAIN
     agree = sum(DESIGN.mtp_draft(t) == DESIGN.successor[t] for t in DESIGN.cycle)
     assert agree == len(DESIGN.accept)
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-def test_apply_oracle_weights_gives_dspark_its_markov_bias(torch_run):
-    torch_run(_check_dspark_has_its_markov_bias)
-
-
 def _check_dspark_has_its_markov_bias():
-    torch, _, _, DSpark = _modules()
-    ds = DSpark()
-    assert m.missing_parts("DSparkDeepseekV4ForCausalLM", m.apply_oracle_weights(ds)) == []
+    torch, ds, _ = _oracle_model("DSparkDeepseekV4ForCausalLM")
     inner = ds.model
     tokens = torch.tensor(DESIGN.cycle)
     noise = torch.full_like(tokens, m.NOISE_TOKEN)
     residual = inner.embed_tokens.weight[noise].float().unsqueeze(1).repeat(1, 4, 1)
     residual = _layer(torch, inner.layers[0], residual)
-    base = _rms(torch, _hc_head(torch, inner, residual), inner.norm.weight) @ ds.lm_head.weight.float().t()
+    base = _head_logits(torch, inner, residual, inner.norm, ds.lm_head)
     bias = inner.markov_head.markov_w1.weight[tokens].float() @ inner.markov_head.markov_w2.weight.float().t()
     best = (base + bias).argmax(-1).tolist()
     want = [DESIGN.dspark_drafts(t, 2)[1] for t in [DESIGN.cycle[i - 1] for i in range(len(DESIGN.cycle))]]
@@ -354,16 +345,22 @@ def _check_dspark_has_its_markov_bias():
                     for t in DESIGN.cycle] == want
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-def test_missing_parts_names_what_a_changed_layout_lacks(torch_run):
-    torch_run(_check_missing_parts_names_what_a_changed_layout_lacks)
-
-
 def _check_missing_parts_names_what_a_changed_layout_lacks():
     _, _, MTP, _ = _modules()
     mtp = MTP()
     del mtp.model.layers["4"].e_proj
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]
+
+
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+@pytest.mark.parametrize("check", [
+    _check_the_target_follows_the_successor_map,  # apply_oracle_weights makes the target follow the map
+    _check_the_mtp_draft_agrees_on_accept_only,  # ... the MTP draft agree on the accept set only
+    _check_dspark_has_its_markov_bias,  # ... gives DSpark its Markov bias
+    _check_missing_parts_names_what_a_changed_layout_lacks,
+], ids=lambda check: check.__name__.removeprefix("_check_"))
+def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
+    torch_run(check)
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,14 @@
 #     bash tests/gpu/selftest_h200.sh wheel      # dsv4patch wheel there (kernels built there), pip install it
 #     bash tests/gpu/selftest_h200.sh patched    # (wheel if not done yet,) selftest -> $OUT/selftest-patched.json
 #     bash tests/gpu/selftest_h200.sh all        # stock, wheel, patched in one call, if it fits
+# Or, to overlap the slow parts with the transfers (what issue 30's run did):
+#     bash tests/gpu/selftest_h200.sh prep       # first call, carry .selftest/manifest.json and .selftest/prep
+#                                                #   (CLI wheels + the pin's sdist): `dsv4patch apply` builds the
+#                                                #   kernel library in the background while the pieces travel
+#     bash tests/gpu/selftest_h200.sh stage      # one call per piece
+#     ST_END_IN=S bash tests/gpu/selftest_h200.sh launch   # with the last piece: unpack, then in the background
+#                                                #   stock and patched at once (own site dirs), all done in S s
+#     bash tests/gpu/selftest_h200.sh collect    # wait for the background run, results to $OUT
 # Every mode stages the pieces a call carries first, so `stock` may ride with the last piece.
 # Both variants are installed into the same directory ($ST/site), so the JIT caches (TileLang,
 # DeepGEMM, Triton: keyed on install paths) the stock run fills serve the patched run.
@@ -25,15 +33,48 @@ ST="${ST_DIR:-/tmp/selftest}"
 RESULTS="${OUT:-$ST/out}"
 PY="${PYTHON:-python3}"
 MODE="${1:-stage}"
-case "$MODE" in stage|stock|wheel|patched|all) ;; *) echo "usage: $0 stage|stock|wheel|patched|all" >&2; exit 2 ;; esac
+case "$MODE" in prep|stage|stock|wheel|patched|all|launch|driver|collect) ;;
+  *) echo "usage: $0 prep|stage|stock|wheel|patched|all|launch|collect" >&2; exit 2 ;; esac
 mkdir -p "$ST/parts" "$RESULTS"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
   CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
   export CUDA_HOME
 fi
+if [[ "$MODE" == driver ]]; then SRC="$ST/driver-src"; mkdir -p "$SRC"; cp "$ST/manifest.json" "$SRC/"; fi
 [[ -f "$SRC/manifest.json" ]] || { echo "no $SRC/manifest.json: carry .selftest/manifest.json (selftest_pack.py)"; exit 2; }
 cp "$SRC/manifest.json" "$ST/manifest.json"
+CLI_PATH="$ST/cli:$ST/payload/rest/cli-site"
+
+if [[ "$MODE" == collect ]]; then  # wait for the background run of `launch`, then hand its results back
+  limit=$(( ${ST_CALL_LIMIT:-600} - 20 ))
+  while [[ ! -f "$ST/driver.done" ]] && (( $(date +%s) - T_CALL < limit )); do sleep 5; done
+  [[ -f "$ST/driver.done" ]] && echo "background run finished: $(cat "$ST/driver.done")" || echo "background run still going"
+  tail -40 "$ST/driver.log" 2>/dev/null || true
+  # at most 8 files come back: the two reports and their engine logs as they are, the rest in one archive
+  for f in selftest-stock.json selftest-patched.json selftest-stock-logs.tgz selftest-patched-logs.tgz; do
+    cp "$ST/out/$f" "$RESULTS/" 2>/dev/null || true
+  done
+  cp "$ST/driver.log" "$ST/out/driver.log" 2>/dev/null || true
+  (cd "$ST/out" && tar czf "$RESULTS/selftest-run-misc.tgz" --exclude='selftest-*.json' --exclude='*-logs.tgz' .) || true
+  exit 0
+fi
+
+if [[ "$MODE" == prep ]]; then  # CLI wheels + sdist carried in .selftest/prep; kernel build in the background
+  git --version
+  mkdir -p "$ST/cache/blobs/sha256" "$ST/cli"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/cli" "$SRC"/prep/cli/*.whl
+  for b in "$SRC"/prep/sdist/*; do cp "$b" "$ST/cache/blobs/sha256/$(basename "$b")"; done
+  rm -rf "$ST/repo" && mkdir -p "$ST/repo"
+  (cd "$ROOT" && tar cf - --exclude=./.selftest --exclude=./.git .) | tar xf - -C "$ST/repo"
+  setsid bash -c "cd '$ST/repo' && PYTHONPATH='$CLI_PATH:$ST/repo' DSV4PATCH_CACHE='$ST/cache' '$PY' -m dsv4patch \
+      apply --lock '$ST/repo/locks/vllm.toml' --pin 0.26.0 --tree '$ST/tree' --python '$PY' --format json \
+      > '$ST/prebuild.json' 2> '$ST/prebuild.log'; echo \$? > '$ST/prebuild.rc'" < /dev/null > /dev/null 2>&1 &
+  sleep 10; echo "prep: kernel build started in the background"; tail -5 "$ST/prebuild.log" || true
+  exit 0
+fi
+[[ -f "$ST/prebuild.rc" ]] && echo "background apply + kernel build: exit $(cat "$ST/prebuild.rc")" ||
+  { [[ -f "$ST/prebuild.log" ]] && echo "background apply + kernel build running: $(tail -c 300 "$ST/prebuild.log" | tr '\n' ' ')"; }
 
 # 1. stage the pieces this call carries (verified), say what is missing
 "$PY" - "$SRC" "$ST" <<'EOF'
@@ -103,24 +144,26 @@ fi
 
 # 3. the vLLM environment's interpreter: python3 with the vLLM site and its dependencies, nothing of
 #    dsv4patch's; .pth files of the --target dirs (nvidia-cutlass-dsl's) resolved as Python would
-vllm_python() {
-  local extra
-  extra="$("$PY" -S -c 'import site, sys; b = list(sys.path); [site.addsitedir(d) for d in sys.argv[1:]]; print(":".join(p for p in sys.path if p not in b and p not in sys.argv[1:]))' "$ST/site" "$ST/deps")"
-  printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$ST/site:$ST/deps${extra:+:$extra}" "$(command -v "$PY")" > "$ST/python-vllm"
-  chmod +x "$ST/python-vllm"
+vllm_python() {  # $1 = site dir (default $ST/site), $2 = wrapper path (default $ST/python-vllm)
+  local extra site="${1:-$ST/site}" wrapper="${2:-$ST/python-vllm}"
+  extra="$("$PY" -S -c 'import site, sys; b = list(sys.path); [site.addsitedir(d) for d in sys.argv[1:]]; print(":".join(p for p in sys.path if p not in b and p not in sys.argv[1:]))' "$site" "$ST/deps")"
+  printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$site:$ST/deps${extra:+:$extra}" "$(command -v "$PY")" > "$wrapper"
+  chmod +x "$wrapper"
 }
-CLI_ENV=(env "PYTHONPATH=$ST/payload/rest/cli-site:$ROOT" "DSV4PATCH_CACHE=$ST/cache")
+CLI_ROOT="$ROOT"; [[ "$MODE" == driver ]] && CLI_ROOT="$ST/repo"
+CLI_ENV=(env "PYTHONPATH=$CLI_PATH:$CLI_ROOT" "DSV4PATCH_CACHE=$ST/cache")
 
 run_selftest() {  # $1 = variant, $2 = share of the call's time left (percent, default 100)
-  local v="$1" left rc=0
-  vllm_python
+  local v="$1" left rc=0 wrap="${WRAP:-$ST/python-vllm}"
+  vllm_python "${SITE:-$ST/site}" "$wrap"
   left=$(( (${ST_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 25) * ${2:-100} / 100 ))
+  [[ -n "${ST_END:-}" ]] && left=$(( ST_END - $(date +%s) - 15 ))
   echo "== selftest $v: $(( left )) s left in this call"
   { nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>&1 || true
-    "$ST/python-vllm" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>&1 || true
+    "$wrap" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>&1 || true
   } | tee "$RESULTS/selftest-$v.env.txt"
   # shellcheck disable=SC2086
-  "${CLI_ENV[@]}" PYTHONUNBUFFERED=1 "$PY" -m dsv4patch selftest --python "$ST/python-vllm" \
+  "${CLI_ENV[@]}" PYTHONUNBUFFERED=1 "$PY" -m dsv4patch selftest --python "$wrap" \
     --lock "$ROOT/locks/vllm.toml" --pin 0.26.0 --force-sm120-topk --parallel "${ST_PARALLEL:-6}" \
     --start-deadline "${ST_START_DEADLINE:-420}" --case-deadline "${ST_CASE_DEADLINE:-90}" \
     --deadline "$left" --work "$ST/work-$v" --format json ${SELFTEST_ARGS:-} \
@@ -178,7 +221,51 @@ install_patched() {
   ls "$ST"/dist/vllm-*.whl > "$ST/patched.installed"
 }
 
+launch() {  # unpacked: the driver in its own session, so it runs on after this call returns
+  local end=$(( $(date +%s) + ${ST_END_IN:-560} ))
+  if [[ ! -f "$ST/repo/tests/gpu/selftest_h200.sh" ]]; then
+    mkdir -p "$ST/repo" && (cd "$ROOT" && tar cf - --exclude=./.selftest --exclude=./.git .) | tar xf - -C "$ST/repo"
+  fi
+  rm -f "$ST/driver.done"
+  ST_END="$end" setsid bash "$ST/repo/tests/gpu/selftest_h200.sh" driver < /dev/null > /dev/null 2>&1 &
+  sleep 5; echo "launched: stock and patched at once, everything ends by $(date -u -d "@$end" +%H:%M:%S) UTC"
+  tail -5 "$ST/driver.log" 2>/dev/null || true
+}
+
+driver() {  # stock and patched at once, each in its own site dir and HOME (own JIT caches, no races)
+  exec > "$ST/driver.log" 2>&1
+  RESULTS="$ST/out"; mkdir -p "$RESULTS"; unset XDG_CACHE_HOME
+  local t0; t0=$(date +%s)
+  rm -rf "$ST/site-stock" "$ST/site-patched"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site-stock" "$ST"/payload/vllm-*.whl
+  echo "stock wheel installed in $(( $(date +%s) - t0 )) s"
+  ( SITE="$ST/site-stock" WRAP="$ST/python-vllm-stock" HOME="$ST/home-stock" SELFTEST_ARGS="${ST_STOCK_ARGS:-}" \
+      run_selftest stock ) &
+  local stock_pid=$!
+  while [[ ! -f "$ST/prebuild.rc" ]] && (( $(date +%s) < ST_END - 120 )); do sleep 3; done
+  echo "background apply + kernel build: exit $(cat "$ST/prebuild.rc" 2>/dev/null || echo 'not finished')"
+  t0=$(date +%s); rm -rf "$ST/dist"
+  # shellcheck disable=SC2086
+  if "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$ST/repo/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
+      --python "$PY" ${ST_WHEEL_ARGS:-} --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt"; then
+    echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
+    t0=$(date +%s)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site-patched" "$ST"/dist/vllm-*.whl
+    echo "patched wheel installed in $(( $(date +%s) - t0 )) s"
+    ( SITE="$ST/site-patched" WRAP="$ST/python-vllm-patched" HOME="$ST/home-patched" \
+        SELFTEST_ARGS="${ST_PATCHED_ARGS:-}" run_selftest patched ) &
+    wait $!
+  else
+    echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"
+  fi
+  wait "$stock_pid" || true
+  cp "$ST/prebuild.log" "$RESULTS/prebuild.stderr.txt" 2>/dev/null || true
+  date -u +%H:%M:%S > "$ST/driver.done"
+}
+
 case "$MODE" in
+  launch) launch ;;
+  driver) driver ;;
   stock) install_stock; run_selftest stock ;;
   wheel) install_patched ;;
   patched) install_patched; run_selftest patched ;;

@@ -2,12 +2,14 @@
 
 Run by tests/test_selftest_model.py in the 0.26.0 CPU test venv with the stock wheel's Python files on
 PYTHONPATH.  What it fakes, only to construct the modules without a GPU (no forward runs): vLLM's CUDA
-platform as sm_90 (tests/gpu/e2e/validate_config_cpu.py), CUDA streams and events, tensors asked for on
+platform as sm_90 (``fake_cuda_platform``: capability 9.0, "NVIDIA H200", the compiled extension
+``vllm._C_stable_libtorch`` and FlashAttention 3 as empty modules, the four ``torch.ops._C`` capability
+queries answered, Triton declared present), CUDA streams and events, tensors asked for on
 ``cuda`` made on the CPU, DeepGEMM reported present, and the ``torch.ops`` custom ops the constructors only
 look up.  Prints one JSON line: per model, its class, what apply_oracle_weights set and what it missed,
 and the dtype/shape of the MTP layer's e_proj.
 
-Usage: python selftest_vllm026_probe.py E2E_DIR MODEL_PY MODEL_DIR
+Usage: python selftest_vllm026_probe.py MODEL_PY MODEL_DIR
 """
 
 from __future__ import annotations
@@ -16,11 +18,41 @@ import importlib.util
 import json
 import re
 import sys
+import types
 
-sys.path.insert(0, sys.argv[1])
-import validate_config_cpu as v  # noqa: E402
 
-v._fake_cuda_platform()
+def fake_cuda_platform() -> None:
+    import torch
+
+    lib = torch.library.Library("_C", "DEF")  # kept alive below
+    for name, answer in (
+        ("cutlass_scaled_mm_supports_fp8", True),
+        ("cutlass_scaled_mm_supports_block_fp8", True),
+        ("cutlass_group_gemm_supported", True),
+        ("cutlass_scaled_mm_supports_fp4", False),
+    ):
+        lib.define(f"{name}(int cap) -> bool")
+        lib.impl(name, lambda cap, _a=answer: _a, "CompositeExplicitAutograd")
+    fake_cuda_platform.lib = lib  # type: ignore[attr-defined]
+
+    for mod in ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C"):
+        sys.modules[mod] = types.ModuleType(mod)
+    import vllm.platforms as platforms
+    import vllm.platforms.cuda as cuda
+    from vllm.platforms.interface import DeviceCapability
+
+    cls = getattr(cuda, "CudaPlatform", None) or cuda.NvmlCudaPlatform
+    cls.get_device_capability = classmethod(lambda c, device_id=0: DeviceCapability(9, 0))
+    cls.get_device_name = classmethod(lambda c, device_id=0: "NVIDIA H200")
+    cls.get_device_total_memory = classmethod(lambda c, device_id=0: 140 << 30)
+    cls.is_fully_connected = classmethod(lambda c, ids: True)
+    platforms._current_platform = cls()
+    import vllm.config.vllm as vllm_config_module
+
+    vllm_config_module.HAS_TRITON = True
+
+
+fake_cuda_platform()
 import torch  # noqa: E402
 import vllm.model_executor.layers.sparse_attn_indexer as sai  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
@@ -30,7 +62,7 @@ from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.model_executor.model_loader.utils import initialize_model  # noqa: E402
 
 sai.has_deep_gemm = lambda: True
-spec = importlib.util.spec_from_file_location("selftest_model", sys.argv[2])
+spec = importlib.util.spec_from_file_location("selftest_model", sys.argv[1])
 m = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = m
 spec.loader.exec_module(m)
@@ -57,12 +89,12 @@ class _Dummy:
         pass
 
 
-libs = [v._fake_cuda_platform.lib]
+libs = [fake_cuda_platform.lib]
 out = {}
 first = True
 for which, spec_cfg in (("target", None), ("mtp", {"method": "mtp", "num_speculative_tokens": 1}),
                         ("dspark", {"method": "dspark", "num_speculative_tokens": 5})):
-    cfg = EngineArgs(model=sys.argv[3], load_format="dummy", skip_tokenizer_init=True, kv_cache_dtype="fp8",
+    cfg = EngineArgs(model=sys.argv[2], load_format="dummy", skip_tokenizer_init=True, kv_cache_dtype="fp8",
                      block_size=256, max_model_len=4096, max_num_seqs=32, speculative_config=spec_cfg,
                      seed=0).create_engine_config()
     if first:

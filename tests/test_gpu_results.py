@@ -1,24 +1,23 @@
-"""The committed GPU evidence (tests/gpu/results/) is small, readable and remakes its verdicts.
+"""The committed GPU evidence (tests/gpu/results/) is small and readable.
 
 Only the current verdict of each proof and the device runs it is made from stay in the
 tree (older runs are in git history, at the commit tests/gpu/results/e2e/README.md names).
-These tests keep it that way: the end-to-end verdict is remade on CPU from the committed
-runs with the command its README shows and must equal the committed file byte for byte;
-the folder stays under 2 MB with long results gzipped; every run folder is described.
+These tests keep it that way: the folder stays under 2 MB with long results gzipped; every
+run folder is described; the kernel proof's JSON and Markdown agree.  (Issue 15's
+end-to-end verdict was remade from its runs by the old harness's ``run_e2e.py --report``,
+which left the tree with the harness; the ``dsv4patch selftest`` run on the H200 replaces
+both: tests/gpu/results/e2e/README.md.)
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "gpu" / "results"
 E2E = RESULTS / "e2e"
-VERDICT = E2E / "issue-15-verdict" / "e2e_results.md"
 LIMIT = 2_000_000  # bytes, issue 26
 
 
@@ -32,27 +31,10 @@ def test_results_stay_under_two_megabytes() -> None:
 
 
 def test_long_results_are_gzipped() -> None:
-    """JSON results and logs over 64 KiB are committed as .gz (run_e2e.py --report reads .json.gz)."""
+    """JSON results and logs over 64 KiB are committed as .gz."""
     big = [p.relative_to(RESULTS) for p in _files()
            if p.suffix in {".json", ".txt", ".log"} and p.stat().st_size > 64 * 1024]
     assert big == []
-
-
-def _verdict_command() -> str:
-    readme = (E2E / "README.md").read_text()
-    blocks = re.findall(r"^    python3 tests/gpu/e2e/run_e2e\.py --report /tmp/issue-15-verdict .*?(?=\n\n)",
-                        readme, re.M | re.S)
-    assert len(blocks) == 1, "tests/gpu/results/e2e/README.md shows the command that remakes the verdict"
-    return str(blocks[0])
-
-
-def test_verdict_is_remade_from_the_committed_runs(tmp_path: Path) -> None:
-    """The README's command, run on the committed JSON, gives the committed verdict byte for byte."""
-    command = _verdict_command().replace("/tmp/issue-15-verdict", str(tmp_path / "verdict"))
-    command = re.sub(r"^\s*python3 ", f"{sys.executable} ", command)
-    res = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert (tmp_path / "verdict" / "e2e_results.md").read_bytes() == VERDICT.read_bytes()
 
 
 def test_every_run_folder_is_described() -> None:

@@ -396,8 +396,8 @@ def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, sha
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     e.update(PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([str(env.python), str(root / "tests" / "selftest_vllm026_probe.py"),
-                          str(root / "tests" / "gpu" / "e2e"), str(root / "dsv4patch" / "selftest" / "model.py"),
-                          str(m.write_model(tmp_path / "tiny"))], env=e, capture_output=True, text=True, timeout=900)
+                          str(root / "dsv4patch" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
+                         env=e, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert {k: v["class"] for k, v in out.items()} == {

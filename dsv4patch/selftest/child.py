@@ -10,8 +10,8 @@ by file path, and reports through a progress file the parent reads:
 ``engine_ready``, ``case_start`` / ``case_done`` (tokens, per-position top-2
 gaps, spec-decode counters of that call), ``error``, ``child_done``.
 
-What it borrows from the old harness (``tests/gpu/e2e/run_e2e.py``, measured
-on the H200 in issue 15): the engine runs in this process
+What it borrows from the old harness (issue 15's ``run_e2e.py``, at commit
+270cbd89fb01; measured on the H200): the engine runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the load format registered here is
 the one the engine core uses; ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` is set
 before vLLM is imported (vLLM 0.26.0 sets it only after DeepSeek-V4's

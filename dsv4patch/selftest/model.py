@@ -152,7 +152,8 @@ def tiny_config() -> dict[str, Any]:
     """config.json: DeepSeek-V4-Flash's attention shapes with 4 layers and 8 experts.
 
     The values and the vLLM 0.26.0 constraints behind them are the old
-    harness's (``tests/gpu/e2e/make_tiny_dsv4.py`` documents each one):
+    harness's (its ``make_tiny_dsv4.py``, at commit 270cbd89fb01, documents
+    each one):
     head_dim 512 = 448 + 64 (FlashMLA), block-FP8 128x128 linears, hc_mult *
     hidden divisible by 4096 (mHC TileLang), one compress ratio per layer plus
     the MTP layer, Flash's indexer (64 heads x 128, top-k 512), window 128.

@@ -3,8 +3,10 @@
 
 Why this exists: the first device run (2026-12-01) lost its engines to two
 imports (``cutlass.cute``, ``flashinfer``) that only a CUDA machine reached;
-this script lets a CPU machine check the same list (``run_e2e.PREFLIGHT_MODULES``)
-before pieces are packed and carried.  Some packages query the GPU at import
+this script lets a CPU machine check the modules DeepSeek-V4 on vLLM 0.26.0
+imports (``MODULES``, what issue 15's device preflight imported) with a new
+``pack.DEPS`` set before it is packed and carried (``dsv4patch selftest``
+would only show a missing one as a crash of every engine on the GPU).  Some packages query the GPU at import
 (FlashInfer's GDN kernels read ``torch.cuda.get_device_properties(0)``);
 ``--fake-sm90`` answers those two queries as an H200 would (sm_90, 132 SMs)
 so the import can go on.  A module that still fails for a CUDA-only reason
@@ -21,7 +23,32 @@ import argparse
 import importlib
 import sys
 import types
-from pathlib import Path
+
+MODULES: tuple[str, ...] = (
+    "vllm",
+    "vllm.entrypoints.llm",
+    "vllm.models.deepseek_v4",
+    "vllm.models.deepseek_v4.nvidia.model",
+    "vllm.models.deepseek_v4.nvidia.mtp",
+    "vllm.models.deepseek_v4.nvidia.dspark",
+    "vllm.models.deepseek_v4.nvidia.flashmla",
+    "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
+    "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
+    "vllm.models.deepseek_v4.nvidia.ops.dequant_gather_k_cutedsl",
+    "vllm.model_executor.layers.sparse_attn_indexer",
+    "vllm.model_executor.kernels.mhc.tilelang_kernels",
+    "vllm.third_party.deep_gemm",
+    # the V1 sampler imports the FlashInfer backend on every CUDA engine
+    "vllm.v1.attention.backends.flashinfer",
+    "vllm.v1.sample.ops.topk_topp_sampler",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.gpu.model_runner",
+    "cutlass",
+    "cutlass.cute",
+    "quack",
+    "tilelang",
+    "flashinfer",
+)
 
 
 def fake_sm90() -> None:
@@ -39,22 +66,20 @@ def fake_sm90() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fake-sm90", action="store_true", help="fake torch.cuda device properties (sm_90)")
-    ap.add_argument("modules", nargs="*", help="default: run_e2e.PREFLIGHT_MODULES")
+    ap.add_argument("modules", nargs="*", help="default: MODULES")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_e2e import PREFLIGHT_MODULES
 
     if args.fake_sm90:
         fake_sm90()
     failed = 0
-    for name in args.modules or PREFLIGHT_MODULES:
+    for name in args.modules or MODULES:
         try:
             importlib.import_module(name)
             print(f"OK   {name}")
         except BaseException as e:  # noqa: BLE001 - report every kind of failure
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}")
-    print(f"{failed} of {len(args.modules or PREFLIGHT_MODULES)} modules failed")
+    print(f"{failed} of {len(args.modules or MODULES)} modules failed")
     return 1 if failed else 0
 
 

@@ -433,6 +433,27 @@ def reset_hard(repo: Path, commit: str) -> None:
     run(repo, ["reset", "-q", "--hard", commit], tied=True)
 
 
+def detach_head(repo: Path, commit: str, why: str) -> None:
+    """HEAD detached at ``commit``: no branch moves, the index and work tree are not touched."""
+    run(repo, ["update-ref", "--no-deref", "-m", why, "HEAD", commit], tied=True)
+
+
+def attach_head(repo: Path, ref: str, why: str) -> None:
+    """HEAD back on branch ``ref`` (``refs/heads/...``): the branch itself does not move."""
+    run(repo, ["symbolic-ref", "-m", why, "HEAD", ref], tied=True)
+
+
+def ref_commit(repo: Path, ref: str) -> str | None:
+    """The commit ``ref`` (a full ref name) points at, None when there is no such ref."""
+    res = run(repo, ["rev-parse", "-q", "--verify", "--end-of-options", f"{ref}^{{commit}}"], check=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def tree_of(repo: Path, commit: str) -> str:
+    """The tree id of ``commit``."""
+    return out(repo, "rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")
+
+
 @dataclass(frozen=True)
 class CommitTrailers:
     """A commit and its trailers (``Key: value`` lines at the end of its message)."""

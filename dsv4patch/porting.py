@@ -19,7 +19,9 @@ port gives the same tree (and if not, which files differ).
 (:func:`new_pin`), the series, and only when every patch is settled the
 variants, the report and the new lock entry (:func:`write_result`, all or
 nothing); a conflict with a ``workspace`` leaves it as a tree of the new pin
-to edit (:mod:`dsv4patch.portspace`).
+to edit (:mod:`dsv4patch.portspace`): a new directory, or the fork's own
+checkout when the port goes to that fork (:func:`own_workspace`), whose
+branches stay where they are.  :func:`abort` gives a workspace up.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 import tomlkit
 
-from dsv4patch import engine, git, index, portspace, safeio, transaction, tree
+from dsv4patch import engine, forks, git, index, portspace, resolving, safeio, transaction, tree
 from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.progress import Progress
@@ -90,6 +92,11 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
         if not git.is_repo_root(local):
             raise UsageError(f"--local {local}: not the root of a git checkout")
         head = git.head(local)
+        opened = portspace.read_state(local)
+        if opened is not None and opened.own:
+            # The checkout is this port's workspace: HEAD is detached at the ported patches;
+            # the pin is still the commit the port began at.
+            head = opened.base_commit
         to = to or head
         if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
             raise UsageError(f"--local needs --to to be a full 40-hex commit id (or nothing: HEAD), got {to!r}")
@@ -434,9 +441,50 @@ def unmatched_resolutions(resolutions: Path, series: Series) -> list[str]:
                   if f.is_file() and f.name != "PORT.md" and f.name not in names)
 
 
+@dataclass(frozen=True)
+class OwnWorkspace:
+    """The fork's own checkout as the port's workspace: the commit the port starts on, its branch."""
+
+    base: str  # HEAD when the port opened it: the ported patches go on it, and it goes back there
+    ref: str | None  # the branch HEAD was on (None: detached)
+
+
+def own_workspace(ws: Path, new: tree.PinRepo) -> OwnWorkspace:
+    """``ws``, a git checkout without a port workspace, as the fork's own checkout for a port to it.
+
+    It must be a checkout of the new (``git``/``local``) pin whose HEAD has the pin's
+    content (:func:`forks.is_fork_checkout`; the port's patches are made on that content),
+    clean, with no apply or ``--3way`` workspace open; else TreeError (exit 5), nothing touched."""
+    pin = new.pin
+    if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
+        raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
+                        f"({portspace.state_path(ws)} is missing); use a new directory")
+    head = git.head(ws)
+    if not forks.is_fork_checkout(ws, new, head) or head is None or git.tree_of(ws, head) != new.base_tree:
+        raise TreeError(
+            f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
+            f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
+            f"{pin.source.path or pin.source.url}); nothing was touched: give a new directory, or "
+            "the fork's own checkout when you port to its HEAD (`--local` that checkout)")
+    tree.check_target_tree(ws)
+    with transaction.tree_lock(ws):
+        gitdir = git.git_dir(ws)
+        if transaction.interrupted(gitdir) or resolving.has_workspace(gitdir):
+            raise TreeError(f"--workspace {ws} has an interrupted apply or an `apply --3way` workspace "
+                            f"open; finish it (`dsv4patch apply` / `dsv4patch resolve --tree {ws}`) first")
+        dirty = git.dirty_paths(ws)
+        if dirty:
+            raise TreeError(f"--workspace {ws} has uncommitted changes ({', '.join(dirty[:5])}"
+                            f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first")
+        return OwnWorkspace(head, git.current_ref(ws))
+
+
 def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinRepo, ported: list[Ported],
-                    notes: list[str]) -> dict[str, Any]:
-    """Leave ``ws`` at the ported prefix with the conflicting patch merged into its work tree."""
+                        notes: list[str], own: OwnWorkspace | None = None) -> dict[str, Any]:
+    """Leave ``ws`` at the ported prefix with the conflicting patch merged into its work tree.
+
+    ``own``: ``ws`` is the fork's own checkout (:func:`own_workspace`): the prefix goes on its
+    HEAD's commit, with HEAD detached."""
     k = next(i for i, p in enumerate(ported) if p.action == "conflict")
     conflict = ported[k]
     prefix = [(p.patch, p.text or p.patch.path.read_text(encoding="utf-8"))
@@ -446,20 +494,27 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinR
     with transaction.open_tree(ws, new) as created:
         if created:
             notes.append(created)
-        if not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
-            # e.g. the fork's own checkout: its branch is never reset to the new pin's tree.
+        if own is None and not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
             raise TreeError(f"--workspace {ws} is a git tree without pin {pin.name}'s base commit "
-                            f"{new.base_commit[:12]} (your own checkout?); nothing was touched: the "
-                            "workspace is a directory of its own, give a new one")
-        at = portspace.open_workspace(ws, new.base_commit, prefix, conflict.patch, conflict.merged, marked,
-                                      lock=lock.path, src=src.name, dst=pin.name)
-    notes.append(f"{ws}: pin {pin.name} with {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "
+                            f"{new.base_commit[:12]}; nothing was touched: give a new directory")
+        at = portspace.open_workspace(ws, own.base if own else new.base_commit, prefix, conflict.patch,
+                                      conflict.merged, marked, lock=lock.path, src=src.name, dst=pin.name,
+                                      own=own is not None, orig_ref=own.ref if own else None)
+    where = (f"pin {pin.name} with" if own is None else
+             "your checkout, HEAD detached (no branch moves), with")
+    notes.append(f"{ws}: {where} {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "
                  f"{conflict.patch.name} merged into the work tree: conflict markers in "
                  f"{', '.join(marked) or '(none: see the conflicts above)'}")
     notes.append(f"next: edit those files in {ws} (keep the code you want, remove the markers), then run "
-                 "the same `dsv4patch port` command again: it takes the resolution and goes on")
-    return {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
-            "state": str(git.git_dir(ws) / portspace.STATE)}
+                 "the same `dsv4patch port` command again: it takes the resolution and goes on"
+                 + (f"; `dsv4patch port --abort --workspace {ws}` gives up and puts {ws} back "
+                    f"{'on ' + own.ref.removeprefix('refs/heads/') if own.ref else 'detached'} at "
+                    f"{own.base[:12]}" if own else ""))
+    out: dict[str, Any] = {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
+                           "state": str(portspace.state_path(ws))}
+    if own is not None:
+        out["own_checkout"] = {"base": own.base, "branch": own.ref}
+    return out
 
 
 def _final_tree(repo: Path, new: tree.PinRepo, ported: list[Ported]) -> str:
@@ -523,7 +578,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                   local=local, name=name, dry_run=dry_run)
     existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
     old = tree.materialize(src, store, progress)
-    new = tree.materialize(pin, store, progress)
+    # A local pin's checkout that is the workspace may be mid-port (HEAD detached above the commit).
+    new = tree.materialize(pin, store, progress, checkout=workspace)
     series = series_for_pin(lock, src)
     notes: list[str] = []
     if existing:
@@ -540,12 +596,24 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                          f"(file names must equal the series' patch names); it was not used")
     ws = workspace
     ws_state = portspace.read_state(ws) if ws is not None else None
+    own: OwnWorkspace | None = None
+    if ws is not None and ws_state is None and not transaction.is_empty(ws):
+        own = own_workspace(ws, new)  # the fork's own checkout, or refused before anything runs
+    elif ws is not None and ws_state is not None and ws_state.own:
+        own = OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
     work = store.tmpdir(f"port-{pin.name}-")
     try:
         used = resolutions
         if ws is not None and ws_state is not None:
             with transaction.tree_lock(ws):
-                portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, new.base_commit)
+                base = new.base_commit
+                if own is not None:
+                    done = transaction.recover(ws)  # a move killed while the workspace opened
+                    if done:
+                        notes.append(done)
+                    if git.has_object(ws, f"{own.base}^{{commit}}") and git.tree_of(ws, own.base) == new.base_tree:
+                        base = own.base  # the fork's commit with the new pin's content
+                portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
                 patch = next((p for p in series.patches if p.name == ws_state.patch), None)
                 if patch is None:
                     raise TreeError(f"--workspace {ws} holds {ws_state.patch}, which is not in pin "
@@ -565,6 +633,13 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         repo = work / "port.git"
         git.init_with_alternates(repo, [old.repo, new.repo])
         ported = port_series(repo, old, new, series, pin.name, used)
+        kept = portspace.resolutions(ws) if ws is not None and ws_state is not None else None
+        if kept is not None and used is not None:  # name the workspace's resolution, not the copy
+            # (the fork's own checkout drops its copy when the port completes: named by the workspace)
+            ported = [dataclasses.replace(p, detail=p.detail.replace(
+                str(used / p.patch.name),
+                f"the resolution edited in --workspace {ws}" if own else str(kept / p.patch.name)))
+                if (kept / p.patch.name).is_file() else p for p in ported]
         if existing and used is not None:  # name the lock's variant, not the temporary copy
             ported = [dataclasses.replace(p, detail=p.detail.replace(
                 str(used / p.patch.name), f"pin {pin.name}'s variant {pin.variants[p.patch.name]}"))
@@ -583,7 +658,13 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
             final = _final_tree(repo, new, ported)
             files = write_result(lock, pin, ported, new, final)
             written_lock = load(lock.path)
-            if ws is not None and ws_state is not None:
+            if ws is not None and ws_state is not None and own is not None:
+                with transaction.tree_lock(ws):
+                    notes.append(portspace.restore(ws, ws_state))
+                notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
+                             f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
+                             "commits the ported series on a new branch of it")
+            elif ws is not None and ws_state is not None:
                 portspace.close(ws)
                 notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
                              "workspace can be deleted")
@@ -606,7 +687,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         if ws is not None and dry_run:
             notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
         elif ws is not None:
-            opened = open_port_workspace(ws, lock, src, pin, new, ported, notes)
+            opened = open_port_workspace(ws, lock, src, pin, new, ported, notes, own)
         else:
             notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
                          "conflict to edit (then run the same command again), or resolve the conflicts "
@@ -615,3 +696,38 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         return PortResult(src, pin, ok, ported, notes, workspace=opened)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class PortAborted:
+    """What :func:`abort` did: the port whose workspace was given up, and where the tree is now."""
+
+    src: str
+    dst: str
+    workspace: Path
+    head: str | None  # the workspace's HEAD afterwards
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.src, "to": self.dst, "ok": True, "aborted": True, "patches": {},
+                "tree": str(self.workspace), "head": self.head, "notes": list(self.notes)}
+
+
+def abort(*, workspace: Path) -> PortAborted:
+    """Give up the port workspace ``workspace`` (``port --abort``): the fork's own checkout goes
+    back where the port found it (:func:`portspace.restore`); nothing is written to the lock."""
+    state = portspace.read_state(workspace)
+    if state is None:
+        raise TreeError(f"--workspace {workspace} holds no port workspace (no "
+                        f"{portspace.state_path(workspace) if git.is_repo_root(workspace) else 'git tree'}); "
+                        "nothing to abort")
+    with transaction.tree_lock(workspace):
+        notes = []
+        if state.own:
+            done = transaction.recover(workspace)
+            if done:
+                notes.append(done)
+        notes.append(f"aborted the port workspace of {state.patch} (port {state.frm} -> {state.to}); "
+                     + portspace.restore(workspace, state))
+        head = git.head(workspace)
+    return PortAborted(state.frm, state.to, workspace, head, notes)

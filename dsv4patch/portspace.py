@@ -22,9 +22,20 @@ those resolutions beside ``--resolutions``: the next conflict reopens the
 workspace at that patch, or the port completes and writes its result as
 usual (then the state file is removed; the tree stays for inspection).
 
+DIR may also be the fork's own checkout when the port goes to that fork (its
+HEAD has the new pin's content; the caller, :mod:`dsv4patch.porting`, decides):
+the ported patches then go on the fork's HEAD, not on a synthetic root commit,
+and HEAD is detached while the workspace is open, so no branch of the fork
+moves.  When the port completes, or ``port --abort`` gives it up
+(:func:`restore`), HEAD goes back to that commit, on the branch it was on; the
+state and the collected resolutions are removed.  The fork's commits,
+branches, remotes and config are never rewritten (issue 28).
+
 DIR is a tree the user edits, so, as with ``resolve``, its state
 (:class:`states.PortState`) is checked (full commit ids, paths inside the tree,
-the invocation's own pins and lock) and never chooses where anything is written.
+a branch under ``refs/heads/``, the invocation's own pins and lock) and never
+chooses where anything is written; it is read and written through
+:mod:`safeio` (a link planted at its name is refused, never followed).
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import re
 import shutil
 from pathlib import Path
 
-from dsv4patch import git, safeio, states, tree
+from dsv4patch import git, safeio, states, transaction, tree
 from dsv4patch.errors import TreeError
 from dsv4patch.series import Patch
 from dsv4patch.states import PortState, inside_tree
@@ -50,17 +61,22 @@ def marked(path: Path, names: list[str]) -> list[str]:
             and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
 
 
+def state_path(path: Path) -> Path:
+    """Where the workspace's state lives: in the git directory of ``path``."""
+    return git.git_dir(path) / STATE
+
+
 def read_state(path: Path) -> PortState | None:
-    """The workspace's state, None when DIR does not exist or is empty (a new workspace)."""
+    """The workspace's state; None when DIR does not exist, is empty (a new workspace) or is a
+    git tree without one (whether it may become one is the caller's to decide)."""
     if not path.exists() or not any(path.iterdir()):
         return None
     if not git.is_repo_root(path):
         raise TreeError(f"--workspace {path} is neither empty nor a workspace `port --workspace` made; "
                         "use a new directory")
-    sp = git.git_dir(path) / STATE
-    if not sp.exists():
-        raise TreeError(f"--workspace {path} is a git tree without a port workspace ({sp} is missing); "
-                        "use a new directory")
+    sp = state_path(path)
+    if not os.path.lexists(sp):
+        return None
     try:
         return states.read(PortState, sp)
     except (OSError, ValueError) as exc:
@@ -139,13 +155,19 @@ def combine(dest: Path, *dirs: Path | None) -> Path:
 
 
 def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], patch: Patch,
-                   merged: dict[str, bytes], conflicts: list[str], *, lock: Path, src: str, dst: str) -> str:
+                   merged: dict[str, bytes], conflicts: list[str], *, lock: Path, src: str, dst: str,
+                   own: bool = False, orig_ref: str | None = None) -> str:
     """Put ``path`` (a tree of the new pin) at the ported prefix, write ``patch``'s merge; the prefix's commit.
 
     ``prefix``: each carried patch before the conflict with its text, in
     order; ``merged``: file -> merged contents (conflict markers where the
     3-way merge could not decide); ``lock``, ``src``, ``dst``: the port's lock
-    and pins, recorded in the state.  The tree's lock is held by the caller.
+    and pins, recorded in the state.  ``own``: ``path`` is the fork's own
+    checkout, ``new_base`` its HEAD when the port began, on branch ``orig_ref``:
+    HEAD is detached first (no branch moves), the state written before the
+    tree moves (so ``port --abort`` can put it back from any point), and the
+    move made under the apply journal (:func:`transaction.move_tree`).  The
+    tree's lock is held by the caller.
     """
     tree.check_target_tree(path)
     parent = new_base
@@ -161,7 +183,23 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
                                          p.author)
     finally:
         scratch.unlink(missing_ok=True)
-    git.reset_hard(path, parent)
+    state = PortState(lock=os.path.abspath(lock), frm=src, to=dst, patch=patch.name, base_commit=new_base,
+                      at=parent, conflicts=sorted(conflicts), own=own, orig_ref=orig_ref if own else None)
+    if own:
+        head = git.head(path)
+        ref = git.current_ref(path)
+        if head is None or (ref is not None and (ref != orig_ref or head != new_base)):
+            raise TreeError(f"{path}: HEAD is on {ref or 'no commit'}, not where the port workspace left it; "
+                            f"nothing was touched: run `dsv4patch port --abort --workspace {path}`")
+        if ref is not None:
+            git.detach_head(path, head, "dsv4patch port --workspace: the fork's branch stays where it is")
+        states.write(state_path(path), state)
+        gitdir = git.git_dir(path)
+        git.reset_hard(path, head)  # a reopened workspace: the last resolution is collected already
+        if head != parent:
+            transaction.move_tree(path, gitdir, head, parent)
+    else:
+        git.reset_hard(path, parent)
     root = path.resolve()
     for name, data in merged.items():
         target = path / name
@@ -170,12 +208,51 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
             raise TreeError(f"{patch.name}: {name} is not a file inside {path}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    states.write(git.git_dir(path) / STATE, PortState(
-        lock=os.path.abspath(lock), frm=src, to=dst, patch=patch.name, base_commit=new_base, at=parent,
-        conflicts=sorted(conflicts)))
+    if not own:
+        states.write(state_path(path), state)
     return parent
 
 
 def close(path: Path) -> None:
     """The port completed: the workspace has no conflict left."""
-    (git.git_dir(path) / STATE).unlink(missing_ok=True)
+    state_path(path).unlink(missing_ok=True)
+
+
+def restore(path: Path, state: PortState) -> str:
+    """Close the workspace ``state`` describes (the port completed, or ``port --abort``); a note.
+
+    The fork's own checkout goes back to the commit the port began at, on the
+    branch it was on (only when that branch is still there, else HEAD stays
+    detached there and the note says so); its state and the collected
+    resolutions are removed.  A workspace dsv4patch made keeps its tree and
+    resolutions: only the state is removed.  The tree's lock is held by the caller.
+    """
+    if not state.own:
+        close(path)
+        return f"{path} is no longer a port workspace (the directory can be deleted)"
+    if not git.has_object(path, f"{state.base_commit}^{{commit}}"):
+        raise TreeError(f"{state_path(path)} names base_commit {state.base_commit[:12]}, a commit {path} does "
+                        "not have: dsv4patch did not write this state; nothing was touched. Put the checkout "
+                        "back yourself (`git switch` to your branch) and delete the file")
+    ref = git.current_ref(path)
+    if ref is not None and (ref != state.orig_ref or git.ref_commit(path, ref) != state.base_commit):
+        raise TreeError(f"{path}: HEAD is on {ref}, where the port workspace did not leave it; nothing "
+                        f"was touched (dsv4patch does not move your branch): `git -C {path} switch "
+                        f"--detach {state.at}`, then run this again")
+    git.add_all(path)  # so files the workspace added go too (the checkout was clean when it opened)
+    git.reset_hard(path, state.base_commit)  # HEAD is detached: no branch moves
+    where = f"HEAD detached at {state.base_commit[:12]}"
+    if state.orig_ref is not None:
+        branch = state.orig_ref.removeprefix("refs/heads/")
+        now = git.ref_commit(path, state.orig_ref)
+        if now == state.base_commit:
+            git.attach_head(path, state.orig_ref, "dsv4patch port: the workspace is closed")
+            where = f"on branch {branch} at {state.base_commit[:12]}"
+        else:
+            where += (f" (branch {branch} {'is gone' if now is None else 'moved to ' + now[:12]} since; "
+                      f"`git -C {path} switch {branch}` when you want it)")
+    resolved = _resolved_dir(path)
+    if resolved.is_dir():
+        shutil.rmtree(resolved)
+    close(path)
+    return f"{path} is back where the port found it: {where}"

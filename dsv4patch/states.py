@@ -163,9 +163,13 @@ class PortState(State):
     frm: str = spec(TEXT, "from")
     to: str = spec(TEXT)
     patch: str = spec(TEXT)
-    base_commit: str = spec(COMMIT)
+    base_commit: str = spec(COMMIT)  # the ported patches go on it (the fork's HEAD, for its own checkout)
     at: str = spec(COMMIT)
     conflicts: list[str] = spec(PATHS)
+    # The fork's own checkout as the workspace: HEAD is detached while it is open and goes back
+    # to base_commit, on branch orig_ref (None: HEAD was detached), when the port ends.
+    own: bool = spec(FLAG, required=False, default=False)
+    orig_ref: str | None = spec(BRANCH, required=False)
 
 
 class _Unreadable(TreeError):

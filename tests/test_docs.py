@@ -183,6 +183,28 @@ def _port_examples() -> list[tuple[str, ...]]:
     return found
 
 
+def _first_changed_line(text: str) -> tuple[str, int]:
+    """The file and line number (in the unpatched file) of the first line a patch removes."""
+    path, old = "", 0
+    for ln in text.splitlines():
+        if ln.startswith("--- a/"):
+            path = ln[6:]
+        elif ln.startswith("@@ "):
+            old = int(ln.split()[1][1:].split(",")[0])
+        elif old and ln.startswith("-") and not ln.startswith("---"):
+            return path, old
+        elif old and ln.startswith(" "):
+            old += 1
+    raise AssertionError("the patch removes no line")
+
+
+def _git(repo: Path, *args: str, check: bool = True) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), *args], check=check, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None:
     """issue 28 item 3: each port example, run as typed (in a copy of this project, with the real
     vLLM sdists of the shared cache), does what the page next to it says."""
@@ -193,6 +215,7 @@ def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None
     from dsv4patch import tree
     from dsv4patch.lock import load
     from dsv4patch.progress import Progress
+    from dsv4patch.series import series_for_pin
     from dsv4patch.store import Store
 
     proj = tmp_path / "proj"
@@ -200,11 +223,21 @@ def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None
         shutil.copytree(ROOT / d, proj / d)
     lock = proj / "locks" / "vllm.toml"
     before = lock.read_text()
-    # ../vllm-acme: a fork checkout at 0.27.1's tree (the page's --local example).
+    # ../vllm-acme: a fork checkout of 0.27.1's tree on its branch `acme`, with a commit of its
+    # own that changes the first line 0001 changes (the page's --local and --workspace examples).
     pr = tree.materialize(load(lock).pin("0.27.1"), Store.open(shared_cache), Progress(False))
     acme = tmp_path / "vllm-acme"
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(pr.repo), str(acme)], check=True)
-    subprocess.run(["git", "-C", str(acme), "checkout", "-q", pr.base_commit], check=True)
+    subprocess.run(["git", "-C", str(acme), "checkout", "-q", "-b", "acme", pr.base_commit], check=True)
+    first = series_for_pin(load(lock), load(lock).pin("0.27.1")).patches[0]
+    path, line = _first_changed_line(first.path.read_text())
+    lines = (acme / path).read_text().split("\n")
+    lines[line - 1] += " /* acme */"
+    (acme / path).write_text("\n".join(lines))
+    subprocess.run(["git", "-C", str(acme), "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qam",
+                    "acme: our change"], check=True)
+    acme_head = subprocess.run(["git", "-C", str(acme), "rev-parse", "HEAD"], check=True,
+                               capture_output=True, text=True).stdout.strip()
     monkeypatch.chdir(proj)
     monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
     monkeypatch.setenv("DSV4PATCH_CACHE", str(shared_cache))
@@ -212,7 +245,9 @@ def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None
         ("port", "--to", "0.28.0", "--dry-run"): 0,
         ("port", "--to", "0.26.0", "--name", "0.26.0-new"): 1,
         ("port", "--to", "0.26.0", "--name", "0.26.0-new", "--workspace", "../ws026"): 1,
-        ("port", "--local", "../vllm-acme", "--dry-run"): 0,
+        ("port", "--local", "../vllm-acme", "--workspace", "../vllm-acme"): 1,
+        ("port", "--abort", "--workspace", "../vllm-acme"): 0,
+        ("port", "--local", "../vllm-acme", "--dry-run"): 1,
     }
     examples = _port_examples()
     assert set(examples) == set(want), f"a port example without an expected result here: {examples}"
@@ -232,8 +267,19 @@ def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None
             assert actions["0009"] == "resolved"
             assert set(actions.values()) <= {"drop", "resolved", "keep", "refresh", "merge"}
             assert any("agrees with the locked pin 0.28.0" in n for n in rep["notes"])
+        elif argv[1] == "--abort":
+            assert rep["aborted"] is True and rep["head"] == acme_head
+            assert _git(acme, "symbolic-ref", "HEAD") == "refs/heads/acme"
+            assert _git(acme, "status", "--porcelain") == ""
         elif argv[1] == "--local":
-            assert set(actions.values()) == {"keep"}
+            # the fork's own commit conflicts with 0001 (nothing is carried after a conflict)
+            assert actions["0001"] == "conflict" and set(list(actions.values())[1:]) == {"not-ported"}
+            if "--workspace" in argv:  # the fork's checkout itself, HEAD detached at its commit
+                assert rep["workspace"]["own_checkout"] == {"base": acme_head, "branch": "refs/heads/acme"}
+                assert rep["workspace"]["conflicts"] == [path]
+                assert _git(acme, "rev-parse", "HEAD") == acme_head
+                assert _git(acme, "symbolic-ref", "-q", "HEAD", check=False) == ""
+                assert _git(acme, "rev-parse", "refs/heads/acme") == acme_head
         else:
             assert actions["0001"] == "refresh" and actions["0002"] == "merge"
             assert actions["0003"] == "conflict"

@@ -1,4 +1,5 @@
-"""A fork maintainer's own checkout as the tree (issue 28): port --local, apply onto the fork's
+"""A fork maintainer's own checkout as the tree (issue 28): port --local with its conflict
+resolved in a port --workspace that is the fork's checkout itself, apply onto the fork's
 branch, a conflict through apply --3way / resolve --continue, refresh, and `git am` of the
 refreshed patches onto the fork's second branch; at every step the fork's own history
 (commits, branches, remote, config) is intact. Real git throughout (conftest's upstream)."""
@@ -6,9 +7,11 @@ refreshed patches onto the fork's second branch; at every step the fork's own hi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
-from conftest import MINI_FILES, Upstream, git_pin, sh, write_lock
+from conftest import MINI_FILES, Upstream, git_pin, sh, validate_json, write_lock
 
 ENVS = MINI_FILES["vllm/envs.py"]
 WORKER = MINI_FILES["vllm/worker.py"]
@@ -59,17 +62,86 @@ def _intact(fork: Path, before: dict[str, str], moved: set[str] = frozenset()) -
             assert new[ref] == oid, ref
 
 
-def test_fork_port_apply_3way_refresh_and_am_onto_its_second_branch(tmp_path, upstream, cli):
+def _detached(fork: Path) -> bool:
+    return subprocess.run(["git", "-C", str(fork), "symbolic-ref", "-q", "HEAD"], capture_output=True).returncode != 0
+
+
+def _gitdir(fork: Path) -> Path:
+    return Path(sh(fork, "rev-parse", "--absolute-git-dir"))
+
+
+def _open_port_workspace(tmp_path: Path, upstream: Upstream, cli):  # type: ignore[no-untyped-def]
+    """The fork's main branch has its own change of the line 0002 patches; the port to its HEAD
+    conflicts there and opens its workspace in the fork's checkout itself."""
+    lock, fork = _fork(tmp_path, upstream)
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 1  # acme"))
+    sh(fork, "commit", "-qam", "fork: return 1")
+    before = _history(fork)
+    port = ("port", "--lock", lock, "--local", fork, "--cache-dir", tmp_path / "c", "--format", "json")
+    res = cli(*port, "--workspace", fork)
+    assert res.rc == 1, res.out + res.err
+    return lock, fork, before, port, validate_json("port", res.out)
+
+
+def test_fork_port_workspace_apply_3way_refresh_and_am_onto_its_second_branch(tmp_path, upstream, cli):
     lock, fork = _fork(tmp_path, upstream)
     cache = ("--cache-dir", tmp_path / "c")
+    # The fork changed the line 0002 patches on its own main branch.
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 1  # acme"))
+    sh(fork, "commit", "-qam", "fork: return 1")
     before = _history(fork)
     fork_head = sh(fork, "rev-parse", "HEAD")
-
-    # port --local: a pin of the fork's HEAD, every patch kept.
-    res = cli("port", "--lock", lock, "--local", fork, *cache, "--format", "json")
-    assert res.rc == 0, res.out + res.err
     pin = f"fork-{fork_head[:12]}"
-    assert {v["action"] for v in json.loads(res.out)["patches"].values()} == {"keep"}
+    lock_before = lock.read_text()
+
+    # port --local: 0001 kept, 0002 conflicts; nothing is written.
+    port = ("port", "--lock", lock, "--local", fork, *cache, "--format", "json")
+    res = cli(*port)
+    assert res.rc == 1, res.out + res.err
+    assert {n: v["action"] for n, v in json.loads(res.out)["patches"].items()} == {
+        "0001-envs.patch": "keep", "0002-worker.patch": "conflict"}
+    assert lock.read_text() == lock_before
+    _intact(fork, before)
+
+    # port --workspace on the fork's own checkout: 0001 committed on the fork's HEAD (not on a
+    # synthetic root commit), HEAD detached there, 0002 merged with markers; no branch moves.
+    res = cli(*port, "--workspace", fork)
+    assert res.rc == 1, res.out + res.err
+    ws = validate_json("port", res.out)["workspace"]
+    assert ws["own_checkout"] == {"base": fork_head, "branch": "refs/heads/main"}
+    assert ws["conflicts"] == ["vllm/worker.py"] and ws["patch"] == "0002-worker.patch"
+    assert ws["state"] == str(_gitdir(fork) / "dsv4patch-port.json") and Path(ws["state"]).is_file()
+    assert _detached(fork) and sh(fork, "rev-parse", "HEAD") == ws["head"]
+    assert sh(fork, "rev-parse", "HEAD~1") == fork_head
+    assert sh(fork, "log", "-1", "--format=%s") == "envs: add A"
+    assert (fork / "vllm/envs.py").read_text() == ENVS + "A = 1\n"
+    text = (fork / "vllm/worker.py").read_text()
+    assert "<<<<<<< target" in text and "return 1  # acme" in text and ">>>>>>> patch" in text
+    _intact(fork, before)
+    # A rerun with the markers still there names the file and changes nothing.
+    res = cli(*port, "--workspace", fork)
+    assert res.rc == 5 and "vllm/worker.py" in res.err and "conflict markers" in res.err, res.err
+    assert _detached(fork) and lock.read_text() == lock_before
+    _intact(fork, before)
+
+    # Resolved and run again: 0002's resolution becomes the pin's variant, the port completes,
+    # and the fork is back on main at its own commit, clean, with no state left.
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 2  # acme"))
+    res = cli(*port, "--workspace", fork)
+    assert res.rc == 0, res.out + res.err
+    rep = validate_json("port", res.out)
+    assert {n: v["action"] for n, v in rep["patches"].items()} == {
+        "0001-envs.patch": "keep", "0002-worker.patch": "resolved"}
+    detail = rep["patches"]["0002-worker.patch"]["detail"]
+    assert detail == f"the resolution edited in --workspace {fork} (automatic 3-way merge conflicted (1 hunk(s)))"
+    assert any("back where the port found it: on branch main" in n for n in rep["notes"]), rep["notes"]
+    assert sh(fork, "symbolic-ref", "HEAD") == "refs/heads/main"
+    assert sh(fork, "rev-parse", "HEAD") == fork_head and sh(fork, "status", "--porcelain") == ""
+    assert not (_gitdir(fork) / "dsv4patch-port.json").exists()
+    assert not (_gitdir(fork) / "dsv4patch-port").exists()
+    variant = lock.parent.parent / f"patches/variants/{pin}/0002-worker.patch"
+    assert "+    return 2  # acme" in variant.read_text() and "-    return 1  # acme" in variant.read_text()
+    assert cli("check", "--lock", lock, "--pin", pin, *cache).rc == 0
     _intact(fork, before)
 
     # apply onto the fork itself, on a new branch: the series on top of the fork's commits.
@@ -79,7 +151,7 @@ def test_fork_port_apply_3way_refresh_and_am_onto_its_second_branch(tmp_path, up
     assert sh(fork, "symbolic-ref", "HEAD") == "refs/heads/dsv4"
     assert sh(fork, "rev-parse", "HEAD~2") == fork_head
     assert "Dsv4patch-Patch: 0002-worker.patch" in sh(fork, "log", "-1", "--format=%B")
-    assert (fork / "vllm/worker.py").read_text() == WORKER.replace("return 0", "return 2")
+    assert (fork / "vllm/worker.py").read_text() == WORKER.replace("return 0", "return 2  # acme")
     _intact(fork, before)
     # Again: nothing to do; status and check see the fork's branch as patched.
     res = cli("apply", "--lock", lock, "--pin", pin, "--tree", fork, "--no-build", *cache, "--format", "json")
@@ -90,20 +162,20 @@ def test_fork_port_apply_3way_refresh_and_am_onto_its_second_branch(tmp_path, up
 
     # A conflict: the fork's main branch moves on with its own change of the patched line.
     sh(fork, "switch", "-q", "main")
-    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 1  # acme"))
-    sh(fork, "commit", "-qam", "fork: return 1")
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 3  # acme"))
+    sh(fork, "commit", "-qam", "fork: return 3")
     before = _history(fork)
     res = cli("apply", "--lock", lock, "--pin", pin, "--tree", fork, "--3way", "--no-build", *cache,
               "--format", "json")
     assert res.rc == 1, res.out + res.err
     text = (fork / "vllm/worker.py").read_text()
     assert "<<<<<<<" in text
-    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 2  # acme"))
+    (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 2  # acme, 3"))
     res = cli("resolve", "--continue", "--lock", lock, "--tree", fork, *cache, "--format", "json")
     assert res.rc == 0, res.out + res.err
     assert sh(fork, "symbolic-ref", "HEAD") == "refs/heads/main"
     main_base = sh(fork, "rev-parse", "HEAD~2")
-    assert sh(fork, "log", "-1", "--format=%s", main_base) == "fork: return 1"
+    assert sh(fork, "log", "-1", "--format=%s", main_base) == "fork: return 3"
     _intact(fork, before, moved={"refs/heads/main"})
 
     # refresh on the fork's branch writes the patches (the pin's variants: --as-variant).
@@ -120,14 +192,14 @@ def test_fork_port_apply_3way_refresh_and_am_onto_its_second_branch(tmp_path, up
     _intact(fork, before, moved={"refs/heads/main"})
 
     # The documented two lines: the refreshed patches onto the fork's second branch with git am.
-    # (release first takes the fork's own `return 1` commit, which the refreshed 0002 is made on)
+    # (release first takes the fork's own `return 1`/`return 3` commits, which the refreshed 0002 is made on)
     sh(fork, "switch", "-q", "release")
     sh(fork, "merge", "-q", "--ff-only", main_base)
     sh(fork, "am", "-q", "--3way", str(lock.parent.parent / "patches/0001-envs.patch"), str(worker_patch))
     assert sh(fork, "rev-parse", "HEAD~2") == main_base
     assert sh(fork, "rev-parse", "HEAD^{tree}") == sh(fork, "rev-parse", "main^{tree}")
     assert (fork / "vllm/envs.py").read_text() == ENVS + "A = 1\n"
-    assert "return 2  # acme" in (fork / "vllm/worker.py").read_text()
+    assert "return 2  # acme, 3" in (fork / "vllm/worker.py").read_text()
     _intact(fork, before, moved={"refs/heads/main", "refs/heads/release"})
 
     # The other line: the commits as they are, cherry-picked onto a branch at the fork's commits.
@@ -156,14 +228,59 @@ def test_fork_apply_refuses_an_existing_branch_and_a_checkout_not_on_the_pin(tmp
     _intact(fork, before)
 
 
-def test_port_workspace_on_the_fork_itself_is_refused_untouched(tmp_path, upstream, cli):
-    """A port conflict's workspace is a directory of its own: pointed at the fork's checkout, it
-    is refused (exit 5) and the fork's branch is never reset to the new pin's tree."""
+def test_port_abort_puts_the_forks_checkout_back_on_its_branch(tmp_path, upstream, cli):
+    lock, fork, before, port, rep = _open_port_workspace(tmp_path, upstream, cli)
+    head = rep["workspace"]["own_checkout"]["base"]
+    (fork / "vllm/worker.py").write_text("half an edit\n")
+    (fork / "scratch.txt").write_text("a file made while the workspace was open\n")
+    lock_before = lock.read_text()
+    res = cli("port", "--abort", "--workspace", fork, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    out = validate_json("port", res.out)
+    assert out["aborted"] is True and out["head"] == head and out["to"] == f"fork-{head[:12]}"
+    assert sh(fork, "symbolic-ref", "HEAD") == "refs/heads/main" and sh(fork, "rev-parse", "HEAD") == head
+    assert sh(fork, "status", "--porcelain", "--untracked-files=all") == ""
+    assert not (_gitdir(fork) / "dsv4patch-port.json").exists()
+    assert lock.read_text() == lock_before
+    _intact(fork, before)
+    # Nothing left to abort; the same port opens the workspace again.
+    res = cli("port", "--abort", "--workspace", fork)
+    assert res.rc == 5 and "no port workspace" in res.err, res.err
+    assert cli("port", "--abort").rc == 2
+    assert cli(*port, "--workspace", fork).rc == 1 and _detached(fork)
+    _intact(fork, before)
+
+
+def test_port_workspace_on_the_fork_refuses_planted_state_and_other_checkouts(tmp_path, upstream, cli):
+    """Refused (exit 5) before anything is touched: a link planted at the state's name, a checkout
+    with uncommitted changes, a checkout that is not at the content of the pin ported to."""
     lock, fork = _fork(tmp_path, upstream)
     (fork / "vllm/worker.py").write_text(WORKER.replace("return 0", "return 1  # acme"))
     sh(fork, "commit", "-qam", "fork: return 1")
+    cache = ("--cache-dir", tmp_path / "c")
+    port = ("port", "--lock", lock, "--local", fork, "--workspace", fork, *cache)
     before = _history(fork)
-    res = cli("port", "--lock", lock, "--local", fork, "--workspace", fork, "--cache-dir", tmp_path / "c")
-    assert res.rc == 5 and "use a new directory" in res.err, res.out + res.err
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    state = _gitdir(fork) / "dsv4patch-port.json"
+    os.symlink(outside, state)
+    res = cli(*port)
+    assert res.rc == 5 and "link" in res.err, res.err
+    assert outside.read_text() == "{}" and state.is_symlink()
+    state.unlink()
     _intact(fork, before)
-    assert sh(fork, "status", "--porcelain") == ""
+    assert not _detached(fork) and sh(fork, "status", "--porcelain") == ""
+
+    (fork / "vllm/envs.py").write_text("edited\n")
+    res = cli(*port)
+    assert res.rc == 5 and "uncommitted changes (vllm/envs.py)" in res.err, res.err
+    sh(fork, "checkout", "--", "vllm/envs.py")
+    _intact(fork, before)
+
+    # A port to another pin (the upstream commit the fork descends from) does not get the
+    # fork's checkout as its workspace: its branch is never reset to that pin's tree.
+    res = cli("port", "--lock", lock, "--git", upstream.path, "--to", upstream.commit, "--name", "up2",
+              "--workspace", fork, *cache)
+    assert res.rc == 5 and "nothing was touched" in res.err, res.out + res.err
+    _intact(fork, before)
+    assert not _detached(fork) and sh(fork, "status", "--porcelain") == ""

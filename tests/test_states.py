@@ -23,7 +23,8 @@ def test_round_trip_each_state() -> None:
     for cls, data in ((ApplyJournal, {"from": A, "to": B, "ref": "refs/heads/vllm-p", "pid": 7}),
                       (ResolveState, RESOLVE),
                       (PortState, {"lock": "/l", "from": "a", "to": "b", "patch": "x.patch",
-                                   "base_commit": A, "at": B, "conflicts": []})):
+                                   "base_commit": A, "at": B, "conflicts": [], "own": True,
+                                   "orig_ref": "refs/heads/main"})):
         state = cls.from_json(data)
         assert state.to_json() == data
         assert cls.from_json(state.to_json()) == state
@@ -50,10 +51,14 @@ def test_optional_fields_default() -> None:
     (ApplyJournal, {"ref": "refs/heads/../../config"}, "is not a branch"),
     (ApplyJournal, {"ref": "HEAD"}, "is not a branch"),
     (ApplyJournal, {"pid": True}, "pid is not a count"),
+    (PortState, {"orig_ref": "refs/heads/../../config"}, "is not a branch"),
+    (PortState, {"orig_ref": "main"}, "orig_ref = 'main' is not a branch"),
+    (PortState, {"own": "yes"}, "own is not true or false"),
     (ApplyJournal, {"to": "b" * 39}, "to = "),
 ])
 def test_values_dsv4patch_never_writes_are_refused(cls: type[states.State], bad: dict, why: str) -> None:
-    good = RESOLVE if cls is ResolveState else {"from": A, "to": B}
+    good = RESOLVE if cls is ResolveState else {"from": A, "to": B} if cls is ApplyJournal else {
+        "lock": "/l", "from": "a", "to": "b", "patch": "x.patch", "base_commit": A, "at": B, "conflicts": []}
     with pytest.raises(ValueError, match=why.replace("(", r"\(")):
         cls.from_json({**good, **bad})
 

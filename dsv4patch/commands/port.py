@@ -4,6 +4,7 @@ The port itself is :mod:`dsv4patch.porting` (its conflict workspace
 :mod:`dsv4patch.portspace`); this command reads the options, calls
 :func:`porting.port` and renders the result.  ``--verify`` then proves the
 new pin as ``dsv4patch verify`` does (:func:`dsv4patch.verifying.verify`).
+``--abort --workspace DIR`` gives a conflict workspace up (:func:`porting.abort`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from dsv4patch import lock as lockmod
 from dsv4patch import porting, report, verifying
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
 
@@ -38,9 +39,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--workspace", type=Path, default=None, metavar="DIR",
-        help="on a conflict, leave DIR as a tree of the new pin with the ported patches committed and the "
-             "conflicting one merged (markers); after editing, run the same command again to go on",
+        help="on a conflict, leave DIR (a new directory, or the fork's own checkout when porting to its "
+             "HEAD: HEAD is then detached, no branch moves) as a tree of the new pin with the ported patches "
+             "committed and the conflicting one merged (markers); after editing, run the same command again "
+             "to go on",
     )
+    p.add_argument("--abort", action="store_true",
+                   help="with --workspace DIR: give its port up (the fork's own checkout goes back to the "
+                        "commit and branch it was on); the lock is not read or written")
     p.add_argument("--verify", action="store_true", help="run dsv4patch verify on the new pin")
     p.add_argument("--torch", default=None, help="torch version for --verify's test venv")
     _common.add_output(p, markdown=True)
@@ -48,6 +54,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.abort:
+        if args.workspace is None:
+            raise UsageError("--abort needs --workspace DIR (the workspace to give up)")
+        gone = porting.abort(workspace=args.workspace)
+        table, md = report.simple_table(f"dsv4patch port --abort ({gone.src} -> {gone.dst})",
+                                        ["workspace", "head"],
+                                        [[str(gone.workspace), (gone.head or "")[:12]]])
+        report.emit(args.format, gone.to_json(), table, md)
+        return EXIT_OK
     lock = _common.open_lock(args)
     src = lock.pin(args.from_pin)
     store = _common.open_store(args)

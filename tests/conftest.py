@@ -82,6 +82,47 @@ def cpu_testenv(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
     return testenv.ensure(req, Store.open(shared_cache))
 
 
+@dataclass(frozen=True)
+class Vllm026:
+    """vLLM 0.26.0 on CPU: the stock wheel's Python files, the pin's patched tree, and the CPU test
+    venv (torch 2.13.0 CPU) whose python runs them with ``env()``'s PYTHONPATH."""
+
+    python: Path
+    site: Path  # the stock wheel's .py, .json, .jinja files and its dist-info
+    tree: Path  # dsv4patch apply --pin 0.26.0 --no-build
+
+    def env(self, path: Path | None = None) -> dict[str, str]:
+        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        e.update(PYTHONPATH=str(path or self.site), CUDA_VISIBLE_DEVICES="")
+        return e
+
+
+@pytest.fixture(scope="session")
+def vllm026(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Vllm026:
+    """Made once per session (the pin's tree and venv come from the shared cache; the stock wheel,
+    303 MB, is read from the store)."""
+    import zipfile
+
+    from dsv4patch import testenv
+    from dsv4patch.kernels import stock
+    from dsv4patch.lock import load
+    from dsv4patch.store import Store
+
+    base = tmp_path_factory.mktemp("vllm026")
+    tree = base / "tree"
+    assert main(["apply", "--lock", str(LOCK), "--pin", "0.26.0", "--tree", str(tree), "--cache-dir",
+                 str(shared_cache), "--no-build", "--format", "json"]) == 0
+    store = Store.open(shared_cache)
+    env = testenv.ensure(tree, store, torch="2.13.0")  # 0.26.0 pins torch 2.11 (CUDA); CPU build here
+    site = base / "site"
+    wheel = stock.wheel_path(store, stock.wheel_for(load(LOCK).pin("0.26.0"), "x86_64"))
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
+                zf.extract(name, site)
+    return Vllm026(Path(env.python), site, tree)
+
+
 @dataclass
 class CliResult:
     rc: int

@@ -2,9 +2,7 @@
 
 Run by tests/test_selftest_model.py in the 0.26.0 CPU test venv with the stock wheel's Python files on
 PYTHONPATH.  What it fakes, only to construct the modules without a GPU (no forward runs): vLLM's CUDA
-platform as sm_90 (``fake_cuda_platform``: capability 9.0, "NVIDIA H200", the compiled extension
-``vllm._C_stable_libtorch`` and FlashAttention 3 as empty modules, the four ``torch.ops._C`` capability
-queries answered, Triton declared present), CUDA streams and events, tensors asked for on
+platform as sm_90 (``vllm026_cpu_platform.fake_cuda_platform``), CUDA streams and events, tensors asked for on
 ``cuda`` made on the CPU, DeepGEMM reported present, and the ``torch.ops`` custom ops the constructors only
 look up.  Prints one JSON line: per model, its class, what apply_oracle_weights set and what it missed,
 and the dtype/shape of the MTP layer's e_proj.
@@ -18,39 +16,8 @@ import importlib.util
 import json
 import re
 import sys
-import types
 
-
-def fake_cuda_platform() -> None:
-    import torch
-
-    lib = torch.library.Library("_C", "DEF")  # kept alive below
-    for name, answer in (
-        ("cutlass_scaled_mm_supports_fp8", True),
-        ("cutlass_scaled_mm_supports_block_fp8", True),
-        ("cutlass_group_gemm_supported", True),
-        ("cutlass_scaled_mm_supports_fp4", False),
-    ):
-        lib.define(f"{name}(int cap) -> bool")
-        lib.impl(name, lambda cap, _a=answer: _a, "CompositeExplicitAutograd")
-    fake_cuda_platform.lib = lib  # type: ignore[attr-defined]
-
-    for mod in ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C"):
-        sys.modules[mod] = types.ModuleType(mod)
-    import vllm.platforms as platforms
-    import vllm.platforms.cuda as cuda
-    from vllm.platforms.interface import DeviceCapability
-
-    cls = getattr(cuda, "CudaPlatform", None) or cuda.NvmlCudaPlatform
-    cls.get_device_capability = classmethod(lambda c, device_id=0: DeviceCapability(9, 0))
-    cls.get_device_name = classmethod(lambda c, device_id=0: "NVIDIA H200")
-    cls.get_device_total_memory = classmethod(lambda c, device_id=0: 140 << 30)
-    cls.is_fully_connected = classmethod(lambda c, ids: True)
-    platforms._current_platform = cls()
-    import vllm.config.vllm as vllm_config_module
-
-    vllm_config_module.HAS_TRITON = True
-
+from vllm026_cpu_platform import fake_cuda_platform
 
 fake_cuda_platform()
 import torch  # noqa: E402

@@ -368,36 +368,11 @@ def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
 
 
 @pytest.mark.slow  # the pin's tree and CPU test venv (shared cache), the stock wheel (303 MB, cached)
-def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, shared_cache):
-    import os
-    import subprocess
-    import zipfile
-    from pathlib import Path
-
-    from dsv4patch import testenv
-    from dsv4patch.kernels import stock
-    from dsv4patch.lock import load
-    from dsv4patch.main import main
-    from dsv4patch.store import Store
-
+def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, vllm026):
     root = Path(__file__).resolve().parent.parent
-    lock = root / "locks" / "vllm.toml"
-    tree = tmp_path / "tree"
-    assert main(["apply", "--lock", str(lock), "--pin", "0.26.0", "--tree", str(tree), "--cache-dir",
-                 str(shared_cache), "--no-build", "--format", "json"]) == 0
-    store = Store.open(shared_cache)
-    env = testenv.ensure(tree, store, torch="2.13.0")
-    site = tmp_path / "site"
-    wheel = stock.wheel_path(store, stock.wheel_for(load(lock).pin("0.26.0"), "x86_64"))
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
-                zf.extract(name, site)
-    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    e.update(PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([str(env.python), str(root / "tests" / "selftest_vllm026_probe.py"),
+    res = subprocess.run([str(vllm026.python), str(root / "tests" / "selftest_vllm026_probe.py"),
                           str(root / "dsv4patch" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
-                         env=e, capture_output=True, text=True, timeout=900)
+                         env=vllm026.env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert {k: v["class"] for k, v in out.items()} == {

@@ -8,6 +8,7 @@ downloaded once into a shared cache (``$DSV4PATCH_TEST_CACHE``, default
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import textwrap
 from dataclasses import dataclass
@@ -61,6 +62,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: the order within a module is kept
+
+
+# Disk: the suite's trees, wheels and venvs are GBs, and CI's disk is small (it once failed
+# with ENOSPC).  pyproject.toml sets tmp_path_retention_policy = "failed", so a passing test's
+# tmp_path is removed when it ends; the directories a module's fixtures make with
+# tmp_path_factory.mktemp are removed here when the module is done, unless one of its tests
+# failed (then they stay for a look, as a failed test's tmp_path does).
+_FAILED_MODULES: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if report.failed:
+        _FAILED_MODULES.add(str(item.path))
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Autouse, so set up before and torn down after the module's own module-scoped fixtures:
+    what appeared in the (per-worker) basetemp while the module ran is its own."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if str(request.path) not in _FAILED_MODULES:
+        for path in set(base.iterdir()) - before:
+            if path.is_symlink():  # pytest's "<name>current" links
+                path.unlink()
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

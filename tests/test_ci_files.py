@@ -9,6 +9,7 @@ linter that is not installed skips its test.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -174,9 +175,32 @@ def test_build_args_agree_with_dsv4patch(cli, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_shell_scripts_parse() -> None:
-    for script in (ROOT / ".ci" / "docker-setup.sh",):
-        res = run("sh", "-n", str(script))
+    for shell, script in (("sh", ".ci/docker-setup.sh"), ("bash", ".ci/run"), ("bash", ".ci/disk.sh")):
+        res = run(shell, "-n", str(ROOT / script))
         assert res.returncode == 0, f"{script}: {res.stderr}"
+
+
+def test_ci_disk_report_runs_and_says_when_the_disk_ran_out(tmp_path: Path) -> None:
+    """.ci/disk.sh, as .ci/run uses it: the peaks and du at the end, the exit status kept; a
+    failed run that had less free than DISK_LOW_BYTES (here: more than any disk) says so."""
+    script = (f"set -euo pipefail; . {ROOT / '.ci' / 'disk.sh'}; DISK_INTERVAL=1; DISK_LOW_BYTES=$1; "
+              f"disk_start {tmp_path}; trap 'disk_finish $?' EXIT; disk_phase step; sleep 2; exit $2")
+    env = {k: v for k, v in os.environ.items() if k != "DSV4PATCH_CACHE"}
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))  # nothing big to du at the end
+
+    def ci(low: int, rc: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", script, "sh", str(low), str(rc)], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    ok = ci(1, 0)
+    assert ok.returncode == 0, ok.stderr
+    assert "== disk: peak used per filesystem" in ok.stdout and "during step" in ok.stdout
+    assert "DISK FULL" not in ok.stderr
+    full = ci(1 << 62, 5)
+    assert full.returncode == 5
+    assert "CI FAILED WITH THE DISK FULL" in full.stderr and "No space left on device" in full.stderr
+    other = ci(1, 4)
+    assert other.returncode == 4 and "DISK FULL" not in other.stderr and "never fell below" in other.stderr
 
 
 def test_no_side_scripts_reimplement_dsv4patch() -> None:

@@ -8,7 +8,8 @@ same FlashInfer: 0.6.14 (pin 0.26.0), 0.6.16.post3 (pin 0.27.1), 0.6.18.post1
 0.7.2.post1 and 0.7.4 (the newest here).
 
 The wheels are pure Python (``py3-none-any``); they are fetched by sha256 into
-the shared store (``tests/flashinfer_wheels.lock.json``) and imported on CPU in
+the shared store (``tests/flashinfer_wheels.lock.json``), unpacked without
+``flashinfer/data/`` (the CUDA sources its JIT compiles), and imported on CPU in
 the ``verify`` venv, with the four small packages ``flashinfer`` imports at
 module level.  Nothing is faked: both gates run the real vLLM code on the real
 FlashInfer modules.
@@ -83,16 +84,18 @@ def deps(env, shared_cache) -> Path:
 
 
 def _flashinfer(shared_cache: Path, version: str) -> Path:
-    """The release's wheel, fetched by sha256 and unpacked once in the store."""
+    """The release's wheel, fetched by sha256 and unpacked once in the store: every member but
+    ``flashinfer/data/`` (the CUDA sources and headers its JIT compiles, up to 430 MB of a
+    release's 680; nothing here compiles, and the modules only name those paths)."""
     w = WHEELS["wheels"][version]
     store = Store.open(shared_cache)
     blob = store.fetch_blob(w["url"], w["sha256"], w["size"], f"flashinfer-python {version}",
                             Progress(False))
-    dest = store.root / "derived" / f"flashinfer-{w['sha256']}"
+    dest = store.root / "derived" / f"flashinfer-nodata-{w['sha256']}"
     with store.lock(f"flashinfer-{w['sha256']}"):
         if not (dest / ".ready").exists():
             with zipfile.ZipFile(blob) as z:
-                z.extractall(dest)
+                z.extractall(dest, [n for n in z.namelist() if not n.startswith("flashinfer/data/")])
             (dest / ".ready").write_text(version + "\n")
     return dest
 

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -547,6 +548,7 @@ def test_apply_on_a_tree_copied_with_cp_a_refreshes_stale_stat_data(shared_cache
     assert res.rc == 0, (res.rc, res.err)
     assert sh(copy, "rev-parse", "HEAD^{tree}") == load(LOCK).pin("0.27.1").patched_tree
     assert sh(copy, "status", "--porcelain") == ""
+    shutil.rmtree(copy)  # disk: a 150 MB tree, done with
     # A copy whose content differs is still dirty: refused, untouched.
     dirty = tmp_path / "dirty"
     subprocess.run(["cp", "-a", str(tree), str(dirty)], check=True)

@@ -28,7 +28,7 @@ from conftest import LOCK
 from dsv4patch import hashing
 from dsv4patch.kernels import stock
 from dsv4patch.store import Store
-from test_sbom import built, kernel_wheel  # noqa: F401  (module fixtures: the patched wheel)
+from test_sbom import kernel_wheel, make_patched  # noqa: F401  (module fixture: the kernel wheel)
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc")
@@ -37,12 +37,15 @@ pytestmark = [pytest.mark.slow, needs_nvcc]
 BIN = Path(sys.executable).parent
 
 
-def _env(tmp: Path) -> dict[str, str]:
+def _env() -> dict[str, str]:
+    """pip and uv with no configuration and no cache: every install reads the index (and no
+    300 MB wheel is kept a second time in a cache; uv's temporary one goes when it exits)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_INDEX_URL",
                                                              "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
-                                                             "UV_INDEX_URL", "UV_EXTRA_INDEX_URL")}
-    env.update({"PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "UV_CACHE_DIR": str(tmp / "uv-cache"),
-                "PIP_CACHE_DIR": str(tmp / "pip-cache"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                                                             "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+                                                             "PIP_CACHE_DIR", "UV_CACHE_DIR")}
+    env.update({"PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "UV_NO_CACHE": "1",
+                "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     return env
 
 
@@ -93,6 +96,12 @@ class Index:
 
 
 @pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, kernel_wheel: Path) -> dict:
+    """The patched wheel, built once (tests/test_sbom.py builds it twice, for reproducibility)."""
+    return make_patched(tmp_path_factory.mktemp("wheel"), shared_cache, kernel_wheel, ("a",))
+
+
+@pytest.fixture(scope="module")
 def index(built: dict, tmp_path_factory: pytest.TempPathFactory):
     """The private index with the patched wheel uploaded by twine."""
     tmp = tmp_path_factory.mktemp("index")
@@ -101,12 +110,20 @@ def index(built: dict, tmp_path_factory: pytest.TempPathFactory):
         wheel = built["a"].built.path
         res = subprocess.run([str(BIN / "twine"), "upload", "--non-interactive", "--disable-progress-bar",
                               "--repository-url", idx.base + "/", "-u", "dsv4patch", "-p", "unused", str(wheel)],
-                             capture_output=True, text=True, env=_env(tmp), timeout=600)
+                             capture_output=True, text=True, env=_env(), timeout=600)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert (idx.root / wheel.name).read_bytes() == wheel.read_bytes()  # what twine sent is the wheel
-        yield {"index": idx, "wheel": wheel, "version": built["a"].built.version, "tmp": tmp}
+        yield {"index": idx, "wheel": wheel, "version": built["a"].built.version}
     finally:
         idx.stop()
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """A hard link (no second 300 MB copy; the server only reads it), a copy across filesystems."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
 
 
 def _status(python: str, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -115,14 +132,14 @@ def _status(python: str, cache: Path, *args: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def pip_venv(index: dict) -> str:
-    tmp = index["tmp"]
-    venv = tmp / "pip-venv"
+@pytest.fixture
+def pip_venv(index: dict, tmp_path: Path) -> str:
+    """A fresh venv with the patched wheel from the index (one per test: 800 MB, gone when it passes)."""
+    venv = tmp_path / "pip-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
     res = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--index-url", index["index"].url,
-                          f"vllm=={index['version']}"], capture_output=True, text=True, env=_env(tmp), timeout=900)
+                          f"vllm=={index['version']}"], capture_output=True, text=True, env=_env(), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     return py
 
@@ -150,10 +167,9 @@ def test_pip_from_the_index_then_status_installed_exits_0(index: dict, pip_venv:
     assert text.returncode == 0 and "matches the installed vLLM, patch set and kernel library" in text.stdout
 
 
-def test_uv_from_the_index_then_status_installed_exits_0(index: dict, shared_cache: Path) -> None:
-    tmp = index["tmp"]
-    venv = tmp / "uv-venv"
-    env = _env(tmp)
+def test_uv_from_the_index_then_status_installed_exits_0(index: dict, shared_cache: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "uv-venv"
+    env = _env()
     subprocess.run([str(BIN / "uv"), "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
     py = str(venv / "bin" / "python")
     res = subprocess.run([str(BIN / "uv"), "pip", "install", "-q", "--no-deps", "--python", py,
@@ -190,16 +206,16 @@ def test_an_sbom_that_contradicts_the_install_fails(index: dict, pip_venv: str, 
     assert _status(pip_venv, shared_cache).returncode == 0
 
 
-def test_hash_pinned_requirements_refuse_the_stock_wheel(index: dict, built: dict,
-                                                          shared_cache: Path) -> None:
+def test_hash_pinned_requirements_refuse_the_stock_wheel(index: dict, built: dict, shared_cache: Path,
+                                                          tmp_path: Path) -> None:
     """With the private index gone, a stand-in PyPI serves only the stock vllm 0.27.1."""
-    tmp = index["tmp"]
+    tmp = tmp_path
     pin = built["pin"]
     stock_path = stock.wheel_path(Store.open(shared_cache), stock.wheel_for(pin, "x86_64"))
     public = Index(tmp / "public", tmp / "public.log")
     try:
-        shutil.copyfile(stock_path, public.root / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl")
-        env = _env(tmp)
+        _link_or_copy(stock_path, public.root / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl")
+        env = _env()
         patched_sha = hashing.hash_file(index["wheel"])
         pinned = tmp / "requirements.txt"
         pinned.write_text(f"vllm==0.27.1 --hash=sha256:{patched_sha}\n")

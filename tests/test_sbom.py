@@ -63,20 +63,25 @@ def kernel_wheel(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -
                           "--cache-dir", str(shared_cache), "--format", "json"],
                          capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-3000:]
+    shutil.rmtree(tree)  # disk: the wheel is all that is used from here on
     (wheel,) = (base / "dist").glob(f"{KDIST}-*.whl")
     return wheel
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, kernel_wheel: Path) -> dict:
-    """The patched wheel (make_wheel with --kernels), built twice into two directories."""
-    base = tmp_path_factory.mktemp("sbom-wheel")
+def make_patched(base: Path, shared_cache: Path, kernel_wheel: Path, dirs: tuple[str, ...]) -> dict:
+    """The patched wheel (make_wheel with --kernels), built once into each of ``base/DIR``."""
     lock = load(LOCK)
     pin = lock.pin(PIN)
     store = Store.open(shared_cache)
-    wheels = [vllm_wheel.make_wheel(lock=lock, pin=pin, store=store, progress=Progress(False), out=base / d,
-                                    kernels=kernel_wheel) for d in ("a", "b")]
-    return {"a": wheels[0], "b": wheels[1], "pin": pin, "lock": lock}
+    wheels = {d: vllm_wheel.make_wheel(lock=lock, pin=pin, store=store, progress=Progress(False), out=base / d,
+                                       kernels=kernel_wheel) for d in dirs}
+    return {**wheels, "pin": pin, "lock": lock}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, kernel_wheel: Path) -> dict:
+    """The patched wheel, built twice into two directories (a and b: the same bytes)."""
+    return make_patched(tmp_path_factory.mktemp("sbom-wheel"), shared_cache, kernel_wheel, ("a", "b"))
 
 
 def _member(wheel: Path, name: str) -> bytes:

@@ -120,7 +120,7 @@ def _torch_env(cache: Path, version: str) -> str:
     if not (root / ".ready").exists():
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-        subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+        subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-cache-dir",
                         f"torch=={version}"], check=True)
         (root / ".ready").write_text("")
     return str(root / "bin" / "python")
@@ -155,13 +155,28 @@ def _hidden_toolkit(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return prefix, {"CUDA_HOME": "", "CUDA_PATH": ""}
 
 
+def _seed_torch(shared_cache: Path, cache: Path) -> None:
+    """``cache``'s toolchains/ gets the pin's provisioned torch (installed into the shared cache
+    if it is not there yet) as hard links: the torch at its own path in that cache, without a
+    second GB on disk (test_provisioned_torch_is_cached_and_hash_checked installs one cold)."""
+    assert PIN.toolchain is not None
+    env = toolchain.ensure_torch(Store.open(shared_cache), PIN.toolchain, Progress(False))
+    root = Path(env.python).parent.parent  # <cache>/toolchains/torch-<key>
+    (cache / "toolchains").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(root), str(cache / "toolchains" / root.name)], check=True)
+
+
 @pytest.mark.slow
 @needs_nvcc
-def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(tree: Path, tmp_path: Path) -> None:
-    """Two cold caches at different paths, each installing the pin's torch; the second without a
-    system nvcc (hidden), so the lock's NVIDIA nvcc wheels are installed and used: the same
-    library and kernel wheel bytes. build_info names the pin's torch; a warm rebuild compiles
-    nothing; text output names the torch and nvcc."""
+def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(tree: Path, shared_cache: Path,
+                                                                       tmp_path: Path) -> None:
+    """Two cold caches at different paths, each with the pin's torch at its own path (hard links of
+    the shared cache's, see _seed_torch) and nothing else; the second without a system nvcc
+    (hidden), so the lock's NVIDIA nvcc wheels are installed and used: the same library and
+    kernel wheel bytes. build_info names the pin's torch; a warm rebuild compiles nothing; text
+    output names the torch and nvcc."""
+    for cache in ("cache-a", "second-cache-b"):
+        _seed_torch(shared_cache, tmp_path / cache)
     a, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a")
     assert a["toolchain"]["torch_origin"].startswith(f"provisioned {tmp_path / 'cache-a'}")
     prefix, env = _hidden_toolkit(tmp_path) if CAN_HIDE else ([], {})

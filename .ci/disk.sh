@@ -116,7 +116,7 @@ disk_finish() {
     if [ "$rc" -ne 0 ] && [ "$low" -eq 3 ]; then
         echo "CI FAILED WITH THE DISK FULL: free space fell below $(_disk_human "$DISK_LOW_BYTES") (see the peaks" \
              "above); failures with 'No space left on device' (Errno 28) are that, not the code." \
-             "The suite needs about 20 GB free (docs/contributing.md#disk)." >&2
+             "The suite needs about 15 GB free (docs/contributing.md#disk)." >&2
     elif [ "$rc" -ne 0 ]; then
         echo "CI failed (exit $rc); free space never fell below $(_disk_human "$DISK_LOW_BYTES")." >&2
     fi

@@ -47,16 +47,22 @@ cp "$SRC/manifest.json" "$ST/manifest.json"
 CLI_PATH="$ST/cli:$ST/payload/rest/cli-site"
 
 if [[ "$MODE" == collect ]]; then  # wait for the background run of `launch`, then hand its results back
-  limit=$(( ${ST_CALL_LIMIT:-600} - 20 ))
-  while [[ ! -f "$ST/driver.done" ]] && (( $(date +%s) - T_CALL < limit )); do sleep 5; done
+  # ST_CALL_LIMIT must be the call's real limit (the lease may grant less than timeout_s: the reply's
+  # limit_s).  What is there is copied to $OUT every few seconds, so a call cut at its limit still
+  # brings back the reports finished so far (issue 30's H200 run lost everything to a cut collect).
+  limit=$(( ${ST_CALL_LIMIT:-600} - 30 ))
+  copy_back() {  # at most 8 files come back: the two reports and their engine logs, the rest in one archive
+    for f in selftest-stock.json selftest-patched.json selftest-stock-logs.tgz selftest-patched-logs.tgz; do
+      [[ -f "$ST/out/$f" ]] && cp "$ST/out/$f" "$RESULTS/$f.tmp" && mv "$RESULTS/$f.tmp" "$RESULTS/$f"
+    done
+    cp "$ST/driver.log" "$ST/out/driver.log" 2>/dev/null || true
+    (cd "$ST/out" && tar czf "$RESULTS/misc.tmp" --exclude='selftest-*.json' --exclude='*-logs.tgz' --exclude='*.tmp' . &&
+      mv "$RESULTS/misc.tmp" "$RESULTS/selftest-run-misc.tgz") 2>/dev/null || true
+  }
+  while [[ ! -f "$ST/driver.done" ]] && (( $(date +%s) - T_CALL < limit )); do copy_back; sleep 10; done
+  copy_back
   [[ -f "$ST/driver.done" ]] && echo "background run finished: $(cat "$ST/driver.done")" || echo "background run still going"
   tail -40 "$ST/driver.log" 2>/dev/null || true
-  # at most 8 files come back: the two reports and their engine logs as they are, the rest in one archive
-  for f in selftest-stock.json selftest-patched.json selftest-stock-logs.tgz selftest-patched-logs.tgz; do
-    cp "$ST/out/$f" "$RESULTS/" 2>/dev/null || true
-  done
-  cp "$ST/driver.log" "$ST/out/driver.log" 2>/dev/null || true
-  (cd "$ST/out" && tar czf "$RESULTS/selftest-run-misc.tgz" --exclude='selftest-*.json' --exclude='*-logs.tgz' .) || true
   exit 0
 fi
 

@@ -569,6 +569,10 @@ def check(
                                 + "".join(f"\n  {line}" for line in rep["problems"])
                                 + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
                                    if rep["state"] == "mismatch" else ""))
+    if inst:
+        # Files and kernels only: nothing here runs the engine (the selftest does, on a GPU).
+        out["notes"].append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "
+                            "this vLLM on this node's GPU (docs/selftest.md)")
     out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
     return InstalledReport(
         python=out["python"], pin=out["pin"], vllm_version=out["vllm_version"], installed=out["installed"],

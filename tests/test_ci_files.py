@@ -136,6 +136,23 @@ def test_gpu_job_runs_on_self_hosted_gpu_runner() -> None:
     assert "--format markdown" in check and "GITHUB_STEP_SUMMARY" in check
 
 
+def test_image_workflow_runs_the_selftest_on_a_configured_gpu_runner() -> None:
+    """image.yml (parsed as YAML; ruamel.yaml comes with check-jsonschema): the node check runs
+    in the built image on the runner DSV4PATCH_GPU_RUNNER names, and a job says so when unset."""
+    yaml = pytest.importorskip("ruamel.yaml")
+    wf = yaml.YAML(typ="safe").load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    jobs = wf["jobs"]
+    run, skipped = jobs["selftest"], jobs["selftest-skipped"]
+    assert run["if"] == "vars.DSV4PATCH_GPU_RUNNER != ''"
+    assert run["runs-on"] == "${{ vars.DSV4PATCH_GPU_RUNNER }}"
+    script = "\n".join(step.get("run", "") for step in run["steps"])
+    assert "docker build" in script
+    assert "docker run --rm --gpus all --entrypoint dsv4patch" in script and "selftest --format json" in script
+    assert skipped["if"] == "vars.DSV4PATCH_GPU_RUNNER == ''"
+    said = "\n".join(step.get("run", "") for step in skipped["steps"])
+    assert "::notice" in said and "DSV4PATCH_GPU_RUNNER" in said and "GITHUB_STEP_SUMMARY" in said
+
+
 def test_build_args_agree_with_dsv4patch(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dsv4patch lock --build-args` prints the label values; `--check-build-args` checks them."""
     import json

@@ -11,7 +11,10 @@ The test
   * makes the base image: a minimal Debian trixie rootfs with python3, venv and
     git (debootstrap from the Debian mirror, cached as a tarball in the shared
     test cache, ``docker import``-ed as the PYTHON_IMAGE), and from it the
-    stand-in for the vLLM image (a venv on PATH, like vLLM's own image);
+    stand-in for the vLLM image (a venv on PATH, like vLLM's own image, with
+    the Python packages vLLM's import needs besides torch, and the driver's
+    ``libcuda.so.1`` from Debian's non-free ``libcuda1`` at the CUDA images'
+    compat path; docs/docker.md says what it leaves out);
   * prepares an offline build context: the repository's files, the pin's vLLM
     sdist in ``sdists/`` and its stock x86_64 wheel in ``vllm-wheels/`` (from
     the dsv4patch cache), dsv4patch's dependency wheels in ``wheels/`` (``pip
@@ -25,14 +28,23 @@ The test
     the patch stage's tree is the lock's patched_tree, the final image's vLLM
     carries every patch, and with one patched file replaced by the stock one
     ``status --installed`` exits 1 naming the patch and the file;
-  * checks that a wrong label build arg fails the build.
+  * checks that a wrong label build arg fails the build;
+  * runs ``python -m dsv4patch_kernels_<pin> check --no-device`` in the built
+    final image, with the pin's torch 2.13.0 (CUDA 13.0) and the CUDA
+    libraries it loads installed by pip for the image's python into a
+    temporary directory mounted read-only (~3.7 GB, removed afterwards): the
+    dispatcher runs the dsv4patch kernels, and the stock ones with
+    ``DSV4PATCH_KERNELS=0``;
+  * runs ``dsv4patch selftest --help`` and ``--list`` in it (the node check
+    docs/docker.md documents; no GPU here) and checks that ``status
+    --installed`` points to it.
 
 Only the CUDA ``kernels`` stage and the real vLLM base image are not used here
 (registries and GPUs' worth of downloads); they are linted
 (tests/test_ci_files.py) and built by the ``image`` workflow.
 
-Timing on 2 cores, warm caches: ~4 min (cold: + ~2 min debootstrap, + the
-sdist and wheel downloads).  Without nvcc only the ``patch`` stage is built
+Timing on 2 cores, warm caches: ~4-5 min, of which ~1 min installs the torch
+runtime (cold: + ~2 min debootstrap, + the sdist and wheel downloads).  Without nvcc only the ``patch`` stage is built
 (the final-image test skips and says so).
 """
 
@@ -53,8 +65,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch import buildargs, testenv
+from dsv4patch import buildargs, testenv, toolchain
 from dsv4patch.kernels import stock
+from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import load
 from dsv4patch.series import series_for_pin
 from dsv4patch.store import Store
@@ -66,6 +79,19 @@ BASE_IMAGE = "dsv4patch-test/python:trixie"
 VLLM_BASE_IMAGE = "dsv4patch-test/vllm-base:trixie"  # stands in for vllm/vllm-openai
 SUITE = "trixie"  # python >= 3.11.4 (tarfile extraction filters); bookworm's 3.11.2 is too old
 MIRROR = os.environ.get("DSV4PATCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# pip's platform tags for the image's python (trixie: glibc 2.41); pip does not widen --platform itself.
+PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (28, 27, 26, 25, 24, 18, 17, 12)] + [
+    "manylinux2014_x86_64", "manylinux2010_x86_64"]
+# What vLLM's `import vllm` and plugin loader import besides torch (measured: `check --no-device`
+# in a bare environment, adding each missing module): installed in the stand-in for vLLM's image.
+VLLM_IMPORT_SET = ("numpy", "packaging", "regex", "msgspec", "huggingface_hub", "tqdm", "pyyaml")
+# torch's dependencies that `import torch` and the dispatcher check never load: torch.compile
+# (triton), torch.linalg's solver (cusolver, loaded on first use), NVTX ranges, CUDA's Python
+# bindings, the cuda-toolkit meta package, setuptools (cpp_extension).  Left out of the runtime.
+TORCH_LEFT_OUT = frozenset({"triton", "nvidia-cusolver", "nvidia-nvtx", "cuda-bindings",
+                            "cuda-pathfinder", "cuda-toolkit", "setuptools"})
+TORCH_MOUNT = "/opt/dsv4patch-test/torch"  # where the check's torch runtime is mounted, read-only
+MIN_FREE_FOR_TORCH = 8 << 30  # the runtime is ~3.7 GB installed, its largest wheel 0.55 GB
 CONTEXT_FILES = ("pyproject.toml", "README.md", "LICENSE", "Dockerfile", ".dockerignore")
 CONTEXT_DIRS = ("dsv4patch", "locks", "patches")
 
@@ -181,6 +207,131 @@ def _base_rootfs_tar(cache: Path) -> Path:
     return tar
 
 
+def _libcuda(cache: Path) -> Path:
+    """``libcuda.so.1`` of Debian's ``libcuda1`` (non-free; cached): the NVIDIA driver's user-space
+    CUDA library, which the CUDA images (so vLLM's) carry as ``/usr/local/cuda/compat/libcuda.so.1``.
+
+    It loads without a GPU or kernel driver, which is all ``check --no-device`` asks of it (the
+    stock vLLM library links it).  apt fetches it with a scratch configuration (nothing of this
+    machine's apt setup is changed) and checks it against the signed archive index with Debian's
+    keyring; ``dpkg-deb -x`` unpacks it (no maintainer scripts run).
+    """
+    dest = cache / "docker" / f"libcuda1-{SUITE}" / "libcuda.so.1"
+    if dest.is_file():
+        return dest
+    apt, dpkg = shutil.which("apt-get"), shutil.which("dpkg-deb")
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if apt is None or dpkg is None or not keyring.is_file():
+        pytest.skip("apt-get, dpkg-deb and Debian's archive keyring are needed to fetch libcuda1")
+    work = Path(tempfile.mkdtemp(prefix="dsv4-apt-", dir="/tmp"))
+    try:
+        (work / "lists" / "partial").mkdir(parents=True)
+        (work / "cache" / "archives" / "partial").mkdir(parents=True)
+        sources = work / "sources.list"
+        sources.write_text(f"deb [signed-by={keyring}] {MIRROR} {SUITE} non-free\n")
+        opts = [f"-oDir::Etc::SourceList={sources}", "-oDir::Etc::SourceParts=/nonexistent",
+                f"-oDir::State::Lists={work / 'lists'}", f"-oDir::Cache={work / 'cache'}",
+                "-oDebug::NoLocking=1", "-oAPT::Architecture=amd64", "-oAcquire::Languages=none",
+                "-oAPT::Sandbox::User=root"]
+        for step in (["update"], ["download", "libcuda1"]):
+            res = subprocess.run([apt, "-q", *opts, *step], cwd=work, capture_output=True, text=True,
+                                 timeout=600)
+            if res.returncode != 0:
+                pytest.skip(f"apt-get {step[0]} of Debian {SUITE} non-free failed (mirror unreachable?): "
+                            f"{res.stdout[-1000:]}{res.stderr[-1000:]}")
+        deb = next(work.glob("libcuda1_*_amd64.deb"))
+        subprocess.run([dpkg, "-x", str(deb), str(work / "x")], check=True, capture_output=True)
+        lib = next(f for f in (work / "x").rglob("libcuda.so.*.*") if f.is_file() and not f.is_symlink())
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        shutil.copyfile(lib, tmp)
+        tmp.replace(dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def _pip_platform_args(python_version: str) -> list[str]:
+    return ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+            *[a for tag in PLATFORMS for a in ("--platform", tag)]]
+
+
+def _vllm_base_context(tmp: Path, cache: Path, python_version: str) -> Path:
+    """The stand-in for vLLM's image: a venv on PATH (as vLLM's image has), the Python packages
+    vLLM's import needs besides torch (VLLM_IMPORT_SET, from PyPI) and the driver's libcuda where
+    the CUDA images keep it.  torch and the CUDA libraries are not in it (see _torch_runtime)."""
+    ctx = tmp / "vllm-base"
+    ctx.mkdir()
+    shutil.copyfile(_libcuda(cache), ctx / "libcuda.so.1")
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
+         "--dest", str(ctx / "wheels"), *_pip_platform_args(python_version), *VLLM_IMPORT_SET],
+        capture_output=True, text=True,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"pip download of vLLM's import set failed (no PyPI?): {res.stderr[-1500:]}")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\n"
+        "COPY libcuda.so.1 /usr/local/cuda/compat/libcuda.so.1\n"
+        "COPY wheels/ /tmp/wheels/\n"
+        "RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --no-index "
+        f"--find-links /tmp/wheels {' '.join(VLLM_IMPORT_SET)} && rm -rf /tmp/wheels\n"
+        "ENV PATH=/opt/venv/bin:$PATH\n")
+    return ctx
+
+
+def _torch_runtime(dest: Path, python_version: str) -> Path:
+    """The pin's torch (2.13.0, CUDA 13.0) for the image's python, with the CUDA libraries
+    ``import torch`` loads, installed by pip into ``dest`` (``--target``): what vLLM's image has and
+    the stand-in lacks.  pip resolves torch's dependencies (a dry run, metadata only); each is
+    installed hash-checked with ``--no-deps`` except TORCH_LEFT_OUT; torch's wheel must be one the
+    lock's toolchain file pins.  One package at a time, so at most one wheel waits on disk, each
+    into a directory of its own that is then moved into ``dest`` file by file (``--target``
+    replaces whole top-level directories, and the nvidia-* wheels share ``nvidia/``)."""
+    lock = load(LOCK)
+    tdef = lock.pin(PIN).toolchain
+    assert tdef is not None
+    want = toolchain.read_requirements(tdef.requirements)["torch"]
+    report = dest.parent / "torch-resolve.json"
+    plat = _pip_platform_args(python_version)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+         "--ignore-installed", "--no-cache-dir", "--report", str(report), "--target", str(dest), *plat,
+         f"torch=={want.version}"], capture_output=True, text=True, timeout=900,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"pip could not resolve torch=={want.version} for python {python_version} (no PyPI?): "
+                    f"{res.stderr[-1500:]}")
+    resolved = json.loads(report.read_text())["install"]
+    report.unlink()
+    reqs = []
+    for item in resolved:
+        name = item["metadata"]["name"].lower().replace("_", "-")
+        sha = item["download_info"]["archive_info"]["hashes"]["sha256"]
+        if name == "torch":
+            assert sha in want.hashes, f"PyPI's torch {want.version} wheel ({sha}) is not one the lock pins"
+        if name not in TORCH_LEFT_OUT:
+            reqs.append(f"{name}=={item['metadata']['version']} --hash=sha256:{sha}")
+    assert any(r.startswith("torch==") for r in reqs) and any(r.startswith("nvidia-cublas==") for r in reqs)
+    req, one = dest.parent / "torch-req.txt", dest.parent / "torch-one"
+    for line in reqs:
+        req.write_text(line + "\n")
+        res = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--require-hashes", "--no-cache-dir", "--no-compile", "--target", str(one), *plat,
+             "-r", str(req)], capture_output=True, text=True, timeout=900,
+        )
+        assert res.returncode == 0, f"pip install {line.split()[0]}: {res.stderr[-2000:]}"
+        for d, _, files in os.walk(one):
+            rel = Path(d).relative_to(one)
+            (dest / rel).mkdir(parents=True, exist_ok=True)
+            for f in files:
+                os.replace(Path(d) / f, dest / rel / f)
+        shutil.rmtree(one)
+    req.unlink()
+    return dest
+
+
 def _sdist(cache: Path, sha: str) -> Path:
     """The pin's sdist from the dsv4patch cache, fetched (and verified) if absent."""
     blob = cache / "blobs" / "sha256" / sha
@@ -250,11 +401,11 @@ def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathF
     pyver = docker("run", "--rm", "--network", "none", BASE_IMAGE, "python3", "-c",
                    "import sys; print('%d.%d' % sys.version_info[:2])").stdout.strip()
     tmp = tmp_path_factory.mktemp("docker")
-    base_ctx = tmp / "vllm-base"
-    base_ctx.mkdir()
-    (base_ctx / "Dockerfile").write_text(
-        f"FROM {BASE_IMAGE}\nRUN python3 -m venv /opt/venv\nENV PATH=/opt/venv/bin:$PATH\n")
+    base_ctx = _vllm_base_context(tmp, shared_cache, pyver)
+    t_base = time.monotonic()
     docker("build", "--network", "none", "-t", VLLM_BASE_IMAGE, str(base_ctx))
+    t_base = time.monotonic() - t_base
+    shutil.rmtree(base_ctx)
     sdist_sha = load(LOCK).pin(PIN).source.sha256
     ctx = _context(tmp, shared_cache, sdist_sha, pyver)
     # Everything below compares with the context's copy of the lock (a snapshot).
@@ -263,21 +414,51 @@ def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathF
     want = buildargs.compute(lock, lock.pin(PIN))
     t_prep = time.monotonic() - t0
     args = [a for k in buildargs.BUILD_ARGS for a in ("--build-arg", f"{k}={want[k]}")]
+    # KERNEL_DISPATCH_CHECK=0: the stand-in has no torch (vLLM's image does); the test runs the
+    # same check in the built image with the pin's torch mounted (test_kernel_check_in_the_final_image).
     common = ["build", "--network", "none", "--progress", "plain",
               "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "--build-arg", f"VLLM_IMAGE={VLLM_BASE_IMAGE}",
               "--build-arg", "KERNELS_STAGE=kernels-context", "--build-arg", "KERNEL_DISPATCH_CHECK=0"]
-    t1 = time.monotonic()
     final = (ctx / "kernels").is_dir()
     log = ""
+    t_final = 0.0
     if final:
+        t1 = time.monotonic()
         res = docker(*common, "--target", "final", *args, "-t", "dsv4patch-test/final:ok", str(ctx))
+        t_final = time.monotonic() - t1
         log = res.stdout + res.stderr
+    t1 = time.monotonic()
     docker(*common, "--target", "patch", *args, "-t", "dsv4patch-test/patch:ok", str(ctx))
-    t_build = time.monotonic() - t1
-    print(f"\ndocker build --target {'final' if final else 'patch'}: prep {t_prep:.0f}s, "
-          f"build {t_build:.0f}s")
-    return {"docker": docker, "want": want, "ctx": ctx, "common": common, "args": args,
-            "lock": lock_path, "log": log, "cache": shared_cache, "final": final}
+    t_patch = time.monotonic() - t1
+    sizes = {img: int(docker("image", "inspect", "--format", "{{.Size}}", img).stdout.strip() or 0)
+             for img in (VLLM_BASE_IMAGE, "dsv4patch-test/final:ok")[:2 if final else 1]}
+    # docs/docker.md quotes these lines ("Build time").
+    print(f"\ndocker build timings: prep {t_prep:.0f}s (base image, contexts; the stand-in image build {t_base:.0f}s of it), "
+          f"--target final {t_final:.0f}s (patch -> wheel -> final), --target patch {t_patch:.0f}s "
+          f"(cached stages); image sizes: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in sizes.items()))
+    yield {"docker": docker, "want": want, "ctx": ctx, "common": common, "args": args, "pyver": pyver,
+           "lock": lock_path, "log": log, "cache": shared_cache, "final": final, "tmp": tmp}
+    shutil.rmtree(tmp, ignore_errors=True)  # the contexts (sdist, stock wheel, kernel wheel); the
+    # images go with the private dockerd's data root (the `docker` fixture removes it)
+
+
+@pytest.fixture(scope="module")
+def torch_runtime(built) -> Iterator[Path]:
+    """The pin's torch with its CUDA libraries for the image's python (_torch_runtime), in a
+    temporary directory removed after the module: ~3.7 GB, downloaded per run (not cached)."""
+    free = shutil.disk_usage(built["tmp"]).free
+    if free < MIN_FREE_FOR_TORCH:
+        pytest.skip(f"{free >> 30} GiB free: the dispatcher check needs the pin's torch and its CUDA "
+                    f"libraries (~3.7 GB installed); free {MIN_FREE_FOR_TORCH >> 30} GiB to run it")
+    root = Path(tempfile.mkdtemp(prefix="torch-rt-", dir=built["tmp"]))
+    try:
+        t0 = time.monotonic()
+        site = _torch_runtime(root / "site", built["pyver"])
+        size = sum(f.stat().st_size for f in site.rglob("*") if f.is_file() and not f.is_symlink())
+        print(f"\ntorch runtime for the dispatcher check: {size / 1e9:.2f} GB in {time.monotonic() - t0:.0f}s")
+        yield site
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _needs_final(built) -> None:
@@ -355,3 +536,63 @@ def test_wrong_label_arg_fails_the_build(built) -> None:
                  str(built["ctx"]), check=False)
     assert res.returncode != 0
     assert "build args do not match the lock" in res.stdout + res.stderr
+
+
+def _last_json(stdout: str) -> dict:
+    """The ``--json`` report: the last line that is ``{`` opens it (vLLM's log lines may come first)."""
+    lines = stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "{")
+    return json.loads("\n".join(lines[start:]))
+
+
+def test_kernel_check_in_the_final_image(built, torch_runtime: Path) -> None:
+    """`python -m dsv4patch_kernels_<pin> check --no-device` in the built image, the command the
+    final stage runs with KERNEL_DISPATCH_CHECK=1 (the module name as the Dockerfile derives it).
+
+    What vLLM's image has and the stand-in lacks is supplied for real: the driver's libcuda is in
+    the stand-in at the CUDA images' compat path, and the pin's torch 2.13.0 (CUDA 13.0) with the
+    CUDA libraries it loads is mounted read-only (PYTHONPATH).  vLLM, its hook line, the kernel
+    wheel and the stock ``_C_stable_libtorch`` are the image's.  With the hook the dispatcher runs
+    the dsv4patch kernels for every rebuilt op (loaded after vLLM's own library, which must load
+    too); with DSV4PATCH_KERNELS=0 the same check sees none of them and exits 1."""
+    _needs_final(built)
+    docker = built["docker"]
+    kdist = dist_name(PIN)
+    # The Dockerfile's `tr -cs 'A-Za-z0-9\n' '_'` of the pin is the kernel wheel's package name.
+    assert kdist == "dsv4patch_kernels_" + "".join(c if c.isalnum() else "_" for c in PIN)
+    run = ["run", "--rm", "--network", "none", "-v", f"{torch_runtime}:{TORCH_MOUNT}:ro",
+           "-e", f"PYTHONPATH={TORCH_MOUNT}", "dsv4patch-test/final:ok"]
+    res = docker(*run, "python3", "-m", kdist, "check", "--no-device", "--json", check=False)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    rep = _last_json(res.stdout)
+    with zipfile.ZipFile(next((built["ctx"] / "kernels").glob("*.whl"))) as zf:
+        info = json.loads(zf.read(f"{kdist}/build_info.json"))
+    assert rep["status"] == "dsv4patch" and rep["devices"] == []
+    assert rep["tree_id"] == built["want"]["PATCHED_TREE"] and rep["vllm_version"] == rep["vllm_version_built"] == PIN
+    assert set(rep["ops"]) == set(info["ops"]) and rep["ops"]
+    for op, st in rep["ops"].items():
+        assert st["kernel"] == "dsv4patch" and "dsv4patch_bindings" in st["registered_at"], (op, st)
+    assert rep["routes"]["vllm-hook"]["installed"] and rep["activated_by"] == "vllm-hook"
+    off = docker(*run[:-1], "-e", "DSV4PATCH_KERNELS=0", run[-1],
+                 "python3", "-m", kdist, "check", "--no-device", "--json", check=False)
+    assert off.returncode == 1, off.stdout[-4000:] + off.stderr[-4000:]
+    rep = _last_json(off.stdout)
+    assert rep["status"] == "stock" and rep["outcome"] == "disabled"
+    # Nothing loads a kernel library then (no GPU: vLLM's plugin loader imports none either).
+    assert all(st["kernel"] != "dsv4patch" for st in rep["ops"].values()), rep["ops"]
+
+
+def test_selftest_verb_in_the_final_image(built) -> None:
+    """The node check the image documents (`docker run --gpus all --entrypoint dsv4patch <image>
+    selftest`): the verb and its cases are there, and `status --installed` points to it (status
+    compares files; the selftest runs the engine, which needs the node's GPU)."""
+    _needs_final(built)
+    docker = built["docker"]
+    # As documented: vLLM's image starts `vllm serve`, so dsv4patch is named as the entrypoint.
+    run = ["run", "--rm", "--network", "none", "--entrypoint", "dsv4patch", "dsv4patch-test/final:ok"]
+    help_text = docker(*run, "selftest", "--help").stdout
+    assert help_text.startswith("usage: dsv4patch selftest") and "--cases" in help_text
+    cases = docker(*run, "selftest", "--list").stdout.split()
+    assert "installed" in cases and "mtp1/short_b5" in cases
+    status = docker(*run, "status", "--installed").stdout
+    assert "`dsv4patch selftest` runs a tiny DeepSeek-V4" in status

@@ -236,6 +236,7 @@ def test_status_installed_all_present(cli, installed: dict, wheels: dict, shared
         k["active"]["checked"] and k["active"]["active"])
     text = _status(cli, shared_cache, "--python", installed["python"])
     assert text.rc == 0 and "everything matches the lock" in text.out
+    assert "the engine was not run: `dsv4patch selftest`" in text.out  # status points to the node check
     assert "active: not checked (no GPU on this machine)" in text.out or "active: True" in text.out
 
 

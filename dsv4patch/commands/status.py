@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--installed", action="store_true",
                    help="instead of a tree: check the vLLM installed in --python's environment "
                         "(per patch present/stock/missing/other, the kernel library); exit 0 only "
-                        "when everything matches the lock")
+                        "when everything matches the lock. It compares files and never runs the engine: "
+                        "`dsv4patch selftest` does, on the node's GPU")
     p.add_argument("--python", default=None,
                    help="with --installed: the interpreter of the vLLM environment (default: "
                         "$DSV4PATCH_VLLM_PYTHON, else the one running dsv4patch)")

@@ -68,8 +68,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # with ENOSPC).  pyproject.toml sets tmp_path_retention_policy = "failed", so a passing test's
 # tmp_path is removed when it ends; the directories a module's fixtures make with
 # tmp_path_factory.mktemp are removed here when the module is done, unless one of its tests
-# failed (then they stay for a look, as a failed test's tmp_path does).
+# failed (then they stay for a look, as a failed test's tmp_path does).  Directories that a
+# session-scoped fixture makes (e.g. vllm026) outlive the module that first asked for it.
 _FAILED_MODULES: set[str] = set()
+_SESSION_DIRS: set[Path] = set()
+
+
+class _SessionDirs:
+    """Records what session-scoped fixtures make in the basetemp.  A plugin object, not a
+    conftest hook: a session fixture is set up on the Session node, which the hooks of
+    tests/conftest.py (scoped to tests/) do not see."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest):
+        if fixturedef.scope != "session" or fixturedef.argname == "tmp_path_factory":
+            return (yield)
+        base = request.config._tmp_path_factory.getbasetemp()
+        before = set(base.iterdir())
+        try:
+            return (yield)
+        finally:
+            _SESSION_DIRS.update(set(base.iterdir()) - before)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SessionDirs(), "dsv4patch-session-dirs")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -88,7 +111,7 @@ def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     before = set(base.iterdir())
     yield
     if str(request.path) not in _FAILED_MODULES:
-        for path in set(base.iterdir()) - before:
+        for path in set(base.iterdir()) - before - _SESSION_DIRS:
             if path.is_symlink():  # pytest's "<name>current" links
                 path.unlink()
             else:

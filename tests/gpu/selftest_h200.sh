@@ -190,39 +190,44 @@ EOF
   tar czf "$RESULTS/selftest-$v-logs.tgz" -C "$ST" "work-$v" 2>/dev/null || true
 }
 
+pip_target() {  # $1 = target dir, then wheels: pip as the device allows it (offline, no deps, no cache)
+  local dir="$1"; shift
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$dir" "$@"
+}
+
+build_patched_wheel() {  # `dsv4patch wheel` into $ST/dist: a packed kernel wheel, else kernels built here
+  local t0 kernels=(--python "$PY")  # build the kernel library here, against this machine's torch
+  t0=$(date +%s)
+  if compgen -G "$ST/payload/rest/kernels/*.whl" > /dev/null; then
+    kernels=(--kernels "$(ls "$ST"/payload/rest/kernels/*.whl | head -1)")
+  fi
+  rm -rf "$ST/dist"
+  # shellcheck disable=SC2086
+  "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$CLI_ROOT/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
+    "${kernels[@]}" ${ST_WHEEL_ARGS:-} --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt" ||
+    { echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"; return 1; }
+  echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
+}
+
 install_stock() {
   [[ -f "$ST/stock.installed" ]] && { echo "stock wheel installed earlier on this machine"; return 0; }
   rm -rf "$ST/site" "$ST/patched.installed"
   t0=$(date +%s)
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site" \
-    "$ST"/payload/vllm-*.whl
+  pip_target "$ST/site" "$ST"/payload/vllm-*.whl
   touch "$ST/stock.installed"
   echo "stock wheel installed in $(( $(date +%s) - t0 )) s"
 }
 
 install_patched() {
   [[ -f "$ST/patched.installed" ]] && { echo "patched wheel installed earlier on this machine: $(cat "$ST/patched.installed")"; return 0; }
-  t0=$(date +%s)
-  local kernels=()
-  if compgen -G "$ST/payload/rest/kernels/*.whl" > /dev/null; then
-    kernels=(--kernels "$(ls "$ST"/payload/rest/kernels/*.whl | head -1)")
-  else
-    kernels=(--python "$PY")  # build the kernel library here, against this machine's torch
-  fi
-  rm -rf "$ST/dist"
-  # shellcheck disable=SC2086
-  "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$ROOT/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
-    "${kernels[@]}" ${ST_WHEEL_ARGS:-} --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt" ||
-    { echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"; return 1; }
-  echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
+  build_patched_wheel || return 1
   [[ -f "$ST/stock.installed" ]] || install_stock
   t0=$(date +%s)
   # as `pip install --force-reinstall` in a venv: the stock distribution goes first (its dist-info has
   # another name than the patched one's, and two would leave importlib.metadata to pick), then the
   # patched wheel into the same directory
   rm -rf "$ST"/site/vllm "$ST"/site/vllm-*.dist-info "$ST"/site/dsv4patch_kernels_* "$ST/stock.installed"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$ST/site" \
-    "$ST"/dist/vllm-*.whl
+  pip_target "$ST/site" "$ST"/dist/vllm-*.whl
   echo "patched wheel installed in place of the stock one in $(( $(date +%s) - t0 )) s"
   ls "$ST"/dist/vllm-*.whl > "$ST/patched.installed"
 }
@@ -243,26 +248,20 @@ driver() {  # stock and patched at once, each in its own site dir and HOME (own 
   RESULTS="$ST/out"; mkdir -p "$RESULTS"; unset XDG_CACHE_HOME
   local t0; t0=$(date +%s)
   rm -rf "$ST/site-stock" "$ST/site-patched"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site-stock" "$ST"/payload/vllm-*.whl
+  pip_target "$ST/site-stock" "$ST"/payload/vllm-*.whl
   echo "stock wheel installed in $(( $(date +%s) - t0 )) s"
   ( SITE="$ST/site-stock" WRAP="$ST/python-vllm-stock" HOME="$ST/home-stock" SELFTEST_ARGS="${ST_STOCK_ARGS:-}" \
       run_selftest stock ) &
   local stock_pid=$!
   while [[ ! -f "$ST/prebuild.rc" ]] && (( $(date +%s) < ST_END - 120 )); do sleep 3; done
   echo "background apply + kernel build: exit $(cat "$ST/prebuild.rc" 2>/dev/null || echo 'not finished')"
-  t0=$(date +%s); rm -rf "$ST/dist"
-  # shellcheck disable=SC2086
-  if "${CLI_ENV[@]}" "$PY" -m dsv4patch wheel --lock "$ST/repo/locks/vllm.toml" --pin 0.26.0 --out "$ST/dist" \
-      --python "$PY" ${ST_WHEEL_ARGS:-} --format json > "$RESULTS/wheel-patched.json" 2> "$RESULTS/wheel-patched.stderr.txt"; then
-    echo "patched wheel built in $(( $(date +%s) - t0 )) s: $(ls "$ST"/dist/*.whl)"
+  if build_patched_wheel; then
     t0=$(date +%s)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ST/site-patched" "$ST"/dist/vllm-*.whl
+    pip_target "$ST/site-patched" "$ST"/dist/vllm-*.whl
     echo "patched wheel installed in $(( $(date +%s) - t0 )) s"
     ( SITE="$ST/site-patched" WRAP="$ST/python-vllm-patched" HOME="$ST/home-patched" \
         SELFTEST_ARGS="${ST_PATCHED_ARGS:-}" run_selftest patched ) &
     wait $!
-  else
-    echo "dsv4patch wheel failed:"; tail -20 "$RESULTS/wheel-patched.stderr.txt"
   fi
   wait "$stock_pid" || true
   cp "$ST/prebuild.log" "$RESULTS/prebuild.stderr.txt" 2>/dev/null || true

@@ -23,8 +23,10 @@ EXIT_FETCH = 4  # source could not be fetched or verified; cache unusable or ful
 EXIT_TREE = 5  # target tree is dirty, at another commit, not ours, or not writable / full
 EXIT_BUSY = 6  # another dsv4patch holds the cache or tree lock
 EXIT_BUILD = 7  # kernel build / test environment failed
+EXIT_CHILD = 8  # a program dsv4patch ran hung past its deadline, flooded its output, or could not start
 EXIT_INTERNAL = 70  # a bug in dsv4patch or a git failure it did not expect: please report
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_INTERRUPTED = 130  # SIGINT, SIGTERM or SIGHUP (Ctrl-C, `timeout`, a CI runner's cancel)
+EXIT_BROKEN_PIPE = 141  # stdout's reader went away (`| head`); 128 + SIGPIPE, as a shell reports it
 
 # errno values that mean "the file system cannot take this write".
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
@@ -103,6 +105,35 @@ class BuildError(Dsv4Error):
 
     exit_code = EXIT_BUILD
     kind = "build"
+
+
+class ChildError(Dsv4Error):
+    """A program dsv4patch ran (nvcc, a ``--python``, pip, pytest, an engine) misbehaved.
+
+    It ran past its deadline, printed more than it may, or could not be started
+    at all (``start_failed``); see :mod:`dsv4patch.childproc`.  dsv4patch ended
+    it and every process it started before raising this.  Callers that know
+    better (``--python X`` is not an interpreter: a usage error) convert it.
+    """
+
+    exit_code = EXIT_CHILD
+    kind = "child"
+
+    def __init__(self, message: str, *, start_failed: bool = False) -> None:
+        super().__init__(message)
+        self.start_failed = start_failed
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived (``childproc.interrupts``); ``main`` exits 130 with "interrupted".
+
+    A ``KeyboardInterrupt``, so no ``except Exception`` swallows it and the
+    cleanup in every ``finally`` runs; never a result.
+    """
+
+    def __init__(self, signum: int | None = None) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class GitError(Dsv4Error):

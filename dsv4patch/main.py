@@ -6,21 +6,31 @@ This module is the one place that turns an exception into an exit code: a
 anything else into "internal error" (70) with a one-line message (the
 traceback only with ``--debug`` or ``DSV4PATCH_DEBUG=1``).  With
 ``--format json`` an error is also printed as one JSON object on stdout.
+
+It is also the one place that handles interrupts and a closed stdout: the
+whole run is inside :func:`dsv4patch.childproc.interrupts`, so SIGINT, SIGTERM
+or SIGHUP (to the process or its group, on a terminal or not) become exit 130
+with "interrupted" after every ``finally`` has removed its temporary files and
+every child tree is ended; a reader that closed stdout (``| head -c 0``) ends
+the run with exit 141 and no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
+import select
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from dsv4patch import __version__
+from dsv4patch import __version__, childproc
 from dsv4patch.errors import (
+    EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     Dsv4Error,
@@ -50,9 +60,14 @@ exit codes:
        writes, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
   7    kernel build or test environment failed (or a --kernels wheel of the wrong shape)
+  8    a program dsv4patch ran (nvcc, a --python, pip, pytest) did not finish within its
+       deadline, printed far more than it may, or could not be started; it was ended
+       with every process it started (docs/trust.md#bounds)
   70   internal error (a bug, or git failing unexpectedly): please report it with the
        output of --debug (or DSV4PATCH_DEBUG=1), which adds the traceback
-  130  interrupted (Ctrl-C); the next apply finishes or refuses an interrupted one
+  130  interrupted (SIGINT, SIGTERM or SIGHUP: Ctrl-C, `timeout`, a CI cancel); temporary
+       files are removed, child programs ended; the next apply finishes the interrupted one
+  141  stdout was closed by its reader (`| head`): nothing more is printed
 """
 
 
@@ -116,36 +131,87 @@ def _report(
     return code
 
 
+def _stdout_closed() -> bool:
+    """Has stdout's reader gone (a pipe whose read end is closed)?"""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: stdout goes to /dev/null, so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    state: dict[str, Any] = {"command": "", "args": None}
+    try:
+        with childproc.interrupts():
+            return _main(argv, state)
+    except KeyboardInterrupt:  # an interrupt that arrived while an error was reported or children ended
+        return _interrupted(state["command"], _wants_json(argv, state["args"]))
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _interrupted(command: str, as_json: bool) -> int:
+    try:
+        return _report(command, "interrupted", "interrupted", EXIT_INTERRUPTED, as_json)
+    except OSError:  # stdout or stderr closed as well
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str], state: dict[str, Any]) -> int:
     args: argparse.Namespace | None = None
     command = ""
     debug = os.environ.get("DSV4PATCH_DEBUG", "") not in ("", "0")
     try:
         first = next((a for a in argv if not a.startswith("-")), None)
         args = build_parser(first).parse_args(argv)
-        command = args.command
+        state["args"] = args
+        command = state["command"] = args.command
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")
-        return int(module.run(args))
+        code = int(module.run(args))
+        sys.stdout.flush()  # a closed stdout is found here, not in the interpreter's last flush
+        return code
     except Dsv4Error as exc:
         if debug:
             traceback.print_exc()
         command = command or next((a for a in argv if a in COMMANDS), "")
         return _report(command, exc.kind, str(exc), exc.exit_code, _wants_json(argv, args))
     except KeyboardInterrupt:
-        return _report(command, "interrupted", "interrupted", EXIT_INTERRUPTED, _wants_json(argv, args))
+        return _interrupted(command, _wants_json(argv, args))
+    except BrokenPipeError as exc:
+        if exc.errno == errno.EPIPE and _stdout_closed():
+            _silence_stdout()
+            return EXIT_BROKEN_PIPE
+        return _internal(exc, command, debug, argv, args)
     except Exception as exc:  # a bug: one line, the traceback only on request
-        if debug:
-            traceback.print_exc()
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        message = (
-            f"internal error (a bug in dsv4patch, please report it): {type(exc).__name__}: {exc} "
-            f"[{os.path.basename(where.filename)}:{where.lineno}]"
-            + ("" if debug else "; rerun with --debug or DSV4PATCH_DEBUG=1 for the traceback")
-        )
-        return _report(command, "internal", message, EXIT_INTERNAL, _wants_json(argv, args),
-                       {"exception": type(exc).__name__})
+        return _internal(exc, command, debug, argv, args)
+
+
+def _internal(exc: Exception, command: str, debug: bool, argv: list[str], args: argparse.Namespace | None) -> int:
+    if debug:
+        traceback.print_exc()
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    message = (
+        f"internal error (a bug in dsv4patch, please report it): {type(exc).__name__}: {exc} "
+        f"[{os.path.basename(where.filename)}:{where.lineno}]"
+        + ("" if debug else "; rerun with --debug or DSV4PATCH_DEBUG=1 for the traceback")
+    )
+    return _report(command, "internal", message, EXIT_INTERNAL, _wants_json(argv, args),
+                   {"exception": type(exc).__name__})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,295 @@
+"""childproc.py: deadlines, bounded output, whole process trees ended, interrupts.
+
+Every child here is a real program (tiny Python or shell scripts) that hangs,
+floods, forks grandchildren that daemonize or call setsid, or prints bytes that
+are not UTF-8.  "Nothing of ours left" is checked in /proc: every child carries
+a marker in its environment, and no live process may still carry it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dsv4patch import childproc
+from dsv4patch.errors import EXIT_CHILD, EXIT_INTERRUPTED, ChildError, Interrupted
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the subreaper are Linux")
+
+
+def marked() -> tuple[str, dict[str, str]]:
+    mark = uuid.uuid4().hex
+    return mark, {**os.environ, "DSV4PATCH_TEST_MARK": mark}
+
+
+def carriers(mark: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries ``mark``."""
+    found = []
+    needle = f"DSV4PATCH_TEST_MARK={mark}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes()
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def gone(mark: str, within: float = 2.0) -> bool:
+    end = time.monotonic() + within
+    while carriers(mark):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def script(body: str) -> list[str]:
+    return [PY, "-c", textwrap.dedent(body)]
+
+
+def test_a_normal_child_gives_its_status_and_bounded_tails(tmp_path):
+    fin = childproc.run(script("""
+        import sys
+        sys.stdout.write("x" * 100000 + "END-OUT\\n")
+        sys.stderr.buffer.write(b"bad \\xff\\xfe bytes\\n")
+        sys.exit(3)
+    """), deadline=30, what="a script", keep=1000)
+    assert fin.returncode == 3 and not fin.ok and fin.killed_by_signal is None
+    assert fin.stdout.endswith("END-OUT\n") and len(fin.stdout) <= 1000
+    assert fin.stdout_bytes == 100008
+    assert "bad \ufffd\ufffd bytes" in fin.stderr  # tolerant decoding, no UnicodeDecodeError
+    assert fin.status() == "exit 3"
+
+
+def test_a_child_killed_by_a_signal_is_reported_as_such():
+    fin = childproc.run(script("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"), deadline=30, what="crash")
+    assert fin.returncode is None and fin.killed_by_signal == signal.SIGSEGV
+    assert fin.status() == "killed by SIGSEGV"
+
+
+@linux_only
+def test_a_hanging_child_and_its_grandchildren_end_at_the_deadline():
+    mark, env = marked()
+    t0 = time.monotonic()
+    with pytest.raises(ChildError) as err:
+        childproc.run(["sh", "-c", "sleep 300 & sleep 300"], deadline=1.0, what="a hang", env=env)
+    assert time.monotonic() - t0 < 10
+    assert err.value.exit_code == EXIT_CHILD == 8
+    assert "did not finish within 1 s" in str(err.value)
+    assert gone(mark), carriers(mark)
+
+
+@linux_only
+@pytest.mark.parametrize("shape", [
+    "setsid sleep 300 &",  # a grandchild in its own session
+    "(setsid sh -c 'sleep 300 & sleep 300' &) ; sleep 0.2;",  # double fork: re-parented to us (subreaper)
+    "nohup sleep 300 >/dev/null 2>&1 &",  # survives SIGHUP, same session
+    "(trap '' TERM INT HUP; exec sleep 300) &",  # ignores the polite signals
+])
+def test_grandchildren_are_ended_when_the_child_exits_normally(shape):
+    mark, env = marked()
+    fin = childproc.run(["sh", "-c", shape + " echo started"], deadline=30, what="a forker", env=env)
+    assert fin.returncode == 0 and "started" in fin.stdout
+    assert gone(mark), carriers(mark)
+
+
+@linux_only
+def test_a_daemon_that_double_forks_late_is_still_found():
+    """The grandchild becomes a daemon after the child has exited: the child's session finds it."""
+    mark, env = marked()
+    body = "(sleep 0.5; setsid sh -c 'sleep 300' &) & echo started"
+    fin = childproc.run(["sh", "-c", body], deadline=30, what="late daemon", env=env)
+    assert fin.returncode == 0
+    time.sleep(1.0)
+    childproc.end_all()  # what main does on exit; the intermediate was already killed by run()
+    assert gone(mark), carriers(mark)
+
+
+def test_a_flood_is_cut_at_its_limit_and_memory_stays_bounded(tmp_path):
+    """A child printing 1 GiB: dsv4patch's memory stays small (measured in a separate process)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(f"""
+        import json, resource, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from dsv4patch import childproc
+        flood = [sys.executable, "-c", "import os\\nb = b'\\\\xff' * (1 << 20)\\nfor _ in range(1024): os.write(1, b)"]
+        out = {{}}
+        fin = childproc.run(flood, deadline=120, what="unbounded", output=__import__("pathlib").Path(sys.argv[1]),
+                            output_cap=4 << 20)
+        out["bytes"] = fin.stdout_bytes
+        out["dropped"] = fin.dropped
+        out["tail"] = len(fin.stdout)
+        try:
+            childproc.run(flood, deadline=120, what="probe", flood=8 << 20)
+        except childproc.ChildError as exc:
+            out["flood"] = str(exc)
+        out["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps(out))
+    """))
+    log = tmp_path / "out.log"
+    res = subprocess.run([PY, str(probe), str(log)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["bytes"] == 1 << 30
+    assert out["dropped"] == (1 << 30) - (4 << 20)
+    assert out["tail"] <= childproc.KEEP
+    assert "printed more than 8388608 bytes" in out["flood"]
+    assert out["maxrss_kib"] < 150 * 1024, out  # 1 GiB went through; well under 150 MiB stayed
+    assert (4 << 20) <= log.stat().st_size < (4 << 20) + 200
+    assert b"bytes of output after the first" in log.read_bytes()[-200:]
+
+
+def test_deadlines_must_be_finite_and_positive():
+    for bad in (math.inf, math.nan, 0, -1):
+        with pytest.raises(ValueError):
+            childproc.run(["true"], deadline=bad, what="x")
+
+
+def test_a_program_that_cannot_start_is_a_child_error(tmp_path):
+    for argv0 in (str(tmp_path / "missing"), str(tmp_path)):
+        with pytest.raises(ChildError) as err:
+            childproc.run([argv0], deadline=5, what="--python")
+        assert err.value.start_failed
+    notexec = tmp_path / "notexec"
+    notexec.write_text("#!/bin/sh\n")
+    with pytest.raises(ChildError):
+        childproc.run([str(notexec)], deadline=5, what="x")
+
+
+def test_the_output_file_is_new_a_planted_link_is_replaced(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out.log"
+    out.symlink_to(victim)
+    childproc.run(["echo", "hello"], deadline=10, what="echo", output=out)
+    assert victim.read_text() == "keep me\n"
+    assert not out.is_symlink() and out.read_text() == "hello\n"
+
+
+@linux_only
+def test_a_watched_child(tmp_path):
+    """The self-test's use: start, watch, a hang probe by signal, the log's tail, the whole tree killed."""
+    mark, env = marked()
+    log = tmp_path / "engine.log"
+    body = """
+        import os, signal, subprocess, sys, time
+        signal.signal(signal.SIGUSR1, lambda *a: print("STACKS DUMPED", flush=True))
+        subprocess.Popen(["sleep", "300"])                       # a worker
+        subprocess.Popen(["sh", "-c", "setsid sleep 300 &"])     # a daemon in its own session
+        for i in range(100000):
+            print("line", i, flush=i % 1000 == 0)
+        print("READY", flush=True)
+        time.sleep(300)
+    """
+    with childproc.Child(script(body), what="engine", log=log, env=env) as child:
+        assert child.pid > 0
+        end = time.monotonic() + 60
+        while "READY" not in child.tail(200):
+            assert time.monotonic() < end and child.poll() is None
+            time.sleep(0.05)
+        assert child.send_signal(signal.SIGUSR1)
+        end = time.monotonic() + 30
+        while "STACKS DUMPED" not in child.tail(200):
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert len(child.tail(100)) <= 100
+        assert not child.wait(0.1)
+        child.kill_tree()
+        assert child.wait(10)
+        assert gone(mark), carriers(mark)
+    fin = child.finish()
+    assert fin.killed_by_signal == signal.SIGKILL and fin.output == log
+    assert "line 99999" in log.read_text()
+
+
+def test_a_watched_childs_log_is_capped(tmp_path):
+    log = tmp_path / "big.log"
+    with childproc.Child(script("import os\nfor _ in range(64): os.write(1, b'x' * (1 << 20))"),
+                         what="chatty", log=log, log_cap=1 << 20) as child:
+        assert child.wait(60)
+    fin = child.finish()
+    assert fin.returncode == 0 and fin.stdout_bytes == 64 << 20 and fin.dropped == 63 << 20
+    assert log.stat().st_size < (1 << 20) + 200
+
+
+INTERRUPTED_RUNNER = """
+import os, sys, threading, time
+sys.path.insert(0, {root!r})
+from dsv4patch import childproc
+from dsv4patch.errors import Interrupted
+results = []
+
+def worker():
+    try:
+        results.append(childproc.run(["sh", "-c", "sleep 300 & sleep 300"], deadline=600, what="w"))
+    except BaseException as exc:
+        results.append(type(exc).__name__)
+
+with childproc.interrupts():
+    try:
+        t = threading.Thread(target=worker)
+        t.start()
+        print("STARTED", flush=True)
+        childproc.run(["sh", "-c", "(setsid sleep 300 &); sleep 300"], deadline=600, what="main")
+        print("NOT INTERRUPTED", flush=True)
+    except Interrupted as exc:
+        t.join(30)
+        print("INTERRUPTED", exc.signum, results, flush=True)
+"""
+
+
+@linux_only
+@pytest.mark.parametrize("how", ["INT-group", "TERM-process", "HUP-process", "INT-process"])
+def test_an_interrupt_ends_every_child_and_every_waiting_thread_raises(tmp_path, how):
+    mark, env = marked()
+    sig, target = how.split("-")
+    proc = subprocess.Popen([PY, "-c", INTERRUPTED_RUNNER.format(root=str(ROOT))], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "STARTED"
+    time.sleep(0.5)
+    signum = getattr(signal, f"SIG{sig}")
+    if target == "group":
+        os.killpg(proc.pid, signum)
+    else:
+        os.kill(proc.pid, signum)
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == f"INTERRUPTED {int(signum)} ['Interrupted']", (out, err)
+    assert gone(mark), carriers(mark)
+
+
+def test_an_interrupt_is_never_a_result():
+    """run() never returns a Finished for a child killed by an interrupt."""
+    with childproc.interrupts():
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):  # the handler raises at the next bytecode at the latest
+                time.sleep(0.01)
+        assert childproc.interrupted()
+        with pytest.raises(Interrupted):
+            childproc.run(["true"], deadline=5, what="after")
+    with childproc.interrupts():  # the next run starts clean
+        assert not childproc.interrupted()
+
+
+def test_the_cli_exit_code_is_documented():
+    from dsv4patch.main import EPILOG
+
+    assert f"  {EXIT_CHILD}    " in EPILOG and f"  {EXIT_INTERRUPTED}  " in EPILOG

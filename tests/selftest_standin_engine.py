@@ -10,7 +10,15 @@ predicts; STANDIN_MODE changes that to exercise each verdict:
   pass (default), differs (engine mtp1: token 7 of request 1 moved on by one),
   hang_case (sleeps in the second prompt set), hang_start (never ready),
   crash_case (exits 3 in the first prompt set), refuse (DSpark engines raise
-  fix 5's refusal at start), all_accept (reports every draft accepted).
+  fix 5's refusal at start), all_accept (reports every draft accepted),
+  bad_event (a case_done whose tokens are not integers), flood (prints 40 MiB
+  to its log at start, then passes).
+
+``--probe`` answers the environment probe as the real child does, for a
+STAND-IN GPU (STANDIN_GPU: "h200" by default, "none" for a machine without one,
+"small" for one with 4 GiB free): the sizing and the no-GPU paths run for real.
+The third argument (the stacks file) is accepted and written by the hang modes
+the way faulthandler's watchdog would (a dump of this process's stacks).
 """
 
 from __future__ import annotations
@@ -33,7 +41,22 @@ def _load(name: str):
     return mod
 
 
+def probe() -> dict:
+    gpu = os.environ.get("STANDIN_GPU", "h200")
+    devices = []
+    if gpu != "none":
+        total = 150_106_341_376
+        free = 4 * 2**30 if gpu == "small" else total - 600 * 2**20
+        devices.append({"index": 0, "name": "STAND-IN H200", "capability": "9.0", "free_bytes": free,
+                        "total_bytes": total})
+    return {"python": sys.executable, "vllm": "0.26.0", "torch": "2.11.0", "torch_cuda": "13.0",
+            "pytest": "9.0.0", "triton": "3.6.0", "devices": devices}
+
+
 def main() -> int:
+    if sys.argv[1] == "--probe":
+        print(json.dumps(probe()))
+        return 0
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2]).open("a", buffering=1)
     mode = os.environ.get("STANDIN_MODE", "pass")
@@ -47,6 +70,18 @@ def main() -> int:
 
     model = _load("model")
     emit("fingerprint", data={"standin": True, "python": sys.executable})
+    stacks = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    if mode == "flood":
+        chunk = "x" * 1023 + "\n"
+        for _ in range(40 * 1024):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+    if mode in ("hang_start", "hang_case") and stacks is not None:
+        import faulthandler
+        import signal
+
+        fh = stacks.open("a")
+        faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if mode == "hang_start":
         time.sleep(3600)
     if mode == "refuse" and engine["method"] == "dspark":
@@ -90,6 +125,8 @@ def main() -> int:
             counters = {"num_drafts": drafted // max(1, engine["k"]), "num_draft_tokens": drafted,
                         "num_accepted_tokens": accepted}
         gaps = [[round(model.GAIN - 0.04 * (j % 3), 4) for j in range(len(seq))] for seq in tokens]
+        if mode == "bad_event":
+            tokens = [["abc"] for _ in tokens]
         emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=[[] for _ in tokens], seconds=0.01,
              spec=counters)
     emit("child_done")

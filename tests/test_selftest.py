@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import validate_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,3 +77,82 @@ def test_the_installed_check_of_an_environment_without_vllm_fails(cli, tmp_path,
     data = validate_json("selftest", res.out)
     assert res.rc == 1 and data["cases"] == [] and data["checks"][0]["name"] == "installed"
     assert data["checks"][0]["ok"] is False and "not installed" in data["checks"][0]["note"]
+
+
+def test_without_a_gpu_the_engine_cases_need_one_at_once_and_the_summary_says_so(cli, tmp_path, monkeypatch):
+    # The stand-in's probe answers for a machine with no CUDA device (STANDIN_GPU=none).
+    monkeypatch.setenv("STANDIN_GPU", "none")
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain,mtp1/short_b1", "--work",
+              tmp_path / "w", "--format", "json")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 0 and data["gpu"] is False and data["counts"]["needs-gpu"] == 6
+    assert {c["verdict"] for c in data["cases"]} == {"needs-gpu"}
+    assert data["engines"][0]["detail"].startswith("needs a CUDA GPU")
+    assert "6 engine case(s) need a CUDA GPU (none here)" in data["not_proven"]
+    assert not (tmp_path / "w" / "plain.log").exists()  # nothing was started
+    text = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--work", tmp_path / "t")
+    assert "not proven here: 1 engine case(s) need a CUDA GPU" in " ".join(text.out.split())
+
+
+def test_a_gpu_with_too_little_free_memory_refuses_the_engines_with_both_figures(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("STANDIN_GPU", "small")  # 4 GiB free of 139.8
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--work", tmp_path / "w",
+              "--format", "json")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 1 and data["cases"][0]["verdict"] == "not-run"
+    assert "one engine needs 16.0 GiB free on the GPU, 4.0 of 139.8 GiB are free" in data["cases"][0]["error"]
+
+
+def test_engines_are_sized_from_the_gpus_free_memory(cli, tmp_path):
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1,mtp1/short_b1", "--work",
+              tmp_path / "w", "--format", "json", "--parallel", "64")
+    data = validate_json("selftest", res.out)
+    sizing = data["sizing"]
+    assert res.rc == 0 and sizing["parallel"] == 8 and sizing["gpu_memory_utilization"] == 0.115
+    spec = json.loads(next((Path(data["work"])).glob("plain.spec.json")).read_text())
+    assert spec["gpu_memory_utilization"] == 0.115 and spec["kv_cache_bytes"] == 6 * 2**30
+
+
+@pytest.mark.parametrize("bad", ["missing", "dir", "noexec"])
+def test_an_unusable_python_is_a_usage_error(cli, tmp_path, bad):
+    path = tmp_path / "py"
+    if bad == "dir":
+        path.mkdir()
+    elif bad == "noexec":
+        path.write_text("#!/bin/sh\n")
+    res = cli("selftest", "--python", path, "--cases", "plain/short_b1", "--work", tmp_path / "w", "--format", "json")
+    assert res.rc == 2, res.out
+    assert str(path) in json.loads(res.out)["error"]["message"]
+
+
+def test_a_python_that_is_not_an_interpreter_is_a_usage_error(cli, tmp_path):
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\necho not json; exit 3\n")
+    fake.chmod(0o755)
+    res = cli("selftest", "--python", fake, "--cases", "plain/short_b1", "--work", tmp_path / "w", "--format", "json")
+    assert res.rc == 2 and "not a working Python interpreter" in json.loads(res.out)["error"]["message"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("--deadline", "inf"), ("--deadline", "nan"),
+                                               ("--start-deadline", "inf"), ("--case-deadline", "-1"),
+                                               ("--kv-cache-gib", "inf"), ("--kv-cache-gib", "0"),
+                                               ("--parallel", "0"), ("--parallel", "1e9")])
+def test_number_options_must_be_finite_and_in_range(cli, option, value):
+    res = cli("selftest", "--cases", "plain/short_b1", option, value)
+    assert res.rc == 2 and option in res.err
+
+
+def test_links_planted_in_an_existing_work_directory_are_never_written_through(cli, tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    for name in ("plain.log", "plain.spec.json", "plain.events", "plain.stacks.txt", "tiny-dsv4"):
+        (work / name).symlink_to(victim)
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--work", work,
+              "--format", "json")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 0 and victim.read_text() == "precious\n"
+    run_dir = Path(data["work"])
+    assert run_dir.parent == work and run_dir.name.startswith("selftest-") and (run_dir / "plain.log").is_file()
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"

@@ -12,6 +12,7 @@ cache) and an interpreter with no vLLM.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ FAST = runner.Deadlines(start=20, first_case=20, case=20, total=120)
 def _run(tmp_path, names, mode="pass", deadlines=FAST, parallel=2, force=False):
     chosen = cases.select(cases.all_cases(force_sm120_topk=force), names)
     env = {**os.environ, "STANDIN_MODE": mode}
+    (tmp_path / "work").mkdir(exist_ok=True)
     runs = runner.run_cases(chosen, child=STANDIN, work=tmp_path / "work", deadlines=deadlines, parallel=parallel,
                             env=env)
     return {c.case: c for r in runs for c in r.cases}, runs
@@ -65,7 +67,12 @@ def test_a_hung_prompt_set_is_a_hang_and_the_rest_of_its_engine_is_not_run(tmp_p
     assert time.monotonic() - t0 < 30
     assert [got[f"plain/{s}"].verdict for s in ("short_b5", "mid_b24", "long_b3")] == ["pass", "hang", "not-run"]
     assert "prompt set mid_b24: no progress within 2 s" in got["plain/mid_b24"].error
-    assert "hang probe" in Path(runs[0].log).read_text()
+    # the hang probe: the child's stacks (SIGUSR1 into its stacks file), the main thread named in the verdict
+    run = runs[0]
+    assert run.stage == "prompt set mid_b24" and "Current thread" in Path(run.stacks).read_text()
+    assert run.evidence is not None and run.evidence.main_frames[0].startswith("main (selftest_standin_engine.py:")
+    assert "main thread in main (selftest_standin_engine.py:" in got["plain/mid_b24"].error
+    assert Path(run.evidence.file).is_file() and run.evidence.tools["faulthandler"] == "ok"
 
 
 def test_a_hung_engine_start_is_a_hang_of_its_first_case(tmp_path):
@@ -73,6 +80,52 @@ def test_a_hung_engine_start_is_a_hang_of_its_first_case(tmp_path):
     got, _ = _run(tmp_path, ["mtp2/short_b5", "mtp2/short_b1"], mode="hang_start", deadlines=quick)
     assert got["mtp2/short_b5"].verdict == "hang" and got["mtp2/short_b5"].error.startswith("engine start: ")
     assert got["mtp2/short_b1"].verdict == "not-run"
+
+
+def test_engines_start_in_plan_order_and_a_hang_of_the_first_costs_only_its_deadline(tmp_path):
+    # mtp1 warms the caches alone; when it hangs at start the others start once its deadline passed,
+    # with the cold start deadline (the first engine never measured a start)
+    quick = runner.Deadlines(start=2, first_case=20, case=20, total=60)
+    t0 = time.monotonic()
+    got, runs = _run(tmp_path, ["plain/short_b1", "mtp1/short_b1", "dspark5/short_b1"], mode="hang_start",
+                     deadlines=quick, parallel=1)
+    assert time.monotonic() - t0 < 30
+    started = sorted(runs, key=lambda r: r.launched_at)
+    assert [r.engine.name for r in started] == ["mtp1", "dspark5", "plain"]
+    assert started[1].launched_at >= 2 and [r.outcome for r in runs] == ["hang", "hang", "hang"]
+    assert all(r.start_deadline == 2 for r in runs)
+
+
+def test_a_warm_engine_gets_a_start_deadline_from_the_first_ones_measured_start(tmp_path):
+    got, runs = _run(tmp_path, ["plain/short_b1", "mtp1/short_b1"], parallel=2)
+    first, later = sorted(runs, key=lambda r: r.launched_at)
+    assert (first.engine.name, later.engine.name) == ("mtp1", "plain") and first.start_deadline == FAST.start
+    assert later.start_deadline == min(FAST.start, max(180.0, 1.5 * first.start_seconds))
+
+
+def test_a_malformed_child_event_is_a_crash_that_says_so(tmp_path):
+    got, runs = _run(tmp_path, ["plain/short_b1", "plain/short_b5"], mode="bad_event")
+    assert runs[0].outcome == "crash" and "malformed" in runs[0].detail
+    assert {c.verdict for c in got.values()} <= {"crash", "not-run"}
+
+
+def test_a_child_flooding_its_log_costs_disk_not_memory(tmp_path):
+    # 40 MiB printed by the engine: it goes to its log file; the runner keeps bounded tails only
+    code = ("import os, resource, sys\n"
+            "sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+            "import test_selftest_runner as t\n"
+            "from pathlib import Path\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "got, runs = t._run(Path(sys.argv[2]), ['plain/short_b1'], mode='flood')\n"
+            "grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+            "print(runs[0].outcome, got['plain/short_b1'].verdict, grew)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT), str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    outcome, verdict, grew_kib = res.stdout.split()
+    assert (outcome, verdict) == ("done", "pass")
+    assert int(grew_kib) < 16 * 1024, f"the runner grew by {grew_kib} KiB reading a 40 MiB log"
+    assert (tmp_path / "work" / "plain.log").stat().st_size >= 40 * 2**20
 
 
 def test_a_crash_carries_the_error_line(tmp_path):
@@ -97,7 +150,7 @@ def test_drafts_all_accepted_are_inconclusive(tmp_path):
 def test_the_total_deadline_cuts_a_running_engine_to_not_run(tmp_path):
     cut = runner.Deadlines(start=60, first_case=60, case=60, total=2.0)
     got, runs = _run(tmp_path, ["plain/short_b5", "plain/mid_b24"], mode="hang_case", deadlines=cut)
-    assert got["plain/mid_b24"].verdict == "not-run" and "--deadline" in got["plain/mid_b24"].error
+    assert got["plain/mid_b24"].verdict == "not-run" and "the run's deadline" in got["plain/mid_b24"].error
     assert runs[0].outcome == "not-run"
 
 
@@ -121,17 +174,21 @@ def lock_and_store(shared_cache):
 
 def test_check_installed_without_vllm_fails_and_says_so(lock_and_store):
     lock, store = lock_and_store
-    res = runner.check_installed(lock, "0.26.0", sys.executable, store, Progress.for_output("json"))
+    res = runner.check_installed(lock, "0.26.0", sys.executable, store, Progress.for_output("json"), on_gpu=False)
     assert res.ok is False and "vLLM is not installed" in res.note
 
 
-def test_check_regression_runs_the_series_tests_against_the_interpreters_vllm(lock_and_store):
-    # This interpreter has no vLLM: every test file of the series fails to import it, and the check says so.
+def test_check_regression_runs_each_series_test_file_in_its_own_process(lock_and_store, tmp_path):
+    # This interpreter has no vLLM: every test file of the series fails to import it, each in its own
+    # pytest process, and the check says so file by file with the error of each.
     lock, store = lock_and_store
-    res = runner.check_regression(lock, "0.26.0", sys.executable, store, Progress.for_output("json"), gpu=False,
-                                  timeout=300)
+    res = runner.check_regression(lock, "0.26.0", sys.executable, store, Progress.for_output("json"),
+                                  work=tmp_path, on_gpu=False, deadline=300)
     assert res.ok is False
-    files = res.data["files"]
+    files = {f["file"]: f for f in res.data["files"]}
     assert "tests/v1/attention/test_dsv4_fix6_indexer_negative_context_lens.py" in files
     assert "tests/kernels/test_dsv4_fix7_topk_lengths.py" in files
-    assert res.data["counts"]["failed"] >= len(files) - 1 and "failed" in res.note
+    assert all(f["status"] in ("error", "failed") for f in files.values())
+    assert all(Path(f["log"]).is_file() and "No module named" in Path(f["log"]).read_text() for f in files.values())
+    assert all("No module named" in f["error"] for f in files.values())
+    assert "on CPU (Triton interpreter" in res.note and res.data["on_gpu"] is False

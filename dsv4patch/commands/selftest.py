@@ -8,8 +8,12 @@ the oracle is exact: :mod:`dsv4patch.selftest` and docs/selftest.md.
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from dsv4patch import report
 from dsv4patch.commands import _common
@@ -20,14 +24,21 @@ HELP = ("run the installed vLLM's own check on this machine: installed files, th
 DESCRIPTION = HELP + """.
 
 Cases: `installed` (what `status --installed` checks), `regression` (the series'
-tests against the installed package; kernel tests only with a GPU), and one case
+tests against the installed package, each file in its own process: on the GPU
+when there is one, else on CPU under Triton's interpreter), and one case
 per engine and prompt set, ENGINE/SET, with engines plain, mtp1, mtp2, mtp3,
 dspark5 (and mtp1-sm120topk with --force-sm120-topk) and prompt sets short_b5,
 mid_b24, long_b3, short_b1, long_b1.  Verdicts: pass, differs (first request,
 position, expected and generated token), hang, crash (the error), refused
 (DSpark refused by the platform, with vLLM's message), inconclusive (drafts all
-accepted or all rejected), not-run.  Exit 0 only when every selected case passes
-(or is refused by the platform); 1 when any fails or did not run."""
+accepted or all rejected), not-run, needs-gpu (no CUDA device here: the engine
+cases are listed at once, the checks still run).  Engines are sized from the
+GPU's free memory and started one first (it fills the JIT caches), then the
+rest at once; a hang is probed (Python stacks, py-spy, nvidia-smi, cuda-gdb when
+present) before its engine is killed.  Exit 0 when nothing failed (a case
+refused by the platform, or needing a GPU this node lacks, is not a failure: the
+summary line says what was not proven here); 1 when any check or case failed or
+did not run; 2 for a bad command line or an --python that cannot be run."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,21 +53,92 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--force-sm120-topk", action="store_true",
                    help="DIAGNOSTIC: add the mtp1-sm120topk engine, whose indexer takes the decode top-k route "
                         "vLLM uses on SM120 GPUs (reaches fix 6/7's hang on any GPU)")
-    p.add_argument("--deadline", type=float, default=1800.0, metavar="S",
+    p.add_argument("--deadline", type=_seconds, default=1800.0, metavar="S",
                    help="seconds for the whole run; engines not finished by then are not-run (default: %(default)s)")
-    p.add_argument("--start-deadline", type=float, default=420.0, metavar="S",
-                   help="an engine's start (a cold node JIT-compiles kernels; default: %(default)s)")
-    p.add_argument("--case-deadline", type=float, default=120.0, metavar="S",
+    p.add_argument("--start-deadline", type=_seconds, default=420.0, metavar="S",
+                   help="the first engine's start (a cold node JIT-compiles kernels; default: %(default)s); "
+                        "engines started after it get a warm deadline from its measured start, never more")
+    p.add_argument("--case-deadline", type=_seconds, default=120.0, metavar="S",
                    help="one prompt set; the first gets twice this (default: %(default)s)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="engines at once on the GPU (each takes --kv-cache-gib; default: %(default)s)")
-    p.add_argument("--kv-cache-gib", type=float, default=6.0, help="KV cache per engine (default: %(default)s)")
+    p.add_argument("--parallel", type=_count, default=6, metavar="N",
+                   help="engines at once at most; fewer when the GPU's free memory holds fewer "
+                        "(default: %(default)s)")
+    p.add_argument("--kv-cache-gib", type=_gib, default=6.0,
+                   help="KV cache per engine, GiB (default: %(default)s)")
     p.add_argument("--work", type=Path, default=None,
-                   help="directory for the tiny model, the engines' logs and events (default: a new temporary one, "
-                        "kept and named in the report)")
+                   help="directory for the tiny model, the engines' logs, stacks and events and the tests' output "
+                        "(a new private directory is made inside it, or it is made if absent; default: a new "
+                        "temporary one, kept and named in the report)")
     _common.add_lock(p, many=False, series=False)
     _common.add_output(p)
     _common.add_cache(p)
+
+
+def _number(text: str, low: float, high: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or not low < value <= high:
+        raise argparse.ArgumentTypeError(f"{what} must be a finite number above {low:g} and at most {high:g}, "
+                                         f"not {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    return _number(text, 0, 7 * 86400, "seconds")
+
+
+def _gib(text: str) -> float:
+    return _number(text, 0, 4096, "GiB")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1 to 64, not {text!r}")
+    return value
+
+
+def _interpreter(given: str | None) -> str:
+    """--python as given: it must name an executable file (a missing one, a directory: a usage error)."""
+    from dsv4patch.selftest import runner
+
+    python = runner.python_of(given)
+    try:
+        st = os.stat(python)
+    except OSError as exc:
+        raise UsageError(f"--python {python}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode) or not os.access(python, os.X_OK):
+        raise UsageError(f"--python {python}: not an executable file")
+    return python
+
+
+def work_dir(given: Path | None) -> Path:
+    """Where this run writes: a new private directory (inside GIVEN when it exists; GIVEN itself when absent).
+
+    Never a directory someone else could have prepared: a link planted at
+    ``plain.log`` or ``tiny-dsv4`` in an existing ``--work`` is never written
+    through, because nothing is written directly in it.
+    """
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="dsv4patch-selftest-"))
+    try:
+        given.mkdir(mode=0o700)
+        return given
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"--work {given}: {exc.strerror or exc}") from None
+    if not given.is_dir():
+        raise UsageError(f"--work {given}: not a directory")
+    try:
+        return Path(tempfile.mkdtemp(prefix="selftest-", dir=given))
+    except OSError as exc:
+        raise UsageError(f"--work {given}: {exc.strerror or exc}") from None
 
 
 def _patterns(values: list[str] | None) -> list[str] | None:
@@ -66,16 +148,29 @@ def _patterns(values: list[str] | None) -> list[str] | None:
     return out or None
 
 
+def _check_rows(rep: Any) -> list[list[str]]:
+    rows = [[c.name, "pass" if c.ok else ("not run" if c.ok is None else "FAIL"), c.note] for c in rep.checks]
+    for c in rep.checks:
+        if c.name != "regression":
+            continue
+        for f in c.data.get("files", []):
+            counts = f["counts"]
+            detail = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+            if f.get("devices"):
+                detail += f" on {', '.join(f['devices'])}"
+            bad = [t for t in f["tests"] if t["outcome"] == "failed"]
+            if bad:
+                detail += f"; {bad[0]['test'].split('::')[-1]}: {bad[0]['message']}"
+            elif f.get("error"):
+                detail += f"; {f['error']}"
+            rows.append([f"  {f['file'].rsplit('/', 1)[-1]}", f["status"], detail])
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     from dsv4patch.selftest import cases as casemod
     from dsv4patch.selftest import runner
 
-    if args.parallel < 1:
-        raise UsageError("--parallel must be at least 1")
-    for opt, value in (("deadline", args.deadline), ("start-deadline", args.start_deadline),
-                       ("case-deadline", args.case_deadline), ("kv-cache-gib", args.kv_cache_gib)):
-        if value <= 0:
-            raise UsageError(f"--{opt} must be positive")
     patterns = _patterns(args.cases)
     every = casemod.all_cases(force_sm120_topk=args.force_sm120_topk)
     if args.list:
@@ -88,18 +183,19 @@ def run(args: argparse.Namespace) -> int:
     checks = tuple(runner.CHECK_NAMES) if patterns is None else tuple(n for n in runner.CHECK_NAMES if n in patterns)
     engine_patterns = None if patterns is None else [p for p in patterns if p not in runner.CHECK_NAMES]
     chosen = every if engine_patterns is None else (casemod.select(every, engine_patterns) if engine_patterns else [])
+    python = _interpreter(args.python)
     lock = _common.open_lock(args) if checks else None
     store = _common.open_store(args) if checks else None
-    work = args.work or Path(tempfile.mkdtemp(prefix="dsv4patch-selftest-"))
+    work = work_dir(args.work)
     deadlines = runner.Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
                                  case=args.case_deadline, total=args.deadline)
-    rep = runner.run_selftest(lock=lock, pin=args.pin, python=runner.python_of(args.python), store=store,
+    rep = runner.run_selftest(lock=lock, pin=args.pin, python=python, store=store,
                               progress=_common.progress(args), checks=checks, cases=chosen, work=work,
                               deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
                               kv_cache_gib=args.kv_cache_gib)
     out = rep.to_json()
     out["work"] = str(work)
-    rows = [[c.name, "pass" if c.ok else ("not run" if c.ok is None else "FAIL"), c.note] for c in rep.checks]
+    rows = _check_rows(rep)
     for c in rep.cases:
         acc = "" if c.acceptance is None else f"{c.acceptance.accepted}/{c.acceptance.drafted}"
         if c.acceptance is not None and c.acceptance.rate is not None:
@@ -108,13 +204,20 @@ def run(args: argparse.Namespace) -> int:
         rows.append([c.case, c.verdict, "; ".join(x for x in (c.error, gap_text, acc and f"accepted {acc}") if x)])
     counts = rep.counts()
     gap = rep.min_gap()
+    proven = [c.name for c in rep.checks if c.ok] + [f"{counts['pass']} engine case(s)"] * bool(counts["pass"])
+    failed = [c.name for c in rep.checks if c.ok is False] + [
+        f"{n} {v}" for v, n in counts.items() if n and v in runner.FAILING + ("not-run",)]
     out["notes"] = [
-        f"python {rep.python}; GPU: {'yes' if rep.gpu else 'no'}"
+        f"python {rep.python}: " + (rep.node.describe() if rep.node is not None else "not probed")
         + ("; DIAGNOSTIC: SM120 top-k route forced (mtp1-sm120topk)" if rep.force_sm120_topk else ""),
-        "cases: " + ", ".join(f"{v} {n}" for v, n in counts.items() if n),
+        *([f"engines: {rep.sizing.describe()}"] if rep.sizing is not None else []),
+        "cases: " + (", ".join(f"{v} {n}" for v, n in counts.items() if n) or "none selected"),
         "smallest top-1/top-2 logit gap: " + ("none measured" if gap is None else f"{gap:.3f} nats"),
-        f"logs and events: {work}",
-        "every selected case passed" if rep.ok else "SELFTEST FAILED",
+        f"logs, stacks, events and test output: {work}",
+        "summary: proven here: " + (", ".join(proven) or "nothing")
+        + ("; FAILED: " + ", ".join(failed) if failed else "")
+        + ("; not proven here: " + "; ".join(rep.not_proven()) if rep.not_proven() else ""),
+        "every selected check and case passed" if rep.ok else "SELFTEST FAILED",
     ]
     table, md = report.simple_table(f"dsv4patch selftest: {rep.python}", ["case", "verdict", "detail"], rows)
     report.emit(args.format, out, table, md)

@@ -21,7 +21,15 @@ class's post-load steps (``finalize_*``); DeepGEMM's start-up warm-up is
 skipped (it JIT-compiles 2,429 shapes); the SM120 top-k route is installed
 by replacing the platform object of the indexer module only.
 
-Usage (by the runner): PYTHON child.py SPEC.json PROGRESS.jsonl
+Hang evidence: every stage (engine start, each prompt set) arms faulthandler's
+watchdog thread (``dump_traceback_later``) a little before the parent's deadline
+for that stage, so the Python stacks of every thread land in the stacks file
+even when the main thread is blocked in C (a spinning kernel's synchronize)
+and even when vLLM or a library has replaced a signal handler; SIGUSR1 (the
+parent's probe) dumps them too.
+
+Usage (by the runner): PYTHON child.py SPEC.json PROGRESS.jsonl [STACKS.txt]
+                       PYTHON child.py --probe  (one JSON line: torch, CUDA devices and their free memory, vLLM)
 """
 
 from __future__ import annotations
@@ -153,7 +161,7 @@ def _counters(llm: Any) -> dict[str, int]:
     return out
 
 
-def run(spec: dict[str, Any], events: Events) -> None:
+def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
@@ -173,6 +181,7 @@ def run(spec: dict[str, Any], events: Events) -> None:
     if spec["engine"].get("sm120_topk"):
         fp["topk_route"] = install_sm120_topk_route()
     events.emit("fingerprint", data=fp)
+    watchdog.arm("start", "engine start")
     load_format = register_loader(model_mod, events)
     LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
     TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
@@ -192,8 +201,17 @@ def run(spec: dict[str, Any], events: Events) -> None:
         speculative_config=spec["engine"].get("speculative_config"),
         disable_log_stats=False,
     )
-    events.emit("engine_ready")
-    for pset in spec["prompt_sets"]:
+    watchdog.disarm()
+    ready: dict[str, Any] = {}
+    try:  # what this engine holds on the GPU: the runner sizes the engines it starts later from it
+        free, total = torch.cuda.mem_get_info()
+        ready = {"gpu_free_bytes": int(free), "gpu_total_bytes": int(total),
+                 "torch_reserved_bytes": int(torch.cuda.memory_reserved())}
+    except Exception:  # a report, never a reason to fail
+        pass
+    events.emit("engine_ready", **ready)
+    for i, pset in enumerate(spec["prompt_sets"]):
+        watchdog.arm("first_case" if i == 0 else "case", f"prompt set {pset['name']}")
         events.emit("case_start", case=pset["name"])
         params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False, logprobs=2)
                   for n in pset["max_tokens"]]
@@ -219,21 +237,84 @@ def run(spec: dict[str, Any], events: Events) -> None:
                     bad.append(pos)
             gaps.append(row)
             not_top.append(bad)
+        watchdog.disarm()
         events.emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=not_top, seconds=seconds,
                     spec={k: after.get(k, 0) - before.get(k, 0) for k in after})
 
 
+def probe() -> dict[str, Any]:
+    """What this environment can run: torch and its CUDA devices (free memory now), vLLM's and pytest's versions.
+
+    Imports torch (CUDA is initialised to read the free memory) but not vLLM:
+    its version comes from the installed metadata, so the probe takes seconds.
+    """
+    from importlib import metadata
+
+    out: dict[str, Any] = {"python": sys.executable, "devices": []}
+    for dist in ("vllm", "torch", "pytest", "triton"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+        except Exception as exc:  # a broken install is reported, not raised
+            out[dist] = None
+            out.setdefault("errors", []).append(f"{dist}: {type(exc).__name__}: {exc}")
+    try:
+        torch = importlib.import_module("torch")
+        out["torch_cuda"] = getattr(torch.version, "cuda", None)
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                free, total = torch.cuda.mem_get_info(i)
+                out["devices"].append({"index": i, "name": torch.cuda.get_device_name(i),
+                                       "capability": ".".join(str(x) for x in torch.cuda.get_device_capability(i)),
+                                       "free_bytes": int(free), "total_bytes": int(total)})
+    except Exception as exc:  # no torch, or CUDA broken: reported, the runner decides
+        out.setdefault("errors", []).append(f"torch: {type(exc).__name__}: {exc}")
+    return out
+
+
+class Watchdog:
+    """faulthandler's timer per stage: every thread's Python stack into the stacks file before the deadline."""
+
+    def __init__(self, path: Path | None, seconds: dict[str, float]) -> None:
+        self._fh = path.open("a", encoding="utf-8") if path is not None else None
+        self._seconds = seconds
+
+    def arm(self, stage: str, label: str) -> None:
+        if self._fh is None:
+            return
+        faulthandler.cancel_dump_traceback_later()
+        # re-registered at every stage: vLLM or a library may have replaced the handler since
+        faulthandler.register(signal.SIGUSR1, file=self._fh, all_threads=True)
+        seconds = self._seconds.get(stage)
+        if seconds and seconds > 0:
+            self._fh.write(f"\n===== stage: {label} (stacks dumped if it lasts {seconds:.0f} s) =====\n")
+            self._fh.flush()
+            faulthandler.dump_traceback_later(seconds, repeat=False, file=self._fh)
+
+    def disarm(self) -> None:
+        if self._fh is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 1 and argv[1] == "--probe":
+        print(json.dumps(probe()), flush=True)
+        return 0
     spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     events = Events(Path(argv[2]))
-    # SIGUSR1 dumps every thread's Python stack into the log: the parent sends it to a hung child
+    stacks = Path(argv[3]) if len(argv) > 3 else None
+    watchdog = Watchdog(stacks, {k: float(v) for k, v in (spec.get("watchdog") or {}).items()})
+    # SIGUSR1 dumps every thread's Python stack (the parent's hang probe), into the stacks file when there is one
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        run(spec, events)
+        run(spec, events, watchdog)
     except BaseException as exc:  # reported, then the exit code says it
+        watchdog.disarm()
         events.emit("error", error=f"{type(exc).__name__}: {exc}"[:4000],
                     traceback=traceback.format_exc()[-8000:])
         return 1
+    watchdog.disarm()
     events.emit("child_done")
     return 0
 

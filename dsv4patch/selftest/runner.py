@@ -22,24 +22,26 @@ with a stand-in engine script (no GPU there); on a real node it is
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from dsv4patch.errors import Dsv4Error
+from dsv4patch import childproc
+from dsv4patch.errors import ChildError, Dsv4Error
+from dsv4patch.safeio import create_exclusive
 from dsv4patch.selftest import model as tiny
+from dsv4patch.selftest import plan, probe
 from dsv4patch.selftest.cases import Case, Engine, PromptSet
+from dsv4patch.selftest.node import Node, ProbeError, parse_probe
 from dsv4patch.selftest.oracle import (
     Acceptance,
     Difference,
@@ -48,6 +50,8 @@ from dsv4patch.selftest.oracle import (
     first_difference,
     min_gap,
 )
+from dsv4patch.selftest.probe import HangEvidence
+from dsv4patch.selftest.regression import RegressionResult, run_regression
 
 if TYPE_CHECKING:
     from dsv4patch.lock import Lock
@@ -55,7 +59,8 @@ if TYPE_CHECKING:
     from dsv4patch.store import Store
 
 CHILD = Path(__file__).resolve().parent / "child.py"
-VERDICTS = ("pass", "differs", "hang", "crash", "refused", "inconclusive", "not-run")
+# needs-gpu: the case needs a CUDA device and this node has none (not a failure; the summary says so)
+VERDICTS = ("pass", "differs", "hang", "crash", "refused", "inconclusive", "not-run", "needs-gpu")
 FAILING = ("differs", "hang", "crash", "inconclusive")
 # Engine-start errors that are a platform's documented refusal, not a crash (fix 5's SM120 gate names
 # flashinfer#4380; vLLM's config refuses DSpark where it cannot run).
@@ -112,29 +117,108 @@ class EngineRun:
     loaded: list[dict[str, Any]]
     cases: list[CaseResult]
     log: str  # path of the child's full log
+    stage: str = ""  # where a hang happened ("engine start", "prompt set mid_b24")
+    start_deadline: float | None = None  # the start deadline it ran under (cold for the first engine, else warm)
+    stacks: str = ""  # the child's faulthandler dumps (watchdog before each deadline, SIGUSR1)
+    evidence: HangEvidence | None = None  # the hang probe's summary (py-spy, nvidia-smi, cuda-gdb)
+    gpu_reserved_bytes: int | None = None  # torch's reserved memory when the engine was ready
+    launched_at: float | None = None  # seconds after the engines' phase began that its child was started
 
     def to_json(self) -> dict[str, Any]:
         return {"engine": self.engine.to_json(), "outcome": self.outcome, "detail": self.detail or None,
                 "start_seconds": self.start_seconds, "fingerprint": self.fingerprint, "loaded": self.loaded,
-                "log": self.log}
+                "log": self.log, "stage": self.stage or None, "start_deadline": self.start_deadline,
+                "stacks": self.stacks or None, "hang_evidence": None if self.evidence is None
+                else self.evidence.to_json(), "gpu_reserved_bytes": self.gpu_reserved_bytes,
+                "launched_at": None if self.launched_at is None else round(self.launched_at, 1)}
 
 
-def read_events(path: Path, limit: int = 64 * 2**20) -> list[dict[str, Any]]:
-    """The child's JSON-line events (a partly written last line is left for the next read)."""
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(limit)
-    except FileNotFoundError:
-        return []
-    out: list[dict[str, Any]] = []
-    for line in data.decode("utf-8", "replace").splitlines():
+EVENTS_LIMIT = 64 << 20  # bytes of a child's events file read in all (a flood is a crash, never our memory)
+_EVENT_KINDS = frozenset({"fingerprint", "loaded", "engine_ready", "case_start", "case_done", "error", "child_done"})
+
+
+class EventError(ValueError):
+    """A child's event that does not follow the protocol: the engine's verdict is a crash, with this."""
+
+
+def _check_event(ev: Any) -> dict[str, Any]:
+    """One event as the protocol says (child.py); anything else raises :class:`EventError`."""
+    if not isinstance(ev, dict) or ev.get("event") not in _EVENT_KINDS:
+        raise EventError(f"not an event of the protocol: {str(ev)[:120]!r}")
+    t = ev.get("t")
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        raise EventError(f"event {ev['event']!r}: time {t!r} is not a number")
+    if ev["event"] in ("case_start", "case_done") and not isinstance(ev.get("case"), str):
+        raise EventError(f"event {ev['event']!r}: no prompt set name")
+    if ev["event"] == "case_done":
+        for key, cell in (("tokens", int), ("not_top", int), ("gaps", float)):
+            rows = ev.get(key, [])
+            if not isinstance(rows, list) or not all(
+                    isinstance(r, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and
+                                                (cell is float or isinstance(x, int)) and math.isfinite(x)
+                                                for x in r) for r in rows):
+                raise EventError(f"event case_done {ev['case']!r}: {key} is not rows of {cell.__name__}s")
+        spec = ev.get("spec", {})
+        if not isinstance(spec, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                 for v in spec.values()):
+            raise EventError(f"event case_done {ev['case']!r}: spec-decode counters are not integers")
+        seconds = ev.get("seconds")
+        if seconds is not None and (not isinstance(seconds, (int, float)) or not math.isfinite(seconds)):
+            raise EventError(f"event case_done {ev['case']!r}: seconds is not a number")
+    return ev
+
+
+class EventReader:
+    """A child's JSON-line events, read as they come: new bytes only, bounded, each line checked.
+
+    A partly written last line waits for the next read.  A malformed event or
+    more than ``limit`` bytes in all stops the reading and is kept as
+    ``error``: the runner ends that engine as a crash saying so.
+    """
+
+    def __init__(self, path: Path, limit: int = EVENTS_LIMIT) -> None:
+        self.path = path
+        self.limit = limit
+        self.events: list[dict[str, Any]] = []
+        self.error = ""
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.error:
+            return self.events
         try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and isinstance(ev.get("event"), str):
-            out.append(ev)
-    return out
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return self.events
+        try:
+            data = os.pread(fd, self.limit + 1 - self._offset, self._offset) if self._offset <= self.limit else b""
+        finally:
+            os.close(fd)
+        self._offset += len(data)
+        if self._offset > self.limit:
+            self.error = f"the engine wrote more than {self.limit} bytes of events"
+            return self.events
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                self.events.append(_check_event(json.loads(raw.decode("utf-8"), parse_constant=_no_constant)))
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                self.error = f"the engine's event {len(self.events) + 1} is malformed: {exc}"[:300]
+                break
+        return self.events
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_events(path: Path, limit: int = EVENTS_LIMIT) -> list[dict[str, Any]]:
+    """Every well-formed event of a finished child (the reader's view; malformed ones end the list)."""
+    return EventReader(path, limit).read()
 
 
 def error_line(log: str) -> str:
@@ -146,15 +230,16 @@ def error_line(log: str) -> str:
 
 
 def judge(engine: Engine, pset: PromptSet, ev: dict[str, Any]) -> CaseResult:
-    """The oracle's verdict on a finished prompt set (its ``case_done`` event)."""
+    """The oracle's verdict on a finished prompt set (its ``case_done`` event, checked by the reader)."""
     name = f"{engine.name}/{pset.name}"
     tokens = [[int(t) for t in row] for row in ev.get("tokens") or []]
     want = expected_tokens([list(p) for p in pset.prompts], list(pset.max_tokens))
     diff = first_difference(want, tokens)
     gaps = [[float(g) for g in row] for row in ev.get("gaps") or []]
     not_top = sum(len(r) for r in ev.get("not_top") or [])
+    seconds = ev.get("seconds")
     res = CaseResult(name, engine.name, pset.name, "pass", difference=diff, min_gap=min_gap(gaps),
-                     not_top=not_top, seconds=ev.get("seconds"))
+                     not_top=not_top, seconds=float(seconds) if seconds is not None else None)
     if engine.method != "plain":
         spec = ev.get("spec") or {}
         res.acceptance = Acceptance(int(spec.get("num_draft_tokens", 0)), int(spec.get("num_accepted_tokens", 0)))
@@ -169,15 +254,18 @@ def judge(engine: Engine, pset: PromptSet, ev: dict[str, Any]) -> CaseResult:
     return res
 
 
-def _probe_hang(pid: int, log: IO[str]) -> None:
-    """Python stacks of a child that stopped making progress (SIGUSR1: faulthandler), into its log."""
-    log.write("\n===== hang probe: python stacks (SIGUSR1) =====\n")
-    log.flush()
-    try:
-        os.kill(pid, signal.SIGUSR1)
-        time.sleep(2.0)
-    except ProcessLookupError:
-        pass
+@dataclass
+class EngineDeadlines:
+    """One engine's stage deadlines (seconds): its start, its first prompt set, each later one."""
+
+    start: float
+    first_case: float
+    case: float
+
+    def watchdog(self) -> dict[str, float]:
+        """When the child dumps its own stacks: a little before each deadline (the parent kills at it)."""
+        return {k: max(1.0, v - max(3.0, 0.05 * v))
+                for k, v in (("start", self.start), ("first_case", self.first_case), ("case", self.case))}
 
 
 def run_engine(
@@ -187,36 +275,39 @@ def run_engine(
     child: list[str],
     spec: dict[str, Any],
     work: Path,
-    deadlines: Deadlines,
+    deadlines: EngineDeadlines,
     stop_at: float,
     env: dict[str, str],
-    on_ready: Callable[[], None] | None = None,
+    on_ready: Callable[[float | None], None] | None = None,
     poll: float = 0.2,
 ) -> EngineRun:
     """One engine's child under the deadlines; every prompt set judged or marked."""
     tag = engine.name
-    spec_path, progress, log_path = work / f"{tag}.spec.json", work / f"{tag}.events", work / f"{tag}.log"
+    spec_path, progress = work / f"{tag}.spec.json", work / f"{tag}.events"
+    log_path, stacks_path = work / f"{tag}.log", work / f"{tag}.stacks.txt"
     full = {**spec, "engine": {**engine.to_json(), "speculative_config": engine.speculative_config()},
-            "prompt_sets": [p.to_json() for p in psets]}
-    spec_path.write_text(json.dumps(full), encoding="utf-8")
-    progress.write_text("", encoding="utf-8")
+            "prompt_sets": [p.to_json() for p in psets], "watchdog": deadlines.watchdog()}
+    for path, text in ((spec_path, json.dumps(full)), (progress, ""), (stacks_path, "")):
+        create_exclusive(path, text)
     hung: str | None = None
     cut = False
     ready_seen = False
-    with log_path.open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen([*child, str(spec_path), str(progress)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=str(work))
+    stage_label = "engine start"
+    evidence: HangEvidence | None = None
+    reader = EventReader(progress)
+    with childproc.Child([*child, str(spec_path), str(progress), str(stacks_path)], what=f"engine {tag}",
+                         log=log_path, cwd=work, env=env) as proc:
         stage, stage_start, deadline = "engine start", time.monotonic(), deadlines.start
         seen = 0
         while proc.poll() is None:
-            events = read_events(progress)
+            events = reader.read()
             for ev in events[seen:]:
                 kind = ev["event"]
                 if kind == "engine_ready":
                     ready_seen = True
                     stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
                     if on_ready is not None:
-                        on_ready()
+                        on_ready(float(ev["t"]) - float(events[0]["t"]))
                 elif kind == "case_start":
                     first = bool(psets) and ev.get("case") == psets[0].name
                     stage, stage_start = f"prompt set {ev.get('case')}", time.monotonic()
@@ -224,23 +315,25 @@ def run_engine(
                 elif kind == "case_done":
                     stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
             seen = len(events)
+            if reader.error:
+                break
             now = time.monotonic()
             if now > stop_at or now - stage_start > deadline:
                 cut = now > stop_at
-                hung = f"cut by --deadline during {stage}" if cut else f"{stage}: no progress within {deadline:.0f} s"
-                if not cut:
-                    _probe_hang(proc.pid, log)
+                stage_label = stage
+                if cut:
+                    hung = f"cut by the run's deadline during {stage}"
+                else:
+                    last = probe.last_log_line(proc.tail(64 << 10))
+                    hung = f"{stage}: no progress within {deadline:.0f} s" + (f" (last logged: {last})" if last else "")
+                    evidence = probe.collect(proc, stacks=stacks_path, out=work / f"{tag}.probe.txt")
                 break
             time.sleep(poll)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the child's whole group: no straggler keeps the GPU
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        fin = proc.finish()  # the whole tree: no straggler keeps the GPU
     if on_ready is not None and not ready_seen:
-        on_ready()  # the engines waiting for this one's warm caches may start anyway
-    events = read_events(progress)
-    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+        on_ready(None)  # the engines waiting for this one's warm caches may start anyway
+    events = reader.read()
+    log_text = probe.read_tail(log_path, 256 << 10)
     fingerprint = next((e.get("data") for e in events if e["event"] == "fingerprint"), None)
     loaded = [{"model": e.get("model"), "set": e.get("set"), "finalize": e.get("finalize")}
               for e in events if e["event"] == "loaded"]
@@ -248,12 +341,14 @@ def run_engine(
     start_seconds = round(float(ready["t"]) - float(events[0]["t"]), 1) if ready is not None and events else None
     err = next((str(e.get("error", "")) for e in events if e["event"] == "error"), "")
     finished = any(e["event"] == "child_done" for e in events)
-    if cut:
+    if reader.error:
+        outcome, detail = "crash", reader.error
+    elif cut:
         outcome, detail = "not-run", hung or ""
     elif hung is not None:
-        outcome, detail = "hang", hung
-    elif proc.returncode != 0 or not finished:
-        outcome, detail = "crash", f"exit {proc.returncode}: {err or error_line(log_text)}"
+        outcome, detail = "hang", hung + (f"; {evidence.describe()}" if evidence and evidence.describe() else "")
+    elif fin.returncode != 0 or not finished:
+        outcome, detail = "crash", f"{fin.status()}: {err or error_line(log_text)}"
         if ready is None and any(r in detail for r in REFUSALS):
             outcome = "refused"
     else:
@@ -274,7 +369,11 @@ def run_engine(
         else:
             why = detail if outcome == "not-run" else (f"earlier {outcome}" if outcome != "done" else "not reached")
             cases.append(CaseResult(name, engine.name, pset.name, "not-run", why))
-    return EngineRun(engine, outcome, detail, start_seconds, fingerprint, loaded, cases, str(log_path))
+    reserved = int(ready.get("torch_reserved_bytes", 0)) if ready is not None and isinstance(
+        ready.get("torch_reserved_bytes"), int) else None
+    return EngineRun(engine, outcome, detail, start_seconds, fingerprint, loaded, cases, str(log_path),
+                     stage=stage_label if hung else "", start_deadline=deadlines.start,
+                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved)
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -298,49 +397,56 @@ def run_cases(
     gpu_memory_utilization: float = 0.25,
     env: dict[str, str] | None = None,
 ) -> list[EngineRun]:
-    """Every engine the cases need, at most PARALLEL at once; the first alone until it is ready.
+    """Every engine the cases need, in :func:`.plan.engine_order`: the first alone until it is ready, then
+    the rest PARALLEL at once, each with a warm start deadline from the first one's measured start.
 
-    The first engine warms the JIT caches (TileLang, DeepGEMM, Triton) that the
+    The first engine fills the JIT caches (TileLang, DeepGEMM, Triton) the
     others then find; its readiness (or its end) releases them.
     """
-    work.mkdir(parents=True, exist_ok=True)
     model_dir = tiny.write_model(work / "tiny-dsv4")
     spec = {"model": str(model_dir), "max_model_len": max_model_len,
             "kv_cache_bytes": int(kv_cache_gib * 2**30), "gpu_memory_utilization": gpu_memory_utilization}
     by_engine: dict[str, tuple[Engine, list[PromptSet]]] = {}
     for c in cases:
         by_engine.setdefault(c.engine.name, (c.engine, []))[1].append(c.prompts)
-    stop_at = time.monotonic() + deadlines.total
+    t0 = time.monotonic()
+    stop_at = t0 + deadlines.total
     env = child_env(env)
-    order = list(by_engine.values())
+    order = [by_engine[e.name] for e in plan.engine_order([e for e, _ in by_engine.values()])]
     runs: dict[str, EngineRun] = {}
     first_ready = threading.Event()
+    first_start: list[float | None] = [None]
+
+    def released(seconds: float | None) -> None:
+        first_start[0] = seconds
+        first_ready.set()
 
     def one(item: tuple[Engine, list[PromptSet]], first: bool) -> None:
         engine, psets = item
         if not first:
             first_ready.wait(max(0.0, stop_at - time.monotonic()))
         if time.monotonic() > stop_at - 10:
-            runs[engine.name] = EngineRun(engine, "not-run", "no time left (--deadline)", None, None, [],
+            runs[engine.name] = EngineRun(engine, "not-run", "no time left (the run's deadline)", None, None, [],
                                           [CaseResult(f"{engine.name}/{p.name}", engine.name, p.name, "not-run",
-                                                      "no time left (--deadline)") for p in psets], "")
+                                                      "no time left (the run's deadline)") for p in psets], "")
             return
-        runs[engine.name] = run_engine(engine, psets, child=child, spec=spec, work=work, deadlines=deadlines,
-                                       stop_at=stop_at, env=env, on_ready=first_ready.set if first else None)
+        start = deadlines.start if first else plan.warm_start_deadline(deadlines.start, first_start[0])
+        ed = EngineDeadlines(start=start, first_case=deadlines.first_case, case=deadlines.case)
+        launched = time.monotonic() - t0
+        run = run_engine(engine, psets, child=child, spec=spec, work=work, deadlines=ed, stop_at=stop_at, env=env,
+                         on_ready=released if first else None)
+        run.launched_at = launched
+        runs[engine.name] = run
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = [pool.submit(one, item, i == 0) for i, item in enumerate(order)]
         for f in futures:
             f.result()
-    return [runs[e.name] for e, _ in order]
+    return [runs[name] for name in by_engine]  # reported in the cases' order; ``launched_at`` says when each ran
 
 
 # ---------------------------------------------------------------------------
 # The other two checks
-
-
-def gpu_present() -> bool:
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 @dataclass
@@ -356,7 +462,8 @@ class CheckResult:
         return {"name": self.name, "ok": self.ok, "note": self.note or None, **self.data}
 
 
-def check_installed(lock: Lock, pin: str | None, python: str, store: Store, progress: Progress) -> CheckResult:
+def check_installed(lock: Lock, pin: str | None, python: str, store: Store, progress: Progress, *,
+                    on_gpu: bool) -> CheckResult:
     """What ``status --installed`` checks (its core function), the kernel package's GPU check on a GPU."""
     from dsv4patch import installed
 
@@ -365,7 +472,7 @@ def check_installed(lock: Lock, pin: str | None, python: str, store: Store, prog
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}")
     kernel = out.get("kernels") or {}
-    if kernel.get("installed") and gpu_present():
+    if kernel.get("installed") and on_gpu:
         kernel["active"] = installed.active_check(python, kernel["package"])
         out["ok"] = bool(out["ok"] and kernel["active"]["active"])
     bad = [f"{n}: {p['state']}" for n, p in out.get("patches", {}).items() if p["state"] not in ("present", "upstream")]
@@ -374,72 +481,51 @@ def check_installed(lock: Lock, pin: str | None, python: str, store: Store, prog
     return CheckResult("installed", bool(out["ok"]), note, {"report": out})
 
 
-def _junit(path: Path) -> dict[str, str]:
-    outcomes: dict[str, str] = {}
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return outcomes
-    for tc in root.iter("testcase"):
-        node = f"{tc.get('classname', '')}::{tc.get('name', '')}"
-        state = "passed"
-        for child in tc:
-            if child.tag in ("failure", "error"):
-                state = "failed"
-            elif child.tag == "skipped":
-                state = "skipped"
-        outcomes[node] = state
-    return outcomes
-
-
-def check_regression(lock: Lock, pin: str, python: str, store: Store, progress: Progress, *, gpu: bool,
-                     timeout: float = 600.0, env: dict[str, str] | None = None) -> CheckResult:
-    """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
-
-    They are written into a scratch directory without vLLM's source beside
-    them, so ``import vllm`` is the installed package.  Every file runs; the
-    kernel tests skip themselves without CUDA (their own ``skipif``), so on a
-    machine without a GPU the CPU tests decide and the skips are counted.
-    """
+def series_tests(lock: Lock, pin: str, store: Store, progress: Progress) -> dict[str, bytes]:
+    """The series' regression test files (``tests/**/test_*.py`` the patches add or change), patched content."""
     from dsv4patch import vllm_wheel
 
+    tree = vllm_wheel.patched_tree(lock, lock.pin(pin), store, progress)
+    return {rel: ch.patched for rel, ch in tree.by_path().items()
+            if rel.startswith("tests/") and rel.endswith(".py") and ch.patched is not None
+            and Path(rel).name.startswith("test_")}
+
+
+def regression_check(result: RegressionResult, node: Node | None) -> CheckResult:
+    """The regression run as a check: ok, a one-line note (where it ran, the counts, the first failures)."""
+    counts = result.counts()
+    gpu = node.gpu if node is not None else None
+    where = (f"on {gpu.name}" if result.on_gpu and gpu is not None else
+             "on the GPU" if result.on_gpu else "on CPU (Triton interpreter; the kernel tests skip without a GPU)")
+    note = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped in "
+            f"{len(result.files)} file(s), each in its own process, {where}")
+    failures = result.failures()
+    if failures:
+        note += "; " + "; ".join(failures[:3]) + (f"; and {len(failures) - 3} more" if len(failures) > 3 else "")
+    return CheckResult("regression", result.ok, note, result.to_json())
+
+
+def check_regression(lock: Lock, pin: str, python: str, store: Store, progress: Progress, *, work: Path,
+                     on_gpu: bool, deadline: float = 1200.0, env: dict[str, str] | None = None,
+                     node: Node | None = None) -> CheckResult:
+    """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
+
+    They are written into the work directory without vLLM's source beside
+    them, so ``import vllm`` is the installed package; each file runs in its
+    own pytest process (:mod:`.regression`), on the GPU when there is one.
+    """
     try:
-        tree = vllm_wheel.patched_tree(lock, lock.pin(pin), store, progress)
+        tests = series_tests(lock, pin, store, progress)
     except Dsv4Error as exc:
         return CheckResult("regression", False, f"{type(exc).__name__}: {exc}")
-    tests = {rel: ch.patched for rel, ch in tree.by_path().items()
-             if rel.startswith("tests/") and rel.endswith(".py") and ch.patched is not None
-             and Path(rel).name.startswith("test_")}
-    run = sorted(tests)
-    if not run:
+    if not tests:
         return CheckResult("regression", None, "the series adds no regression test")
-    with tempfile.TemporaryDirectory(prefix="dsv4patch-selftest-tests-") as tmp:
-        root = Path(tmp)
-        for rel in run:
-            dest = root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            data = tests[rel]
-            assert data is not None
-            dest.write_bytes(data)
-        xml = root / "junit.xml"
-        cmd = [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(root),
-               f"--junitxml={xml}", *run]
-        try:
-            res = subprocess.run(cmd, cwd=root, env=child_env(env), capture_output=True, text=True,
-                                 timeout=timeout)
-            rc, tail = res.returncode, (res.stdout + res.stderr)[-3000:]
-        except subprocess.TimeoutExpired:
-            rc, tail = -1, f"pytest did not finish within {timeout:.0f} s"
-        outcomes = _junit(xml)
-    failed = sorted(n for n, s in outcomes.items() if s == "failed")
-    counts = {s: sum(1 for v in outcomes.values() if v == s) for s in ("passed", "failed", "skipped")}
-    ok = rc == 0 and not failed
-    note = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped in "
-            f"{len(run)} file(s)" + ("" if gpu else " (no GPU here: the kernel tests skip themselves)"))
-    if rc not in (0, 1) and not outcomes:
-        note = f"pytest exit {rc}: {tail.strip().splitlines()[-1] if tail.strip() else 'no output'}"
-    return CheckResult("regression", ok, note, {"files": run, "counts": counts, "failed": failed,
-                                                "exit_code": rc, "output_tail": None if ok else tail})
+    if node is not None and node.pytest is None:
+        return CheckResult("regression", None, f"pytest is not installed in {python}: the series' tests cannot "
+                           "run there (install pytest into that environment to run them)")
+    result = run_regression(tests, python=python, work=work, on_gpu=on_gpu, deadline=deadline,
+                            base_env=child_env(env))
+    return regression_check(result, node)
 
 
 def default_child(python: str) -> list[str]:
@@ -454,8 +540,24 @@ def default_child(python: str) -> list[str]:
     return [python, "-X", "faulthandler", str(tmp / "child.py")]
 
 
-def python_of(given: str | None) -> str:
-    return given or os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+def python_of(given: str | None, environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return given or env.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+
+
+def probe_node(child: list[str], *, deadline: float = 180.0) -> Node:
+    """``child.py --probe`` under the environment's interpreter: what it has (:mod:`.node`)."""
+    try:
+        fin = childproc.run([*child, "--probe"], deadline=deadline, what="the environment probe",
+                            env=child_env(), keep=256 << 10, flood=8 << 20)
+    except ChildError as exc:
+        raise ProbeError(f"{child[0]}: {exc}") from None
+    if fin.returncode != 0:
+        raise ProbeError(f"{child[0]}: not a working Python interpreter ({fin.status()}: {fin.last_line()})")
+    try:
+        return parse_probe(fin.stdout)
+    except ProbeError as exc:
+        raise ProbeError(f"{child[0]}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -472,6 +574,8 @@ class Report:
     checks: list[CheckResult]
     engines: list[EngineRun]
     seconds: float
+    node: Node | None = None
+    sizing: plan.Sizing | None = None
 
     @property
     def cases(self) -> list[CaseResult]:
@@ -490,19 +594,44 @@ class Report:
         gaps = [c.min_gap for c in self.cases if c.min_gap is not None]
         return min(gaps) if gaps else None
 
+    def not_proven(self) -> list[str]:
+        """What this run did not prove here, and why (never hidden behind exit 0)."""
+        out = []
+        needs = [c.case for c in self.cases if c.verdict == "needs-gpu"]
+        if needs:
+            out.append(f"{len(needs)} engine case(s) need a CUDA GPU (none here)")
+        for c in self.checks:
+            if c.ok is None:
+                out.append(f"{c.name}: {c.note}")
+            elif c.name == "regression" and c.data.get("counts", {}).get("skipped"):
+                out.append(f"regression: {c.data['counts']['skipped']} test(s) skipped")
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "python": self.python, "gpu": self.gpu, "force_sm120_topk": self.force_sm120_topk,
             "design": {"vocab": tiny.VOCAB_SIZE, "cycle_len": tiny.CYCLE_LEN, "accept": len(tiny.DESIGN.accept),
                        "gain_nats": tiny.GAIN, "post_mix": round(2.0 / (1.0 + 2.718281828459045 ** -tiny.POST_LOGIT), 8)},
+            "node": None if self.node is None else self.node.to_json(),
+            "sizing": None if self.sizing is None else self.sizing.to_json(),
             "checks": [c.to_json() for c in self.checks],
             "engines": [r.to_json() for r in self.engines],
             "cases": [c.to_json() for c in self.cases],
-            "counts": self.counts(), "min_gap": self.min_gap(), "seconds": round(self.seconds, 1),
+            "counts": self.counts(), "min_gap": self.min_gap(), "not_proven": self.not_proven(),
+            "seconds": round(self.seconds, 1),
         }
 
 
 CHECK_NAMES = ("installed", "regression")
+
+
+def _unrun(cases: list[Case], verdict: str, why: str) -> list[EngineRun]:
+    """Every engine of CASES, its cases all VERDICT for the same reason (nothing started)."""
+    runs: dict[str, EngineRun] = {}
+    for c in cases:
+        run = runs.setdefault(c.engine.name, EngineRun(c.engine, "not-run", why, None, None, [], [], ""))
+        run.cases.append(CaseResult(c.name, c.engine.name, c.prompts.name, verdict, why))
+    return list(runs.values())
 
 
 def run_selftest(
@@ -522,14 +651,20 @@ def run_selftest(
     kv_cache_gib: float = 6.0,
     gpu: bool | None = None,
 ) -> Report:
-    """The selected checks beside the engine cases (each engine a child of PYTHON); the report.
+    """The environment probed, then the selected checks beside the engine cases; the report.
 
-    The checks run in a thread of their own while the engines start: they
-    share nothing with the engines but the GPU (the kernel tests), and on a
-    node whose engines need minutes to compile kernels they cost no time.
+    The probe (:func:`probe_node`) decides what can run: without a CUDA
+    device the engine cases are ``needs-gpu`` at once and the regression tests
+    run on CPU; with one, the engines are sized from its free memory
+    (:func:`.plan.size_engines`).  The checks run in a thread of their own
+    while the engines start: they share nothing with the engines but the GPU,
+    and on a node whose engines need minutes to compile kernels they cost no
+    time.
     """
     t0 = time.monotonic()
-    on_gpu = gpu_present() if gpu is None else gpu
+    child = child or default_child(python)
+    node = probe_node(child)
+    on_gpu = node.gpu is not None if gpu is None else gpu
     results: list[CheckResult] = []
 
     def run_checks() -> None:
@@ -539,7 +674,7 @@ def run_selftest(
             raise RuntimeError("internal: the selected checks need the lock and the store")
         chosen_pin = pin
         if "installed" in checks:
-            inst = check_installed(lock, pin, python, store, progress)
+            inst = check_installed(lock, pin, python, store, progress, on_gpu=on_gpu)
             results.append(inst)
             chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
         if "regression" in checks:
@@ -547,15 +682,14 @@ def run_selftest(
                 from dsv4patch import installed
 
                 try:
-                    version = (installed.probe(python, "").get("vllm") or {}).get("version")
-                    chosen_pin = installed.pick_pin(lock, None, version).name
+                    chosen_pin = installed.pick_pin(lock, None, node.vllm).name
                 except Dsv4Error as exc:
                     results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
                     return
             # beside the engines: what is left of the whole run
             budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
-            results.append(check_regression(lock, chosen_pin, python, store, progress, gpu=on_gpu,
-                                            timeout=budget))
+            results.append(check_regression(lock, chosen_pin, python, store, progress, work=work, on_gpu=on_gpu,
+                                            deadline=budget, node=node))
 
     def guarded() -> None:
         try:
@@ -567,9 +701,21 @@ def run_selftest(
     thread = threading.Thread(target=guarded, name="selftest-checks", daemon=True)
     thread.start()
     runs: list[EngineRun] = []
-    if cases:
-        runs = run_cases(cases, child=child or default_child(python), work=work, deadlines=deadlines,
-                         parallel=parallel, kv_cache_gib=kv_cache_gib)
+    sizing: plan.Sizing | None = None
+    if cases and not on_gpu:
+        runs = _unrun(cases, "needs-gpu", f"needs a CUDA GPU; {python} sees none ({node.describe()})")
+    elif cases and node.vllm is None:
+        runs = _unrun(cases, "not-run", f"vLLM is not installed in {python}")
+    elif cases:
+        device = node.gpu
+        if device is not None:
+            sizing = plan.size_engines(device, kv_cache_bytes=int(kv_cache_gib * 2**30), most=parallel)
+        if sizing is not None and sizing.parallel == 0:
+            runs = _unrun(cases, "not-run", f"not enough GPU memory: {sizing.describe()}")
+        else:
+            runs = run_cases(cases, child=child, work=work, deadlines=deadlines,
+                             parallel=sizing.parallel if sizing is not None else parallel, kv_cache_gib=kv_cache_gib,
+                             gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25)
     thread.join()
     results.sort(key=lambda c: CHECK_NAMES.index(c.name))
-    return Report(python, on_gpu, force_sm120_topk, results, runs, time.monotonic() - t0)
+    return Report(python, on_gpu, force_sm120_topk, results, runs, time.monotonic() - t0, node, sizing)

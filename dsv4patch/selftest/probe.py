@@ -1,0 +1,160 @@
+"""What a hung engine was doing when its deadline passed: the evidence a user can send us.
+
+Why more than one source: the H200 run of 2026-12-03 sent SIGUSR1 to a hung
+engine and got its header and no stacks.  So the child itself arms
+faulthandler's watchdog thread before each stage's deadline (:mod:`.child`:
+it dumps every thread's Python stack without the main thread's help and
+without a signal handler), and here, before the engine's process tree is
+killed, the parent adds what it can read from outside:
+
+* SIGUSR1 again (faulthandler, into the same stacks file);
+* ``py-spy dump --native`` of the engine process, when ``py-spy`` is on PATH:
+  Python and native frames of every thread (a thread blocked in
+  ``cudaStreamSynchronize`` shows as such);
+* ``nvidia-smi``: the GPU's utilization and memory, and the compute processes
+  (a spinning kernel keeps the GPU at 100 % with no progress);
+* ``cuda-gdb -p PID -batch -ex 'info cuda kernels'``, when cuda-gdb is on
+  PATH: the kernels resident on the GPU, by name (a top-k kernel that never
+  retires names itself).
+
+Each is a child of its own under a short deadline (:mod:`dsv4patch.childproc`),
+so a probe that hangs costs seconds, never the run.  Everything goes into
+``ENGINE.probe.txt`` beside the engine's log; the report carries a summary:
+the stage, the last line vLLM logged, where the main thread was, the GPU's
+utilization and the kernels seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import childproc
+from dsv4patch.errors import ChildError
+
+STACKS_LIMIT = 4 << 20  # bytes of a stacks file read back for the summary
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# cuda-gdb's "info cuda kernels" row: ... Status SMs-mask (grid) (block) Invocation
+_KERNEL_ROW = re.compile(r"\(\d+,\d+,\d+\)\s+\(\d+,\d+,\d+\)\s+(?P<invocation>\S.*)$")
+
+
+@dataclass
+class HangEvidence:
+    """The summary of what the probes found (the full text is in ``file``)."""
+
+    file: str
+    main_frames: list[str] = field(default_factory=list)  # innermost first: "func (file:line)"
+    gpu: str = ""  # nvidia-smi's utilization and memory line
+    kernels: list[str] = field(default_factory=list)  # cuda-gdb's resident kernels
+    tools: dict[str, str] = field(default_factory=dict)  # each probe: "ok", "absent" or why it failed
+
+    def describe(self) -> str:
+        parts = []
+        if self.main_frames:
+            parts.append("main thread in " + " <- ".join(self.main_frames[:3]))
+        if self.gpu:
+            parts.append(f"GPU {self.gpu}")
+        if self.kernels:
+            parts.append("kernels on the GPU: " + ", ".join(self.kernels[:4]))
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "main_frames": self.main_frames, "gpu": self.gpu or None,
+                "kernels": self.kernels, "tools": self.tools}
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The last LIMIT bytes of a file we wrote (no links followed), decoded leniently."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(limit, size), max(0, size - limit))
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace")
+
+
+def main_thread_frames(stacks: str) -> list[str]:
+    """The main thread's frames (innermost first) of the last faulthandler dump in STACKS.
+
+    faulthandler lists threads newest first, so the main thread (the oldest)
+    is the last block of a dump; a SIGUSR1 dump names it "Current thread".
+    """
+    blocks: list[list[str]] = []
+    for line in stacks.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif blocks and (m := _FRAME.match(line)):
+            blocks[-1].append(f"{m['func']} ({Path(m['file']).name}:{m['line']})")
+    for block in reversed(blocks):
+        if block:
+            return block
+    return []
+
+
+def kernel_names(cuda_gdb_output: str) -> list[str]:
+    """The kernels cuda-gdb lists as resident (``info cuda kernels``), by their invocation, at most eight."""
+    names = []
+    for line in cuda_gdb_output.splitlines():
+        m = _KERNEL_ROW.search(line)
+        if m and m["invocation"][:160] not in names:
+            names.append(m["invocation"][:160])
+    return names[:8]
+
+
+def last_log_line(log_tail: str) -> str:
+    """The last thing the engine logged that says where it was (vLLM's INFO/WARNING lines, errors)."""
+    keys = (" INFO ", " WARNING ", "WARNING ", "INFO ", "Error", "error", "Compil", "Captur", "Warming")
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip() and "\r" not in ln]
+    picked = [ln for ln in lines if any(k in ln for k in keys)]
+    return ((picked or lines or [""])[-1])[:300]
+
+
+def _tool(argv: list[str], what: str, deadline: float) -> tuple[str, str]:
+    """Run one probe tool; (its output, "ok" / why not)."""
+    if shutil.which(argv[0]) is None:
+        return "", "absent"
+    try:
+        fin = childproc.run(argv, deadline=deadline, what=what, merge=True, keep=256 << 10, check_bounds=False)
+    except ChildError as exc:
+        return "", f"could not run: {exc}"
+    state = "ok" if fin.returncode == 0 else fin.status()
+    return fin.text, state
+
+
+def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: float = 45.0) -> HangEvidence:
+    """Probe the hung engine CHILD (still running) and write everything to OUT; the summary."""
+    ev = HangEvidence(str(out))
+    sections: list[str] = []
+    sent = child.send_signal(signal.SIGUSR1)
+    ev.tools["faulthandler"] = "ok" if sent else "the engine had already exited"
+    if sent:
+        time.sleep(2.0)
+    pid = str(child.pid)
+    text, ev.tools["py-spy"] = _tool(["py-spy", "dump", "--native", "--pid", pid], "py-spy dump", tool_deadline)
+    sections.append(f"===== py-spy dump --native --pid {pid}: {ev.tools['py-spy']} =====\n{text}")
+    text, ev.tools["nvidia-smi"] = _tool(
+        ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader"],
+        "nvidia-smi", 20.0)
+    ev.gpu = text.strip().splitlines()[-1][:200] if text.strip() else ""
+    apps, _ = _tool(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+                    "nvidia-smi", 20.0)
+    sections.append(f"===== nvidia-smi: {ev.tools['nvidia-smi']} =====\n{text}\n{apps}")
+    text, ev.tools["cuda-gdb"] = _tool(["cuda-gdb", "-p", pid, "-batch", "-ex", "info cuda kernels",
+                                        "-ex", "detach"], "cuda-gdb", tool_deadline)
+    sections.append(f"===== cuda-gdb -p {pid} info cuda kernels: {ev.tools['cuda-gdb']} =====\n{text}")
+    ev.kernels = kernel_names(text)
+    ev.main_frames = main_thread_frames(read_tail(stacks, STACKS_LIMIT))
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+        fh.write("\n\n".join(sections) + "\n")
+    return ev

@@ -1,0 +1,72 @@
+"""dsv4patch.selftest.probe: a hung engine's evidence, read from a real sleeping child.
+
+faulthandler's dump comes from a real Python child (SIGUSR1 into its stacks
+file); py-spy, nvidia-smi and cuda-gdb are not installed here, so the probe
+must report each as absent and still write its file.  cuda-gdb's table
+format (``info cuda kernels``) is parsed from a sample of its output, since
+cuda-gdb needs a GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+
+from dsv4patch import childproc
+from dsv4patch.selftest import probe
+
+SLEEPER = '''
+import faulthandler, signal, sys, time
+fh = open(sys.argv[1], "a")
+faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+def spin_in_kernel():
+    time.sleep(600)
+print("INFO 12-03 Warming up DeepSeek V4 sparse MLA attention for mixed tokens=2048.", flush=True)
+spin_in_kernel()
+'''
+CUDA_GDB = """\
+  Kernel Parent Dev Grid Status   SMs Mask   GridDim  BlockDim Invocation
+*      0      -   0    7 Active 0xffffffff (132,1,1) (1024,1,1) vllm::persistent_topk_kernel<1024, 512>(params=...)
+"""
+
+
+def test_collect_dumps_the_stacks_and_names_the_main_threads_frames(tmp_path):
+    stacks, out = tmp_path / "e.stacks.txt", tmp_path / "e.probe.txt"
+    stacks.write_text("")
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    with childproc.Child([sys.executable, str(script), str(stacks)], what="sleeper", log=tmp_path / "e.log") as c:
+        deadline = time.monotonic() + 30
+        while "Warming up" not in c.tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ev = probe.collect(c, stacks=stacks, out=out, tool_deadline=5)
+        assert probe.last_log_line(c.tail()).endswith("Warming up DeepSeek V4 sparse MLA attention for mixed "
+                                                       "tokens=2048.")
+    assert ev.main_frames[:2] == ["spin_in_kernel (sleeper.py:6)", "<module> (sleeper.py:8)"]
+    assert ev.tools["faulthandler"] == "ok"
+    for tool in ("py-spy", "nvidia-smi", "cuda-gdb"):
+        assert ev.tools[tool] == ("absent" if shutil.which(tool) is None else ev.tools[tool])
+    assert out.is_file() and "py-spy dump" in out.read_text()
+    assert ev.describe().startswith("main thread in spin_in_kernel (sleeper.py:6) <- <module> (sleeper.py:8)")
+
+
+def test_cuda_gdbs_resident_kernels_are_named():
+    assert probe.kernel_names(CUDA_GDB) == ["vllm::persistent_topk_kernel<1024, 512>(params=...)"]
+    assert probe.kernel_names("No CUDA kernels.\n") == []
+
+
+def test_the_main_thread_is_the_last_block_of_the_latest_dump():
+    dump = ('Thread 0x01 (most recent call first):\n  File "/x/worker.py", line 3 in loop\n\n'
+            'Current thread 0x02 (most recent call first):\n  File "/x/main.py", line 9 in wait\n'
+            '  File "/x/main.py", line 20 in <module>\n')
+    assert probe.main_thread_frames(dump) == ["wait (main.py:9)", "<module> (main.py:20)"]
+    assert probe.main_thread_frames("") == []
+
+
+def test_read_tail_never_follows_a_link(tmp_path):
+    target = tmp_path / "secret"
+    target.write_text("secret")
+    (tmp_path / "link").symlink_to(target)
+    assert probe.read_tail(tmp_path / "link", 100) == ""
+    assert probe.read_tail(target, 3) == "ret"

@@ -93,6 +93,7 @@ def main() -> int:
     for i, pset in enumerate(spec["prompt_sets"]):
         emit("case_start", case=pset["name"])
         if mode == "hang_case" and i == 1:
+            emit("step", running=3, waiting=0, tokens=12)  # as the real child's StepMonitor reports a batch
             time.sleep(3600)
         if mode == "crash_case":
             print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr)

@@ -85,10 +85,10 @@ def test_without_a_gpu_the_engine_cases_need_one_at_once_and_the_summary_says_so
     res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain,mtp1/short_b1", "--work",
               tmp_path / "w", "--format", "json")
     data = validate_json("selftest", res.out)
-    assert res.rc == 0 and data["gpu"] is False and data["counts"]["needs-gpu"] == 6
+    assert res.rc == 0 and data["gpu"] is False and data["counts"]["needs-gpu"] == 7
     assert {c["verdict"] for c in data["cases"]} == {"needs-gpu"}
     assert data["engines"][0]["detail"].startswith("needs a CUDA GPU")
-    assert "6 engine case(s) need a CUDA GPU (none here)" in data["not_proven"]
+    assert "7 engine case(s) need a CUDA GPU (none here)" in data["not_proven"]
     assert not (tmp_path / "w" / "plain.log").exists()  # nothing was started
     text = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--work", tmp_path / "t")
     assert "not proven here: 1 engine case(s) need a CUDA GPU" in " ".join(text.out.split())

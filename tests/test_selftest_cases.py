@@ -10,7 +10,7 @@ from dsv4patch.selftest import cases, model
 
 def test_prompt_sets_cross_the_window_and_a_kv_block():
     sets = {s.name: s for s in cases.prompt_sets()}
-    assert set(sets) == {"short_b5", "mid_b24", "long_b3", "short_b1", "long_b1"}
+    assert set(sets) == {"trio_b3", "short_b5", "mid_b24", "long_b3", "short_b1", "long_b1"}
     for s in sets.values():
         assert len(s.prompts) == len(s.max_tokens)
         for p, n in zip(s.prompts, s.max_tokens, strict=True):
@@ -20,6 +20,9 @@ def test_prompt_sets_cross_the_window_and_a_kv_block():
     assert min(len(p) for p in sets["mid_b24"].prompts) > 1 + 3  # no prompt scheduled as a decode at MTP 3
     assert len(set(sets["short_b5"].max_tokens)) == 5  # the batch drains: padded decode slots
     assert len(sets["mid_b24"].prompts) == 24 and max(len(p) for p in sets["long_b3"].prompts) > 2 * 1024
+    # fix 6/7's shape: three requests, each a prefill (longer than 1 + k at MTP 3), all decoding together at first
+    trio = sets["trio_b3"]
+    assert len(trio.prompts) == 3 and min(len(p) for p in trio.prompts) > 1 + 3 and min(trio.max_tokens) >= 24
 
 
 def test_every_method_and_the_diagnostic_engine():
@@ -34,7 +37,7 @@ def test_every_method_and_the_diagnostic_engine():
 
 def test_select_by_engine_set_and_wildcard_keeps_run_order():
     every = cases.all_cases()
-    assert [c.name for c in cases.select(every, ["mtp2/long_b1", "plain"])][:1] == ["plain/short_b5"]
+    assert [c.name for c in cases.select(every, ["mtp2/long_b1", "plain"])][:1] == ["plain/trio_b3"]
     assert [c.name for c in cases.select(every, ["*/short_b1"])] == [
         f"{e}/short_b1" for e in ("plain", "mtp1", "mtp2", "mtp3", "dspark5")]
     assert cases.select(every, None) == every

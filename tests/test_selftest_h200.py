@@ -2,13 +2,14 @@
 
 The device has a GPU, CPython 3.12 and no network; here a payload of the same
 layout as selftest_pack.py's is made with a STAND-IN stock wheel (a minimal
-``vllm`` 0.26.0 wheel: the real one is 303 MB and needs CUDA) and one small
-dependency wheel, and the script runs with this interpreter.  What runs for
-real: the piece checks (a corrupted piece is refused), the reassembly and its
-sha256, pip --target installs, the vLLM interpreter wrapper (its PYTHONPATH
-holds the site, not dsv4patch), ``dsv4patch selftest`` against it (the
-installed check fails on the stand-in, the engine child crashes: no vLLM
-engine in it) and the JSON that comes back.
+``vllm`` 0.26.0 wheel: the real one is 303 MB and needs CUDA), one small
+dependency wheel and one small CLI wheel, and the script runs with this
+interpreter.  What runs for real: the piece checks (a corrupted piece is
+refused), the reassembly and its sha256, pip --target installs, the vLLM
+interpreter wrapper (its PYTHONPATH holds the site and the dependencies only),
+``dsv4patch selftest`` against it (the probe finds no torch and no GPU here, so
+the engine case needs a GPU; the installed check fails on the stand-in) and
+the files that come back.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def _payload(tmp: Path, sdist: Path) -> Path:
     stock = _wheel(tmp / "vllm-0.26.0-py3-none-any.whl", "vllm", "0.26.0",
                    {"vllm/__init__.py": "__version__ = '0.26.0'\n"})
     dep = _wheel(tmp / "tinydep-1.0-py3-none-any.whl", "tinydep", "1.0", {"tinydep.py": "X = 1\n"})
+    cli = _wheel(tmp / "tinycli-1.0-py3-none-any.whl", "tinycli", "1.0", {"tinycli.py": "Y = 1\n"})
     rest = io.BytesIO()
     with tarfile.open(fileobj=rest, mode="w") as tar:
         _tar_add(tar, f"deps/{dep.name}", dep.read_bytes())
+        _tar_add(tar, f"cli/{cli.name}", cli.read_bytes())
         _tar_add(tar, "cache/blobs/sha256/" + sdist.name, sdist.read_bytes())
-        _tar_add(tar, "cli-site/.keep", b"")
     payload = io.BytesIO()
     with tarfile.open(fileobj=payload, mode="w") as tar:
         _tar_add(tar, "vllm.whl", stock.read_bytes())
@@ -79,7 +81,7 @@ def _payload(tmp: Path, sdist: Path) -> Path:
         (out / f"part-0{i}.bin").write_bytes(piece)
         parts.append({"name": f"part-0{i}.bin", "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
     manifest = {"pin": "0.26.0", "payload_sha256": hashlib.sha256(data).hexdigest(), "payload_size": len(data),
-                "parts": parts, "deps": [dep.name], "cli": [], "kernels": None,
+                "parts": parts, "deps": [dep.name], "cli": [cli.name], "kernels": None,
                 "stock_wheel": {"name": stock.name, "sha256": hashlib.sha256(stock.read_bytes()).hexdigest(),
                                 "size": stock.stat().st_size},
                 "sdist": {"blob": "cache/blobs/sha256/" + sdist.name, "sha256": sdist.name}}
@@ -112,19 +114,24 @@ def test_the_device_script_stages_verifies_installs_and_runs_selftest(tmp_path, 
     (sel / "part-02.bin").write_bytes(good)
     res = _run(repo, tmp_path, "stock", SELFTEST_ARGS="--cases installed,plain/short_b1 --start-deadline 120")
     assert "pieces here: 2/2" in res.stdout, res.stdout + res.stderr
-    assert "payload unpacked: 1 dependency wheels" in res.stdout and "stock wheel installed" in res.stdout
+    assert "payload unpacked: 1 dependency wheels, 1 CLI wheels" in res.stdout and "stock wheel installed" in res.stdout
     assert "selftest stock: exit 1" in res.stdout, res.stdout + res.stderr
-    data = validate_json("selftest", (tmp_path / "out" / "selftest-stock.json").read_text())
+    out = tmp_path / "out"
+    data = validate_json("selftest", (out / "selftest-stock.json").read_text())
     assert data["python"] == str(tmp_path / "st" / "python-vllm")
     inst = data["checks"][0]
     assert inst["name"] == "installed" and inst["ok"] is False
     # the stand-in wheel was found through the wrapper's PYTHONPATH, as the installed vLLM
     assert inst["report"]["installed"]["package"] == str(tmp_path / "st" / "site" / "vllm")
     case = data["cases"][0]
-    assert case["case"] == "plain/short_b1" and case["verdict"] == "crash"
-    assert (tmp_path / "out" / "selftest-stock-logs.tgz").is_file()
+    assert case["case"] == "plain/short_b1" and case["verdict"] == "needs-gpu"  # no torch, no GPU here
+    assert (out / "selftest-stock-work.tgz").is_file() and "selftest stock: exit 1" in \
+        (out / "selftest-stock.env.txt").read_text()
+    assert "plain/short_b1" in (out / "selftest-stock.txt").read_text()
     wrapper = (tmp_path / "st" / "python-vllm").read_text()
-    assert f"{tmp_path}/st/site:{tmp_path}/st/deps" in wrapper and "dsv4patch" not in wrapper
+    pythonpath = wrapper.split("PYTHONPATH=", 1)[1].split(" exec ", 1)[0].split(":")
+    # the vLLM environment sees its site and its dependencies, nothing of dsv4patch (whatever the clone is named)
+    assert pythonpath[:2] == [f"{tmp_path}/st/site", f"{tmp_path}/st/deps"] and str(ROOT) not in pythonpath
     # a second call finds everything installed
     again = _run(repo, tmp_path, "stock", SELFTEST_ARGS="--list")
     assert "stock wheel installed earlier on this machine" in again.stdout

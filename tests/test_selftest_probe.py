@@ -48,7 +48,9 @@ def test_collect_dumps_the_stacks_and_names_the_main_threads_frames(tmp_path):
     for tool in ("py-spy", "nvidia-smi", "cuda-gdb"):
         assert ev.tools[tool] == ("absent" if shutil.which(tool) is None else ev.tools[tool])
     assert out.is_file() and "py-spy dump" in out.read_text()
-    assert ev.describe().startswith("main thread in spin_in_kernel (sleeper.py:6) <- <module> (sleeper.py:8)")
+    assert ev.process.startswith("process S (sleeping), threads 1 S, 0.0 CPU s in ")
+    assert "; main thread in spin_in_kernel (sleeper.py:6) <- <module> (sleeper.py:8)" in ev.describe()
+    assert "State:\tS (sleeping)" in out.read_text()
 
 
 def test_cuda_gdbs_resident_kernels_are_named():

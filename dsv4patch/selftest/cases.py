@@ -3,6 +3,13 @@
 Why these: each prompt set is there for a path the fixes touch (the
 batch-shape notes are the old harness's, measured on the H200 in issue 15):
 
+* ``trio_b3``: three prompts of 9-12 tokens (longer than 1 + k, so each is a
+  prefill), ``max_tokens`` 40, 32, 24: the first decode steps have exactly
+  three requests running, which vLLM 0.26.0 pads to a CUDA-graph batch of
+  four with a ``seq_len == 0`` slot; under MTP 1 that is fix 6's -1 context
+  length, and on SM120's top-k route it is the one shape where
+  ``persistent_topk`` splits a row over two CTAs (8 rows of 16,384), so
+  stock hangs at its first decode step (fix 7; docs/selftest.md);
 * ``short_b5``: five short prompts with staggered ``max_tokens``: the batch
   drains 5 -> 1, so decode steps are padded to a CUDA-graph size with
   ``seq_len == 0`` slots; under MTP that is fix 6's -1 context length;
@@ -84,7 +91,9 @@ def prompt_sets(long_len: int = 2300) -> list[PromptSet]:
     short = [_prompt(n, s) for n, s in [(4, 1), (3, 2), (7, 3), (5, 4), (6, 5)]]
     longs = [_prompt(n, s) for n, s in [(long_len, 11), (1500, 12), (700, 13)]]
     mid = [_prompt(9 + i % 6, 100 + i) for i in range(24)]
+    trio = [_prompt(n, s) for n, s in [(9, 21), (11, 22), (12, 23)]]
     return [
+        PromptSet("trio_b3", tuple(trio), (40, 32, 24)),
         PromptSet("short_b5", tuple(short), (300, 260, 200, 150, 90)),
         PromptSet("mid_b24", tuple(mid), tuple(300 - 10 * i for i in range(24))),
         PromptSet("long_b3", tuple(longs), (200, 150, 100)),
@@ -101,8 +110,9 @@ ENGINES = (
     Engine("dspark5", "dspark", 5),
 )
 SM120_ENGINE = Engine("mtp1-sm120topk", "mtp", 1, sm120_topk=True)
-# the sets that reach fix 6/7 on SM120's route (issue 15, run 10: stock hung on mid_b24 and long_b3)
-SM120_SETS = ("short_b5", "mid_b24", "long_b3")
+# the sets that reach fix 6/7 on SM120's route: three requests decoding (trio_b3 at its first decode step;
+# issue 15's runs 5-10 hung stock on mid_b24 and long_b3, which drain through three)
+SM120_SETS = ("trio_b3", "short_b5", "mid_b24", "long_b3")
 
 
 def all_cases(force_sm120_topk: bool = False) -> list[Case]:

@@ -210,6 +210,7 @@ def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
     except Exception:  # a report, never a reason to fail
         pass
     events.emit("engine_ready", **ready)
+    StepMonitor(llm, events).start()
     for i, pset in enumerate(spec["prompt_sets"]):
         watchdog.arm("first_case" if i == 0 else "case", f"prompt set {pset['name']}")
         events.emit("case_start", case=pset["name"])
@@ -271,6 +272,57 @@ def probe() -> dict[str, Any]:
     except Exception as exc:  # no torch, or CUDA broken: reported, the runner decides
         out.setdefault("errors", []).append(f"torch: {type(exc).__name__}: {exc}")
     return out
+
+
+class StepMonitor:
+    """A thread that reports the engine's batch as it changes: ``step`` events (requests running, waiting,
+    tokens generated so far).
+
+    Why: fix 6/7's hang needs one batch shape (on SM120's route in vLLM 0.26.0:
+    exactly three requests decoding, padded to four), so a hang report must say
+    which shape the engine was in when it stopped.  The engine runs in this
+    process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so its scheduler is read
+    directly; a reading that fails is skipped (a report, never a reason to fail).
+    """
+
+    def __init__(self, llm: Any, events: Events, period: float = 0.1, heartbeat: float = 5.0) -> None:
+        core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
+        self._scheduler = getattr(core, "scheduler", None)
+        self._events = events
+        self._period = period
+        self._heartbeat = heartbeat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="selftest-steps", daemon=True)
+
+    def start(self) -> StepMonitor:
+        if self._scheduler is not None:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _read(self) -> tuple[int, int, int] | None:
+        sched: Any = self._scheduler
+        try:
+            running = list(sched.running)
+            waiting = len(sched.waiting)
+            tokens = sum(int(getattr(r, "num_output_tokens", 0)) for r in running)
+        except Exception:  # the scheduler changed under us: read again later
+            return None
+        return len(running), waiting, tokens
+
+    def _run(self) -> None:
+        last: tuple[int, int, int] | None = None
+        last_t = 0.0
+        while not self._stop.wait(self._period):
+            now = self._read()
+            if now is None:
+                continue
+            t = time.monotonic()
+            if last is None or now[:2] != last[:2] or (now != last and t - last_t >= self._heartbeat):
+                self._events.emit("step", running=now[0], waiting=now[1], tokens=now[2])
+                last, last_t = now, t
 
 
 class Watchdog:

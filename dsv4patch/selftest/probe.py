@@ -7,7 +7,12 @@ it dumps every thread's Python stack without the main thread's help and
 without a signal handler), and here, before the engine's process tree is
 killed, the parent adds what it can read from outside:
 
-* SIGUSR1 again (faulthandler, into the same stacks file);
+* the process as the kernel sees it (``/proc``): its state and each
+  thread's state and wait channel, its CPU time twice (a spinning
+  synchronize burns CPU; a thread in uninterruptible sleep does not, and
+  takes no signal), the machine's memory, I/O and CPU pressure, free disk;
+* SIGUSR1 again (faulthandler, into the same stacks file), waiting up to
+  ten seconds for the dump to appear;
 * ``py-spy dump --native`` of the engine process, when ``py-spy`` is on PATH:
   Python and native frames of every thread (a thread blocked in
   ``cudaStreamSynchronize`` shows as such);
@@ -53,9 +58,12 @@ class HangEvidence:
     gpu: str = ""  # nvidia-smi's utilization and memory line
     kernels: list[str] = field(default_factory=list)  # cuda-gdb's resident kernels
     tools: dict[str, str] = field(default_factory=dict)  # each probe: "ok", "absent" or why it failed
+    process: str = ""  # /proc: state, threads by state, CPU seconds used while probed
 
     def describe(self) -> str:
         parts = []
+        if self.process:
+            parts.append(self.process)
         if self.main_frames:
             parts.append("main thread in " + " <- ".join(self.main_frames[:3]))
         if self.gpu:
@@ -66,7 +74,54 @@ class HangEvidence:
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "main_frames": self.main_frames, "gpu": self.gpu or None,
-                "kernels": self.kernels, "tools": self.tools}
+                "kernels": self.kernels, "tools": self.tools, "process": self.process or None}
+
+
+def _small(path: str, limit: int = 64 << 10) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of PID (all its threads), from /proc/PID/stat."""
+    stat = _small(f"/proc/{pid}/stat")
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None
+
+
+def process_report(pid: int) -> tuple[str, str]:
+    """(a one-line summary, the full text): the process's state, its threads' states and wait channels."""
+    status = _small(f"/proc/{pid}/status")
+    state = next((ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("State:")), "gone")
+    threads: dict[str, int] = {}
+    rows = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)[:512]
+    except OSError:
+        tids = []
+    for tid in tids:
+        st = _small(f"/proc/{pid}/task/{tid}/stat")
+        tstate = st[st.rfind(")") + 2:].split()[0] if ")" in st else "?"
+        comm = _small(f"/proc/{pid}/task/{tid}/comm").strip()
+        wchan = _small(f"/proc/{pid}/task/{tid}/wchan").strip()
+        threads[tstate] = threads.get(tstate, 0) + 1
+        rows.append(f"  {tid} {comm:<16} {tstate} {wchan}")
+    summary = f"process {state}, threads " + ", ".join(f"{n} {k}" for k, n in sorted(threads.items()))
+    text = (f"{status}\n" + "\n".join(rows) + "\n\n" + "".join(
+        f"--- /proc/pressure/{k}\n{_small(f'/proc/pressure/{k}')}" for k in ("cpu", "memory", "io"))
+        + "--- /proc/meminfo (first lines)\n" + "\n".join(_small("/proc/meminfo").splitlines()[:8]) + "\n")
+    return summary, text
 
 
 def read_tail(path: Path, limit: int) -> str:
@@ -131,16 +186,34 @@ def _tool(argv: list[str], what: str, deadline: float) -> tuple[str, str]:
     return fin.text, state
 
 
-def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: float = 45.0) -> HangEvidence:
+def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: float = 40.0) -> HangEvidence:
     """Probe the hung engine CHILD (still running) and write everything to OUT; the summary."""
     ev = HangEvidence(str(out))
     sections: list[str] = []
+    pid_n = child.pid
+    cpu0, t0 = cpu_seconds(pid_n), time.monotonic()
+    summary, text = process_report(pid_n)
+    sections.append(f"===== /proc/{pid_n} =====\n{text}")
+    before = stacks.stat().st_size if stacks.exists() else 0
     sent = child.send_signal(signal.SIGUSR1)
     ev.tools["faulthandler"] = "ok" if sent else "the engine had already exited"
-    if sent:
-        time.sleep(2.0)
-    pid = str(child.pid)
-    text, ev.tools["py-spy"] = _tool(["py-spy", "dump", "--native", "--pid", pid], "py-spy dump", tool_deadline)
+    while sent and time.monotonic() - t0 < 10.0:
+        time.sleep(0.5)
+        if stacks.exists() and stacks.stat().st_size > before and time.monotonic() - t0 >= 2.0:
+            break
+    if sent and not (stacks.exists() and stacks.stat().st_size > before):
+        ev.tools["faulthandler"] = "no dump within 10 s (a thread in uninterruptible sleep takes no signal)"
+    cpu1 = cpu_seconds(pid_n)
+    used = f"{cpu1 - cpu0:.1f} CPU s in {time.monotonic() - t0:.0f} s" if cpu0 is not None and cpu1 is not None else ""
+    ev.process = summary + (f", {used}" if used else "")
+    try:
+        usage = shutil.disk_usage(out.parent)
+        sections.append(f"===== disk: {usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} =====")
+    except OSError:
+        pass
+    pid = str(pid_n)
+    text, ev.tools["py-spy"] = _tool(["py-spy", "dump", "--native", "--pid", pid], "py-spy dump",
+                                     min(tool_deadline, 30.0))
     sections.append(f"===== py-spy dump --native --pid {pid}: {ev.tools['py-spy']} =====\n{text}")
     text, ev.tools["nvidia-smi"] = _tool(
         ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total", "--format=csv,noheader"],

@@ -123,6 +123,7 @@ class EngineRun:
     evidence: HangEvidence | None = None  # the hang probe's summary (py-spy, nvidia-smi, cuda-gdb)
     gpu_reserved_bytes: int | None = None  # torch's reserved memory when the engine was ready
     launched_at: float | None = None  # seconds after the engines' phase began that its child was started
+    exit: str = ""  # how the child ended: "exit 0", "killed by SIGKILL" (ours, at a deadline), ...
 
     def to_json(self) -> dict[str, Any]:
         return {"engine": self.engine.to_json(), "outcome": self.outcome, "detail": self.detail or None,
@@ -130,11 +131,13 @@ class EngineRun:
                 "log": self.log, "stage": self.stage or None, "start_deadline": self.start_deadline,
                 "stacks": self.stacks or None, "hang_evidence": None if self.evidence is None
                 else self.evidence.to_json(), "gpu_reserved_bytes": self.gpu_reserved_bytes,
-                "launched_at": None if self.launched_at is None else round(self.launched_at, 1)}
+                "launched_at": None if self.launched_at is None else round(self.launched_at, 1),
+                "exit": self.exit or None}
 
 
 EVENTS_LIMIT = 64 << 20  # bytes of a child's events file read in all (a flood is a crash, never our memory)
-_EVENT_KINDS = frozenset({"fingerprint", "loaded", "engine_ready", "case_start", "case_done", "error", "child_done"})
+_EVENT_KINDS = frozenset({"fingerprint", "loaded", "engine_ready", "case_start", "case_done", "step", "error",
+                          "child_done"})
 
 
 class EventError(ValueError):
@@ -148,6 +151,9 @@ def _check_event(ev: Any) -> dict[str, Any]:
     t = ev.get("t")
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
         raise EventError(f"event {ev['event']!r}: time {t!r} is not a number")
+    if ev["event"] == "step" and not all(isinstance(ev.get(k), int) and not isinstance(ev.get(k), bool)
+                                         for k in ("running", "waiting", "tokens")):
+        raise EventError("event 'step': running, waiting and tokens must be integers")
     if ev["event"] in ("case_start", "case_done") and not isinstance(ev.get("case"), str):
         raise EventError(f"event {ev['event']!r}: no prompt set name")
     if ev["event"] == "case_done":
@@ -299,18 +305,21 @@ def run_engine(
                          log=log_path, cwd=work, env=env) as proc:
         stage, stage_start, deadline = "engine start", time.monotonic(), deadlines.start
         seen = 0
+        batch = ""  # the batch when the stage last changed shape (step events)
         while proc.poll() is None:
             events = reader.read()
             for ev in events[seen:]:
                 kind = ev["event"]
-                if kind == "engine_ready":
+                if kind == "step":
+                    batch = f"{ev['running']} running, {ev['waiting']} waiting, {ev['tokens']} tokens generated"
+                elif kind == "engine_ready":
                     ready_seen = True
                     stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
                     if on_ready is not None:
                         on_ready(float(ev["t"]) - float(events[0]["t"]))
                 elif kind == "case_start":
                     first = bool(psets) and ev.get("case") == psets[0].name
-                    stage, stage_start = f"prompt set {ev.get('case')}", time.monotonic()
+                    stage, stage_start, batch = f"prompt set {ev.get('case')}", time.monotonic(), ""
                     deadline = deadlines.first_case if first else deadlines.case
                 elif kind == "case_done":
                     stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
@@ -325,7 +334,8 @@ def run_engine(
                     hung = f"cut by the run's deadline during {stage}"
                 else:
                     last = probe.last_log_line(proc.tail(64 << 10))
-                    hung = f"{stage}: no progress within {deadline:.0f} s" + (f" (last logged: {last})" if last else "")
+                    hung = (f"{stage}: no progress within {deadline:.0f} s" + (f" ({batch})" if batch else "")
+                            + (f" (last logged: {last})" if last else ""))
                     evidence = probe.collect(proc, stacks=stacks_path, out=work / f"{tag}.probe.txt")
                 break
             time.sleep(poll)
@@ -343,6 +353,10 @@ def run_engine(
     finished = any(e["event"] == "child_done" for e in events)
     if reader.error:
         outcome, detail = "crash", reader.error
+    elif err and not finished:  # it failed first; a deadline that fired later is not the cause
+        outcome, detail = "crash", f"{fin.status()}: {err}"
+        if ready is None and any(r in detail for r in REFUSALS):
+            outcome = "refused"
     elif cut:
         outcome, detail = "not-run", hung or ""
     elif hung is not None:
@@ -373,7 +387,7 @@ def run_engine(
         ready.get("torch_reserved_bytes"), int) else None
     return EngineRun(engine, outcome, detail, start_seconds, fingerprint, loaded, cases, str(log_path),
                      stage=stage_label if hung else "", start_deadline=deadlines.start,
-                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved)
+                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved, exit=fin.status())
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:

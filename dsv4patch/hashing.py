@@ -29,6 +29,30 @@ def hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def hash_installed(path: Path, limit: int) -> str | None:
+    """The hex sha256 of an installed file we do not trust: a regular file (no link, no FIFO) of at most
+    ``limit`` bytes, else None."""
+    import os
+
+    from dsv4patch import safeio
+
+    try:
+        fd = safeio.open_regular(path)
+    except (OSError, safeio.UnsafeFileError):
+        return None
+    h = hashlib.sha256()
+    got = 0
+    try:
+        while chunk := os.read(fd, CHUNK):
+            got += len(chunk)
+            if got > limit:
+                return None
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
 def record_b64(digest: bytes) -> str:
     """A digest as a wheel RECORD writes it: urlsafe base64 without the padding."""
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

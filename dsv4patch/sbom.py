@@ -228,6 +228,8 @@ class SbomFacts:
     patched_tree: str | None = None
     patches: dict[str, str] = field(default_factory=dict)  # name -> sha256 (properties)
     diff_sha256: list[str] = field(default_factory=list)  # sha256 of each pedigree patch's text
+    diffs: list[bytes] = field(default_factory=list)  # each pedigree patch's text, in the series' order
+    ancestors: dict[str, str] = field(default_factory=dict)  # pedigree ancestor bom-ref -> sha256
     kernel_library_sha256: str | None = None
     kernel_package_sha256: str | None = None
     problems: list[str] = field(default_factory=list)  # the document is not what build() writes
@@ -291,6 +293,13 @@ def read(doc: Any) -> SbomFacts:
             facts.problems.append("a pedigree patch's diff text is not valid")
             continue
         facts.diff_sha256.append(hashlib.sha256(raw).hexdigest())
+        facts.diffs.append(raw)
+    for a in (ped.get("ancestors", []) if isinstance(ped, dict) else []):
+        if isinstance(a, dict) and isinstance(a.get("bom-ref"), str) and isinstance(a.get("hashes"), list):
+            found = [h["content"] for h in a["hashes"] if isinstance(h, dict) and h.get("alg") == "SHA-256"
+                     and isinstance(h.get("content"), str)]
+            if found:
+                facts.ancestors[a["bom-ref"][:64]] = str(found[0])[:64]
     comps = doc.get("components", [])
     for c in comps if isinstance(comps, list) else []:
         if not isinstance(c, dict) or c.get("bom-ref") != "kernels":

@@ -100,3 +100,10 @@ def test_a_lock_that_describes_another_patched_tree_disagrees(site):
 def test_a_stock_install_has_nothing_to_check_without_the_lock():
     with pytest.raises(provenance.ProvenanceError, match="was not installed from a wheel `dsv4patch wheel` made"):
         provenance.read([])
+
+
+def test_the_selftests_installed_check_takes_the_sbom_when_there_is_no_lock(site):
+    res, vllm = runner.check_installed_sbom(site["python"], on_gpu=False)
+    assert res.ok is True and vllm is not None
+    assert res.note.startswith("checked against the installed wheel's own SBOM (no lock: patches 0001, 0002")
+    assert res.data["report"]["source"] == "sbom"

@@ -156,3 +156,17 @@ def test_links_planted_in_an_existing_work_directory_are_never_written_through(c
     run_dir = Path(data["work"])
     assert run_dir.parent == work and run_dir.name.startswith("selftest-") and (run_dir / "plain.log").is_file()
     assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+
+
+def test_without_a_lock_the_checks_take_the_installed_sbom_and_say_when_there_is_none(cli, tmp_path, monkeypatch):
+    # A node with only `pip install dsv4patch`: no lock here or above, none in $DSV4PATCH_LOCK.  This
+    # interpreter has no vLLM, so there is no SBOM: installed fails, regression cannot know the tests.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
+    res = cli("selftest", "--cases", "installed,regression", "--python", sys.executable, "--format", "json",
+              "--work", tmp_path / "w")
+    data = validate_json("selftest", res.out)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert res.rc == 1 and checks["installed"]["ok"] is False and "vLLM is not installed" in checks["installed"]["note"]
+    assert checks["regression"]["ok"] is None and "no lock and no installed dsv4patch SBOM" in \
+        checks["regression"]["note"]

@@ -117,6 +117,18 @@ def _interpreter(given: str | None) -> str:
     return python
 
 
+def _lock_here() -> bool:
+    """Is there a lock to use ($DSV4PATCH_LOCK, or locks/vllm.toml here or above)?  Without one the checks
+    take the installed wheel's own SBOM (a serving node with only ``pip install dsv4patch``)."""
+    from dsv4patch import lock as lockmod
+
+    try:
+        lockmod.find_lock(None)
+    except UsageError:
+        return False
+    return True
+
+
 def work_dir(given: Path | None) -> Path:
     """Where this run writes: a new private directory (inside GIVEN when it exists; GIVEN itself when absent).
 
@@ -184,8 +196,9 @@ def run(args: argparse.Namespace) -> int:
     engine_patterns = None if patterns is None else [p for p in patterns if p not in runner.CHECK_NAMES]
     chosen = every if engine_patterns is None else (casemod.select(every, engine_patterns) if engine_patterns else [])
     python = _interpreter(args.python)
-    lock = _common.open_lock(args) if checks else None
-    store = _common.open_store(args) if checks else None
+    lock = store = None
+    if checks and (args.lock is not None or _lock_here()):
+        lock, store = _common.open_lock(args), _common.open_store(args)
     work = work_dir(args.work)
     deadlines = runner.Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
                                  case=args.case_deadline, total=args.deadline)

@@ -495,6 +495,33 @@ def check_installed(lock: Lock, pin: str | None, python: str, store: Store, prog
     return CheckResult("installed", bool(out["ok"]), note, {"report": out})
 
 
+def check_installed_sbom(python: str, *, on_gpu: bool) -> tuple[CheckResult, dict[str, Any] | None]:
+    """Without a lock: the installed vLLM against its own SBOM (:mod:`dsv4patch.provenance`); the probe's vLLM."""
+    from dsv4patch import installed, provenance
+    from dsv4patch.kernels.build import dist_name
+
+    try:
+        vllm = installed.probe(python, "").get("vllm")
+        if vllm is None:
+            return CheckResult("installed", False, f"vLLM is not installed in {python}"), None
+        prov = provenance.read(list(vllm.get("sboms") or []))
+        kdist = dist_name(prov.pin or "")
+        found = installed.probe(python, kdist).get("kernels")
+        info = (found or {}).get("build_info") or {}
+        lib = Path(found["dir"]) / str(info.get("library", "")) if found and isinstance(info, dict) else None
+        rep = provenance.inspect(vllm, {"library": str(lib)} if lib is not None else None)
+    except Dsv4Error as exc:
+        return CheckResult("installed", False, f"{type(exc).__name__}: {exc}"), None
+    if found is not None and on_gpu:
+        rep["kernels_active"] = installed.active_check(python, kdist)
+        rep["ok"] = bool(rep["ok"] and rep["kernels_active"]["active"])
+    bad = [f"{n}: {p['state']}" for n, p in rep["patches"].items() if p["state"] not in ("present", "not-shipped")]
+    names = ", ".join(p["name"].split("-", 1)[0] for p in rep["provenance"]["patches"])
+    note = (f"checked against the installed wheel's own SBOM (no lock: patches {names}; give --lock to check "
+            "them against the series you expect)" if rep["ok"] else "; ".join(bad + rep["problems"]))
+    return CheckResult("installed", bool(rep["ok"]), note, {"report": rep}), vllm
+
+
 def series_tests(lock: Lock, pin: str, store: Store, progress: Progress) -> dict[str, bytes]:
     """The series' regression test files (``tests/**/test_*.py`` the patches add or change), patched content."""
     from dsv4patch import vllm_wheel
@@ -519,17 +546,27 @@ def regression_check(result: RegressionResult, node: Node | None) -> CheckResult
     return CheckResult("regression", result.ok, note, result.to_json())
 
 
-def check_regression(lock: Lock, pin: str, python: str, store: Store, progress: Progress, *, work: Path,
-                     on_gpu: bool, deadline: float = 1200.0, env: dict[str, str] | None = None,
-                     node: Node | None = None) -> CheckResult:
+def check_regression(lock: Lock | None, pin: str | None, python: str, store: Store | None, progress: Progress, *,
+                     work: Path, on_gpu: bool, deadline: float = 1200.0, env: dict[str, str] | None = None,
+                     node: Node | None = None, vllm: dict[str, Any] | None = None) -> CheckResult:
     """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
 
-    They are written into the work directory without vLLM's source beside
-    them, so ``import vllm`` is the installed package; each file runs in its
-    own pytest process (:mod:`.regression`), on the GPU when there is one.
+    The test files come from the lock's patched tree, or without a lock from
+    the installed wheel's SBOM (``vllm``: the probe's answer).  They are
+    written into the work directory without vLLM's source beside them, so
+    ``import vllm`` is the installed package; each file runs in its own
+    pytest process (:mod:`.regression`), on the GPU when there is one.
     """
+    from dsv4patch import provenance
+
     try:
-        tests = series_tests(lock, pin, store, progress)
+        if lock is not None and store is not None and pin is not None:
+            tests = series_tests(lock, pin, store, progress)
+        elif vllm is not None:
+            tests = provenance.tests_for(vllm)
+        else:
+            return CheckResult("regression", None, "no lock and no installed dsv4patch SBOM: the series' tests "
+                               "are not known here")
     except Dsv4Error as exc:
         return CheckResult("regression", False, f"{type(exc).__name__}: {exc}")
     if not tests:
@@ -650,7 +687,7 @@ def _unrun(cases: list[Case], verdict: str, why: str) -> list[EngineRun]:
 
 def run_selftest(
     *,
-    lock: Lock | None,  # None (and store None) when no check is selected
+    lock: Lock | None,  # None: no lock here, the checks use the installed wheel's SBOM
     pin: str | None,
     python: str,
     store: Store | None,
@@ -684,8 +721,20 @@ def run_selftest(
     def run_checks() -> None:
         if not checks:
             return
-        if lock is None or store is None:  # guarded() reports it as the check's failure
-            raise RuntimeError("internal: the selected checks need the lock and the store")
+        if lock is None or store is None:  # no lock: the installed wheel's own SBOM is the reference
+            vllm = None
+            if "installed" in checks:
+                inst, vllm = check_installed_sbom(python, on_gpu=on_gpu)
+                results.append(inst)
+            if "regression" in checks:
+                if vllm is None:
+                    from dsv4patch import installed
+
+                    vllm = installed.probe(python, "").get("vllm")
+                budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
+                results.append(check_regression(None, None, python, None, progress, work=work, on_gpu=on_gpu,
+                                                deadline=budget, node=node, vllm=vllm))
+            return
         chosen_pin = pin
         if "installed" in checks:
             inst = check_installed(lock, pin, python, store, progress, on_gpu=on_gpu)

@@ -135,3 +135,9 @@ def test_the_device_script_stages_verifies_installs_and_runs_selftest(tmp_path, 
     # a second call finds everything installed
     again = _run(repo, tmp_path, "stock", SELFTEST_ARGS="--list")
     assert "stock wheel installed earlier on this machine" in again.stdout
+    # a run in its own session (ST_SPAN): this call waits on it and hands back its files
+    bg = _run(repo, tmp_path, "stock", ST_SPAN="200", ST_RUN="stock-bg", SELFTEST_ARGS="--cases plain/short_b1")
+    assert "run stock-bg started in the background" in bg.stdout and "run stock-bg finished" in bg.stdout, bg.stdout
+    assert validate_json("selftest", (out / "selftest-stock-bg.json").read_text())["cases"][0]["verdict"] == \
+        "needs-gpu"
+    assert "no run nothing on this machine" in _run(repo, tmp_path, "collect", ST_RUN="nothing").stdout

@@ -10,9 +10,12 @@
 #     bash tests/gpu/selftest_h200.sh stock      # the stock run (with the last piece, or alone)
 #     bash tests/gpu/selftest_h200.sh patched    # build + install the patched wheel, the patched run
 #     ST_RUN=patched-warm bash tests/gpu/selftest_h200.sh patched   # the same again, warm caches
-# Every mode stages the pieces its call carries first.  Each run is in the foreground and ends before the
-# call does: --deadline is the call's time left (ST_CALL_LIMIT: the reply's limit_s, default 600) less a
-# margin for packing the results.  $OUT gets, per run NAME: selftest-NAME.json (the verb's report),
+# Every mode stages the pieces its call carries first.  A run is in the foreground and ends before the
+# call does (--deadline: the call's time left, ST_CALL_LIMIT = the reply's limit_s, default 600, less a
+# margin for packing the results), or, with ST_SPAN=S, in the background in a session of its own with
+# --deadline S: the call waits for it and hands back what is there at its end; then
+#     ST_RUN=NAME bash tests/gpu/selftest_h200.sh collect          # waits on, hands back the results
+# (call again within the machine's 30 s idle time: the background run ends with the machine).  $OUT gets, per run NAME: selftest-NAME.json (the verb's report),
 # selftest-NAME.txt (its table), selftest-NAME.env.txt (machine, versions, timings), selftest-NAME-work.tgz
 # (engine logs, stacks, hang probes, events, each regression file's log and JUnit XML); and wheel-patched.json.
 # Environment: ST_DIR (default /tmp/selftest; kept while the machine is held), OUT, ST_CALL_LIMIT,
@@ -26,15 +29,33 @@ ST="${ST_DIR:-/tmp/selftest}"
 RESULTS="${OUT:-$ST/out}"
 PY="${PYTHON:-python3}"
 MODE="${1:-stage}"
-case "$MODE" in stage|stock|patched) ;; *) echo "usage: $0 stage|stock|patched" >&2; exit 2 ;; esac
+case "$MODE" in stage|stock|patched|collect|bg-stock|bg-patched) ;;
+  *) echo "usage: $0 stage|stock|patched|collect" >&2; exit 2 ;; esac
 mkdir -p "$ST/parts" "$RESULTS" "$ST/home"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc > /dev/null; then
   CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
   export CUDA_HOME
 fi
-[[ -f "$SRC/manifest.json" ]] || { echo "no $SRC/manifest.json: carry .selftest/manifest.json (selftest_pack.py)"; exit 2; }
-cp "$SRC/manifest.json" "$ST/manifest.json"
+copy_back() {  # $1 = run name: what is there of its results, into $OUT (at most 8 files come back)
+  local n="$1" f
+  [[ "$RESULTS" == "$ST/out-$n" ]] && return 0
+  for f in "$ST/out-$n"/*; do [[ -f "$f" ]] && cp "$f" "$RESULTS/$(basename "$f").tmp" && mv "$RESULTS/$(basename "$f").tmp" "$RESULTS/$(basename "$f")"; done
+  return 0
+}
+wait_for() {  # $1 = run name: until its background run is done or this call is nearly over, copying as it goes
+  local n="$1" limit=$(( ${ST_CALL_LIMIT:-600} - 20 ))
+  [[ -f "$ST/$n.started" ]] || { echo "no run $n on this machine (a fresh machine: start it again)"; return 0; }
+  while [[ ! -f "$ST/$n.done" ]] && (( $(date +%s) - T_CALL < limit )); do copy_back "$n"; sleep 10; done
+  copy_back "$n"
+  if [[ -f "$ST/$n.done" ]]; then echo "run $n finished: $(cat "$ST/$n.done")"; cat "$ST/out-$n/selftest-$n.txt" 2> /dev/null || true
+  else echo "run $n still going ($(( $(date +%s) - $(stat -c %Y "$ST/$n.started") )) s): collect again"; tail -3 "$ST/$n.log" 2> /dev/null || true; fi
+}
+if [[ "$MODE" == collect ]]; then wait_for "${ST_RUN:?name the run: ST_RUN=...}"; exit 0; fi
+if [[ "$MODE" != bg-* ]]; then
+  [[ -f "$SRC/manifest.json" ]] || { echo "no $SRC/manifest.json: carry .selftest/manifest.json (selftest_pack.py)"; exit 2; }
+  cp "$SRC/manifest.json" "$ST/manifest.json"
+fi
 
 # 1. stage the pieces this call carries (verified), say what is missing
 "$PY" - "$SRC" "$ST" <<'EOF'
@@ -60,6 +81,18 @@ print(f"pieces here: {len(man['parts']) - len(missing)}/{len(man['parts'])}"
 EOF
 if [[ -s "$ST/parts/MISSING" ]]; then echo "carry the missing pieces (one per call), then call again"; exit 0; fi
 [[ "$MODE" == stage ]] && { echo "all pieces staged"; exit 0; }
+if [[ -n "${ST_SPAN:-}" && "$MODE" != bg-* ]]; then  # the run in its own session; this call waits on it
+  name="${ST_RUN:-$MODE}"
+  rm -rf "$ST/out-$name" "$ST/$name.done" && mkdir -p "$ST/out-$name" && touch "$ST/$name.started"
+  # the background run gets its own copy of the checkout: the next call's tree replaces this one
+  rm -rf "$ST/repo-$name" && mkdir -p "$ST/repo-$name" && (cd "$ROOT" && tar cf - --exclude=./.selftest --exclude=./.git .) | tar xf - -C "$ST/repo-$name"
+  mkdir -p "$ST/repo-$name/.selftest" && cp "$ST/manifest.json" "$ST/repo-$name/.selftest/"
+  OUT="$ST/out-$name" ST_RUN="$name" ST_DEADLINE_AT=$(( $(date +%s) + ST_SPAN )) \
+    setsid bash "$ST/repo-$name/tests/gpu/selftest_h200.sh" "bg-$MODE" < /dev/null > "$ST/$name.log" 2>&1 &
+  echo "run $name started in the background: it ends by $(date -u -d "@$(( $(date +%s) + ST_SPAN ))" +%H:%M:%S) UTC"
+  wait_for "$name"
+  exit 0
+fi
 
 # 2. unpack once: the stock wheel into the cache as the lock's blob, the rest beside it
 if [[ ! -f "$ST/unpacked.ok" ]]; then
@@ -148,8 +181,9 @@ run_selftest() {  # $1 = run name; the cases: SELFTEST_ARGS, else the mode's def
   local name="$1" left rc=0 t0 args
   vllm_python
   left=$(( ${ST_CALL_LIMIT:-600} - ($(date +%s) - T_CALL) - 45 ))
+  [[ -n "${ST_DEADLINE_AT:-}" ]] && left=$(( ST_DEADLINE_AT - $(date +%s) - 30 ))
   if [[ -n "${SELFTEST_ARGS:-}" ]]; then args="$SELFTEST_ARGS"
-  elif [[ "$MODE" == stock ]]; then  # what stock must fail: the files, the series' tests, fixes 6/7 on SM120's route
+  elif [[ "$MODE" == *stock ]]; then  # what stock must fail: the files, the series' tests, fixes 6/7 on SM120's route
     args="--cases installed,regression,mtp1-sm120topk --force-sm120-topk --start-deadline 400 --case-deadline 60"
   else args="--force-sm120-topk --start-deadline 400 --case-deadline 90"; fi
   echo "== selftest $name: $left s left in this call; $args"
@@ -193,4 +227,9 @@ EOF
 case "$MODE" in
   stock) install_stock; run_selftest "${ST_RUN:-stock}" ;;
   patched) install_patched; run_selftest "${ST_RUN:-patched}" ;;
+  bg-stock|bg-patched)  # in its own session (ST_SPAN): the results into $OUT = $ST/out-NAME, then the marker
+    rc=0
+    if [[ "$MODE" == bg-stock ]]; then install_stock || rc=$?; else install_patched || rc=$?; fi
+    (( rc == 0 )) && { run_selftest "$ST_RUN" || rc=$?; }
+    date -u +"%H:%M:%S UTC, exit $rc" > "$ST/$ST_RUN.done" ;;
 esac

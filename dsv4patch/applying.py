@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, forks, git, pincheck, resolving, transaction, tree
+from dsv4patch import checkout, engine, forks, git, pincheck, resolving, transaction, tree
 from dsv4patch.errors import BuildError, TreeError, writing
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.pincheck import PinReport
@@ -95,13 +95,12 @@ def apply_pin(
     out_notes = list(notes)
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
-    with transaction.open_tree(path, pinrepo) as created:
+    with transaction.open_tree(path, pinrepo) as (co, created):
         if created:
             out_notes.append(created)
-        gitdir = transaction.repo_git_dir(path)
+        gitdir = co.gitdir
         transaction.clean_scratch(gitdir)
-        tree.check_target_tree(path)
-        done = transaction.recover(path, gitdir)
+        done = transaction.recover(co)
         if done:
             out_notes.append(done)
         elif (gitdir / "index.lock").exists():
@@ -156,13 +155,11 @@ def apply_pin(
 
         if three_way and result.final_tree is None:
             with writing(TreeError, str(path), advice):
-                if branch is not None and head is not None:  # the workspace commits onto it
-                    out_notes.append(forks.start_branch(path, branch, head))
-                    branch = None
                 ws = resolving.open_workspace(
-                    path=path, gitdir=gitdir, lock=lock, pin=pin, pinrepo=pinrepo, series=series,
+                    co=co, lock=lock, pin=pin, pinrepo=pinrepo, series=series,
                     result=result, head=head, store=store, progress=progress,
-                    invocation=invocation or Invocation(build=build is not None), orig_head=orig_head)
+                    invocation=invocation or Invocation(build=build is not None), orig_head=orig_head,
+                    branch=branch)
             if ws is not None:
                 return refused(out_notes + ws.notes + rep.notes, ws)
         # With --3way a patch that applies with an offset is committed too (the tree is the
@@ -185,18 +182,38 @@ def apply_pin(
             out_notes.append(f"{path} already has all patches of pin {pin.name}; nothing to do")
         elif head is not None and (head == pinrepo.base_commit or head in commits):
             with writing(TreeError, str(path), advice):
+                co.refuse_in_the_way(final, "the apply")  # before a branch is made for it
                 if branch is not None:
-                    out_notes.append(forks.start_branch(path, branch, head))
-                transaction.move_tree(path, gitdir, head, final)
+                    out_notes.append(forks.start_branch(co, branch, head))
+                transaction.move_tree(co, head, final)
             out_notes.append(
                 f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "
                 f"tree {result.final_tree}"
             )
+        elif head is not None and git.is_ancestor(path, final, head):
+            # Commits of the user's own above the series dsv4patch made: apply agrees with
+            # `status` (the series, looked for in HEAD's content).
+            above = git.rev_list(path, f"{final}..{head}")
+            applied = [r.patch for r in result.patches if r.status.applies]
+            with git.scratch_index(path, head) as env:
+                found = engine.carried(path, env, series)
+            lost = [n for n in applied if found.get(n) is None]
+            if lost:
+                return refused(out_notes + [
+                    f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "
+                    f"{len(above)} commit(s) of yours above it, and they take out what "
+                    f"{', '.join(lost)} changed; nothing was changed. `dsv4patch status --tree {path}` "
+                    "shows each patch; revert or fix those commits (or check out the series' last "
+                    "commit) to carry the whole series"])
+            out_notes.append(
+                f"{path} has all patches of pin {pin.name} (the series ends at {final[:12]}) and "
+                f"{len(above)} commit(s) of yours above them, left as they are; nothing to do")
+            final = head
         else:
             raise TreeError(
                 f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
-                f"{pinrepo.base_commit[:12]} nor a state dsv4patch made; check out the base "
-                "commit or use a new directory"
+                f"{pinrepo.base_commit[:12]} nor a state dsv4patch made, nor a commit above the "
+                "series; check out the base commit or use a new directory"
             )
     built: dict[str, Any] | None = None
     if build is not None:
@@ -212,9 +229,10 @@ def _build(path: Path, pin: Pin, pinrepo: tree.PinRepo, head: str,
     """The last step of apply: kernels the patches touch are rebuilt, or the call fails."""
     from dsv4patch.kernels import sources
 
-    changed = git.changed_paths(path, pinrepo.base_commit)
-    if not (any(sources.is_kernel_source(p) for p in changed) and sources.plan(path).units):
-        return None, ["no kernel sources changed: nothing to build"]
+    with checkout.guarded(path):
+        changed = git.changed_paths(path, pinrepo.base_commit)
+        if not (any(sources.is_kernel_source(p) for p in changed) and sources.plan(path).units):
+            return None, ["no kernel sources changed: nothing to build"]
     try:
         report = build(path, pin)
     except BuildError as exc:

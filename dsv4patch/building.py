@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report, toolchain
+from dsv4patch import checkout, report, toolchain
 from dsv4patch.errors import BuildError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources
@@ -110,7 +110,8 @@ def build_tree(
     unless ``allow_torch`` names its version (else the lock's toolchain torch is installed
     into the cache); ``nvcc`` is the compiler to use, or fail.
     """
-    plan = sources.plan(tree, base)
+    with checkout.guarded(tree):  # the user's checkout: vetted before git reads it
+        plan = sources.plan(tree, base)
     tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
                            allow_torch=allow_torch, extra_includes=extra_include)
     chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)

@@ -106,9 +106,15 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
     declare it in a ``Depends-On:`` trailer (a patch name or its number,
     e.g. ``0003``).  They are ``not-checked``; independent later patches are
     still checked, on the index without the failed patch.
+
+    A patch that conflicts although the tree carries the whole series (a fork that has
+    it committed, with later patches changing lines of earlier ones) is
+    ``already-applied`` when :func:`carried`, peeling the series off the base from the
+    end, finds it: check, ``status --tree`` and ``port`` then agree on such a tree.
     """
     base_tree = git.out(repo, "rev-parse", f"{base_commit}^{{tree}}")
     results: list[PatchResult] = []
+    peeled: dict[str, str | None] | None = None
     with git.scratch_index(repo, base_commit) as env:
         blocked_files: dict[str, str] = {}  # path -> the failed patch it waits for
         failed: list[str] = []  # names of patches that block
@@ -133,6 +139,12 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
                     blocked_files.setdefault(f, cause)
                 continue
             res = check_one(repo, env, patch, symlinks, current)
+            if res.status is Status.CONFLICT:
+                if peeled is None:
+                    with git.scratch_index(repo, base_commit) as peel_env:
+                        peeled = carried(repo, peel_env, series)
+                if peeled.get(patch.name) == "reverse-apply":
+                    res = carried_result(patch)
             results.append(res)
             current = res.tree or current
             if res.status.blocks:
@@ -142,6 +154,35 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
             if patch.adds_symlink:
                 symlinks = git.symlinks_in_index(repo, env)
     return SeriesResult(series.pin, base_commit, base_tree, results)
+
+
+def carried_result(patch: Patch) -> PatchResult:
+    """``already-applied`` for a patch :func:`carried` finds in a tree that carries the series."""
+    return PatchResult(
+        patch.name, patch.series, patch.sha256, Status.ALREADY_APPLIED,
+        "the tree carries the series: the reverse of the patch applies once the later patches are "
+        "taken off", evidence={"decided_by": ["reverse-apply (the later patches taken off first)"]})
+
+
+def carried(repo: Path, env: dict[str, str], series: Series) -> dict[str, str | None]:
+    """Per patch of ``series``: ``reverse-apply``, ``markers`` or None, for the tree in the scratch
+    index ``env``.
+
+    The series is peeled off in reverse order (each patch that is there is taken off the
+    index), so a patch is judged against the tree the later patches left: fix 7 and
+    extra 2 touch the same line, so fix 7's reverse applies only once extra 2's is off.
+    This is how ``status --tree`` reads a tree, and how ``apply`` and ``check`` recognise a
+    tree that already carries the series."""
+    found: dict[str, str | None] = {}
+    for p in reversed(series.patches):
+        rev = git.apply(repo, p.path, env=env, reverse=True)
+        if rev.ok and "Skipped patch" not in rev.stdout + rev.stderr:
+            found[p.name] = "reverse-apply"
+        elif markers_present(repo, env, p):
+            found[p.name] = "markers"
+        else:
+            found[p.name] = None
+    return found
 
 
 def _files(patch: Patch) -> set[str]:

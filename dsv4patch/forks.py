@@ -6,15 +6,18 @@ the pin as it is: ``apply`` checks the series against HEAD's content and commits
 it on top of the current branch (or a new branch the user names), through the
 same engine and journal as a tree dsv4patch made (:mod:`dsv4patch.transaction`).
 Nothing here rewrites the user's history: no ref is deleted, no config written;
-only HEAD's branch (or the new one) advances (issue 28).
+only HEAD's branch (or the new one) advances (issue 28).  The checkout is held
+vetted by the caller (:mod:`dsv4patch.checkout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import git
+from dsv4patch.checkout import Checkout
 from dsv4patch.errors import TreeError, UsageError
 from dsv4patch.tree import PinRepo
 
@@ -52,17 +55,56 @@ def checkout_pinrepo(path: Path, pinrepo: PinRepo, head: str) -> PinRepo:
     return dataclasses.replace(pinrepo, base_commit=base, base_tree=base_tree)
 
 
-def start_branch(path: Path, name: str, head: str) -> str:
+def branch_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be the new branch of ``apply --branch``, or None when it can."""
+    if git.valid_branch_name(name):
+        return None
+    return (f"{name!r} is not a branch name git accepts for a new branch (`git check-ref-format "
+            "refs/heads/NAME`; shorthands such as @{-1}, @ and HEAD, and a leading '-', are refused)")
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A commit dsv4patch made for a patch in a checkout's history, as its trailers say."""
+
+    patch: str
+    sha256: str
+    commit: str
+
+
+def committed_series(path: Path, rev: str = "HEAD") -> dict[str, Committed]:
+    """The patches dsv4patch committed in ``rev``'s history (``Dsv4patch-Patch`` and
+    ``Dsv4patch-Sha256`` trailers), the newest commit per patch."""
+    found: dict[str, Committed] = {}
+    res = git.run(path, ["log", "--format=%H%x00%(trailers:unfold,only)%x01", "--extended-regexp", "--grep=^Dsv4patch-Patch: ",
+                         rev, "--"], check=False)
+    for chunk in res.stdout.split("\x01"):
+        sha, _, trailers = chunk.strip("\n").partition("\x00")
+        fields: dict[str, str] = {}
+        for line in trailers.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
+        name = fields.get("Dsv4patch-Patch")
+        if sha.strip() and name and name not in found:
+            found[name] = Committed(name, fields.get("Dsv4patch-Sha256", ""), sha.strip())
+    return found
+
+
+def start_branch(co: Checkout, name: str, head: str) -> str:
     """Put HEAD on a new branch ``name`` at ``head`` (the work tree is not touched); a note.
 
     Already on it: nothing to do.  A branch of that name elsewhere is the user's:
     refused (exit 5), never moved or deleted."""
-    if git.run(path, ["check-ref-format", "--branch", name], check=False).returncode != 0 or name.startswith("-"):
-        raise UsageError(f"--branch {name!r} is not a valid branch name")
+    path = co.path
+    problem = branch_name_problem(name)
+    if problem:
+        raise UsageError(f"--branch {problem}")
     ref = f"refs/heads/{name}"
     if git.current_ref(path) == ref:
         return f"on branch {name}"
-    if git.run(path, ["rev-parse", "-q", "--verify", ref], check=False).returncode == 0:
+    if git.ref_commit(path, ref) is not None or git.run(path, ["rev-parse", "-q", "--verify", "--end-of-options",
+                                                              ref], check=False).ok:
         raise TreeError(f"{path}: branch {name} already exists; check it out (`git switch {name}`) "
                         "and run apply without --branch, or name a new branch")
     git.run(path, ["update-ref", "-m", "dsv4patch apply --branch", ref, head, ""], tied=True)

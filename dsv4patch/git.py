@@ -18,7 +18,17 @@ pinned files, never on whoever runs dsv4patch, so every git process gets:
   directory the caller named, and ``GIT_CEILING_DIRECTORIES`` stops discovery
   at it, so an enclosing repository can never be picked up;
 * an absolute, existing working directory (a missing one is an error, never
-  a silent fallback to the process's cwd).
+  a silent fallback to the process's cwd);
+* git's program-running and output-shaping settings pinned off for every call
+  (hooks, fsmonitor, gpg signing, pagers, colour, mailmap, submodule recursion),
+  so whatever a repository's config says, no program of its runs and the text
+  we parse has one shape.
+
+A repository with a work tree (a ``.git`` at ``cwd``) is a user's checkout:
+git runs there only while :mod:`dsv4patch.checkout` holds it vetted
+(:func:`guarding`), else the call is refused as an internal error.  So a
+command that forgets the guard fails in its first test instead of running a
+fork's filter driver.  Bare repositories are dsv4patch's own (the cache).
 """
 
 from __future__ import annotations
@@ -62,6 +72,13 @@ _CONFIG = [
     "-c", "core.fsmonitor=false",
     "-c", "credential.helper=",
     "-c", "log.showSignature=false",
+    "-c", "commit.gpgSign=false",
+    "-c", "tag.gpgSign=false",
+    "-c", "core.pager=cat",
+    # Submodules are never entered: no git runs inside one (its config is not ours to run).
+    "-c", "diff.ignoreSubmodules=all",
+    "-c", "status.submoduleSummary=false",
+    "-c", "fetch.recurseSubmodules=false",
     # What git apply accepts and how it matches context.
     "-c", "apply.whitespace=nowarn",
     "-c", "apply.ignoreWhitespace=no",
@@ -84,6 +101,15 @@ _CONFIG = [
     "-c", "diff.mnemonicPrefix=false",
     "-c", "diff.relative=false",
     "-c", "diff.renames=true",
+    "-c", "diff.orderFile=/dev/null",
+    "-c", "color.ui=never",
+    "-c", "color.diff=never",
+    "-c", "color.grep=never",
+    "-c", "color.status=never",
+    "-c", "log.mailmap=false",
+    "-c", "i18n.commitEncoding=UTF-8",
+    "-c", "i18n.logOutputEncoding=UTF-8",
+    "-c", "trailer.separators=:",
     # Which remotes may be fetched from (see lock.check_git_url).
     "-c", "protocol.allow=never",
     "-c", "protocol.https.allow=always",
@@ -107,20 +133,55 @@ class Result:
         return self.returncode == 0
 
 
+# The work trees git may run in now: realpath -> (its git directory, how many holders).
+# Only dsv4patch.checkout adds to it (tests/test_architecture.py checks that).
+_GUARDED: dict[str, tuple[Path, int]] = {}
+
+
+@contextmanager
+def guarding(worktree: Path, gitdir: Path) -> Iterator[None]:
+    """Let git run in the work tree ``worktree``, with ``gitdir`` as its git directory, while held.
+
+    Called only by :mod:`dsv4patch.checkout`, once it has vetted the checkout (or for a
+    work tree dsv4patch itself has just made).  Nested holds of one tree are counted."""
+    key = os.path.realpath(worktree)
+    prev = _GUARDED.get(key)
+    _GUARDED[key] = (Path(gitdir), (prev[1] if prev else 0) + 1)
+    try:
+        yield
+    finally:
+        if prev is None:
+            _GUARDED.pop(key, None)
+        else:
+            _GUARDED[key] = prev
+
+
+class UnguardedCheckout(GitError):
+    """git was asked to run in a work tree that no :func:`guarding` holds (a bug: exit 70)."""
+
+
 def _repo_env(cwd: Path, repo: bool) -> dict[str, str]:
     """GIT_DIR/GIT_WORK_TREE for the repository *at* ``cwd``, and a ceiling above it.
 
     ``repo=False`` is for commands that create a repository elsewhere
     (``clone``, ``init DIR``): git must not be told about the one at ``cwd``.
+    A work tree (``cwd/.git`` exists: a directory, a linked worktree's or a
+    submodule's ``.git`` file) must be held by :func:`guarding`, which names its
+    git directory; a bare repository is used as it is.
     """
     env = {"GIT_CEILING_DIRECTORIES": str(cwd.parent)}
     if not repo:
         return env
     dotgit = cwd / ".git"
-    if dotgit.is_dir() and not dotgit.is_symlink():
-        env["GIT_DIR"] = str(dotgit)
+    if os.path.lexists(dotgit):
+        held = _GUARDED.get(os.path.realpath(cwd))
+        if held is None:
+            raise UnguardedCheckout(
+                f"internal: git would run in the checkout {cwd}, which dsv4patch.checkout has not "
+                "vetted; every command reaches a user's checkout through dsv4patch.checkout")
+        env["GIT_DIR"] = str(held[0])
         env["GIT_WORK_TREE"] = str(cwd)
-    elif (cwd / "HEAD").is_file() and (cwd / "objects").is_dir() and not dotgit.exists():
+    elif (cwd / "HEAD").is_file() and (cwd / "objects").is_dir():
         env["GIT_DIR"] = str(cwd)  # a bare repository
     return env
 
@@ -253,7 +314,8 @@ def has_object(path: Path, oid: str) -> bool:
 def dirty_paths(path: Path) -> list[str]:
     """Tracked changes and untracked, non-ignored files."""
     # --no-optional-locks: looking never writes the index (nor leaves index.lock if killed).
-    res = run(path, ["--no-optional-locks", "status", "--porcelain=v1", "--untracked-files=all"])
+    res = run(path, ["--no-optional-locks", "status", "--porcelain=v1", "--untracked-files=all",
+                     "--ignore-submodules=all", "--no-renames"])
     return [line[3:] for line in res.stdout.splitlines() if line.strip()]
 
 
@@ -272,7 +334,7 @@ def commit_tree(
     env = dict(IDENTITY)
     if author:
         env.update(author)
-    args = ["commit-tree", tree]
+    args = ["commit-tree", "--no-gpg-sign", tree]
     if parent:
         args += ["-p", parent]
     return run(path, args, env=env, input=message).stdout.strip()
@@ -385,7 +447,7 @@ def staged_names(repo: Path, commit: str) -> list[str]:
 def status_paths(repo: Path) -> list[str]:
     """Every changed, staged or untracked path (``status -z``; never writes the index)."""
     res = run(repo, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
-                     "--untracked-files=all"])
+                     "--untracked-files=all", "--ignore-submodules=all"])
     return [item[3:] for item in res.stdout.split("\0") if item]
 
 
@@ -425,12 +487,12 @@ def refresh_index(repo: Path) -> None:
 
 def checkout_to(repo: Path, old: str, new: str) -> None:
     """Move a clean work tree and HEAD from ``old`` to ``new``."""
-    run(repo, ["read-tree", "-m", "-u", old, new], tied=True)
+    run(repo, ["read-tree", "--no-recurse-submodules", "-m", "-u", old, new], tied=True)
     run(repo, ["update-ref", "-m", "dsv4patch apply", "HEAD", new, old], tied=True)
 
 
 def reset_hard(repo: Path, commit: str) -> None:
-    run(repo, ["reset", "-q", "--hard", commit], tied=True)
+    run(repo, ["reset", "-q", "--hard", "--no-recurse-submodules", commit], tied=True)
 
 
 def detach_head(repo: Path, commit: str, why: str) -> None:
@@ -554,7 +616,8 @@ def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> 
 
 def changed_paths(repo: Path, base: str, head: str = "HEAD") -> list[str]:
     """Paths that differ between ``base`` and ``head`` (added, modified or deleted)."""
-    res = run(repo, ["diff", "--name-only", "--no-renames", "-z", f"{base}..{head}", "--"])
+    res = run(repo, ["diff", "--name-only", "--no-renames", "--no-ext-diff", "--no-textconv", "-z",
+                     f"{base}..{head}", "--"])
     return [p for p in res.stdout.split("\0") if p]
 
 
@@ -599,15 +662,40 @@ def update_index_blob(repo: Path, env: Mapping[str, str], path: str, oid: str, m
     run(repo, ["update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}"], env=env)
 
 
+def common_dir(repo: Path) -> Path:
+    """The repository's common directory (objects, refs, config): ``.git`` of a checkout, the
+    main ``.git`` of a linked worktree, a bare repository itself."""
+    return Path(out(repo, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+
+
 def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
-    """``git format-patch`` text of one commit, numbered ``number``/``total``."""
-    text = run(repo, ["format-patch", "-1", "--stdout", "--no-signature", commit]).stdout
+    """``git format-patch`` text of one commit of ``repo``, numbered ``number``/``total``.
+
+    The same bytes whatever ``repo``'s config says (``format.signOff``, ``format.headers``,
+    ``format.subjectPrefix``, ``diff.noprefix``, ``core.abbrev``, ``user.email``, colour...):
+    it runs in a private repository that borrows ``repo``'s objects and has no config but
+    git's defaults and dsv4patch's pins, with dsv4patch's own identity."""
+    with tempfile.TemporaryDirectory(prefix="dsv4patch-format-") as d:
+        isolated = Path(d) / "format.git"
+        init_with_alternates(isolated, [common_dir(repo)])
+        text = run(isolated, ["format-patch", "-1", "--stdout", "--no-signature", "--subject-prefix=PATCH",
+                              "--no-numbered", "--no-thread", "--no-notes", "--abbrev=7", "--no-color",
+                              commit], env=IDENTITY).stdout
     return text.replace("Subject: [PATCH] ", f"Subject: [PATCH {number}/{total}] ", 1)
+
+
+def valid_branch_name(name: str) -> bool:
+    """Whether ``name`` may name a new branch: ``refs/heads/NAME`` is a valid ref, and it is not
+    a shorthand git expands (``@{-1}``, ``@``, ``HEAD``) or an option (a leading ``-``)."""
+    if not name or name.startswith("-") or name in ("HEAD", "@") or "@{" in name or "\0" in name:
+        return False
+    return run(Path(tempfile.gettempdir()), ["check-ref-format", f"refs/heads/{name}"], check=False,
+               repo=False).ok
 
 
 def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
     """A bare repository that can read the objects of ``others`` (one object store view)."""
-    run(path.parent, ["init", "-q", "--bare", str(Path(path).resolve())], repo=False)
+    run(path.parent, ["init", "-q", "--bare", "--template=", str(Path(path).resolve())], repo=False)
     alt = path / "objects" / "info" / "alternates"
     alt.write_text("".join(f"{Path(o).resolve() / 'objects'}\n" for o in others))
 
@@ -667,7 +755,36 @@ def commit_info(repo: Path, commit: str) -> CommitInfo:
     return CommitInfo(message.rstrip("\n") + "\n", author, tree_id)
 
 
-def merge_drivers(tree: Path) -> list[str]:
-    """``merge.<driver>.driver`` settings of a repository's config (programs a 3-way merge runs)."""
-    res = run(tree, ["config", "--name-only", "--get-regexp", r"^merge\..*\.driver$"], check=False)
-    return res.stdout.split()
+def config_list(repo: Path | None, *, file: Path | None = None, includes: bool = True) -> list[tuple[str, str, str]]:
+    """``(origin, key, value)`` of each setting git reads for the repository at ``repo`` (its own
+    config, ``config.worktree``, and with ``includes`` the files they include), or of ``file``
+    alone.  System and global config are never read (see :func:`environment`); the pins of
+    :data:`_CONFIG` (origin ``command line:``) are left out."""
+    args = ["config", "--list", "-z", "--show-origin", "--includes" if includes else "--no-includes"]
+    if file is not None:
+        args += ["--file", str(file)]
+    where = repo if repo is not None else Path(tempfile.gettempdir())
+    res = run(where, args, check=False, repo=repo is not None)
+    if not res.ok:
+        raise GitError(f"git config cannot read the configuration of {file or repo}: {res.stderr.strip()}")
+    fields = res.stdout.split("\0")
+    found: list[tuple[str, str, str]] = []
+    for origin, item in zip(fields[0::2], fields[1::2], strict=False):
+        key, _, value = item.partition("\n")
+        if not origin.startswith("command line:"):
+            found.append((origin, key, value))
+    return found
+
+
+def ls_files(repo: Path, *args: str) -> list[str]:
+    """``git ls-files -z ARGS``: one item per entry (``-s``: ``mode oid stage\tpath``)."""
+    return [item for item in run(repo, ["ls-files", "-z", *args]).stdout.split("\0") if item]
+
+
+def ignored(repo: Path, names: Sequence[str]) -> set[str]:
+    """Which of ``names`` (paths in the work tree) git ignores (``.gitignore``, ``info/exclude``)."""
+    if not names:
+        return set()
+    res = run(repo, ["check-ignore", "-z", "--no-index", "--stdin"], input="\0".join(names) + "\0",
+              check=False)
+    return {n for n in res.stdout.split("\0") if n}

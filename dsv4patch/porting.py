@@ -31,13 +31,14 @@ import os
 import re
 import shutil
 import tarfile
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 
-from dsv4patch import engine, forks, git, index, portspace, resolving, safeio, transaction, tree
+from dsv4patch import checkout, engine, forks, git, index, portspace, resolving, safeio, transaction, tree
 from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.progress import Progress
@@ -73,6 +74,7 @@ class Ported:
     evidence: dict[str, Any] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
     text: str | None = None  # the variant's format-patch text
+    status: str = "upstream"  # a drop: the status check gives it on the new pin (upstream, already-applied)
     # a conflict: each file of the patch as the 3-way merge left it (markers where it could not decide)
     merged: dict[str, bytes] = field(default_factory=dict)
 
@@ -89,9 +91,10 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
         raise UsageError("--git and --local both name the new pin's source; pass one")
     if local is not None:
         local = Path(os.path.abspath(local))
-        if not git.is_repo_root(local):
+        if not checkout.is_checkout_root(local):
             raise UsageError(f"--local {local}: not the root of a git checkout")
-        head = git.head(local)
+        with checkout.guarded(local, role="--local"):
+            head = git.head(local)
         opened = portspace.read_state(local)
         if opened is not None and opened.own:
             # The checkout is this port's workspace: HEAD is detached at the ported patches;
@@ -176,7 +179,8 @@ def fork_version(repo: tree.PinRepo, src: Pin) -> ForkVersion:
             return ForkVersion(m.group(1), "vllm/_version.py")
     pin = repo.pin
     if pin.source.kind == "local" and pin.source.path is not None:
-        tag = git.describe(pin.source.path, pin.commit)
+        with checkout.guarded(pin.source.path, role=f"pin {pin.name}'s local checkout"):
+            tag = git.describe(pin.source.path, pin.commit)
         if tag and tag != pin.commit[: len(tag)]:
             return ForkVersion(tag.lstrip("v"), "git describe --tags")
     base = src.vllm_version.split("+", 1)[0]
@@ -190,7 +194,16 @@ def port_series(
     series: Series,
     new_name: str,
     resolutions: Path | None = None,
+    committed: dict[str, forks.Committed] | None = None,
 ) -> list[Ported]:
+    """Port each patch of ``series`` from ``old`` to ``new`` (see the module docstring).
+
+    ``committed``: the patches dsv4patch committed in the new pin's history (a fork that
+    carries the series as dsv4patch's commits, :func:`forks.committed_series`): a patch the
+    new pin's content carries is dropped with its commit as evidence, also where later
+    patches of the series changed its lines (:func:`engine.carried`)."""
+    committed = committed or {}
+    peeled: dict[str, str | None] | None = None
     old_result = engine.run_series(work_repo, old.base_commit, series)
     if old_result.final_tree is None:
         raise LockFileError(f"the series does not apply to its own pin {old.pin.name}; run check")
@@ -207,8 +220,24 @@ def port_series(
         for number, patch in enumerate(series.patches, start=1):
             tree_before = git.write_tree(work_repo, env)
             res = engine.check_one(work_repo, env, patch)
+            if res.status is engine.Status.CONFLICT:
+                if peeled is None:
+                    with git.scratch_index(work_repo, new.base_commit) as peel_env:
+                        peeled = engine.carried(work_repo, peel_env, series)
+                if peeled.get(patch.name) == "reverse-apply":
+                    res = engine.carried_result(patch)
             if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
-                out.append(Ported(patch, "drop", res.message, res.evidence))
+                evidence = dict(res.evidence)
+                detail = res.message
+                made = committed.get(patch.name)
+                if made is not None:
+                    same_sha = made.sha256 == patch.sha256
+                    evidence["committed_by_dsv4patch"] = made.commit
+                    detail = (f"committed by dsv4patch in {made.commit[:12]} (its Dsv4patch-Sha256 "
+                              + ("is the series' patch" if same_sha else f"{made.sha256[:12]} is another "
+                                 f"version of it, the series has {patch.sha256[:12]}")
+                              + f"); {res.message}")
+                out.append(Ported(patch, "drop", detail, evidence, status=res.status.value))
                 continue
             conflicts: list[Conflict] = []
             merged: dict[str, bytes] = {}
@@ -354,11 +383,11 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, 
     if pin.cuda_arch_list is not None:
         entry["cuda_arch_list"] = list(pin.cuda_arch_list)
     entry["series"] = list(pin.series)
-    dropped = [p.patch.name for p in ported if p.action == "drop"]
-    all_dropped = len(dropped) == len(ported)
+    dropped = {p.patch.name: p.status for p in ported if p.action == "drop"}
+    all_dropped = len(dropped) == len(ported) and set(dropped.values()) == {"upstream"}
     entry["expect"] = "upstream" if all_dropped else "clean"
     if dropped and not all_dropped:
-        entry["expect_patches"] = {n: "upstream" for n in dropped}
+        entry["expect_patches"] = dropped
     if variants:
         entry["variants"] = variants
     entry["base_tree"] = new.base_tree
@@ -421,7 +450,7 @@ def _compare_with_pin(pin: Pin, ported: list[Ported], notes: list[str]) -> bool:
     differ = []
     for p in ported:
         want = pin.expected_status(p.patch.name)
-        got = ("upstream" if p.action == "drop" else
+        got = (p.status if p.action == "drop" else
                "clean" if p.action in ("keep", "refresh", "merge", "resolved") else p.action)
         if got != want:
             differ.append(f"{p.patch.name}: the port gives {p.action}, pin {pin.name} expects {want}")
@@ -456,19 +485,18 @@ def own_workspace(ws: Path, new: tree.PinRepo) -> OwnWorkspace:
     content (:func:`forks.is_fork_checkout`; the port's patches are made on that content),
     clean, with no apply or ``--3way`` workspace open; else TreeError (exit 5), nothing touched."""
     pin = new.pin
-    if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
-        raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
-                        f"({portspace.state_path(ws)} is missing); use a new directory")
-    head = git.head(ws)
-    if not forks.is_fork_checkout(ws, new, head) or head is None or git.tree_of(ws, head) != new.base_tree:
-        raise TreeError(
-            f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
-            f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
-            f"{pin.source.path or pin.source.url}); nothing was touched: give a new directory, or "
-            "the fork's own checkout when you port to its HEAD (`--local` that checkout)")
-    tree.check_target_tree(ws)
-    with transaction.tree_lock(ws):
-        gitdir = git.git_dir(ws)
+    with transaction.tree_lock(ws, role="--workspace") as co:
+        if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
+            raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
+                            f"({portspace.state_path(ws)} is missing); use a new directory")
+        head = git.head(ws)
+        if not forks.is_fork_checkout(ws, new, head) or head is None or git.tree_of(ws, head) != new.base_tree:
+            raise TreeError(
+                f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
+                f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
+                f"{pin.source.path or pin.source.url}); nothing was touched: give a new directory, or "
+                "the fork's own checkout when you port to its HEAD (`--local` that checkout)")
+        gitdir = co.gitdir
         if transaction.interrupted(gitdir) or resolving.has_workspace(gitdir):
             raise TreeError(f"--workspace {ws} has an interrupted apply or an `apply --3way` workspace "
                             f"open; finish it (`dsv4patch apply` / `dsv4patch resolve --tree {ws}`) first")
@@ -491,15 +519,16 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinR
               for p in ported[:k] if p.action != "drop"]
     marked = sorted({c.file for c in conflict.conflicts if c.file in conflict.merged
                      or c.file in conflict.patch.touched})
-    with transaction.open_tree(ws, new) as created:
+    with transaction.open_tree(ws, new, role="--workspace") as (co, created):
         if created:
             notes.append(created)
         if own is None and not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
             raise TreeError(f"--workspace {ws} is a git tree without pin {pin.name}'s base commit "
                             f"{new.base_commit[:12]}; nothing was touched: give a new directory")
-        at = portspace.open_workspace(ws, own.base if own else new.base_commit, prefix, conflict.patch,
+        at = portspace.open_workspace(co, own.base if own else new.base_commit, prefix, conflict.patch,
                                       conflict.merged, marked, lock=lock.path, src=src.name, dst=pin.name,
                                       own=own is not None, orig_ref=own.ref if own else None)
+        state = portspace.state_path(ws)
     where = (f"pin {pin.name} with" if own is None else
              "your checkout, HEAD detached (no branch moves), with")
     notes.append(f"{ws}: {where} {len(prefix)} ported patch(es) committed (HEAD {at[:12]}) and "
@@ -511,7 +540,7 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: tree.PinR
                     f"{'on ' + own.ref.removeprefix('refs/heads/') if own.ref else 'detached'} at "
                     f"{own.base[:12]}" if own else ""))
     out: dict[str, Any] = {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
-                           "state": str(portspace.state_path(ws))}
+                           "state": str(state)}
     if own is not None:
         out["own_checkout"] = {"base": own.base, "branch": own.ref}
     return out
@@ -572,8 +601,11 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
 
     ``resolutions``: a maintainer's earlier port; ``workspace``: on a conflict,
     leave this directory as a tree of the new pin to edit (and, run again,
-    take its edit as the resolution); ``dry_run``: write nothing.
+    take its edit as the resolution); ``dry_run``: write nothing.  Relative paths are the
+    caller's (resolved against the current directory here, before git runs anywhere else).
     """
+    resolutions = Path(os.path.abspath(resolutions)) if resolutions is not None else None
+    workspace = Path(os.path.abspath(workspace)) if workspace is not None else None
     pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
                   local=local, name=name, dry_run=dry_run)
     existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
@@ -601,14 +633,22 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         own = own_workspace(ws, new)  # the fork's own checkout, or refused before anything runs
     elif ws is not None and ws_state is not None and ws_state.own:
         own = OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
+    committed: dict[str, forks.Committed] = {}
+    if pin.source.kind == "local" and pin.source.path is not None:
+        # The series dsv4patch committed in the fork (its trailers), named as the evidence of a drop.
+        with checkout.guarded(pin.source.path, role=f"pin {pin.name}'s local checkout"):
+            committed = forks.committed_series(pin.source.path, pin.commit)
+    stack = ExitStack()
+    if ws is not None and checkout.is_checkout_root(ws):
+        stack.enter_context(checkout.guarded(ws, role="--workspace"))  # vetted once for the whole port
     work = store.tmpdir(f"port-{pin.name}-")
     try:
         used = resolutions
         if ws is not None and ws_state is not None:
-            with transaction.tree_lock(ws):
+            with transaction.tree_lock(ws, role="--workspace") as co:
                 base = new.base_commit
                 if own is not None:
-                    done = transaction.recover(ws)  # a move killed while the workspace opened
+                    done = transaction.recover(co)  # a move killed while the workspace opened
                     if done:
                         notes.append(done)
                     if git.has_object(ws, f"{own.base}^{{commit}}") and git.tree_of(ws, own.base) == new.base_tree:
@@ -632,7 +672,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
             used = portspace.combine(work / "with-variants", theirs, used)
         repo = work / "port.git"
         git.init_with_alternates(repo, [old.repo, new.repo])
-        ported = port_series(repo, old, new, series, pin.name, used)
+        ported = port_series(repo, old, new, series, pin.name, used, committed)
         kept = portspace.resolutions(ws) if ws is not None and ws_state is not None else None
         if kept is not None and used is not None:  # name the workspace's resolution, not the copy
             # (the fork's own checkout drops its copy when the port completes: named by the workspace)
@@ -659,8 +699,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
             files = write_result(lock, pin, ported, new, final)
             written_lock = load(lock.path)
             if ws is not None and ws_state is not None and own is not None:
-                with transaction.tree_lock(ws):
-                    notes.append(portspace.restore(ws, ws_state))
+                with transaction.tree_lock(ws, role="--workspace") as co:
+                    notes.append(portspace.restore(co, ws_state))
                 notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
                              f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
                              "commits the ported series on a new branch of it")
@@ -696,6 +736,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         return PortResult(src, pin, ok, ported, notes, workspace=opened)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        stack.close()
 
 
 @dataclass(frozen=True)
@@ -716,18 +757,21 @@ class PortAborted:
 def abort(*, workspace: Path) -> PortAborted:
     """Give up the port workspace ``workspace`` (``port --abort``): the fork's own checkout goes
     back where the port found it (:func:`portspace.restore`); nothing is written to the lock."""
+    workspace = Path(os.path.abspath(workspace))
     state = portspace.read_state(workspace)
     if state is None:
-        raise TreeError(f"--workspace {workspace} holds no port workspace (no "
-                        f"{portspace.state_path(workspace) if git.is_repo_root(workspace) else 'git tree'}); "
-                        "nothing to abort")
-    with transaction.tree_lock(workspace):
+        where = "git tree"
+        if checkout.is_checkout_root(workspace):
+            with checkout.guarded(workspace, role="--workspace"):
+                where = str(portspace.state_path(workspace))
+        raise TreeError(f"--workspace {workspace} holds no port workspace (no {where}); nothing to abort")
+    with transaction.tree_lock(workspace, role="--workspace") as co:
         notes = []
         if state.own:
-            done = transaction.recover(workspace)
+            done = transaction.recover(co)
             if done:
                 notes.append(done)
         notes.append(f"aborted the port workspace of {state.patch} (port {state.frm} -> {state.to}); "
-                     + portspace.restore(workspace, state))
+                     + portspace.restore(co, state))
         head = git.head(workspace)
     return PortAborted(state.frm, state.to, workspace, head, notes)

@@ -45,7 +45,8 @@ import re
 import shutil
 from pathlib import Path
 
-from dsv4patch import git, safeio, states, transaction, tree
+from dsv4patch import checkout, git, safeio, states, transaction
+from dsv4patch.checkout import Checkout
 from dsv4patch.errors import TreeError
 from dsv4patch.series import Patch
 from dsv4patch.states import PortState, inside_tree
@@ -62,19 +63,24 @@ def marked(path: Path, names: list[str]) -> list[str]:
 
 
 def state_path(path: Path) -> Path:
-    """Where the workspace's state lives: in the git directory of ``path``."""
+    """Where the workspace's state lives: in the git directory of ``path`` (held vetted)."""
     return git.git_dir(path) / STATE
 
 
 def read_state(path: Path) -> PortState | None:
     """The workspace's state; None when DIR does not exist, is empty (a new workspace) or is a
-    git tree without one (whether it may become one is the caller's to decide)."""
+    git tree without one (whether it may become one is the caller's to decide).  DIR is vetted
+    (:func:`checkout.guarded`) before git reads it."""
     if not path.exists() or not any(path.iterdir()):
         return None
-    if not git.is_repo_root(path):
+    if not checkout.is_checkout_root(path):
         raise TreeError(f"--workspace {path} is neither empty nor a workspace `port --workspace` made; "
                         "use a new directory")
-    sp = state_path(path)
+    with checkout.guarded(path, role="--workspace") as co:
+        return _read_state(co.gitdir / STATE)
+
+
+def _read_state(sp: Path) -> PortState | None:
     if not os.path.lexists(sp):
         return None
     try:
@@ -95,8 +101,8 @@ def check_matches(state: PortState, path: Path, lock: Path, src: str, dst: str, 
 
 
 def collect(path: Path, state: PortState, patch: Patch, number: int, total: int) -> Path:
-    """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions."""
-    tree.check_target_tree(path)
+    """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions
+    (the tree held vetted by the caller)."""
     touched = sorted(set(state.conflicts) | set(patch.touched))
     left = marked(path, touched)
     if left:
@@ -154,7 +160,7 @@ def combine(dest: Path, *dirs: Path | None) -> Path:
     return dest
 
 
-def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], patch: Patch,
+def open_workspace(co: Checkout, new_base: str, prefix: list[tuple[Patch, str]], patch: Patch,
                    merged: dict[str, bytes], conflicts: list[str], *, lock: Path, src: str, dst: str,
                    own: bool = False, orig_ref: str | None = None) -> str:
     """Put ``path`` (a tree of the new pin) at the ported prefix, write ``patch``'s merge; the prefix's commit.
@@ -167,9 +173,11 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
     HEAD is detached first (no branch moves), the state written before the
     tree moves (so ``port --abort`` can put it back from any point), and the
     move made under the apply journal (:func:`transaction.move_tree`).  The
-    tree's lock is held by the caller.
+    tree's lock is held by the caller.  Nothing the user did not commit is overwritten:
+    a path the prefix or the merge writes that holds an untracked or ignored file is
+    refused before anything moves.
     """
-    tree.check_target_tree(path)
+    path = co.path
     parent = new_base
     scratch = git.git_dir(path) / "dsv4patch-port-patch.tmp"
     try:
@@ -183,6 +191,7 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
                                          p.author)
     finally:
         scratch.unlink(missing_ok=True)
+    co.refuse_in_the_way(parent, "port --workspace", extra=sorted(merged))
     state = PortState(lock=os.path.abspath(lock), frm=src, to=dst, patch=patch.name, base_commit=new_base,
                       at=parent, conflicts=sorted(conflicts), own=own, orig_ref=orig_ref if own else None)
     if own:
@@ -194,12 +203,12 @@ def open_workspace(path: Path, new_base: str, prefix: list[tuple[Patch, str]], p
         if ref is not None:
             git.detach_head(path, head, "dsv4patch port --workspace: the fork's branch stays where it is")
         states.write(state_path(path), state)
-        gitdir = git.git_dir(path)
-        git.reset_hard(path, head)  # a reopened workspace: the last resolution is collected already
+        # a reopened workspace: the last resolution is collected already
+        transaction.reset_tree(co, head, "port --workspace")
         if head != parent:
-            transaction.move_tree(path, gitdir, head, parent)
+            transaction.move_tree(co, head, parent, "port --workspace")
     else:
-        git.reset_hard(path, parent)
+        transaction.reset_tree(co, parent, "port --workspace")
     root = path.resolve()
     for name, data in merged.items():
         target = path / name
@@ -218,7 +227,7 @@ def close(path: Path) -> None:
     state_path(path).unlink(missing_ok=True)
 
 
-def restore(path: Path, state: PortState) -> str:
+def restore(co: Checkout, state: PortState) -> str:
     """Close the workspace ``state`` describes (the port completed, or ``port --abort``); a note.
 
     The fork's own checkout goes back to the commit the port began at, on the
@@ -227,6 +236,7 @@ def restore(path: Path, state: PortState) -> str:
     resolutions are removed.  A workspace dsv4patch made keeps its tree and
     resolutions: only the state is removed.  The tree's lock is held by the caller.
     """
+    path = co.path
     if not state.own:
         close(path)
         return f"{path} is no longer a port workspace (the directory can be deleted)"
@@ -240,12 +250,16 @@ def restore(path: Path, state: PortState) -> str:
                         f"was touched (dsv4patch does not move your branch): `git -C {path} switch "
                         f"--detach {state.at}`, then run this again")
     git.add_all(path)  # so files the workspace added go too (the checkout was clean when it opened)
-    git.reset_hard(path, state.base_commit)  # HEAD is detached: no branch moves
+    transaction.reset_tree(co, state.base_commit, "port --abort")  # HEAD is detached: no branch moves
     where = f"HEAD detached at {state.base_commit[:12]}"
     if state.orig_ref is not None:
         branch = state.orig_ref.removeprefix("refs/heads/")
         now = git.ref_commit(path, state.orig_ref)
-        if now == state.base_commit:
+        elsewhere = co.branch_elsewhere(state.orig_ref)
+        if now == state.base_commit and elsewhere is not None:
+            where += (f" (branch {branch} is checked out in your worktree {elsewhere} now; "
+                      f"`git -C {path} switch {branch}` once it is not)")
+        elif now == state.base_commit:
             git.attach_head(path, state.orig_ref, "dsv4patch port: the workspace is closed")
             where = f"on branch {branch} at {state.base_commit[:12]}"
         else:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, forks, git, pincheck, resolving, transaction, tree
+from dsv4patch import checkout, engine, forks, git, pincheck, resolving, transaction, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import TreeError
 from dsv4patch.lock import Lock, Pin
@@ -108,16 +108,24 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
     ``lock`` was opened with ``chosen_series`` (``--series``, if any: then
     the lock's derived tree ids are not rewritten); ``as_variant``: changed
     patches become the pin's variants instead of overwriting shared series files.
+    The tree is vetted and held through :func:`checkout.guarded` for the whole refresh.
     """
-    path = tree_path
+    with checkout.guarded(tree_path):
+        return _refresh(lock=lock, pin=pin, store=store, path=Path(os.path.abspath(tree_path)),
+                        progress=progress, as_variant=as_variant, chosen_series=chosen_series)
+
+
+def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progress,
+             as_variant: bool, chosen_series: Sequence[str] | None) -> RefreshResult:
+    tree_path = path
     pinrepo = tree.materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     by_name = {p.name: p for p in series.patches}
     base = pinrepo.base_commit
     notes: list[str] = []
     done: dict[str, dict[str, str]] = {}
-    with transaction.tree_lock(path):
-        gitdir = transaction.repo_git_dir(path)
+    with transaction.tree_lock(path) as co:
+        gitdir = co.gitdir
         if resolving.has_workspace(gitdir):
             raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
                             f"resolve --continue --tree {path}` (or --abort) before refresh")

@@ -40,8 +40,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch import engine, git, portspace, safeio, states, transaction, tree
+from dsv4patch import engine, forks, git, portspace, safeio, states, transaction, tree
 from dsv4patch import lock as lockmod
+from dsv4patch.checkout import Checkout
 from dsv4patch.errors import FetchError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.progress import Progress
@@ -156,8 +157,7 @@ def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
 
 def open_workspace(
     *,
-    path: Path,
-    gitdir: Path,
+    co: Checkout,
     lock: Lock,
     pin: Pin,
     pinrepo: tree.PinRepo,
@@ -168,22 +168,21 @@ def open_workspace(
     progress: Progress,
     invocation: Invocation,
     orig_head: str | None = None,
+    branch: str | None = None,
 ) -> Workspace | None:
     """Open a conflict workspace for the first patch that blocks; None if it is not a conflict.
 
-    Called with the tree lock held.  ``orig_head``: where ``--abort`` returns
-    (through ``resolve --continue``, still the commit before the first ``apply --3way``).
+    Called with the tree lock held (the checkout vetted: no merge driver a 3-way merge
+    would run).  ``orig_head``: where ``--abort`` returns (through ``resolve --continue``,
+    still the commit before the first ``apply --3way``).  ``branch``: ``apply --branch``: the
+    new branch is made at ``head`` once every check passed (:func:`forks.start_branch`), and
+    the workspace commits onto it.
     """
+    path, gitdir = co.path, co.gitdir
     k = next(i for i, r in enumerate(result.patches) if r.status.blocks)
     failing, patch = result.patches[k], series.patches[k]
     if failing.status is not engine.Status.CONFLICT:
         return None
-    drivers = git.merge_drivers(path)
-    if drivers:
-        raise TreeError(
-            f"{path}: its git config names merge drivers ({', '.join(drivers)}), programs a 3-way "
-            "merge would run; remove them, or use a new directory for --tree"
-        )
     prefix = engine.SeriesResult(result.pin, result.base_commit, result.base_tree, result.patches[:k])
     commits = transaction.plan_commits(path, pinrepo.base_commit, series, prefix)
     at = commits[-1] if commits else pinrepo.base_commit
@@ -202,13 +201,17 @@ def open_workspace(
             f"`git format-patch` against a pin of the lock), then run apply --3way again. "
             f"{path} was left unchanged"
         )
+    # Nothing the user did not commit is overwritten: not by the prefix, not by the files the
+    # 3-way merge creates.
+    co.refuse_in_the_way(at, "apply --3way", extra=[f.path for f in patch.files if f.source_path is None])
+    made = forks.start_branch(co, branch, head) if branch is not None else None
     if head != at:
-        transaction.move_tree(path, gitdir, head, at)
+        transaction.move_tree(co, head, at, "apply --3way")
     res = git.apply_3way(path, patch.path)
     conflicted = git.unmerged_paths(path)
     if not res.ok and not conflicted:
         if head != at:
-            transaction.move_tree(path, gitdir, at, head)
+            transaction.move_tree(co, at, head, "apply --3way")
         raise TreeError(
             f"{patch.name}: `git apply --3way` could not merge it into pin {pin.name}:\n"
             f"{res.stderr.strip()}\n{path} was left unchanged; port it with "
@@ -231,7 +234,7 @@ def open_workspace(
     else:
         where = "it merged cleanly (staged, not committed)"
         todo = f"review the merge (`git -C {path} diff --cached`)"
-    notes = [
+    notes = ([made] if made else []) + [
         f"{patch.name} conflicts on pin {pin.name}: {failing.message}",
         f"committed {len(commits)} earlier patch(es) (HEAD {at[:12]}) and applied {patch.name} "
         f"3-way: {where}",
@@ -280,8 +283,8 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
     one the state names; ``out``: the command's kernel wheel directory, only
     compared with the one the workspace was opened with.
     """
-    with transaction.tree_lock(path):
-        gitdir = transaction.repo_git_dir(path)
+    with transaction.tree_lock(path) as co:
+        gitdir = co.gitdir
         state = read_state(gitdir, path)
         lock_path = _state_lock(lock, state, path)
         opened = lockmod.open_lock(lock_path, state.series)
@@ -314,7 +317,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
         safeio.atomic_write(target, text)
         lockmod.set_variant(opened.path, pin.name, patch.name, target)
         notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}"]
-        git.reset_hard(path, state.at)
+        transaction.reset_tree(co, state.at, "resolve --continue")
         state_path(gitdir).unlink()
         opened = lockmod.open_lock(lock_path, state.series)
         pin = opened.pin(pin.name)
@@ -335,9 +338,8 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
 
 def abort_workspace(path: Path) -> ResolveState:
     """Put ``path`` back at the commit it had before ``apply --3way``; the state that was closed."""
-    with transaction.tree_lock(path):
-        gitdir = transaction.repo_git_dir(path)
-        state = read_state(gitdir, path)
-        git.reset_hard(path, state.orig_head)
-        state_path(gitdir).unlink()
+    with transaction.tree_lock(path) as co:
+        state = read_state(co.gitdir, path)
+        transaction.reset_tree(co, state.orig_head, "resolve --abort")
+        state_path(co.gitdir).unlink()
     return state

@@ -9,6 +9,10 @@ killed at any point is safe:
   descriptor is inherited by every git that writes the tree (``git.run(...,
   tied=True)``), which also dies with its parent: the lock is free only once
   no git started by the holder can still be writing the tree.
+* The tree is a user's checkout: it is vetted and held through
+  :mod:`dsv4patch.checkout` (:func:`tree_lock`, :func:`open_tree`), and no move
+  overwrites a file the user did not commit (:func:`move_tree`, :func:`reset_tree`
+  refuse untracked and ignored files on the paths they write).
 * Before the journal exists nothing but objects and dsv4patch's own scratch
   files are written into the repository (``git status`` runs with
   ``--no-optional-locks``), so a run killed there leaves the tree as it was.
@@ -31,7 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dsv4patch import engine, git, safeio, states, tree
+from dsv4patch import checkout, engine, git, safeio, states, tree
+from dsv4patch.checkout import Checkout
 from dsv4patch.errors import TreeError, writing
 from dsv4patch.series import Patch, Series
 from dsv4patch.states import ApplyJournal
@@ -47,16 +52,6 @@ def is_empty(path: Path) -> bool:
     return not (path.exists() and any(path.iterdir()))
 
 
-def repo_git_dir(path: Path) -> Path:
-    """The git directory of the repository whose root is ``path``; TreeError if it is not one."""
-    if not git.is_repo_root(path):
-        raise TreeError(
-            f"{path} is not the root of a git repository; point --tree at a new directory "
-            "and dsv4patch creates the tree from the pin"
-        )
-    return git.git_dir(path)
-
-
 def _lock_file(lock: Path, where: Path) -> Path:
     """``lock``, created if needed; a tree we cannot write is the tree's problem (exit 5).
 
@@ -69,30 +64,32 @@ def _lock_file(lock: Path, where: Path) -> Path:
 
 
 @contextmanager
-def tree_lock(path: Path) -> Iterator[None]:
-    """Hold ``path``'s tree lock (``<git dir>/dsv4patch.lock``) for an existing tree."""
-    with file_lock(_lock_file(repo_git_dir(path) / TREE_LOCK, path), f"tree {path}", inherit=True):
-        yield
+def tree_lock(path: Path, role: str = "--tree") -> Iterator[Checkout]:
+    """Vet the existing tree ``path`` (:func:`checkout.guarded`) and hold its tree lock
+    (``<git dir>/dsv4patch.lock``); yields the checkout."""
+    with checkout.guarded(path, role=role) as co:
+        with file_lock(_lock_file(co.gitdir / TREE_LOCK, path), f"tree {path}", inherit=True):
+            yield co
 
 
 @contextmanager
-def open_tree(path: Path, pinrepo: tree.PinRepo) -> Iterator[str | None]:
+def open_tree(path: Path, pinrepo: tree.PinRepo, role: str = "--tree") -> Iterator[tuple[Checkout, str | None]]:
     """Hold the tree lock of ``path``, creating the tree from the pin first if absent.
 
-    Yields a note when the tree was created here, else None.  A new tree is
-    cloned next to ``path`` and renamed into place with its lock already held;
-    a lock file beside it (``.NAME.dsv4patch-create.lock``, removed once the
+    Yields the vetted checkout and a note when the tree was created here (else None).
+    A new tree is cloned next to ``path`` and renamed into place with its lock already
+    held; a lock file beside it (``.NAME.dsv4patch-create.lock``, removed once the
     tree exists) keeps two creators apart.
     """
     if not is_empty(path):
-        with tree_lock(path):
-            yield None
+        with tree_lock(path, role) as co:
+            yield co, None
         return
     create_lock = path.with_name(f".{path.name}.dsv4patch-create.lock")
     with file_lock(_lock_file(create_lock, path.parent), f"tree {path}", inherit=True):
         if not is_empty(path):  # another run created it while we waited
-            with tree_lock(path):
-                yield None
+            with tree_lock(path, role) as co:
+                yield co, None
             return
         tmp = path.with_name(f".{path.name}.dsv4patch-tmp")
         advice = f"free space or fix permissions under {path.parent}, then run apply again"
@@ -101,7 +98,8 @@ def open_tree(path: Path, pinrepo: tree.PinRepo) -> Iterator[str | None]:
             with writing(TreeError, str(path.parent), advice):
                 tmp.parent.mkdir(parents=True, exist_ok=True)
                 git.clone_local(pinrepo.repo, tmp)
-                git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
+                with checkout.owned(tmp):  # dsv4patch's own clone: nothing of a user's in it yet
+                    git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise
@@ -112,7 +110,8 @@ def open_tree(path: Path, pinrepo: tree.PinRepo) -> Iterator[str | None]:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise TreeError(f"cannot create {path}: {exc.strerror or exc}") from None
             create_lock.unlink(missing_ok=True)
-            yield f"created {path} from pin {pinrepo.pin.name} at {pinrepo.base_commit[:12]}"
+            with checkout.guarded(path, role=role) as co:
+                yield co, f"created {path} from pin {pinrepo.pin.name} at {pinrepo.base_commit[:12]}"
 
 
 # --- recovery -----------------------------------------------------------------------------
@@ -140,11 +139,12 @@ def _open_by(path: Path) -> int | None:
     return None
 
 
-def _stale_git_locks(path: Path, gitdir: Path, ref: str | None) -> list[Path]:
+def _stale_git_locks(co: Checkout, ref: str | None) -> list[Path]:
     """Lock files a killed git left (index, HEAD, the branch); refuse live ones."""
-    candidates = [gitdir / "index.lock", gitdir / "HEAD.lock"]
-    if ref:  # a branch (states.BRANCH): refs/heads/..., inside the git directory
-        candidates.append(gitdir / f"{ref}.lock")
+    path = co.path
+    candidates = [co.gitdir / "index.lock", co.gitdir / "HEAD.lock"]
+    if ref:  # a branch (states.BRANCH): refs/heads/..., in the common directory (a linked worktree's too)
+        candidates.append(co.commondir / f"{ref}.lock")
     stale = []
     for lock in candidates:
         if not lock.exists():
@@ -211,14 +211,16 @@ def interrupted(gitdir: Path) -> bool:
     return (gitdir / JOURNAL).exists()
 
 
-def recover(path: Path, gitdir: Path | None = None) -> str | None:
+def recover(co: Checkout) -> str | None:
     """Finish a move that was killed after it started moving the work tree.
 
     Called with the tree lock held.  Returns a note, None if there was nothing
     to recover; raises TreeError (exit 5) without touching anything when the
-    tree holds a state the interrupted move did not make.
+    tree holds a state the interrupted move did not make.  (The move refused
+    untracked and ignored files on its paths before it started: what is there
+    now is the move's.)
     """
-    gitdir = gitdir or repo_git_dir(path)
+    path, gitdir = co.path, co.gitdir
     journal = gitdir / JOURNAL
     if not journal.exists() and not journal.is_symlink():
         return None
@@ -230,7 +232,7 @@ def recover(path: Path, gitdir: Path | None = None) -> str | None:
                 f"{journal} names commit {oid[:12]}, which is not in {path}; delete the journal "
                 "and restore the tree yourself"
             )
-    stale = _stale_git_locks(path, gitdir, ref)
+    stale = _stale_git_locks(co, ref)
     move = f"{frm[:12]} -> {to[:12]}"
     problems: list[str] = []
     cur_ref = git.current_ref(path)
@@ -308,8 +310,13 @@ def plan_commits(path: Path, base: str, series: Series, result: engine.SeriesRes
     return commits
 
 
-def move_tree(path: Path, gitdir: Path, head: str, final: str) -> None:
-    """Move HEAD, index and work tree from ``head`` to ``final`` under a journal."""
+def move_tree(co: Checkout, head: str, final: str, what: str = "the apply") -> None:
+    """Move HEAD, index and work tree from ``head`` to ``final`` under a journal.
+
+    Refused (TreeError, nothing touched) when a path ``final`` writes holds a file the
+    user did not commit (untracked or ignored: :meth:`Checkout.in_the_way`)."""
+    path, gitdir = co.path, co.gitdir
+    co.refuse_in_the_way(final, what)
     journal = gitdir / JOURNAL
     record = ApplyJournal(frm=head, to=final, ref=git.current_ref(path), pid=os.getpid())
     states.write(journal, record, durable=True)
@@ -317,3 +324,10 @@ def move_tree(path: Path, gitdir: Path, head: str, final: str) -> None:
     git.refresh_index(path)
     git.checkout_to(path, head, final)
     journal.unlink()
+
+
+def reset_tree(co: Checkout, commit: str, what: str) -> None:
+    """``git reset --hard commit`` on the checkout, unless a path it writes holds a file the user
+    did not commit (untracked or ignored; ``reset --hard`` would delete it): then TreeError."""
+    co.refuse_in_the_way(commit, what)
+    git.reset_hard(co.path, commit)

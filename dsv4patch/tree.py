@@ -11,7 +11,9 @@ Sources:
 * ``pypi-sdist``: the verified tarball from the store, checked against the
   lock's commit through ``vllm/_version.py``;
 * ``git``: fetched at the exact commit from a remote (any URL git accepts);
-* ``local``: an existing checkout that must be clean and at the commit.
+* ``local``: an existing checkout that must be clean and at the commit (or, when
+  it is the tree a command works on, at a descendant of it); vetted through
+  :mod:`dsv4patch.checkout` like every user checkout.
 
 This is the only place a pin is fetched.
 """
@@ -27,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from dsv4patch import git
+from dsv4patch import checkout, git
 from dsv4patch.errors import CacheError, FetchError, NotFetchedError, TreeError, writing
 from dsv4patch.lock import Pin
 from dsv4patch.progress import Progress
-from dsv4patch.series import rewriting_attribute
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | Non
             advice = ("nothing was cached; free space in the cache (or point DSV4PATCH_CACHE / "
                       "--cache-dir at a larger disk) and run the command again")
             with writing(CacheError, str(store.root), advice):
-                _build(pin, store, dest, progress)
+                _build(pin, store, dest, progress, own_tree=checkout)
         base = (dest / READY).read_text().strip()
     tree = git.out(dest, "rev-parse", f"{base}^{{tree}}")
     if pin.source.kind != "pypi-sdist" and pin.base_tree and tree != pin.base_tree:
@@ -91,7 +92,7 @@ def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | Non
     return PinRepo(pin=pin, repo=dest, base_commit=base, base_tree=tree)
 
 
-def _build(pin: Pin, store: Store, dest: Path, progress: Progress) -> None:
+def _build(pin: Pin, store: Store, dest: Path, progress: Progress, own_tree: Path | None = None) -> None:
     work = store.tmpdir(f"tree-{pin.name}-")
     try:
         files = work / "files"
@@ -101,12 +102,13 @@ def _build(pin: Pin, store: Store, dest: Path, progress: Progress) -> None:
         else:
             where = pin.source.path if pin.source.kind == "local" else pin.source.url
             with progress.task(f"fetch {pin.name} from {where}", None):
-                _export_git(pin, store, files)
+                _export_git(pin, store, files, own_tree)
         git.init(files)
         message = f"vLLM {pin.vllm_version} ({pin.source.kind}, upstream commit {pin.commit})\n"
-        with progress.task(f"import {pin.name} into git", None):
-            base = git.add_all_and_commit_root(files, message)
-        git.run(files, ["config", "core.bare", "true"])
+        with checkout.owned(files):  # the import directory dsv4patch just made
+            with progress.task(f"import {pin.name} into git", None):
+                base = git.add_all_and_commit_root(files, message)
+            git.run(files, ["config", "core.bare", "true"])
         os.replace(files / ".git", work / "repo.git")
         (work / "repo.git" / READY).write_text(base + "\n")
         os.replace(work / "repo.git", dest)
@@ -304,46 +306,13 @@ def check_version_file(pin: Pin, root: Path) -> None:
         )
 
 
-def unsafe_settings(path: Path) -> list[str]:
-    """The git settings of the repository at ``path`` that run programs or rewrite files."""
-    problems: list[str] = []
-    res = git.run(path, ["config", "--name-only", "--get-regexp", r"^filter\."], check=False)
-    problems += [f"config {k}" for k in res.stdout.split()]
-    gitdir = git.git_dir(path)
-    attributes = gitdir / "info" / "attributes"
-    if attributes.is_file():
-        for line in attributes.read_text(errors="replace").splitlines():
-            attr = rewriting_attribute(line)
-            if attr:
-                problems.append(f"{attributes}: {line.strip()!r}")
-    return problems
-
-
-def check_target_tree(path: Path) -> None:
-    """Refuse a target tree whose own git settings would rewrite files or run programs.
-
-    git.py pins every setting that changes ``git apply`` or checkout on the
-    command line, which beats the tree's ``.git/config``; what cannot be
-    pinned that way is a ``filter.<driver>`` (its clean/smudge commands run on
-    ``status`` and checkout) and ``$GIT_DIR/info/attributes`` lines that
-    rewrite files on checkout (eol, ident, filter, working-tree-encoding...).
-    """
-    problems = unsafe_settings(path)
-    if problems:
-        raise TreeError(
-            f"{path}: its git settings would make the files on disk differ from the tree id or "
-            f"run programs ({'; '.join(problems[:5])}); remove them, or use a new directory "
-            "for --tree"
-        )
-
-
 def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
-    """A ``local`` pin's checkout must exist and be a clean git checkout at the pinned commit,
-    with no git settings that would run programs (checked before `git status` runs).
+    """A ``local`` pin's checkout must exist and be a clean git checkout at the pinned commit;
+    it is vetted first (:func:`checkout.guarded`: no settings that run programs or rewrite files).
 
     ``own_tree``: the tree being worked on; when it is this checkout, HEAD may descend from the
-    pinned commit (the fork's branch with the series on top) and may be mid-work (the caller
-    checks cleanliness)."""
+    pinned commit (the fork's branch with the series, and the maintainer's commits, on top) and
+    may be mid-work (the caller checks cleanliness)."""
     src = pin.source
     assert src.path is not None
     if not src.path.exists():
@@ -351,39 +320,36 @@ def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
             f"pin {pin.name}: local source {src.path} does not exist; a relative path in the "
             "lock is relative to the lock file's directory, so a copied lock needs it adjusted"
         )
-    if not git.is_repo_root(src.path):
+    if not checkout.is_checkout_root(src.path):
         raise FetchError(f"pin {pin.name}: {src.path} is not a git checkout")
-    head = git.head(src.path)
-    own = own_tree is not None and os.path.realpath(own_tree) == os.path.realpath(src.path)
-    if own and head is not None and git.is_ancestor(src.path, pin.commit, head):
-        return
-    if head != pin.commit:
-        raise TreeError(
-            f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
-            f"{pin.commit}; check out that commit"
-        )
-    # `git status` would run the checkout's clean filters: its config is not ours to run.
-    problems = unsafe_settings(src.path)
-    if problems:
-        raise TreeError(
-            f"pin {pin.name}: local checkout {src.path} has git settings that run programs "
-            f"or rewrite files ({'; '.join(problems[:5])}); dsv4patch does not run them. "
-            "Remove them there, or use a clean clone of it as the source"
-        )
-    dirty = git.dirty_paths(src.path)
-    if dirty:
-        raise TreeError(
-            f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
-            f"({', '.join(dirty[:5])}); commit or stash them"
-        )
+    with checkout.guarded(src.path, role=f"pin {pin.name}'s local checkout"):
+        head = git.head(src.path)
+        own = own_tree is not None and os.path.realpath(own_tree) == os.path.realpath(src.path)
+        if own and head is not None and git.has_object(src.path, f"{pin.commit}^{{commit}}") \
+                and git.is_ancestor(src.path, pin.commit, head):
+            return
+        if head != pin.commit:
+            raise TreeError(
+                f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
+                f"{pin.commit}; check out that commit"
+                + (f" (HEAD may descend from it only where {src.path} is itself the --tree)"
+                   if head is not None else "")
+            )
+        dirty = git.dirty_paths(src.path)
+        if dirty:
+            raise TreeError(
+                f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
+                f"({', '.join(dirty[:5])}); commit or stash them"
+            )
 
 
-def _export_git(pin: Pin, store: Store, dest: Path) -> None:
-    """Check out the pinned commit's files from a git remote or a local checkout."""
+def _export_git(pin: Pin, store: Store, dest: Path, own_tree: Path | None = None) -> None:
+    """Check out the pinned commit's files from a git remote or a local checkout (``own_tree``:
+    the tree the command works on, see :func:`check_local_checkout`)."""
     src = pin.source
     if src.kind == "local":
         assert src.path is not None
-        check_local_checkout(pin)
+        check_local_checkout(pin, own_tree)
         url = str(src.path)
     else:
         url = src.url

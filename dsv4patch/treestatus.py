@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, resolving, transaction, tree
+from dsv4patch import checkout, engine, git, resolving, transaction, tree
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import FetchError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, load
@@ -116,9 +116,8 @@ class TreeStatus:
 
 
 def tree_patches(path: Path) -> tuple[str, list[Applied]]:
-    """(root commit, the patches dsv4patch's commits say they applied) for a dsv4patch tree."""
-    if not git.is_repo_root(path):
-        raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
+    """(root commit, the patches dsv4patch's commits say they applied) for a dsv4patch tree
+    (held by :func:`checkout.guarded`)."""
     head = git.head(path)
     if head is None:
         raise TreeError(f"{path} has no commits")
@@ -144,22 +143,9 @@ def foreign_commits(path: Path, root: str) -> list[Foreign]:
 
 
 def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
-    """Per patch: ``reverse-apply``, ``markers`` or None, from HEAD's tree alone.
-
-    The series is peeled off a scratch index of HEAD in reverse order, so a
-    patch is judged against the tree the later patches left (fix 7 and extra
-    2 touch the same line)."""
-    found: dict[str, str | None] = {}
+    """Per patch: ``reverse-apply``, ``markers`` or None, from HEAD's tree alone (:func:`engine.carried`)."""
     with git.scratch_index(path, "HEAD") as env:
-        for p in reversed(series.patches):
-            rev = git.apply(path, p.path, env=env, reverse=True)
-            if rev.ok and "Skipped patch" not in rev.stdout + rev.stderr:
-                found[p.name] = "reverse-apply"
-            elif engine.markers_present(path, env, p):
-                found[p.name] = "markers"
-            else:
-                found[p.name] = None
-    return found
+        return engine.carried(path, env, series)
 
 
 def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tuple[Lock, Pin] | None:
@@ -182,7 +168,18 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
 
 
 def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None) -> TreeStatus:
-    """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`)."""
+    """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`).
+
+    The tree is vetted and held through :func:`checkout.guarded` (TreeError, exit 5, when it
+    is not a checkout or its settings name programs)."""
+    if not checkout.is_checkout_root(path):
+        raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
+    with checkout.guarded(path) as co:
+        return _tree_status(co, lock, pin)
+
+
+def _tree_status(co: checkout.Checkout, lock: Path | None, pin: str | None) -> TreeStatus:
+    path = co.path
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)
     foreign = foreign_commits(path, root)
@@ -252,7 +249,7 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None)
         notes.append(f"{len(foreign)} commit(s) not made by dsv4patch: "
                      + ", ".join(f.commit[:12] for f in foreign))
     notes += [f"{k}: {v.note}" for k, v in patches.items() if v.note]
-    gitdir = git.git_dir(path)
+    gitdir = co.gitdir
     interrupted = transaction.interrupted(gitdir)
     if interrupted:
         ok = False

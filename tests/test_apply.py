@@ -101,6 +101,23 @@ def test_refuses_dirty_tree_and_other_commit(tmp_path, cli, two_patch_lock):
     (tree / "new.txt").write_text("x")
     sh(tree, "add", "new.txt")
     sh(tree, "commit", "-qm", "mine")
+    # Your own commit above the series (issue 35): apply agrees with status, nothing to do.
+    res = cli(*base, "--format", "json")
+    assert res.rc == 0 and any("1 commit(s) of yours above them" in n for n in json.loads(res.out)["notes"]), res
+    assert cli("status", "--lock", two_patch_lock, "--pin", "p", "--tree", tree).rc == 0
+    # Your commit that takes a patch out again: both say so (exit 1), nothing is touched.
+    (tree / "vllm/worker.py").write_text(sh(tree, "show", "HEAD~2:vllm/worker.py") + "\n")
+    sh(tree, "commit", "-qam", "mine: revert the worker change")
+    head = sh(tree, "rev-parse", "HEAD")
+    res = cli(*base)
+    assert res.rc == 1 and "take out what 0002" in res.out, res
+    assert cli("status", "--lock", two_patch_lock, "--pin", "p", "--tree", tree).rc == 1
+    assert sh(tree, "rev-parse", "HEAD") == head
+    # A branch off the middle of the series is neither the base nor above the series.
+    sh(tree, "checkout", "-q", "-b", "side", "HEAD~3")
+    (tree / "side.txt").write_text("x")
+    sh(tree, "add", "side.txt")
+    sh(tree, "commit", "-qm", "mine, on 0001")
     res = cli(*base)
     assert res.rc == EXIT_TREE and "neither pin p's base commit" in res.err
 

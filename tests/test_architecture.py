@@ -181,3 +181,38 @@ def test_the_architecture_page_names_no_module_that_is_gone() -> None:
     """Each module the table names (`x.py`, `commands/x.py`) exists: the page follows the code."""
     gone = sorted(n for n in _table() if not (PACKAGE / n).is_file())
     assert gone == []
+
+
+def _calls(module: Module, owner: str, name: str) -> list[int]:
+    """Lines where ``module`` calls ``owner.name(...)`` (``from dsv4patch import owner`` style)."""
+    return [node.lineno for node in ast.walk(module.tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == owner]
+
+
+def test_only_the_checkout_guard_lets_git_into_a_work_tree() -> None:
+    """issue 35: one guarded way to a user's checkout.  git.py runs in a work tree only while
+    git.guarding holds it, and only checkout.py calls that (after vetting, or checkout.owned for a
+    tree dsv4patch itself creates: only where trees are created)."""
+    bad = []
+    for m in MODULES:
+        for line in _calls(m, "git", "guarding"):
+            if m.name != "dsv4patch.checkout":
+                bad.append(_where(m, line, "git.guarding outside checkout.py"))
+        for line in _calls(m, "checkout", "owned"):
+            if m.name not in ("dsv4patch.tree", "dsv4patch.transaction"):
+                bad.append(_where(m, line, "checkout.owned outside the modules that create a work tree"))
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "dsv4patch.git":
+                names = {a.name for a in node.names}
+                if names & {"guarding", "_GUARDED"}:
+                    bad.append(_where(m, node.lineno, "imports git's guard directly"))
+    assert bad == []
+    assert _calls(next(m for m in MODULES if m.name == "dsv4patch.checkout"), "git", "guarding")
+
+
+def test_git_refuses_a_work_tree_the_guard_does_not_hold() -> None:
+    """The runtime half: git._repo_env raises for a work tree no guard holds (exercised for real in
+    tests/test_checkout.py and tests/test_git.py)."""
+    source = (PACKAGE / "git.py").read_text()
+    assert "raise UnguardedCheckout(" in source and "_GUARDED.get(os.path.realpath(cwd))" in source

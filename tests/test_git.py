@@ -1,11 +1,22 @@
-"""dsv4patch.git's typed records, read from a real repository."""
+"""dsv4patch.git's typed records, read from a real repository; the guard it keeps on work trees;
+format-patch bytes that a repository's config cannot change; branch names."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from conftest import sh
-from dsv4patch import git
+from dsv4patch import checkout, git
+
+
+@pytest.fixture(autouse=True)
+def _held(tmp_path: Path) -> Iterator[None]:
+    """The repositories of these tests are work trees: git runs in them only while held."""
+    with checkout.owned(tmp_path / "r"):
+        yield
 
 
 def _repo(tmp_path: Path) -> tuple[Path, str]:
@@ -68,3 +79,71 @@ def test_work_tree_state(tmp_path: Path) -> None:
     assert not git.index_is(repo, head) and git.staged_names(repo, head) == ["a.txt"]
     sh(repo, "checkout", "-q", "--detach")
     assert git.current_ref(repo) is None
+
+
+def test_git_refuses_a_work_tree_nobody_vetted(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    sh(other, "init", "-q")
+    with pytest.raises(git.UnguardedCheckout, match="not\n?.*vetted"):
+        git.head(other)
+    with checkout.guarded(other) as co:
+        assert git.head(other) is None and co.gitdir == other / ".git"
+    with pytest.raises(git.UnguardedCheckout):
+        git.dirty_paths(other)
+
+
+HOSTILE_FORMAT = """[format]
+\tsignOff = true
+\theaders = "X-Fork: acme"
+\tsubjectPrefix = FORK
+\tnumbered = true
+\tcoverLetter = true
+\tthread = shallow
+\tsignature = acme
+\tfrom = true
+[diff]
+\tnoprefix = true
+\tmnemonicPrefix = true
+\tcontext = 9
+\talgorithm = patience
+\texternal = /bin/false
+[core]
+\tabbrev = 20
+[color]
+\tui = always
+\tdiff = always
+[user]
+\temail = fork@example.com
+\tname = Fork Maintainer
+[i18n]
+\tcommitEncoding = ISO-8859-1
+\tlogOutputEncoding = ISO-8859-1
+"""
+
+
+def test_format_patch_is_the_same_bytes_whatever_the_repositorys_config(tmp_path: Path) -> None:
+    """issue 35: a maintainer's format.*, diff.*, core.abbrev, colour and identity never reach a patch."""
+    repo, head = _repo(tmp_path)
+    (repo / "a.txt").write_text("one\nTWO\n")
+    sh(repo, "commit", "-qam", "change a\n\nFix: it")
+    commit = sh(repo, "rev-parse", "HEAD")
+    plain = git.format_patch(repo, commit, 2, 7)
+    with open(repo / ".git" / "config", "a") as fh:
+        fh.write(HOSTILE_FORMAT)
+    # No committer identity anywhere (format.signOff needed one: exit 70 before).
+    assert git.format_patch(repo, commit, 2, 7) == plain
+    assert plain.startswith(f"From {commit} Mon Sep 17 00:00:00 2001\n")
+    assert "Subject: [PATCH 2/7] change a\n" in plain and "--- a/a.txt\n+++ b/a.txt\n" in plain
+    assert "Signed-off-by" not in plain and "X-Fork" not in plain and "\x1b[" not in plain
+    index = next(line for line in plain.splitlines() if line.startswith("index "))
+    assert [len(x) for x in index.split()[1].split("..")] == [7, 7]
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("dsv4", True), ("acme/dsv4-0.27.1", True), ("@{-1}", False), ("@", False), ("HEAD", False),
+    ("-f", False), ("a..b", False), ("a b", False), ("a~1", False), ("x.lock", False), ("", False),
+    ("new\nline", False), ("a@{u}", False),
+])
+def test_branch_names(name: str, ok: bool) -> None:
+    assert git.valid_branch_name(name) is ok

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import applying
+from dsv4patch import applying, forks
 from dsv4patch.commands import _common
+from dsv4patch.errors import UsageError
 from dsv4patch.resolving import Invocation
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
@@ -45,6 +46,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.branch is not None:
+        problem = forks.branch_name_problem(args.branch)
+        if problem:
+            raise UsageError(f"--branch {problem}")
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     default_tree = args.tree is None

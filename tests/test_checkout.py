@@ -1,0 +1,230 @@
+"""dsv4patch.checkout: the one guarded way to a user's checkout (issue 35).
+
+Every command that touches a fork's checkout (``apply --tree``, ``refresh``, ``status --tree``,
+``resolve``, ``port --local``, ``port --workspace``, ``build --tree``, and a ``local`` pin's
+source for ``check``) refuses one whose settings name a program git would run, wherever the
+setting lives: the repository's config, a file it includes (``include``/``includeIf``), a
+submodule's own config; or whose attributes rewrite files, also in a linked worktree's common
+directory.  Nothing runs (each program writes a marker), nothing of the fork changes
+(forkfixture's snapshot), exit 5.  And a move never overwrites a file the user did not commit:
+an ignored file where the series writes is refused by name.  Real git, a lived-in fork.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from dsv4patch.errors import EXIT_TREE, EXIT_USAGE
+from forkfixture import Fork, make_fork, make_project, run_git
+
+
+@pytest.fixture
+def lived_in(tmp_path: Path, upstream) -> tuple[Fork, Path]:
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit)
+    return fork, make_project(tmp_path, upstream, fork)
+
+
+def _program(fork: Fork, name: str) -> Path:
+    """A program a setting names: it writes a marker when git runs it (and passes data through)."""
+    script = fork.markers / "bin" / name
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{fork.markers / 'RAN'}'\ncat\n")
+    script.chmod(0o755)
+    return script
+
+
+def _plant(fork: Fork, kind: str) -> None:
+    """One setting (with what makes git use it) that must be refused."""
+    git_dir = fork.path / ".git"
+    prog = _program(fork, kind)
+    attrs = git_dir / "info" / "attributes"
+    attrs.parent.mkdir(exist_ok=True)
+    if kind == "filter":
+        with open(git_dir / "config", "a") as fh:
+            fh.write(f'[filter "acme"]\n\tclean = {prog} %f\n\tsmudge = {prog} %f\n')
+        attrs.write_text("*.py filter=acme\n")
+    elif kind == "filter-process":
+        with open(git_dir / "config", "a") as fh:
+            fh.write(f'[filter "acme"]\n\tprocess = {prog}\n\trequired = true\n')
+        attrs.write_text("* filter=acme\n")
+    elif kind == "filter-in-include":
+        with open(fork.root / "acme.inc", "a") as fh:
+            fh.write(f'[filter "inc"]\n\tclean = {prog}\n')
+        attrs.write_text("*.py filter=inc\n")
+    elif kind == "filter-in-includeIf":
+        with open(fork.root / "acme-main.inc", "a") as fh:
+            fh.write(f'[filter "onbranch"]\n\tsmudge = {prog}\n\tclean = {prog}\n')
+        attrs.write_text("*.py filter=onbranch\n")
+    elif kind == "textconv":
+        with open(git_dir / "config", "a") as fh:
+            fh.write(f'[diff "acme"]\n\ttextconv = {prog}\n\tcommand = {prog}\n')
+        attrs.write_text("*.py diff=acme\n")
+    elif kind == "external-diff":
+        with open(git_dir / "config", "a") as fh:
+            fh.write(f"[diff]\n\texternal = {prog}\n")
+    elif kind == "merge-driver":
+        with open(git_dir / "config", "a") as fh:
+            fh.write(f'[merge "acme"]\n\tdriver = {prog} %O %A %B\n')
+        attrs.write_text("*.py merge=acme\n")
+    elif kind == "submodule-filter":
+        sub = git_dir / "modules" / fork.submodule
+        with open(sub / "config", "a") as fh:
+            fh.write(f'[filter "sub"]\n\tclean = {prog}\n\tsmudge = {prog}\n')
+        (sub / "info" / "attributes").write_text("* filter=sub\n")
+        (fork.path / fork.submodule / "data.txt").touch()  # stat-dirty: git status would clean it
+    elif kind == "info-attributes-crlf":
+        attrs.write_text("* text eol=crlf\n")
+    elif kind == "tracked-ident":
+        (fork.path / "vllm" / ".gitattributes").write_text("*.py ident\n")
+        fork.git("add", "vllm/.gitattributes")
+        fork.git("commit", "-qm", "acme: ident")
+    else:
+        raise AssertionError(kind)
+
+
+KINDS = ["filter", "filter-process", "filter-in-include", "filter-in-includeIf", "textconv", "external-diff",
+         "merge-driver", "submodule-filter", "info-attributes-crlf", "tracked-ident"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_command_refuses_a_fork_whose_settings_run_programs(tmp_path, upstream, cli, kind):
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit)
+    lock = make_project(tmp_path, upstream, fork)
+    _plant(fork, kind)
+    before = fork.snapshot()
+    cache = ("--cache-dir", tmp_path / "c")
+    f = str(fork.path)
+    commands = [
+        ("apply", "--lock", lock, "--pin", "acme", "--tree", f, "--branch", "dsv4", "--no-build", *cache),
+        ("apply", "--lock", lock, "--pin", "up", "--tree", f, "--no-build", *cache),
+        ("refresh", "--lock", lock, "--pin", "up", "--tree", f, *cache),
+        ("status", "--lock", lock, "--pin", "up", "--tree", f),
+        ("resolve", "--abort", "--tree", f),
+        ("port", "--lock", lock, "--from", "up", "--local", f, "--dry-run", *cache),
+        ("port", "--lock", lock, "--from", "up", "--local", f, "--workspace", f, *cache),
+        ("check", "--lock", lock, "--pin", "acme", *cache),  # the local pin's source is the fork
+        ("build", "--lock", lock, "--pin", "up", "--tree", f, "--dry-run", *cache),
+    ]
+    for argv in commands:
+        res = cli(*argv)
+        assert res.rc == EXIT_TREE, (argv, res.rc, res.out[-2000:], res.err[-2000:])
+        assert "dsv4patch runs none of them" in res.err, (argv, res.err)
+        fork.assert_kept(before)
+    assert fork.ran() == []
+
+
+def test_a_linked_worktree_is_refused_for_attributes_in_its_common_dir(tmp_path, upstream, cli):
+    """issue 35: `* text eol=crlf` in the common .git/info/attributes of a `git worktree add` checkout
+    was not seen (the worktree's private git dir was read): apply exited 0 with CRLF files."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    (fork.path / ".git" / "info").mkdir(exist_ok=True)
+    (fork.path / ".git" / "info" / "attributes").write_text("* text eol=crlf\n")
+    before = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.worktree, "--branch", "dsv4", "--no-build",
+              "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE and "eol=crlf" in res.err and str(fork.path / ".git" / "info" / "attributes") \
+        in res.err, res.err
+    fork.assert_kept(before)
+    assert b"\r\n" not in (fork.worktree / "vllm" / "envs.py").read_bytes()
+    # Without it the worktree takes the series (on a new branch; main's checkout is not touched).
+    (fork.path / ".git" / "info" / "attributes").unlink()
+    before = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.worktree, "--branch", "dsv4", "--no-build",
+              "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    assert (fork.worktree / "vllm" / "new.py").read_text() == "NEW = 1\n"
+    assert run_git(fork.worktree, "symbolic-ref", "HEAD") == "refs/heads/dsv4"
+    assert run_git(fork.worktree, "status", "--porcelain") == ""
+    assert (fork.path / "vllm" / "envs.py").read_text() == (fork.worktree / "vllm" / "envs.py").read_text()[:-6]
+    # The worktree's own files (release.log) stay; the main checkout is where it was.
+    now = fork.snapshot()
+    assert now.loose == before.loose and now.heads["checkout"] == before.heads["checkout"]
+    assert now.config == before.config and now.stash == before.stash
+
+
+def test_a_fifo_in_the_config_includes_is_refused_not_read(tmp_path, upstream):
+    """git would block on an included FIFO forever; the guard checks every include is a regular file."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    fifo = tmp_path / "acme.fifo"
+    os.mkfifo(fifo)
+    with open(fork.path / ".git" / "config", "a") as fh:
+        fh.write(f"[include]\n\tpath = {fifo}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(lock), "--pin", "up",
+                             "--tree", str(fork.path), "--no-build", "--cache-dir", str(tmp_path / "c")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # dsv4patch and the git blocked on the FIFO
+        proc.communicate()
+        raise AssertionError("apply blocked on the FIFO the fork's config includes") from None
+    assert proc.returncode == EXIT_TREE and str(fifo) in err and "not a regular file" in err, err
+
+
+def test_an_ignored_file_where_the_series_writes_is_refused_by_name(tmp_path, upstream, cli, lived_in):
+    """issue 35: an ignored, untracked vllm/new.py (a patch creates it) was overwritten by apply
+    with exit 0 and no word.  Refused (exit 5) by name, in apply, apply --3way and port --workspace."""
+    fork, lock = lived_in
+    cache = ("--cache-dir", tmp_path / "c")
+    with open(fork.path / ".gitignore", "a") as fh:
+        fh.write("/vllm/new.py\n")
+    fork.git("commit", "-qam", "acme: ignore our scratch module")
+    (fork.path / "vllm" / "new.py").write_text("MY WORK, NOT COMMITTED\n")
+    before = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--branch", "dsv4", "--no-build", *cache)
+    assert res.rc == EXIT_TREE and "vllm/new.py (ignored)" in res.err and "never overwrites" in res.err, res
+    fork.assert_kept(before)
+    assert (fork.path / "vllm" / "new.py").read_text() == "MY WORK, NOT COMMITTED\n"
+    before = {"loose": {k: v for k, v in before.loose.items() if not k.endswith("vllm/new.py")}}
+    # --3way: the fork changes the line 0002 changes.  The workspace opens at 0002 (the ignored
+    # file is not on its paths and stays); resolve --continue goes on to 0003, which would write
+    # vllm/new.py: refused by name, the file kept.
+    (fork.path / "vllm" / "worker.py").write_text(
+        (fork.path / "vllm" / "worker.py").read_text().replace("return 0", "return 1  # acme"))
+    fork.git("commit", "-qam", "acme: return 1")
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--3way", "--no-build", *cache)
+    assert res.rc == 1 and "0002-worker.patch conflicts" in res.out, res
+    assert (fork.path / "vllm" / "new.py").read_text() == "MY WORK, NOT COMMITTED\n"
+    (fork.path / "vllm" / "worker.py").write_text(
+        (fork.path / "vllm" / "worker.py").read_text().split("<<<<<<<")[0] + "    return 2  # acme\n")
+    res = cli("resolve", "--continue", "--lock", lock, "--tree", fork.path, *cache)
+    assert res.rc == EXIT_TREE and "vllm/new.py (ignored)" in res.err, res
+    assert (fork.path / "vllm" / "new.py").read_text() == "MY WORK, NOT COMMITTED\n"
+    assert fork.ran() == []
+    # Moved away, the same command goes on and the series completes.
+    (fork.path / "vllm" / "new.py").rename(tmp_path / "saved.py")
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--3way", "--no-build", *cache)
+    assert res.rc == 0, res
+    assert fork.git("log", "-1", "--format=%s") == "new: a module"
+    assert fork.snapshot().loose == before["loose"]
+
+
+def test_unguarded_git_on_a_checkout_is_an_internal_error_not_a_silent_run(tmp_path, upstream):
+    """The runtime half of "a command cannot forget the guard": git refuses a work tree no guard holds."""
+    from dsv4patch import git
+
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit)
+    with pytest.raises(git.UnguardedCheckout):
+        git.dirty_paths(fork.path)
+    assert fork.ran() == []
+
+
+def test_branch_shorthands_are_usage_errors(tmp_path, upstream, cli, lived_in):
+    """issue 35: `apply --branch '@{-1}'` exited 70 (check-ref-format --branch expands it, update-ref fails)."""
+    fork, lock = lived_in
+    before = fork.snapshot()
+    for name in ("@{-1}", "@", "HEAD", "-b", "a..b", "x.lock", "has space", "@{upstream}"):
+        res = cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--branch", name, "--no-build",
+                  "--cache-dir", tmp_path / "c")
+        assert res.rc == EXIT_USAGE and "--branch" in res.err, (name, res)
+        fork.assert_kept(before)

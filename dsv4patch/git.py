@@ -375,7 +375,7 @@ def apply(
         args.append("-R")
     if check_only:
         args.append("--check")
-    args.append(str(patch))
+    args.append(os.path.abspath(patch))  # git runs in ``repo``: a relative path would be read from there
     return run(repo, args, env=env, check=False)
 
 
@@ -705,7 +705,7 @@ def init_with_alternates(path: Path, others: Sequence[Path]) -> None:
 
 def apply_3way(tree: Path, patch: Path) -> Result:
     """``git apply --3way`` into the work tree and index of ``tree`` (conflicts leave markers)."""
-    return run(tree, ["apply", "--3way", "-v", "--whitespace=nowarn", str(patch)], check=False,
+    return run(tree, ["apply", "--3way", "-v", "--whitespace=nowarn", os.path.abspath(patch)], check=False,
                tied=True)
 
 

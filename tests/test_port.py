@@ -77,7 +77,7 @@ def test_port_to_026_conflicts_then_reproduces_the_hand_variants(tmp_path, share
     assert ported.patched_tree == hand.patched_tree  # the tree `verify --pin 0.26.0` proves
 
 
-def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstream, cli):
+def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstream, cli, monkeypatch):
     root = tmp_path / "proj"
     (root / "locks").mkdir(parents=True)
     (root / "patches").mkdir()
@@ -117,6 +117,17 @@ def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstr
     assert c["file"] == "vllm/envs.py" and c["target"] == "VAR_20 = 21" and c["patch"] == "VAR_20 = 200"
     assert lock.read_text() == before and not (root / "patches/variants/third").exists()
     del old_commit
+
+    # issue 35: --resolutions as the docs write it, relative to where the command runs (it was
+    # read from git's directory: a false conflict, "the resolution does not apply").
+    (root / "res").mkdir()
+    upstream.patch(root / "res/0002-merge.patch", "r",
+                   {"vllm/envs.py": MINI_FILES["vllm/envs.py"].replace("VAR_20 = 20", "VAR_20 = 200")}, "two")
+    monkeypatch.chdir(root)
+    res = cli("port", "--lock", "locks/vllm.toml", "--from", "old", "--to", third, "--git", upstream.path,
+              "--name", "third", "--resolutions", "res", "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    assert json.loads(res.out)["patches"]["0002-merge.patch"]["action"] == "resolved"
 
 
 def test_port_numbers_each_series_on_its_own(tmp_path, upstream, cli):

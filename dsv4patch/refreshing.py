@@ -15,7 +15,12 @@ This is the patch-package / ``quilt refresh`` step: edit a tree made by
   from the patch file; dsv4patch's own ``Dsv4patch-*`` trailers are dropped;
 * a new commit becomes a new patch ``NNNN-subject.patch`` beside the pin's
   last series file, listed after the patch before it, with a header
-  template (``Fix:``, ``Origin:``) to fill in.
+  template (``Fix:``, ``Origin:``) to fill in.  Where that series is shared
+  with other pins and the commit is a fork's (the tree is the fork's own
+  checkout) or ``--as-variant`` was asked, the commit never enters the shared
+  series: it goes to a series of the pin's own (``[series."PIN"]``, the file
+  ``variants/PIN/series``, added to the pin's ``series`` in the lock), so no
+  other pin's check changes; otherwise the note names the pins that now read it.
 
 Written patches are numbered within their own series (``[PATCH n/7]`` for
 the seven fixes, the extra series on its own), as ``port`` numbers them.
@@ -66,6 +71,11 @@ def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Pat
     to the commit's parent gives the commit's tree, and the message is the one apply writes."""
     if message != transaction.commit_message(patch):
         return False
+    return _same_tree(path, commit, tree_id, patch)
+
+
+def _same_tree(path: Path, commit: str, tree_id: str, patch: Patch) -> bool:
+    """Whether ``patch`` applied exactly (no offset) to ``commit``'s parent gives ``tree_id``."""
     with git.scratch_index(path, f"{commit}^") as env:
         res = git.apply(path, patch.path, env=env)
         if not res.ok or engine.has_offsets(res.stdout + res.stderr):
@@ -150,12 +160,18 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
         statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
         numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
         next_number = max(numbers, default=0) + 1
+        # Where a new commit goes: the pin's last series, unless other pins share it and the
+        # commit must stay the pin's (a fork's own commit, or --as-variant): its own series.
+        last = pin.series[-1]
+        sharing = sorted(p.name for p in lock.pins.values() if p.name != pin.name and last in p.series)
+        own_series = _own_series_name(lock, pin) if sharing and (as_variant or fork) else None
+        new_series = own_series or last
         # Each commit's series (its patch's; a new commit joins the pin's last one), for
         # numbering within a series.
         commit_series = []
         for c in commits:
             cname = _strip_ours(git.commit_info(path, c).message)[1]
-            commit_series.append(by_name[cname].series if cname in by_name else pin.series[-1])
+            commit_series.append(by_name[cname].series if cname in by_name else new_series)
         parent = base
         seen: list[str] = []
         writes: list[tuple[Path, str]] = []
@@ -182,14 +198,34 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                 continue
             if name is None:
                 subject = message.split("\n", 1)[0]
+                # A commit of yours refreshed before: its patch is in the series now (the commit
+                # has no trailer of ours), found by subject and change, and left alone.
+                known = next((p for p in series.patches if p.name not in seen and p.subject == subject
+                              and _same_tree(path, c, tree_id, p)), None)
+                if known is not None:
+                    done[known.name] = {"action": "unchanged", "file": str(known.path)}
+                    parent = c
+                    seen.append(known.name)
+                    continue
                 name = f"{next_number:04d}-{_slug(subject)}.patch"
                 next_number += 1
                 message = _with_template(message)
-                sname = pin.series[-1]
+                sname = new_series
                 after = next((s for s in reversed(seen)
                               if s in by_name and by_name[s].series == sname), None)
                 new_entries.append((sname, after, name))
-                dest = lock.series[sname].path.parent / name
+                if own_series is not None:
+                    dest = resolving.variants_dir(lock, pin) / name
+                    why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
+                    notes.append(f"{name}: in pin {pin.name}'s own series {own_series!r} "
+                                 f"({dest.parent / 'series'}, added to the lock): series {last!r} is also "
+                                 f"read by {', '.join(sharing)} ({why}); to give it to them, move its "
+                                 f"line into {lock.series[last].path}")
+                else:
+                    dest = lock.series[sname].path.parent / name
+                    if sharing:
+                        notes.append(f"{name}: added to series {sname!r}, which pins {', '.join(sharing)} "
+                                     "also read: their check includes it from now on")
                 action = "new"
                 notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
                              "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
@@ -214,9 +250,12 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
         tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, dest)
+    if own_series is not None and new_entries:
+        _add_own_series(lock.path, pin, own_series, resolving.variants_dir(lock, pin) / "series")
+        lock = lockmod.open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     for sname, after, name in new_entries:
         sfile = lock.series[sname].path
-        lines = sfile.read_text(encoding="utf-8").splitlines()
+        lines = sfile.read_text(encoding="utf-8").splitlines() if sfile.exists() else []
         at = len(lines)
         if after is not None:
             listed = [p.name for p in read_series_file(sfile)]
@@ -229,7 +268,8 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                         if count == idx:
                             at = j + 1
                             break
-        rel = os.path.relpath(lock.series[sname].path.parent / name, sfile.parent)
+        rel = os.path.relpath((resolving.variants_dir(lock, pin) if sname == own_series
+                               else lock.series[sname].path.parent) / name, sfile.parent)
         lines.insert(at, rel)
         sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for name, dest in variants:
@@ -268,6 +308,38 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
         notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
                      "the refreshed series' commits on a new --tree")
     return RefreshResult(fresh.path, path, pin.name, ok, res.final_tree, done, notes)
+
+
+def _own_series_name(lock: Lock, pin: Pin) -> str:
+    """The name of the series of ``pin``'s own (its name, else ``NAME-own``, ``NAME-own2``...)."""
+    for candidate in (pin.name, f"{pin.name}-own", *(f"{pin.name}-own{i}" for i in range(2, 100))):
+        if candidate not in lock.series or candidate in pin.series:
+            return candidate
+    raise TreeError(f"pin {pin.name}: no free series name for its own series in {lock.path}")
+
+
+def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
+    """``[series.NAME]`` (``default = false``: no other pin takes it) at ``sfile``, appended to
+    ``pin``'s ``series`` in the lock (layout and comments kept); an empty series file."""
+    import tomlkit
+
+    sfile.parent.mkdir(parents=True, exist_ok=True)
+    if not sfile.exists():
+        sfile.write_text(f"# pin {pin.name}'s own patches (dsv4patch refresh)\n", encoding="utf-8")
+    doc = tomlkit.parse(lock_path.read_text(encoding="utf-8"))
+    series = doc["series"]
+    if name not in series:
+        table = tomlkit.table()
+        table["path"] = os.path.relpath(sfile.resolve(), lock_path.resolve().parent)
+        table["description"] = f"Pin {pin.name}'s own patches (refresh: its commits no other pin takes)"
+        table["default"] = False
+        series[name] = table
+    entry = doc["pins"][pin.name]
+    if name not in list(entry.get("series", [])):
+        entry["series"] = [*pin.series, name]
+    tmp = lock_path.with_name(f".{lock_path.name}.tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, lock_path)
 
 
 def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Store,

@@ -322,11 +322,33 @@ def make_hostile(fork: Fork) -> None:
     run_git(fork.worktree, "config", "--worktree", "core.fsmonitor", str(bin_ / "fsmonitor"))
 
 
+def series_patches(source: Path, out: Path, steps: list[tuple[str, dict[str, str], str]]) -> list[Path]:
+    """``git format-patch`` files of ``steps`` (name, path -> new content, message), each made
+    on the tree the steps before it left (so later patches may change lines earlier ones did)."""
+    work = out / ".series-work"
+    run_git(out, "clone", "-q", str(source), str(work))
+    made = []
+    for name, edits, message in steps:
+        for rel, content in edits.items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_text(content)
+        run_git(work, "add", "-A")
+        run_git(work, "commit", "-qm", message)
+        produced = Path(run_git(work, "format-patch", "-1", "-o", str(out)))
+        made.append(produced.rename(out / name))
+    import shutil
+
+    shutil.rmtree(work)
+    return made
+
+
 def make_project(root: Path, upstream: object, fork: Fork) -> Path:
     """A project (``root/proj``: ``locks/vllm.toml``, ``patches/``) whose series the fork takes.
 
     Patches of the small upstream (conftest.Upstream): 0001 adds to ``vllm/envs.py``, 0002
-    changes ``vllm/worker.py``, 0003 creates ``vllm/new.py``.  Pins: ``up`` (git, the upstream
+    changes a line of ``vllm/worker.py``, 0003 changes that line again and creates
+    ``vllm/new.py`` (so 0002 is found in a tree that carries the series only once 0003 is
+    taken off, as fix 7 and extra 2 of the real series).  Pins: ``up`` (git, the upstream
     commit) and ``acme`` (local: the fork's checkout at its HEAD, written as the docs' template
     writes it, the path relative to the lock); both read the one series ``main``."""
     from conftest import MINI_FILES, git_pin, local_pin, write_lock
@@ -334,12 +356,13 @@ def make_project(root: Path, upstream: object, fork: Fork) -> Path:
     proj = root / "proj"
     (proj / "locks").mkdir(parents=True)
     (proj / "patches").mkdir()
-    patch = upstream.patch  # type: ignore[attr-defined]
-    patch(proj / "patches/0001-envs.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"},
-          "envs: add A\n\nFix: 1")
-    patch(proj / "patches/0002-worker.patch", "b",
-          {"vllm/worker.py": MINI_FILES["vllm/worker.py"].replace("return 0", "return 2")}, "worker: return 2\n\nFix: 2")
-    patch(proj / "patches/0003-new.patch", "c", {"vllm/new.py": "NEW = 1\n"}, "new: a module\n\nFix: 3")
+    worker = MINI_FILES["vllm/worker.py"]
+    series_patches(upstream.path, proj / "patches", [  # type: ignore[attr-defined]
+        ("0001-envs.patch", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "envs: add A\n\nFix: 1"),
+        ("0002-worker.patch", {"vllm/worker.py": worker.replace("return 0", "return 2")}, "worker: return 2\n\nFix: 2"),
+        ("0003-new.patch", {"vllm/worker.py": worker.replace("return 0", "return 3"), "vllm/new.py": "NEW = 1\n"},
+         "new: a module, and return 3\n\nFix: 3"),
+    ])
     head = fork.git("rev-parse", "HEAD")
     rel = os.path.relpath(fork.path, proj / "locks")
     return write_lock(proj / "locks/vllm.toml",

@@ -196,7 +196,7 @@ def test_an_ignored_file_where_the_series_writes_is_refused_by_name(tmp_path, up
     assert res.rc == 1 and "0002-worker.patch conflicts" in res.out, res
     assert (fork.path / "vllm" / "new.py").read_text() == "MY WORK, NOT COMMITTED\n"
     (fork.path / "vllm" / "worker.py").write_text(
-        (fork.path / "vllm" / "worker.py").read_text().split("<<<<<<<")[0] + "    return 2  # acme\n")
+        (fork.path / "vllm" / "worker.py").read_text().split("<<<<<<<")[0] + "    return 2\n")
     res = cli("resolve", "--continue", "--lock", lock, "--tree", fork.path, *cache)
     assert res.rc == EXIT_TREE and "vllm/new.py (ignored)" in res.err, res
     assert (fork.path / "vllm" / "new.py").read_text() == "MY WORK, NOT COMMITTED\n"
@@ -205,7 +205,7 @@ def test_an_ignored_file_where_the_series_writes_is_refused_by_name(tmp_path, up
     (fork.path / "vllm" / "new.py").rename(tmp_path / "saved.py")
     res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--3way", "--no-build", *cache)
     assert res.rc == 0, res
-    assert fork.git("log", "-1", "--format=%s") == "new: a module"
+    assert fork.git("log", "-1", "--format=%s") == "new: a module, and return 3"
     assert fork.snapshot().loose == before["loose"]
 
 

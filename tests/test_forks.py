@@ -284,3 +284,126 @@ def test_port_workspace_on_the_fork_refuses_planted_state_and_other_checkouts(tm
     assert res.rc == 5 and "nothing was touched" in res.err, res.out + res.err
     _intact(fork, before)
     assert not _detached(fork) and sh(fork, "status", "--porcelain") == ""
+
+
+# --- issue 35: a maintainer's real repository, their everyday flow -----------------------------
+
+def _lived_in(tmp_path: Path, upstream: Upstream, hostile: bool = True):  # type: ignore[no-untyped-def]
+    from forkfixture import make_fork, make_project
+
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=hostile)
+    return fork, make_project(tmp_path, upstream, fork)
+
+
+def test_everyday_flow_on_a_lived_in_fork(tmp_path, upstream, cli):
+    """The issue's everyday flow on a fork with history, branches, a remote, a submodule, a linked
+    worktree, a stash, ignored files and a hostile config: each step's exit code, and after each
+    the fork's refs, config, reflog, stash and untracked/ignored files compared; nothing of its
+    config runs."""
+    fork, lock = _lived_in(tmp_path, upstream)
+    cache = ("--cache-dir", tmp_path / "cold")  # the local pin is not in the cache yet
+    # The pin was written from the docs' template at the fork's HEAD; the branch has moved on since.
+    pinned = fork.git("rev-parse", "HEAD")
+    (fork.path / "vllm" / "acme.py").write_text("ACME = 2\n")
+    fork.git("commit", "-qam", "acme: bump")
+    before = fork.snapshot()
+
+    # 1. apply onto the fork's checkout on a new branch (exit 5 before: "is at ..., the lock pins ...").
+    res = cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--branch", "dsv4", "--no-build",
+              *cache, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    now = fork.assert_kept(before, created=frozenset({"refs/heads/dsv4"}), head=True)
+    assert fork.git("symbolic-ref", "HEAD") == "refs/heads/dsv4"
+    assert fork.git("log", "--format=%s", "-4").splitlines() == [
+        "new: a module, and return 3", "worker: return 2", "envs: add A", "acme: bump"]
+    assert fork.git("merge-base", "--is-ancestor", pinned, "HEAD") == ""
+
+    # 2. status agrees.
+    res = cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    assert {v["state"] for v in json.loads(res.out)["patches"].values()} == {"applied"}
+    now = fork.assert_kept(now)
+
+    # 3. The maintainer commits on top of the series: apply agrees with status (exit 5 before).
+    (fork.path / "vllm" / "acme.py").write_text("ACME = 3\n")
+    fork.git("commit", "-qam", "acme: on top of the series")
+    now = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--no-build", *cache, "--format", "json")
+    assert res.rc == 0 and any("1 commit(s) of yours above them" in n for n in json.loads(res.out)["notes"]), res
+    now = fork.assert_kept(now)
+    assert cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path).rc == 0
+
+    # 4. refresh --as-variant: the maintainer's commit becomes a patch of pin acme's own series, never
+    # of the series pin up shares (before: appended to it, and `check --pin up` failed from then on).
+    shared = (lock.parent / "main.series").read_text()
+    res = cli("refresh", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--as-variant", *cache,
+              "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    rep = json.loads(res.out)
+    new = lock.parent / "variants/acme/0004-acme-on-top-of-the-series.patch"
+    assert rep["patches"]["0004-acme-on-top-of-the-series.patch"] == {"action": "new", "file": str(new)}
+    assert any("own series 'acme'" in n and "up" in n for n in rep["notes"]), rep["notes"]
+    assert (lock.parent / "main.series").read_text() == shared
+    assert (lock.parent / "variants/acme/series").read_text().splitlines()[-1] == new.name
+    assert 'series = ["main", "acme"]' in lock.read_text() and "default = false" in lock.read_text()
+    assert "+ACME = 3" in new.read_text() and "Subject: [PATCH 1/1] acme: on top of the series" in new.read_text()
+    assert cli("check", "--lock", lock, "--pin", "up", *cache).rc == 0
+    now = fork.assert_kept(now)
+    # Refreshed again: nothing changes (its own series now ends the pin's list).
+    res = cli("refresh", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--as-variant", *cache,
+              "--format", "json")
+    assert res.rc == 0, res.out
+    assert json.loads(res.out)["patches"].get("0004-acme-on-top-of-the-series.patch", {}).get("action") \
+        == "unchanged", res.out
+    now = fork.assert_kept(now)
+
+    # 5. port --local of the fork that carries the series as dsv4patch committed it: recognised by its
+    # trailers and its content, every patch dropped (before: 0002 reported as a false conflict).
+    res = cli("port", "--lock", lock, "--from", "up", "--local", fork.path, "--name", "acme-dsv4", *cache,
+              "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    rep = json.loads(res.out)
+    assert {n: v["action"] for n, v in rep["patches"].items()} == {
+        "0001-envs.patch": "drop", "0002-worker.patch": "drop", "0003-new.patch": "drop"}
+    for v in rep["patches"].values():
+        assert v["detail"].startswith("committed by dsv4patch in ") and "is the series' patch" in v["detail"]
+        assert v["evidence"]["committed_by_dsv4patch"]
+    assert set(rep["check"].values()) == {"already-applied"}
+    assert cli("check", "--lock", lock, "--pin", "acme-dsv4", *cache).rc == 0
+    res = cli("apply", "--lock", lock, "--pin", "acme-dsv4", "--tree", fork.path, "--no-build", *cache)
+    assert res.rc == 0 and "nothing to do" in res.out, res
+    fork.assert_kept(now)
+    assert fork.ran() == []
+
+
+def test_refresh_writes_the_same_bytes_whatever_the_forks_config(tmp_path, upstream, cli):
+    """issue 35: format.signOff/headers/subjectPrefix, diff.noprefix/mnemonicPrefix, user.email,
+    colour, no committer identity (exit 70 before): the refreshed patches are the same bytes."""
+    import shutil
+
+    from forkfixture import make_hostile
+
+    fork, lock = _lived_in(tmp_path, upstream, hostile=False)
+    proj = lock.parent.parent
+    cache = ("--cache-dir", tmp_path / "c")
+    assert cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--branch", "dsv4", "--no-build",
+               *cache).rc == 0
+    fork.git("commit", "-q", "--amend", "-m", "worker: return 3, and a module\n\nFix: 3\n\n" + "\n".join(
+        line for line in fork.git("log", "-1", "--format=%B").splitlines() if line.startswith("Dsv4patch-")))
+    (fork.path / "vllm" / "acme.py").write_text("ACME = 4\n")
+    fork.git("commit", "-qam", "acme: a patch of ours")
+    twin = tmp_path / "proj-twin"
+    shutil.copytree(proj, twin)
+    res = cli("refresh", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--as-variant", *cache,
+              "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    plain = {n: Path(v["file"]).read_bytes() for n, v in json.loads(res.out)["patches"].items()}
+    make_hostile(fork)
+    res = cli("refresh", "--lock", twin / "locks/vllm.toml", "--pin", "acme", "--tree", fork.path, "--as-variant",
+              *cache, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    hostile = {n: Path(v["file"]).read_bytes() for n, v in json.loads(res.out)["patches"].items()}
+    assert hostile == plain and fork.ran() == []
+    text = plain["0003-new.patch"].decode()
+    assert "Subject: [PATCH 3/3] worker: return 3, and a module" in text and "--- a/vllm/worker.py" in text
+    assert "Signed-off-by" not in text and "X-Acme" not in text and "ACME" not in text.split("\n", 5)[3]

@@ -47,6 +47,18 @@ def series_base(path: Path, pin_commit: str, head: str) -> str:
     return head
 
 
+def content_tree(path: Path, commit: str) -> str:
+    """The tree id of ``commit``'s files as a pin's tree holds them: without its submodules
+    (gitlinks), which a pin's files never include (a fork with a submodule still has its
+    pin's content)."""
+    links = [name for name, entry in git.tree_files(path, commit).items() if entry.mode == "160000"]
+    if not links:
+        return git.tree_of(path, commit)
+    with git.scratch_index(path, commit) as env:
+        git.run(path, ["update-index", "--force-remove", "--", *links], env=env)
+        return git.write_tree(path, env)
+
+
 def checkout_pinrepo(path: Path, pinrepo: PinRepo, head: str) -> PinRepo:
     """``pinrepo`` re-based onto the fork checkout at ``path``: its base commit is where the
     series sits there (:func:`series_base`), its base tree that commit's content."""

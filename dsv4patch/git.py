@@ -65,7 +65,7 @@ KEEP_ENV = (
     "SSL_CERT_FILE", "SSL_CERT_DIR",
 )
 # Variables dsv4patch itself may pass to one git call.
-_ALLOWED_EXTRA = frozenset({*IDENTITY, "GIT_INDEX_FILE"})
+_ALLOWED_EXTRA = frozenset({*IDENTITY, "GIT_INDEX_FILE", "GIT_REFLOG_ACTION"})
 _CONFIG = [
     # No program named by a repository's config ever runs.
     "-c", "core.hooksPath=/dev/null",
@@ -492,7 +492,9 @@ def checkout_to(repo: Path, old: str, new: str) -> None:
 
 
 def reset_hard(repo: Path, commit: str) -> None:
-    run(repo, ["reset", "-q", "--hard", "--no-recurse-submodules", commit], tied=True)
+    """``git reset --hard commit``; the reflog entry says dsv4patch moved HEAD (``dsv4patch: moving to``)."""
+    run(repo, ["reset", "-q", "--hard", "--no-recurse-submodules", commit], tied=True,
+        env={"GIT_REFLOG_ACTION": "dsv4patch"})
 
 
 def detach_head(repo: Path, commit: str, why: str) -> None:

@@ -56,7 +56,9 @@ exit codes:
        or the cache is unusable or full (check offline: cached pins are still reported,
        the others marked not-fetched)
   5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
-       settings or a link, FIFO or malformed state file in .git where dsv4patch reads or
+       settings (drivers, rewriting attributes: also in included files, submodules, a
+       worktree's common .git) or a link, FIFO or malformed state file in .git where
+       dsv4patch reads or writes, has an untracked or ignored file where the series
        writes, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
   7    kernel build or test environment failed (or a --kernels wheel of the wrong shape)

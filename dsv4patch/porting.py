@@ -490,7 +490,7 @@ def own_workspace(ws: Path, new: tree.PinRepo) -> OwnWorkspace:
             raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
                             f"({portspace.state_path(ws)} is missing); use a new directory")
         head = git.head(ws)
-        if not forks.is_fork_checkout(ws, new, head) or head is None or git.tree_of(ws, head) != new.base_tree:
+        if not forks.is_fork_checkout(ws, new, head) or head is None or forks.content_tree(ws, head) != new.base_tree:
             raise TreeError(
                 f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
                 f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
@@ -651,7 +651,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                     done = transaction.recover(co)  # a move killed while the workspace opened
                     if done:
                         notes.append(done)
-                    if git.has_object(ws, f"{own.base}^{{commit}}") and git.tree_of(ws, own.base) == new.base_tree:
+                    if git.has_object(ws, f"{own.base}^{{commit}}") and \
+                            forks.content_tree(ws, own.base) == new.base_tree:
                         base = own.base  # the fork's commit with the new pin's content
                 portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
                 patch = next((p for p in series.patches if p.name == ws_state.patch), None)

@@ -121,11 +121,14 @@ class Fork:
                         self.git("stash", "list", "--format=%H %gs"), loose)
 
     def assert_kept(self, before: Snapshot, *, moved: frozenset[str] = frozenset(),
-                    created: frozenset[str] = frozenset(), head: bool = False) -> Snapshot:
+                    created: frozenset[str] = frozenset(), head: bool = False,
+                    advance: bool = False, new_files: bool = False) -> Snapshot:
         """Nothing of the maintainer's lost or rewritten since ``before``: the config files, stash,
         untracked and ignored files, the worktree's and the submodule's state are the same; no ref
-        is gone; only ``moved`` refs advanced (to descendants) and only ``created`` ones are new;
-        reflogs only grew, by dsv4patch's entries; the checkout's HEAD moved only with ``head``.
+        is gone; only ``moved`` refs advanced (to descendants) and only ``created`` ones are new
+        (``advance``: any branch may advance and new ones appear); reflogs only grew, by
+        dsv4patch's entries; the checkout's HEAD moved only with ``head``; new untracked files
+        only with ``new_files`` (an open conflict workspace's merged files).
         No program of the fork's config ran.  Returns the snapshot now."""
         now = self.snapshot()
         assert self.ran() == [], f"programs of the fork's config ran: {self.ran()}"
@@ -134,20 +137,21 @@ class Fork:
         lost = {k: v for k, v in before.loose.items() if now.loose.get(k) != v}
         assert lost == {}, f"untracked or ignored files lost or changed: {sorted(lost)}"
         new_loose = sorted(set(now.loose) - set(before.loose))
-        assert new_loose == [], f"files left behind: {new_loose}"
+        assert new_files or new_loose == [], f"files left behind: {new_loose}"
         assert now.heads["worktree"] == before.heads["worktree"]
         assert now.heads["submodule"] == before.heads["submodule"]
         if not head:
             assert now.heads["checkout"] == before.heads["checkout"]
         for ref, oid in before.refs.items():
             assert ref in now.refs, f"{ref} was deleted"
-            if ref in moved:
+            if ref in moved or (advance and ref.startswith("refs/heads/")):
                 forward = subprocess.run(["git", "-C", str(self.path), "merge-base", "--is-ancestor", oid,
                                           now.refs[ref]], capture_output=True).returncode == 0
                 assert forward, f"{ref} did not move forward"
             else:
                 assert now.refs[ref] == oid, f"{ref} moved"
-        assert set(now.refs) - set(before.refs) <= set(created), sorted(set(now.refs) - set(before.refs))
+        fresh = set(now.refs) - set(before.refs)
+        assert fresh <= set(created) or (advance and all(r.startswith("refs/heads/") for r in fresh)), sorted(fresh)
         for name, data in before.reflog.items():
             assert now.reflog.get(name, b"").startswith(data), f"reflog {name} was rewritten"
             added = now.reflog[name][len(data):].decode()
@@ -269,6 +273,10 @@ def make_fork(root: Path, source: Path, commit: str, *, hostile: bool = True) ->
     run_git(path, "add", "FORK.md", ".gitignore")
     run_git(path, "commit", "-qm", "acme: our readme and ignores")
     run_git(path, "submodule", "add", "-q", str(sub_src), "third_party/acme-sub")
+    # The URL the fork publishes (the same commit ids wherever the fixture is made).
+    run_git(path, "config", "-f", ".gitmodules", "submodule.third_party/acme-sub.url",
+            "https://git.example.com/acme/acme-sub.git")
+    run_git(path, "add", ".gitmodules")
     run_git(path, "commit", "-qm", "acme: vendor acme-sub")
     (path / "vllm" / "acme.py").write_text("ACME = True\n")
     run_git(path, "add", "vllm/acme.py")

@@ -183,105 +183,198 @@ def _port_examples() -> list[tuple[str, ...]]:
     return found
 
 
-def _first_changed_line(text: str) -> tuple[str, int]:
-    """The file and line number (in the unpatched file) of the first line a patch removes."""
-    path, old = "", 0
-    for ln in text.splitlines():
-        if ln.startswith("--- a/"):
-            path = ln[6:]
-        elif ln.startswith("@@ "):
-            old = int(ln.split()[1][1:].split(",")[0])
-        elif old and ln.startswith("-") and not ln.startswith("---"):
-            return path, old
-        elif old and ln.startswith(" "):
-            old += 1
-    raise AssertionError("the patch removes no line")
+FORKS = ROOT / "docs" / "forks-and-porting.md"
 
 
-def _git(repo: Path, *args: str, check: bool = True) -> str:
-    import subprocess
+def _journey_items(text: str) -> list[tuple[str, str]]:
+    """("toml", block) and ("sh", line) of a page, in page order (a line's ``\\``-continuations joined)."""
+    items: list[tuple[str, str]] = []
+    for m in re.finditer(r"^```([\w-]*)\n(.*?)^```", text, re.M | re.S):
+        if m.group(1) == "toml":
+            items.append(("toml", m.group(2)))
+        elif m.group(1) in SHELL_FENCES:
+            for line in m.group(2).replace("\\\n", " ").splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    items.append(("sh", line.strip()))
+    return items
 
-    return subprocess.run(["git", "-C", str(repo), *args], check=check, capture_output=True,
-                          text=True).stdout.strip()
+
+# The forks page as the test runs it: each shell line of the page, in order, and its exit code.
+JOURNEY_EXITS = [
+    ("dsv4patch check --pin acme", 0),
+    ('git -C ../vllm-acme commit --allow-empty -m "acme: start the DeepSeek-V4 work"', 0),
+    ("dsv4patch apply --pin acme --tree ../vllm-acme --branch dsv4 --no-build", 0),
+    ("dsv4patch status --pin acme --tree ../vllm-acme", 0),
+    ("$EDITOR ../vllm-acme/vllm/acme_router.py", 0),
+    ("git -C ../vllm-acme add vllm/acme_router.py", 0),
+    ('git -C ../vllm-acme commit -m "acme: route our traffic"', 0),
+    ("dsv4patch apply --pin acme --tree ../vllm-acme --no-build", 0),
+    ("dsv4patch status --pin acme --tree ../vllm-acme", 0),
+    ("dsv4patch port --local ../vllm-acme --name acme-dsv4 --dry-run", 0),
+    ("dsv4patch refresh --pin acme --tree ../vllm-acme --as-variant", 0),
+    ("dsv4patch check --pin 0.27.1", 0),
+    ("cat patches/000[1-7]-*.patch patches/extra/00*.patch patches/variants/acme/0011-*.patch | "
+     "git -C ../vllm-acme-release am -q --3way", 0),
+    ("git -C ../vllm-acme switch -q main", 0),
+    ("$EDITOR ../vllm-acme/vllm/models/deepseek_v4/amd/rocm.py", 0),
+    ('git -C ../vllm-acme commit -qam "acme: our ROCm reshape"', 0),
+    ("dsv4patch check --pin acme-next", 1),
+    ("dsv4patch apply --pin acme-next --tree build/acme-next --3way --no-build", 1),
+    ("$EDITOR build/acme-next/vllm/models/deepseek_v4/amd/rocm.py", 0),
+    ("dsv4patch resolve --continue --tree build/acme-next", 0),
+    ("dsv4patch check --pin acme-next", 0),
+    ("dsv4patch port --local ../vllm-acme --name acme-port --dry-run", 1),
+    ("dsv4patch port --local ../vllm-acme --name acme-port --workspace ../vllm-acme", 1),
+    ("dsv4patch port --abort --workspace ../vllm-acme", 0),
+    ("dsv4patch port --local ../vllm-acme --name acme-port --workspace ../vllm-acme", 1),
+    ("$EDITOR ../vllm-acme/vllm/models/deepseek_v4/amd/rocm.py", 0),
+    ("dsv4patch port --local ../vllm-acme --name acme-port --workspace ../vllm-acme", 0),
+    ("dsv4patch apply --pin acme-port --tree ../vllm-acme --branch dsv4-next --no-build", 0),
+    ("dsv4patch port --to 0.28.0 --dry-run", 0),
+    ("dsv4patch port --to 0.26.0 --name 0.26.0-new", 1),
+    ("dsv4patch port --to 0.26.0 --name 0.26.0-new --resolutions patches/variants/0.26.0 --dry-run", 0),
+    ("dsv4patch port --to 0.26.0 --name 0.26.0-new --workspace ../ws026", 1),
+]
+
+# $EDITOR for the journey: a new file gets a module; a file with conflict markers is resolved to
+# the patch's side; fix 1's first line in rocm.py gets the fork's own change.
+EDITOR = """import pathlib, sys
+p = pathlib.Path(sys.argv[1])
+if not p.exists():
+    p.write_text('\"\"\"Acme: route our traffic.\"\"\"\\n\\nROUTE = "acme"\\n')
+    sys.exit(0)
+text = p.read_text()
+if "<<<<<<<" in text:
+    out, state = [], None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("<<<<<<<"):
+            state = "ours"
+        elif line.startswith("=======") and state:
+            state = "theirs"
+        elif line.startswith(">>>>>>>") and state:
+            state = None
+        elif state != "ours":
+            out.append(line)
+    p.write_text("".join(out))
+else:
+    old = "base.decode_swa_indices.reshape(base.num_decode_tokens, -1),"
+    assert old in text
+    p.write_text(text.replace(old, old + "  # acme", 1))
+"""
 
 
-def test_port_examples_run_as_typed(tmp_path, shared_cache, monkeypatch) -> None:
-    """issue 28 item 3: each port example, run as typed (in a copy of this project, with the real
-    vLLM sdists of the shared cache), does what the page next to it says."""
-    import json
+def test_the_forks_page_runs_as_typed_on_a_lived_in_fork(tmp_path, shared_cache, monkeypatch) -> None:
+    """issue 35: the whole journey of docs/forks-and-porting.md, every shell line as typed and in
+    order, from where the page says to run it (a copy of this project; the fork beside it), on a
+    lived-in fork of the real 0.27.1 tree (tests/forkfixture.py: history, branches, remotes, a
+    submodule, a linked worktree, a stash, ignored files, a hostile config).  Each command's exit
+    code is the page's; after each, the fork's refs, config, reflogs, stash and untracked/ignored
+    files are compared, and no program of its config ran.  The page's local pin tables are
+    appended to the lock as written (their commit filled in); the maintainer's own `git` runs
+    with their hooks and signing off (they are not under test), and `$EDITOR` is a script."""
+    import dataclasses
+    import io
+    import os
     import shutil
     import subprocess
+    import sys
+    from contextlib import redirect_stderr, redirect_stdout
 
     from dsv4patch import tree
     from dsv4patch.lock import load
     from dsv4patch.progress import Progress
-    from dsv4patch.series import series_for_pin
     from dsv4patch.store import Store
+    from forkfixture import IDENT, USER_OVERRIDES, make_fork
 
     proj = tmp_path / "proj"
     for d in ("locks", "patches"):
         shutil.copytree(ROOT / d, proj / d)
     lock = proj / "locks" / "vllm.toml"
-    before = lock.read_text()
-    # ../vllm-acme: a fork checkout of 0.27.1's tree on its branch `acme`, with a commit of its
-    # own that changes the first line 0001 changes (the page's --local and --workspace examples).
     pr = tree.materialize(load(lock).pin("0.27.1"), Store.open(shared_cache), Progress(False))
-    acme = tmp_path / "vllm-acme"
-    subprocess.run(["git", "clone", "-q", "--no-checkout", str(pr.repo), str(acme)], check=True)
-    subprocess.run(["git", "-C", str(acme), "checkout", "-q", "-b", "acme", pr.base_commit], check=True)
-    first = series_for_pin(load(lock), load(lock).pin("0.27.1")).patches[0]
-    path, line = _first_changed_line(first.path.read_text())
-    lines = (acme / path).read_text().split("\n")
-    lines[line - 1] += " /* acme */"
-    (acme / path).write_text("\n".join(lines))
-    subprocess.run(["git", "-C", str(acme), "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qam",
-                    "acme: our change"], check=True)
-    acme_head = subprocess.run(["git", "-C", str(acme), "rev-parse", "HEAD"], check=True,
-                               capture_output=True, text=True).stdout.strip()
+    fork = make_fork(tmp_path, pr.repo, pr.base_commit)
+    editor = tmp_path / "editor.py"
+    editor.write_text(EDITOR)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    overrides = [o for o in USER_OVERRIDES if o != "-c"]
+    env.update(IDENT, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", EDITOR=f"{sys.executable} {editor}",
+               GIT_CONFIG_COUNT=str(len(overrides)))
+    for i, item in enumerate(overrides):
+        key, _, value = item.partition("=")
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     monkeypatch.chdir(proj)
     monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
     monkeypatch.setenv("DSV4PATCH_CACHE", str(shared_cache))
-    want = {
-        ("port", "--to", "0.28.0", "--dry-run"): 0,
-        ("port", "--to", "0.26.0", "--name", "0.26.0-new"): 1,
-        ("port", "--to", "0.26.0", "--name", "0.26.0-new", "--workspace", "../ws026"): 1,
-        ("port", "--local", "../vllm-acme", "--workspace", "../vllm-acme"): 1,
-        ("port", "--abort", "--workspace", "../vllm-acme"): 0,
-        ("port", "--local", "../vllm-acme", "--dry-run"): 1,
-    }
-    examples = _port_examples()
-    assert set(examples) == set(want), f"a port example without an expected result here: {examples}"
-    for argv in examples:
-        import io
-        from contextlib import redirect_stdout
 
-        buf = io.StringIO()
-        with redirect_stdout(buf):
-            rc = main.main([*argv, "--format", "json"])
-        assert rc == want[argv], (argv, buf.getvalue()[-3000:])
-        rep = json.loads(buf.getvalue())
-        actions = {k[:4]: v["action"] for k, v in rep["patches"].items()}
-        if argv[2] == "0.28.0":
-            # the seven fixes and extra 1 are upstream; the later extras come from 0.28.0's variants
-            assert {k: v for k, v in actions.items() if v == "drop"} == {f"000{i}": "drop" for i in range(1, 9)}
-            assert actions["0009"] == "resolved"
-            assert set(actions.values()) <= {"drop", "resolved", "keep", "refresh", "merge"}
-            assert any("agrees with the locked pin 0.28.0" in n for n in rep["notes"])
-        elif argv[1] == "--abort":
-            assert rep["aborted"] is True and rep["head"] == acme_head
-            assert _git(acme, "symbolic-ref", "HEAD") == "refs/heads/acme"
-            assert _git(acme, "status", "--porcelain") == ""
-        elif argv[1] == "--local":
-            # the fork's own commit conflicts with 0001 (nothing is carried after a conflict)
-            assert actions["0001"] == "conflict" and set(list(actions.values())[1:]) == {"not-ported"}
-            if "--workspace" in argv:  # the fork's checkout itself, HEAD detached at its commit
-                assert rep["workspace"]["own_checkout"] == {"base": acme_head, "branch": "refs/heads/acme"}
-                assert rep["workspace"]["conflicts"] == [path]
-                assert _git(acme, "rev-parse", "HEAD") == acme_head
-                assert _git(acme, "symbolic-ref", "-q", "HEAD", check=False) == ""
-                assert _git(acme, "rev-parse", "refs/heads/acme") == acme_head
+    items = _journey_items(FORKS.read_text())
+    lines = [text for kind, text in items if kind == "sh"]
+    assert lines == [line for line, _rc in JOURNEY_EXITS], "the page's commands changed: update JOURNEY_EXITS"
+    want = iter(JOURNEY_EXITS)
+    before = fork.snapshot()
+    workspace_files: set[str] = set()
+    for kind, text in items:
+        if kind == "toml":
+            doc = tomlkit.parse(text)  # every table the page shows is valid TOML
+            source = next(iter(doc["pins"].values()))["source"]
+            if source["kind"] == "local":
+                head = fork.git("rev-parse", "HEAD")
+                lock.write_text(lock.read_text() + "\n" + re.sub(r"<40-hex[^>]*>", head, text))
+            continue
+        line, rc_wanted = next(want)
+        if line.startswith("dsv4patch "):
+            argv = shlex.split(line, comments=True)[1:]
+            out, err = io.StringIO(), io.StringIO()
+            with redirect_stdout(out), redirect_stderr(err):
+                rc = main.main(argv)
+            assert rc == rc_wanted, (line, rc, out.getvalue()[-3000:], err.getvalue()[-3000:])
+            # A port workspace opened in the fork holds the conflicting patch's files until it closes.
+            opens = line.endswith("--workspace ../vllm-acme") and rc_wanted == 1
+            now = fork.assert_kept(before, advance=True, head=True, new_files=opens)
+            if opens:
+                workspace_files |= set(now.loose) - set(before.loose)
         else:
-            assert actions["0001"] == "refresh" and actions["0002"] == "merge"
-            assert actions["0003"] == "conflict"
-        assert lock.read_text() == before  # nothing written to the lock
-    assert (tmp_path / "ws026" / ".git" / "dsv4patch-port.json").is_file()
+            res = subprocess.run(["bash", "-c", line], cwd=proj, env=env, capture_output=True, text=True)
+            assert res.returncode == rc_wanted, (line, res.stdout[-2000:], res.stderr[-2000:])
+            now = fork.snapshot()
+        # The workspace's files are the port's until it closes (completed or aborted: then gone).
+        before = dataclasses.replace(now, loose={k: v for k, v in now.loose.items() if k not in workspace_files})
+        _journey_check(line, fork, proj, lock)
+    assert fork.ran() == []
+
+
+def _journey_check(line: str, fork, proj: Path, lock: Path) -> None:  # type: ignore[no-untyped-def]
+    """What the page says a step does, beyond its exit code."""
+    from dsv4patch.lock import load
+    from forkfixture import run_git
+
+    if line == "dsv4patch apply --pin acme --tree ../vllm-acme --branch dsv4 --no-build":
+        assert fork.git("symbolic-ref", "HEAD") == "refs/heads/dsv4"
+        assert "\nDsv4patch-Patch: 0010-" in fork.git("log", "-1", "--format=%B")
+    elif line == "dsv4patch refresh --pin acme --tree ../vllm-acme --as-variant":
+        pin = load(lock).pin("acme")
+        assert pin.series == ("dsv4", "extra", "acme")
+        assert (proj / "patches/variants/acme/series").read_text().splitlines()[-1] == \
+            "0011-acme-route-our-traffic.patch"
+        assert "0011" not in (proj / "patches/extra/series").read_text()
+    elif line.endswith("git -C ../vllm-acme-release am -q --3way"):
+        assert fork.git("rev-parse", "release^{tree}") == fork.git("rev-parse", "dsv4^{tree}")
+    elif line == "dsv4patch port --local ../vllm-acme --name acme-port --workspace ../vllm-acme" and \
+            not (fork.path / ".git" / "dsv4patch-port.json").exists():
+        assert fork.git("symbolic-ref", "HEAD") == "refs/heads/main"  # the port completed: back on main
+    elif line == "dsv4patch port --local ../vllm-acme --name acme-port --workspace ../vllm-acme":
+        assert run_git(fork.path, "symbolic-ref", "-q", "HEAD", check=False) == ""  # detached
+        assert "<<<<<<<" in (fork.path / "vllm/models/deepseek_v4/amd/rocm.py").read_text()
+    elif line == "dsv4patch port --abort --workspace ../vllm-acme":
+        assert fork.git("symbolic-ref", "HEAD") == "refs/heads/main"
+    elif line == "dsv4patch apply --pin acme-port --tree ../vllm-acme --branch dsv4-next --no-build":
+        assert fork.git("symbolic-ref", "HEAD") == "refs/heads/dsv4-next"
+        assert fork.git("log", "-2", "--format=%s", "main").splitlines()[0] == "acme: our ROCm reshape"
+    elif line == "dsv4patch port --to 0.26.0 --name 0.26.0-new --workspace ../ws026":
+        assert (proj.parent / "ws026" / ".git" / "dsv4patch-port.json").is_file()
+        assert "0.26.0-new" not in load(lock).pins
+
+
+def test_every_port_example_is_in_the_journey() -> None:
+    """Every `dsv4patch port` example the pages and `port --help` show without a placeholder runs,
+    as typed, in the forks page's journey above."""
+    journey = {tuple(shlex.split(line)[1:]) for line, _rc in JOURNEY_EXITS if line.startswith("dsv4patch port ")}
+    assert set(_port_examples()) <= journey

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,14 +41,16 @@ OP_KERNELS = {"persistent_topk": r"^_ZN4vllm10persistent", "cooperative_topk": r
 
 
 @pytest.fixture(scope="module")
-def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Iterator[Path]:
+    from dsv4patch import checkout
     from dsv4patch.main import main
 
     tree = tmp_path_factory.mktemp("kt") / "vllm"
     rc = main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(tree),
                "--cache-dir", str(shared_cache), "--format", "json", "--no-build"])
     assert rc == 0
-    return tree
+    with checkout.guarded(tree):  # a work tree: git runs in it only while held (dsv4patch/checkout.py)
+        yield tree
 
 
 def test_changed_sources_map_to_units_and_ops(patched_tree: Path) -> None:

@@ -115,13 +115,13 @@ class TreeStatus:
         return out
 
 
-def tree_patches(path: Path) -> tuple[str, list[Applied]]:
+def tree_patches(path: Path, since: str | None = None) -> tuple[str, list[Applied]]:
     """(root commit, the patches dsv4patch's commits say they applied) for a dsv4patch tree
-    (held by :func:`checkout.guarded`)."""
+    (held by :func:`checkout.guarded`); ``since``: only the commits after it (a fork's pin)."""
     head = git.head(path)
     if head is None:
         raise TreeError(f"{path} has no commits")
-    root = git.out(path, "rev-list", "--max-parents=0", "HEAD").splitlines()[0]
+    root = since or git.out(path, "rev-list", "--max-parents=0", "HEAD").splitlines()[0]
     applied = []
     for entry in git.log_trailers(path, f"{root}..HEAD"):
         trailers = entry.trailers
@@ -192,6 +192,11 @@ def _tree_status(co: checkout.Checkout, lock: Path | None, pin: str | None) -> T
     picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"))
     if picked:
         plock, ppin = picked
+        if (ppin.source.kind in ("git", "local") and git.has_object(path, f"{ppin.commit}^{{commit}}")
+                and git.is_ancestor(path, ppin.commit, "HEAD")):
+            # A fork's own checkout: its history before the pin's commit is the fork's, not ours.
+            _root, applied = tree_patches(path, since=ppin.commit)
+            foreign = foreign_commits(path, ppin.commit)
         series = series_for_pin(plock, ppin)
         have = {a.patch: a for a in applied}
         evidence = content_evidence(path, series)

@@ -322,6 +322,8 @@ def test_everyday_flow_on_a_lived_in_fork(tmp_path, upstream, cli):
     res = cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--format", "json")
     assert res.rc == 0, res.out + res.err
     assert {v["state"] for v in json.loads(res.out)["patches"].values()} == {"applied"}
+    # The fork's history before the pin's commit is the fork's: only what came after is listed.
+    assert [f["subject"] for f in json.loads(res.out)["foreign_commits"]] == ["acme: bump"]
     now = fork.assert_kept(now)
 
     # 3. The maintainer commits on top of the series: apply agrees with status (exit 5 before).

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import git, safeio, sbom
+from dsv4patch import checkout, git, safeio, sbom
 from dsv4patch.errors import Dsv4Error, GitError, PatchFileError
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.lock import Lock, Pin
@@ -147,15 +147,16 @@ def series_tests(prov: Provenance) -> dict[str, bytes]:
         root.mkdir()
         texts.mkdir()
         git.init(root)
-        for p in prov.patches:
-            loaded = _loaded(p, texts)
-            if not any(f.path.startswith("tests/") for f in loaded.files):
-                continue
-            res = git.run(root, ["apply", "--include=tests/*", "--whitespace=nowarn", str(loaded.path)],
-                          check=False)
-            if not res.ok:
-                raise PatchFileError(f"the SBOM's patch {p.name}: its tests do not apply to an empty tree "
-                                     f"({res.stderr.strip()[:300]})")
+        with checkout.owned(root):  # a work tree dsv4patch just made (git runs in one only while held)
+            for p in prov.patches:
+                loaded = _loaded(p, texts)
+                if not any(f.path.startswith("tests/") for f in loaded.files):
+                    continue
+                res = git.run(root, ["apply", "--include=tests/*", "--whitespace=nowarn", str(loaded.path)],
+                              check=False)
+                if not res.ok:
+                    raise PatchFileError(f"the SBOM's patch {p.name}: its tests do not apply to an empty tree "
+                                         f"({res.stderr.strip()[:300]})")
         for f in sorted(root.rglob("test_*.py")):
             rel = f.relative_to(root).as_posix()
             if rel.startswith("tests/") and not f.is_symlink():
@@ -166,7 +167,8 @@ def series_tests(prov: Provenance) -> dict[str, bytes]:
 def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | None) -> dict[str, Any]:
     """Each SBOM patch's state in the installed files (see the module docstring); the kernel library's too."""
     patches: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="dsv4patch-sbom-check-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dsv4patch-sbom-check-") as tmp, \
+            checkout.owned(Path(tmp) / "repo"):  # a work tree dsv4patch makes (git runs in one only while held)
         repo, texts = Path(tmp) / "repo", Path(tmp) / "patches"
         texts.mkdir()
         git.init(repo)

@@ -331,18 +331,15 @@ def _vet(path: Path, role: str) -> Checkout:
         raise _refused(path, role, problems)
     with git.guarding(path, gitdir):
         try:
-            found = git.run(path, ["rev-parse", "--path-format=absolute", "--absolute-git-dir",
-                                   "--git-common-dir", "--is-inside-work-tree"], check=False)
+            found = git.run(path, ["rev-parse", "--absolute-git-dir", "--git-common-dir",
+                                   "--is-inside-work-tree"], check=False)
         except GitError as exc:
             raise _not_a_checkout(path, role, str(exc)) from None
         if not found.ok:
-            if "dubious ownership" in found.stderr:
-                raise TreeError(f"{role} {path} belongs to another user, and git refuses to work in it "
-                                "(\"dubious ownership\"); run dsv4patch as its owner, or add it to "
-                                "safe.directory in your global git config if you trust it")
             raise _not_a_checkout(path, role, found.stderr.strip().splitlines()[-1] if found.stderr.strip()
                                   else "git does not read it as one")
         real_gitdir, real_common, inside = (found.stdout.splitlines() + ["", "", ""])[:3]
+        real_common = os.path.normpath(os.path.join(path, real_common))  # relative to the tree, or absolute
         if (os.path.realpath(real_gitdir) != os.path.realpath(gitdir)
                 or os.path.realpath(real_common) != os.path.realpath(common) or inside != "true"):
             raise _not_a_checkout(path, role, f"git reads {real_gitdir} (common {real_common}) for it, "

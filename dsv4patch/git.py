@@ -667,7 +667,8 @@ def update_index_blob(repo: Path, env: Mapping[str, str], path: str, oid: str, m
 def common_dir(repo: Path) -> Path:
     """The repository's common directory (objects, refs, config): ``.git`` of a checkout, the
     main ``.git`` of a linked worktree, a bare repository itself."""
-    return Path(out(repo, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+    found = out(repo, "rev-parse", "--git-common-dir")  # relative to ``repo`` or absolute (git < 2.31 too)
+    return Path(os.path.normpath(os.path.join(os.path.abspath(repo), found)))
 
 
 def format_patch(repo: Path, commit: str, number: int, total: int) -> str:

@@ -148,6 +148,11 @@ def interrupted(grace: float = 0.0) -> bool:
         time.sleep(0.01)
 
 
+def interrupt_signal() -> int | None:
+    """The signal of the interrupt that arrived, or None."""
+    return _STATE.signal if interrupted() else None
+
+
 def raise_if_interrupted() -> None:
     if interrupted():
         raise Interrupted(_STATE.signal)
@@ -191,9 +196,22 @@ def _critical() -> Iterator[None]:
                 raise Interrupted(_STATE.signal)
 
 
+def _late_signal(signum: int, frame: FrameType | None) -> None:
+    """After the command is over (``interrupts(exiting=True)``): recorded, not raised."""
+    with _STATE.lock:
+        _STATE.signal = _STATE.signal or signum
+
+
 @contextlib.contextmanager
-def interrupts() -> Iterator[None]:
-    """Handle SIGINT/SIGTERM/SIGHUP for one command, and end every child tree when it is over."""
+def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[None]:
+    """Handle SIGINT/SIGTERM/SIGHUP for one command, and end every child tree when it is over.
+
+    ``exiting``: the process exits right after (the CLI's entry point): a signal
+    that arrives once the command is over no longer kills it, so a result it
+    printed in full is not turned into a death by signal; otherwise the previous
+    handlers come back.  ``early``: signals that arrived before (recorded by the
+    entry point): raised as ``Interrupted`` at once, inside the block.
+    """
     main_thread = threading.current_thread() is threading.main_thread()
     saved: dict[int, Any] = {}
     saved_fd = -1
@@ -213,6 +231,12 @@ def interrupts() -> Iterator[None]:
             saved[sig] = signal.signal(sig, _on_signal)
         saved_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     try:
+        first = next((s for s in early if s in INTERRUPT_SIGNALS), None)
+        if first is not None:
+            with _STATE.lock:
+                _STATE.signal = first
+                _STATE.raised = True
+            raise Interrupted(first)
         yield
     finally:
         try:
@@ -221,7 +245,7 @@ def interrupts() -> Iterator[None]:
             if main_thread:
                 signal.set_wakeup_fd(saved_fd)
                 for signum, handler in saved.items():
-                    signal.signal(signum, handler)
+                    signal.signal(signum, _late_signal if exiting else handler)
                 with _STATE.lock:
                     _STATE.wakeup_r = None
                 os.close(r)

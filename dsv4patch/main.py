@@ -151,11 +151,17 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit code.
+
+    ``early``: the interrupt signals that arrived before this was called (the
+    entry point ``dsv4patch.__main__`` records them from its first instant).
+    """
+    entry = argv is None  # the process's entry point (console script, python -m): it exits after this
     argv = list(sys.argv[1:] if argv is None else argv)
     state: dict[str, Any] = {"command": "", "args": None}
     try:
-        with childproc.interrupts():
+        with childproc.interrupts(exiting=entry, early=early):
             return _main(argv, state)
     except KeyboardInterrupt:  # an interrupt that arrived while an error was reported or children ended
         return _interrupted(state["command"], _wants_json(argv, state["args"]))

@@ -235,7 +235,7 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
         except subprocess.CalledProcessError as exc:
             raise BuildError(f"{what}: `python -m venv` failed: {exc.stderr!r}") from None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            store.remove_tmp(tmp)
     return root
 
 

@@ -29,7 +29,6 @@ brackets and a reason in parentheses:
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -234,7 +233,7 @@ def run(
         for d in (work / "patched", work / "unpatched"):
             if (d / ".git").exists():
                 git.worktree_remove(pinrepo.repo, d)
-        shutil.rmtree(work, ignore_errors=True)
+        store.remove_tmp(work)
     return UpstreamResult(pin, source, rows, torch_version)
 
 

@@ -274,7 +274,7 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
             (dest / "wheel.json").write_text(json.dumps(  # what was downloaded, kept for reports
                 {"wheel": wheels[0].name, "size": wheels[0].stat().st_size}) + "\n")
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            store.remove_tmp(tmp)
     return dest / "include"
 
 

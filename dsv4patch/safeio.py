@@ -67,6 +67,7 @@ def _kind(mode: int) -> str:
 def open_regular(
     path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, *,
     error: type[Dsv4Error] = UnsafeFileError, what: str = "", dir_fd: int | None = None,
+    follow: bool = False,
 ) -> int:
     """A file descriptor on ``path``, a regular file; never follows a final symlink, never blocks.
 
@@ -75,10 +76,13 @@ def open_regular(
     missing file raises ``FileNotFoundError`` as ``os.open`` does (the caller
     decides what absence means); a symlink, FIFO, device, directory or socket
     raises ``error`` naming the path.  The descriptor is returned blocking.
+    ``follow``: a final symlink is followed (files of an environment the user
+    named, which may be links); what it reaches must still be a regular file.
     """
     label = what or str(path)
     trunc = flags & os.O_TRUNC
-    open_flags = (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    open_flags = ((flags & ~os.O_TRUNC) | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC
+                  | os.O_NOCTTY)
     try:
         fd = os.open(path, open_flags, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -126,9 +130,9 @@ def _read_bounded(read: Callable[[int], bytes], limit: int, label: str, error: t
 
 
 def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
-               what: str = "") -> bytes:
+               what: str = "", follow: bool = False) -> bytes:
     """The content of the regular file ``path`` (no link, no FIFO), at most ``limit`` bytes."""
-    fd = open_regular(path, error=error, what=what)
+    fd = open_regular(path, error=error, what=what, follow=follow)
     try:
         return read_fd(fd, limit, label=what or str(path), error=error)
     finally:

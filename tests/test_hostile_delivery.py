@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pin_table, sdist_pin, sh, write_lock
-from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
+from dsv4patch.errors import EXIT_CHILD, EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
 from localindex import LocalIndex, Stream, serve
 from test_hostile import Sdist, marker_script, snapshot_dir
 from test_port_fork import _project as _port_project
@@ -835,7 +835,7 @@ def test_status_installed_probe_that_prints_without_end_is_stopped(tmp_path, cli
     fake.write_text("#!/bin/sh\nexec yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n")
     fake.chmod(0o755)
     res = _status_installed(cli, lock, cache, str(fake))
-    assert res.rc == 2 and "printed more than" in res.err, (res.rc, res.err)
+    assert res.rc == EXIT_CHILD == 8 and "printed more than" in res.err, (res.rc, res.err)
 
 
 # --- issue 29: links planted where dsv4patch writes --------------------------------------------------

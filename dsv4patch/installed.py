@@ -305,8 +305,16 @@ def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
     too large, not JSON) or ``absent`` (vLLM installed another way: the
     patched tree plus a kernel wheel, or a stock wheel).
     """
-    paths = list(vllm.get("sboms") or [])
+    listed = list(vllm.get("sboms") or [])
+    # Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
+    # `../../../outside/evil-1.0.dist-info/sboms/...` is never read (nor shown as vLLM's SBOM).
+    outside = [p for p in listed if _outside_site(p, vllm["root"])]
+    paths = [p for p in listed if p not in outside]
     mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
+    if outside and not mine:
+        return ({"state": "unreadable", "path": None, "others": paths,
+                 "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
+                              "not read" for p in outside[:5]]}, None)
     if not mine:
         return ({"state": "absent", "path": None, "others": paths,
                  "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
@@ -350,6 +358,24 @@ def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
         problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
     rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
     return rep, raw.decode("utf-8", "replace")
+
+
+def _outside_site(path: str, root: str) -> bool:
+    """Does ``path`` (a file an installed RECORD row names) leave the site directory ``root``?
+
+    It must be ``<root>/<name>.dist-info/sboms/<file>`` as written (no ``..``, nothing
+    absolute elsewhere) and stay there once links are resolved.
+    """
+    site = os.path.normpath(root)
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm, site) if os.path.isabs(norm) == os.path.isabs(site) else ".."
+    parts = Path(rel).parts
+    if rel.startswith("..") or len(parts) != 3 or not parts[0].endswith(".dist-info") or parts[1] != "sboms":
+        return True
+    if os.path.normpath(os.path.join(site, rel)) != norm or ".." in Path(path).parts:
+        return True
+    real_site = os.path.realpath(site)
+    return os.path.commonpath([real_site, os.path.realpath(norm)]) != real_site
 
 
 def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import math
 import os
 import shutil
 import stat
@@ -44,12 +43,13 @@ from dsv4patch.errors import (
     FetchError,
     IntegrityError,
     NotFetchedError,
-    UsageError,
 )
 from dsv4patch.hashing import hash_file
+from dsv4patch.limits import parse_number
 from dsv4patch.progress import Progress
 
 CHUNK = 1 << 20
+MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
 def default_root() -> Path:
@@ -63,16 +63,8 @@ def default_root() -> Path:
 def lock_timeout() -> float:
     """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
     raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        raise UsageError(
-            f"DSV4PATCH_LOCK_TIMEOUT={raw!r} is not a number of seconds >= 0 "
-            "(e.g. 600, or 0 to fail at once when another run holds a lock)"
-        )
-    return value
+    return parse_number(raw, what="DSV4PATCH_LOCK_TIMEOUT", low=0, high=MAX_LOCK_WAIT, low_inclusive=True,
+                        example="600 seconds, or 0 to fail at once when another run holds a lock")
 
 
 @contextmanager
@@ -358,8 +350,9 @@ def _download(
                             f"{what}: download from {shown} sent more than {pinned}; cut off there, "
                             "nothing was cached. If the lock is wrong, fix it; else retry") from None
                     except TooSlow as exc:
-                        raise FetchError(f"{exc}; nothing was cached, run the command again or raise "
-                                         "DSV4PATCH_DOWNLOAD_TIMEOUT") from None
+                        raise FetchError(f"{exc}; nothing was cached, run the command again, or raise "
+                                         "DSV4PATCH_DOWNLOAD_TIMEOUT / lower DSV4PATCH_DOWNLOAD_MIN_RATE for a "
+                                         "slow link") from None
                     except (OSError, ValueError, http.client.HTTPException) as exc:  # connection cut mid-body
                         raise IntegrityError(
                             f"{what}: download from {shown} broke off after {got} bytes "

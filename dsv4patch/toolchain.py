@@ -227,6 +227,7 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
     with store.lock(f"toolchain-{kind}-{key}"):
         if ready(root):
             return root
+        _clear(root)  # a link planted there is removed at once, never used; a half-made entry too
         tmp = store.tmpdir(f"toolchain-{kind}-")
         try:
             env = tmp / "env"

@@ -566,6 +566,35 @@ def test_slow_download_is_cut_off_by_the_total_deadline(tmp_path, cli, monkeypat
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
 
 
+def test_a_trickling_download_is_cut_by_the_minimum_rate(tmp_path, cli, monkeypatch, no_index_config, servers):
+    """Issue 36's server: one byte every 2 s (~822 s for the file), under the default total deadline
+    (1800 s) and the default minimum rate (1 KiB/s): cut once a rate window has passed. The window is
+    30 s in use; 4 s here to keep the test short."""
+    import time
+
+    from dsv4patch import index
+
+    monkeypatch.setattr(index, "RATE_WINDOW", 4.0)
+    monkeypatch.delenv("DSV4PATCH_DOWNLOAD_TIMEOUT", raising=False)
+    monkeypatch.delenv("DSV4PATCH_DOWNLOAD_MIN_RATE", raising=False)
+    files = servers[0]
+    lock, data, sha = _sdist_lock(tmp_path, f"{files.url}/f/vllm-0.0.1.tar.gz")
+    files.streams["/f/vllm-0.0.1.tar.gz"] = Stream("application/octet-stream", len(data), piece=b"x", delay=2.0,
+                                                   length=len(data))
+    start = time.monotonic()
+    res = _fetch(cli, lock, tmp_path / "cache")
+    took = time.monotonic() - start
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert 4 <= took < 12, took
+    assert "slower than 1024 bytes/s (DSV4PATCH_DOWNLOAD_MIN_RATE)" in res.err, res.err
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+    # A rate of 0 switches the rate off; the total deadline still bounds the transfer.
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_MIN_RATE", "0")
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_TIMEOUT", "3")
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_FETCH and "DSV4PATCH_DOWNLOAD_TIMEOUT" in res.err, (res.rc, res.err)
+
+
 @pytest.mark.parametrize("value", ["soon", "-1", "nan", "0"])
 def test_bad_download_timeout_is_a_usage_error(tmp_path, cli, monkeypatch, no_index_config, value):
     lock, _data, _sha = _sdist_lock(tmp_path)
@@ -1096,7 +1125,7 @@ def test_status_installed_never_reads_a_record_row_outside_the_site(tmp_path, cl
     row = "../../../outside/evil-1.0.dist-info/sboms/dsv4patch.cdx.json"
     outside = tmp_path / "a" / "outside" / "evil-1.0.dist-info" / "sboms" / "dsv4patch.cdx.json"
     site = _site_with_sbom(tmp_path, row, outside, EVIL_SBOM)
-    assert (site / "vllm-0.0.1.dist-info" / row).resolve() == outside.resolve()
+    assert (site / row).resolve() == outside.resolve()  # RECORD rows are relative to the site directory
     monkeypatch.setenv("PYTHONPATH", str(site))
     res = _status_installed(cli, lock, cache)
     rep = json.loads(res.out)

@@ -30,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +113,26 @@ _OWNER = ".owner"
 _NEW_DIR = ".new-"
 
 
+def _real_dirs(root: Path, parts: Sequence[str]) -> Path:
+    """``root/parts...``, each component a real directory (a link there is removed, never followed)."""
+    path = root
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part:
+            raise CacheError(f"internal: {part!r} is not a cache directory name")
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            path.mkdir(exist_ok=True)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            os.unlink(path)  # planted: removed, its target untouched
+            path.mkdir()
+        elif not stat.S_ISDIR(st.st_mode):
+            raise CacheError(f"{path} is not a directory; dsv4patch keeps its cache entries there: remove it")
+    return path
+
+
 def stale_tmp(store: Store) -> list[Path]:
     """The entries of ``<cache>/tmp`` that no live run owns (left by killed runs); see the module docstring.
 
@@ -168,7 +188,7 @@ class Store:
         try:
             root.mkdir(parents=True, exist_ok=True)
             for sub in ("blobs/sha256", "trees", "locks", "tmp"):
-                (root / sub).mkdir(parents=True, exist_ok=True)
+                _real_dirs(root, sub.split("/"))
             probe = tempfile.NamedTemporaryFile(dir=root / "tmp", delete=True)
             probe.close()
         except OSError as exc:
@@ -179,6 +199,15 @@ class Store:
         store = cls(root)
         sweep_tmp(store)  # what killed runs left
         return store
+
+    def subdir(self, *parts: str) -> Path:
+        """``<cache>/<parts...>`` as real directories, made if missing.
+
+        A link planted at any of them is removed (and a real directory made in its
+        place): nothing dsv4patch writes or uses in its cache goes through a link
+        (a ``toolchains/torch-<key>`` link to another torch is never used).
+        """
+        return _real_dirs(self.root, parts)
 
     def lock(self, name: str) -> AbstractContextManager[None]:
         return file_lock(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
@@ -221,10 +250,10 @@ class Store:
         """The verified file for ``sha256``, downloading it from ``url`` if needed."""
         dest = self.blob_path(sha256)
         with self.lock(f"blob-{sha256}"):
-            if dest.exists():
-                if hash_file(dest) == sha256:
+            if os.path.lexists(dest):
+                if safeio.is_regular(dest) and hash_file(dest) == sha256:
                     return dest
-                dest.unlink()  # corrupted cache entry: fetch it again
+                dest.unlink()  # corrupted cache entry, or a link planted there: fetch it again
             if not url:
                 raise NotFetchedError(
                     f"{what}: not in the cache ({dest}) and the lock has no url; "
@@ -291,8 +320,9 @@ class Store:
         """
         dest = self.blob_path(sha256)
         with self.lock(f"blob-{sha256}"):
-            if dest.exists() and hash_file(dest) == sha256:
+            if safeio.is_regular(dest) and hash_file(dest) == sha256:
                 return False
+            safeio.remove_file(dest)  # corrupted, or a link planted there
             fd, tmp = safeio.create_owned(self.root / "tmp", "seed")
             try:
                 h = hashlib.sha256()

@@ -90,7 +90,7 @@ def ensure(tree: Path, store: Store, torch: str | None = None, log: Path | None 
         [sys.version, tv, triton or "", common.read_text(), *EXTRA, "v1"]
     ).encode()
     key = hashlib.sha256(key_src).hexdigest()[:20]
-    venvs = store.root / "venvs"
+    venvs = store.subdir("venvs")  # a real directory: a link planted there is removed
     root = venvs / key
     with store.lock(f"venv-{key}"):
         _no_link(root)  # a link planted at the entry is removed, never used

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,13 +105,13 @@ def _entry(store: Store, key: str) -> Path:
 def lookup(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: list[str]) -> list[TestResult] | None:
     """The cached results of this session, or None."""
     entry = _entry(store, session_key(tree_id, nodeids, env))
-    if not entry.exists():
+    if not os.path.lexists(entry):
         return None
-    try:
-        data = json.loads(entry.read_text(encoding="utf-8"))
+    try:  # no link, no FIFO, bounded: a damaged or planted entry is recomputed and replaced
+        data = safeio.read_json(entry, RESULTS_LIMIT)
         return [TestResult(**r) for r in data["results"]]
-    except (ValueError, KeyError, TypeError):
-        return None  # a damaged entry is recomputed and replaced
+    except (safeio.UnsafeFileError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_and_store(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: list[str], cwd: Path,
@@ -121,11 +120,9 @@ def run_and_store(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: lis
     rc, found = run_session(env, cwd, nodeids, results)
     if rc in COMPLETE and found:
         entry = _entry(store, session_key(tree_id, nodeids, env))
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({"tree": tree_id, "nodeids": sorted(set(nodeids)), "rc": rc,
-                                   "results": [r.__dict__ for r in found]}, indent=1))
-        os.replace(tmp, entry)
+        store.subdir("verify-results")
+        safeio.atomic_write(entry, json.dumps({"tree": tree_id, "nodeids": sorted(set(nodeids)), "rc": rc,
+                                               "results": [r.__dict__ for r in found]}, indent=1), durable=False)
     return found
 
 

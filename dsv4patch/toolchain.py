@@ -225,6 +225,7 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
     """A venv under ``<cache>/toolchains/`` holding exactly ``reqs`` (hash-checked, no deps)."""
     key, root = _env_dir(store, kind, [*parts, *(r.line() for r in reqs)])
     with store.lock(f"toolchain-{kind}-{key}"):
+        store.subdir("toolchains")  # a real directory (a link planted there is removed)
         if ready(root):
             return root
         _clear(root)  # a link planted there is removed at once, never used; a half-made entry too
@@ -263,10 +264,6 @@ def ready(root: Path) -> bool:
 
 def _clear(root: Path) -> None:
     """Make way for a new ``root``: a planted link is removed (never followed), a half-made directory too."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    if stat.S_ISLNK(os.lstat(root.parent).st_mode):
-        raise BuildError(f"{root.parent} is a symbolic link; dsv4patch never builds into a link planted in "
-                         "its cache: remove it")
     try:
         st = os.lstat(root)
     except FileNotFoundError:

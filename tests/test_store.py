@@ -72,3 +72,34 @@ def test_own_work_directories_are_removed_with_their_lock(tmp_path: Path) -> Non
     assert safeio.owned_by_a_live_writer(d) and store.stale_tmp(s) == []
     s.remove_tmp(d)
     assert not d.exists() and str(d) not in store._OWNERS
+
+
+def test_a_link_planted_for_a_cache_directory_is_removed_never_followed(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("x")
+    (s.root / "toolchains").symlink_to(elsewhere)
+    made = s.subdir("toolchains")
+    assert made == s.root / "toolchains" and made.is_dir() and not made.is_symlink()
+    assert (elsewhere / "keep").read_text() == "x"
+
+
+def test_a_blob_that_is_a_link_is_not_a_cache_hit(tmp_path: Path) -> None:
+    """A link planted at blobs/sha256/<hex> (even to a file with the right bytes) is removed and fetched again."""
+    import hashlib
+
+    import pytest
+
+    from dsv4patch.errors import NotFetchedError
+    from dsv4patch.progress import Progress
+
+    s = Store.open(tmp_path / "cache")
+    data = b"the pinned bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    target = tmp_path / "planted"
+    target.write_bytes(data)
+    s.blob_path(sha).symlink_to(target)
+    with pytest.raises(NotFetchedError):  # no url: it must be fetched again, the link is not used
+        s.fetch_blob("", sha, len(data), "x", Progress(False))
+    assert not os.path.lexists(s.blob_path(sha)) and target.read_bytes() == data

@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -42,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4patch import childproc, zipcopy
+from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
@@ -491,35 +492,42 @@ def plan_build(
     return builds, ops, notes
 
 
+def _tmp_name(path: Path) -> Path:
+    """A fresh, unpredictable name beside ``path`` for a program's output (never a planted name)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
 def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:
     with store.lock(f"kernel-{u.key}"):
-        if u.obj.is_file():
+        if safeio.is_regular(u.obj):
             u.cached = True
             return
-        u.obj.parent.mkdir(parents=True, exist_ok=True)
+        store.subdir("kernels", u.obj.parent.name)
         if u.name == "dsv4patch_bindings":
-            u.obj.with_suffix(".cpp").write_text(u.text)
-        tmp = u.obj.with_name(u.obj.name + f".tmp{os.getpid()}")
+            safeio.atomic_write(u.obj.with_suffix(".cpp"), u.text, durable=False)
+        tmp = _tmp_name(u.obj)
         cmd = [*u.command[:-1], str(tmp)]
         t0 = time.monotonic()
-        res = childproc.run(cmd, cwd=cwd, deadline=COMPILE_DEADLINE, what=f"nvcc {u.source}")
-        u.seconds = time.monotonic() - t0
-        if res.returncode != 0:
+        try:  # nvcc's output is removed whatever ends it (a failure, a deadline, an interrupt)
+            res = childproc.run(cmd, cwd=cwd, deadline=COMPILE_DEADLINE, what=f"nvcc {u.source}")
+            u.seconds = time.monotonic() - t0
+            if res.returncode != 0:
+                raise BuildError(
+                    f"nvcc failed for {u.source}"
+                    f" ({', '.join(u.archs) or 'host'}; {res.status()}):\n"
+                    f"{(res.stderr or res.stdout).strip()[-4000:]}\ncommand: {' '.join(cmd)}"
+                )
+            os.replace(tmp, u.obj)
+        finally:
             tmp.unlink(missing_ok=True)
-            raise BuildError(
-                f"nvcc failed for {u.source}"
-                f" ({', '.join(u.archs) or 'host'}):\n{(res.stderr or res.stdout).strip()[-4000:]}\n"
-                f"command: {' '.join(cmd)}"
-            )
-        os.replace(tmp, u.obj)
 
 
 def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int,
                   progress: Progress | None = None) -> None:
     """Compile what is not cached, ``max_jobs`` at a time; a bar shows units done/total and elapsed."""
-    todo = [u for u in units if not u.obj.is_file()]
+    todo = [u for u in units if not safeio.is_regular(u.obj)]
     for u in units:
-        if u.obj.is_file():
+        if safeio.is_regular(u.obj):
             u.cached = True
     if not todo:
         return
@@ -557,18 +565,22 @@ def _torch_cuda_stub(store: Store, tc: Toolchain, base_cmd: list[str]) -> Path:
     d = store.root / "kernels" / "stubs" / sha256((tc.nvcc_version + text).encode())[:16]
     lib = d / "libtorch_cuda.so"
     with store.lock(f"kernel-stub-{d.name}"):
-        if lib.is_file():
+        if safeio.is_regular(lib):
             return d
-        d.mkdir(parents=True, exist_ok=True)
+        store.subdir("kernels", "stubs", d.name)
         src = d / "stub.cpp"
-        src.write_text(text)
-        tmp = d / f"libtorch_cuda.so.tmp{os.getpid()}"
-        res = childproc.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
-                             "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
-                            deadline=LINK_DEADLINE, what="the libtorch_cuda link stub")
-        if res.returncode != 0:
-            raise BuildError(f"building the libtorch_cuda link stub failed:\n{res.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)
+        safeio.atomic_write(src, text, durable=False)
+        tmp = _tmp_name(lib)
+        try:
+            res = childproc.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
+                                 "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
+                                deadline=LINK_DEADLINE, what="the libtorch_cuda link stub")
+            if res.returncode != 0:
+                raise BuildError(f"building the libtorch_cuda link stub failed ({res.status()}):\n"
+                                 f"{res.stderr.strip()[-2000:]}")
+            os.replace(tmp, lib)
+        finally:
+            tmp.unlink(missing_ok=True)
     return d
 
 
@@ -577,17 +589,15 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
                 "flags": LINK_FLAGS, "map": LINK_MAP})
     out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
     with store.lock(f"kernel-{key}"):
-        if out.is_file():
+        if safeio.is_regular(out):
             return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        store.subdir("kernels", key)
+        tmp = _tmp_name(out)
         # ld exports _edata/_end/__bss_start unless a linked library defines them (a CUDA
         # torch's libc10 does, a CPU torch's does not): never exported, the bytes agree.
         vmap = store.root / "kernels" / "link-v1.map"
-        if not vmap.is_file():
-            tmp_map = vmap.with_name(vmap.name + f".tmp{os.getpid()}")
-            tmp_map.write_text(LINK_MAP)
-            os.replace(tmp_map, vmap)
+        if not safeio.is_regular(vmap) or safeio.read_bytes(vmap, 4096) != LINK_MAP.encode():
+            safeio.atomic_write(vmap, LINK_MAP, durable=False)
         cmd = [str(tc.nvcc), *LINK_FLAGS, "-Xlinker", f"--version-script={vmap}", "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
@@ -602,10 +612,13 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
             finally:
                 trial_out.unlink(missing_ok=True)
         cmd += ["-Xlinker", "--no-as-needed", "-ltorch_cuda"]
-        res = childproc.run(cmd, deadline=LINK_DEADLINE, what="linking the kernel library")
-        if res.returncode != 0:
-            raise BuildError(f"linking the kernel library failed ({res.status()}):\n{res.text[-4000:]}")
-        os.replace(tmp, out)
+        try:
+            res = childproc.run(cmd, deadline=LINK_DEADLINE, what="linking the kernel library")
+            if res.returncode != 0:
+                raise BuildError(f"linking the kernel library failed ({res.status()}):\n{res.text[-4000:]}")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 
@@ -708,7 +721,7 @@ def build(
         return result
     if dry_run:
         for u in units:
-            u.cached = u.obj.is_file()
+            u.cached = safeio.is_regular(u.obj)
         return result
     if progress is not None:
         progress.note(toolchain.describe())

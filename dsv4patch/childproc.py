@@ -37,10 +37,12 @@ running after dsv4patch has exited.  Here every child gets:
 
 API
 ---
-``run(argv, *, deadline, what, cwd=None, env=None, stdin=None, output=None,
-keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True) -> Finished``
+``run(argv, *, deadline, what, cwd=None, env=None, stdin=None, output=None, merge=False,
+keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_line=None) -> Finished``
     Run to the end.  Returns a :class:`Finished` (exit status or the signal that
     ended it, bounded tails of stdout and stderr, byte counts, the output file);
+    ``merge`` puts stderr into stdout, ``on_line`` is called with each stdout
+    line as it comes (an output too large to keep, parsed as it streams);
     a non-zero exit is a result for the caller to judge.  Raises
     :class:`~dsv4patch.errors.ChildError` when the program cannot be started,
     or (``check_bounds``) ran past its deadline or its ``flood`` limit;
@@ -59,11 +61,14 @@ keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True) -> Finished``
     whatever is left of the tree.  Start it and wait for it in a thread that
     outlives it (the parent-death signal is tied to the starting thread).
 
-``interrupts()``
+``interrupts(*, exiting=False, early=())``
     A context manager for ``main``: installs the signal handlers (main thread
-    only; elsewhere it only tracks), and on leaving ends every child tree still
-    running and every orphan a child left.  ``interrupted()`` says (from any
-    thread, at once) whether an interrupt arrived; ``raise_if_interrupted()``.
+    only; elsewhere it only tracks), always, even for a SIGINT inherited as
+    ignored; on leaving ends every child tree still running and every orphan a
+    child left.  ``early``: signals the entry point recorded before (raised at
+    once); ``exiting``: late signals are recorded, not raised, once the block is
+    left.  ``interrupted()`` says (from any thread, at once: the C-level handler
+    writes the wake-up pipe) whether an interrupt arrived; ``raise_if_interrupted()``.
 
 ``end_tree(pid)``, ``end_all()``
     Kill one tree / every tree this process started (also done on exit).

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import checkout, report, toolchain
-from dsv4patch.errors import BuildError
+from dsv4patch import checkout, childproc, report, toolchain
+from dsv4patch.errors import BuildError, ChildError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources
 from dsv4patch.lock import Pin
@@ -28,6 +27,7 @@ from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
 DEFAULT_OUT = Path("dist")
+FULL_BUILD_DEADLINE = 12 * 3600.0  # seconds vLLM's own build (pip install . / docker build) may take
 
 
 def resolve_archs(
@@ -147,6 +147,10 @@ def _nvcc_version(nvcc: str | None) -> str | None:
         return kbuild.nvcc_version(kbuild.find_nvcc(nvcc))[1]
     except BuildError:
         return None
+    except ChildError:
+        if nvcc:  # the nvcc the user named hangs, floods or cannot start: say so
+            raise
+        return None
 
 
 def full_build(
@@ -158,9 +162,14 @@ def full_build(
     nvcc: str | None = None,
     docker: bool = False,
     dry_run: bool = False,
+    log: Path | None = None,
 ) -> FullBuild:
     """Run vLLM's own build of ``tree`` (``docker``: ``docker build``) with the lock's
-    ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``; ``dry_run``: only say what."""
+    ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``; ``dry_run``: only say what.
+
+    The build runs through :mod:`dsv4patch.childproc` within :data:`FULL_BUILD_DEADLINE`,
+    its output streamed to ``log`` (default ``<tree>/../.<tree name>.dsv4patch-build.log``,
+    a new file: a link planted there is replaced), capped at ``childproc.OUTPUT_CAP``."""
     chosen, origin = resolve_archs(tree, pin, archs, _nvcc_version(nvcc))
     python = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or "python3"
     cmd, env = kbuild.full_build_command(
@@ -171,8 +180,11 @@ def full_build(
     if dry_run:
         res.notes = [" ".join(f"{k}={v!r}" for k, v in env.items()) + " " + " ".join(cmd)]
         return res
-    proc = subprocess.run(cmd, cwd=tree, env={**os.environ, **env})
+    log = log or tree.parent / f".{tree.name}.dsv4patch-build.log"
+    proc = childproc.run(cmd, cwd=tree, env={**os.environ, **env}, deadline=FULL_BUILD_DEADLINE,
+                         what=f"the full build of {tree}", output=log, merge=True)
     if proc.returncode != 0:
-        raise BuildError(f"`{' '.join(cmd)}` failed in {tree} (exit {proc.returncode})")
-    res.notes = [f"built {tree} with {' '.join(cmd)}"]
+        raise BuildError(f"`{' '.join(cmd)}` failed in {tree} ({proc.status()}); the end of its output:\n"
+                         f"{proc.stdout[-3000:]}\nall of it: {log}")
+    res.notes = [f"built {tree} with {' '.join(cmd)}; its output: {log}"]
     return res

@@ -37,10 +37,12 @@ running after dsv4patch has exited.  Here every child gets:
 
 API
 ---
-``run(argv, *, deadline, what, cwd=None, env=None, stdin=None, output=None,
-keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True) -> Finished``
+``run(argv, *, deadline, what, cwd=None, env=None, stdin=None, output=None, merge=False,
+keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_line=None) -> Finished``
     Run to the end.  Returns a :class:`Finished` (exit status or the signal that
     ended it, bounded tails of stdout and stderr, byte counts, the output file);
+    ``merge`` puts stderr into stdout, ``on_line`` is called with each stdout
+    line as it comes (an output too large to keep, parsed as it streams);
     a non-zero exit is a result for the caller to judge.  Raises
     :class:`~dsv4patch.errors.ChildError` when the program cannot be started,
     or (``check_bounds``) ran past its deadline or its ``flood`` limit;
@@ -59,14 +61,25 @@ keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True) -> Finished``
     whatever is left of the tree.  Start it and wait for it in a thread that
     outlives it (the parent-death signal is tied to the starting thread).
 
-``interrupts()``
+``interrupts(*, exiting=False, early=())``
     A context manager for ``main``: installs the signal handlers (main thread
-    only; elsewhere it only tracks), and on leaving ends every child tree still
-    running and every orphan a child left.  ``interrupted()`` says (from any
-    thread, at once) whether an interrupt arrived; ``raise_if_interrupted()``.
+    only; elsewhere it only tracks), always, even for a SIGINT inherited as
+    ignored; on leaving ends every child tree still running and every orphan a
+    child left.  ``early``: signals the entry point recorded before (raised at
+    once); ``exiting``: late signals are recorded, not raised, once the block is
+    left.  ``interrupted()`` says (from any thread, at once: the C-level handler
+    writes the wake-up pipe) whether an interrupt arrived; ``raise_if_interrupted()``.
 
 ``end_tree(pid)``, ``end_all()``
     Kill one tree / every tree this process started (also done on exit).
+
+``ask_python(python, code, *args, marker, label) -> (Finished, answer)``
+    Run ``python -c code args`` (a probe of an interpreter the user named) under
+    :data:`PROBE_DEADLINE` and :data:`PROBE_OUTPUT`; the JSON on its
+    ``marker`` line, parsed bounded (:func:`dsv4patch.safeio.loads_json`), or
+    None when there is none.  An interpreter that cannot be started or answers
+    something that is not JSON is a usage error (exit 2); one that hangs or
+    floods a :class:`~dsv4patch.errors.ChildError` (exit 8).
 """
 
 from __future__ import annotations
@@ -80,19 +93,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from dsv4patch.errors import ChildError, Interrupted
+from dsv4patch.errors import ChildError as ChildError  # re-exported: the error callers catch
+from dsv4patch.errors import Interrupted as Interrupted
+from dsv4patch.errors import UsageError
 
 # Bounds (docs/trust.md "Bounds"): what one child may cost dsv4patch.
 KEEP = 64 << 10  # bytes of the end of each stream kept in memory (messages quote its last lines)
 OUTPUT_CAP = 64 << 20  # bytes of a child's output written to its output file; the rest is counted, dropped
 LOG_CAP = 256 << 20  # the same for a watched child's log (a self-test engine's log)
+PROBE_DEADLINE = 120.0  # seconds a probe of a program the user named may take (``--python``, ``nvcc --version``)
+PROBE_OUTPUT = 1 << 20  # bytes such a probe may print before it is ended as a flood
 _READ = 1 << 16
+_LINE = 1 << 20  # the longest line handed to an on_line callback in one piece
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _LINUX = sys.platform.startswith("linux")
 _PR_SET_PDEATHSIG = 1
@@ -148,6 +166,11 @@ def interrupted(grace: float = 0.0) -> bool:
         time.sleep(0.01)
 
 
+def interrupt_signal() -> int | None:
+    """The signal of the interrupt that arrived, or None."""
+    return _STATE.signal if interrupted() else None
+
+
 def raise_if_interrupted() -> None:
     if interrupted():
         raise Interrupted(_STATE.signal)
@@ -191,9 +214,22 @@ def _critical() -> Iterator[None]:
                 raise Interrupted(_STATE.signal)
 
 
+def _late_signal(signum: int, frame: FrameType | None) -> None:
+    """After the command is over (``interrupts(exiting=True)``): recorded, not raised."""
+    with _STATE.lock:
+        _STATE.signal = _STATE.signal or signum
+
+
 @contextlib.contextmanager
-def interrupts() -> Iterator[None]:
-    """Handle SIGINT/SIGTERM/SIGHUP for one command, and end every child tree when it is over."""
+def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[None]:
+    """Handle SIGINT/SIGTERM/SIGHUP for one command, and end every child tree when it is over.
+
+    ``exiting``: the process exits right after (the CLI's entry point): a signal
+    that arrives once the command is over no longer kills it, so a result it
+    printed in full is not turned into a death by signal; otherwise the previous
+    handlers come back.  ``early``: signals that arrived before (recorded by the
+    entry point): raised as ``Interrupted`` at once, inside the block.
+    """
     main_thread = threading.current_thread() is threading.main_thread()
     saved: dict[int, Any] = {}
     saved_fd = -1
@@ -213,6 +249,12 @@ def interrupts() -> Iterator[None]:
             saved[sig] = signal.signal(sig, _on_signal)
         saved_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     try:
+        first = next((s for s in early if s in INTERRUPT_SIGNALS), None)
+        if first is not None:
+            with _STATE.lock:
+                _STATE.signal = first
+                _STATE.raised = True
+            raise Interrupted(first)
         yield
     finally:
         try:
@@ -221,7 +263,7 @@ def interrupts() -> Iterator[None]:
             if main_thread:
                 signal.set_wakeup_fd(saved_fd)
                 for signum, handler in saved.items():
-                    signal.signal(signum, handler)
+                    signal.signal(signum, _late_signal if exiting else handler)
                 with _STATE.lock:
                     _STATE.wakeup_r = None
                 os.close(r)
@@ -487,16 +529,34 @@ class _Sink:
 class _Pump(threading.Thread):
     """Reads one pipe to its end: the last ``keep`` bytes kept, everything passed to the sink."""
 
-    def __init__(self, fd: int, keep: int, sink: _Sink | None, on_bytes: Any) -> None:
+    def __init__(self, fd: int, keep: int, sink: _Sink | None, on_bytes: Any,
+                 on_line: Callable[[str], None] | None = None) -> None:
         super().__init__(daemon=True)
         self.fd = fd
         self.keep = keep
         self.sink = sink
         self.on_bytes = on_bytes
+        self.on_line = on_line
+        self.partial = bytearray()  # the line being assembled for on_line (at most _LINE bytes)
+        self.error: BaseException | None = None  # what on_line raised (the child is then killed)
         self.tail = bytearray()
         self.seen = 0
         self.stop = threading.Event()
         self.start()
+
+    def _lines(self, chunk: bytes, final: bool = False) -> None:
+        assert self.on_line is not None
+        self.partial += chunk
+        *whole, rest = bytes(self.partial).split(b"\n")
+        self.partial = bytearray(rest)
+        if final and rest:
+            whole.append(rest)
+            self.partial = bytearray()
+        elif len(self.partial) > _LINE:  # one endless line: handed over in pieces
+            whole.append(bytes(self.partial))
+            self.partial = bytearray()
+        for line in whole:
+            self.on_line(line.decode("utf-8", errors="replace") + "\n")
 
     def run(self) -> None:
         try:
@@ -506,7 +566,11 @@ class _Pump(threading.Thread):
                     continue
                 chunk = os.read(self.fd, _READ)
                 if not chunk:
+                    if self.on_line is not None:
+                        self._lines(b"", final=True)
                     return
+                if self.on_line is not None:
+                    self._lines(chunk)
                 self.seen += len(chunk)
                 self.tail += chunk
                 if len(self.tail) > 2 * self.keep:
@@ -516,6 +580,9 @@ class _Pump(threading.Thread):
                 self.on_bytes(len(chunk))
         except (OSError, ValueError):
             return
+        except BaseException as exc:  # on_line failed: the child's output is of no further use
+            self.error = exc
+            self.on_bytes(-1)
 
     def text(self) -> str:
         return bytes(self.tail[-self.keep:] if self.keep else b"").decode("utf-8", errors="replace")
@@ -615,6 +682,7 @@ def run(
     output_cap: int = OUTPUT_CAP,
     flood: int | None = None,
     check_bounds: bool = True,
+    on_line: Callable[[str], None] | None = None,
 ) -> Finished:
     """Run ``argv`` to its end within ``deadline`` seconds (see the module docstring).
 
@@ -622,6 +690,9 @@ def run(
     ``output``: stream stdout and stderr there as they come (a new file, capped at
     ``output_cap``).  ``merge``: stderr goes into stdout (one tail, in order).
     ``flood``: kill the child once it has printed more than this many bytes.
+    ``on_line``: called in a reader thread with each line of stdout as it comes
+    (decoded, errors="replace"): a parser of an output too large to keep; what
+    it raises ends the child and is raised here.
     """
     deadline = _check_deadline(deadline, what)
     t0 = time.monotonic()
@@ -638,6 +709,10 @@ def run(
             total = [0]
 
             def count(n: int) -> None:
+                if n < 0:  # on_line failed: stop the child
+                    with contextlib.suppress(OSError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    return
                 with guard:
                     total[0] += n
                     over = flood is not None and total[0] > flood and not flooded.is_set()
@@ -651,7 +726,7 @@ def run(
                 if stream is not None:
                     fd = os.dup(stream.fileno())
                     stream.close()
-                    pumps.append(_Pump(fd, keep, sink, count))
+                    pumps.append(_Pump(fd, keep, sink, count, on_line if not pumps else None))
             while True:
                 left = t0 + deadline - time.monotonic()
                 if left <= 0:
@@ -687,6 +762,8 @@ def run(
     )
     if was_interrupted:
         raise Interrupted(_STATE.signal)
+    if pumps[0].error is not None:
+        raise pumps[0].error
     if check_bounds and (fin.timed_out or fin.flooded):
         raise _bounds_error(fin, flood)
     return fin
@@ -818,3 +895,25 @@ class Child:
             seconds=time.monotonic() - self._t0, deadline=math.inf,
         )
         return self._result
+
+
+def ask_python(python: str, code: str, *args: str, marker: str, label: str, deadline: float = PROBE_DEADLINE,
+               env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> tuple[Finished, Any]:
+    """Ask the interpreter ``python`` (see the module docstring); ``label`` names it in messages."""
+    from dsv4patch import safeio
+
+    try:
+        fin = run([python, "-c", code, *args], deadline=deadline, what=f"{label}: the probe", env=env, cwd=cwd,
+                  flood=PROBE_OUTPUT, keep=PROBE_OUTPUT)
+    except ChildError as exc:
+        if exc.start_failed:
+            raise UsageError(f"{label}: cannot run it ({str(exc).rsplit('(', 1)[-1].rstrip(')')}); "
+                             "give the path of a Python interpreter") from None
+        raise
+    prefix = marker + " "
+    line = next((ln for ln in fin.stdout.splitlines() if ln.startswith(prefix)), None)
+    if line is None:
+        return fin, None
+    value = safeio.loads_json(line[len(prefix):], label=f"{label}: its answer", limit=PROBE_OUTPUT,
+                              error=UsageError)
+    return fin, value

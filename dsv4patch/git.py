@@ -43,7 +43,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch.errors import GitError
+from dsv4patch import childproc
+from dsv4patch.errors import GitError, Interrupted
 
 # Identity and date used for every commit dsv4patch makes: same inputs, same ids.
 IDENTITY = {
@@ -232,6 +233,10 @@ def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
         )
     except OSError as exc:
         raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
+    # A git that failed or died while an interrupt arrived (a SIGINT to the group reaches it too) was
+    # stopped by it: never read as a conflict or a failure (childproc.interrupted sees it in any thread).
+    if proc.returncode != 0 and childproc.interrupted(0.2 if proc.returncode < 0 else 0.0):
+        raise Interrupted(childproc.interrupt_signal())
     return _Raw(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 import base64
 import configparser
 import http.client
-import math
 import os
 import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -45,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from dsv4patch.errors import FetchError, UsageError
+from dsv4patch.limits import env_number
 from dsv4patch.safeio import loads_json
 from dsv4patch.urls import http_url_problem, redact, redact_text
 
@@ -55,6 +56,9 @@ _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 PAGE_LIMIT = 32 << 20  # an index page: 32 MiB (PyPI's largest simple pages are a few MiB)
 READ_TIMEOUT = 60.0  # seconds one read (or the connection) may stay silent
 DEFAULT_TRANSFER_TIMEOUT = 1800.0  # seconds a whole page or file transfer may take
+MAX_TRANSFER_TIMEOUT = 7 * 86400.0  # DSV4PATCH_DOWNLOAD_TIMEOUT's ceiling (never inf)
+DEFAULT_MIN_RATE = 1024.0  # bytes/s a transfer must average over any RATE_WINDOW (DSV4PATCH_DOWNLOAD_MIN_RATE)
+RATE_WINDOW = 30.0  # seconds over which the rate is measured (a trickling server is cut after about this long)
 _CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -121,17 +125,15 @@ def open_url(url: str, auth_from: str | None = None, accept: str | None = None,
 
 def transfer_timeout() -> float:
     """``DSV4PATCH_DOWNLOAD_TIMEOUT``: seconds one page or file transfer may take in all (default 1800)."""
-    raw = os.environ.get("DSV4PATCH_DOWNLOAD_TIMEOUT", "")
-    if not raw:
-        return DEFAULT_TRANSFER_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"DSV4PATCH_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds > 0 "
-                         f"(the most one download may take; default {DEFAULT_TRANSFER_TIMEOUT:g})")
-    return value
+    return env_number("DSV4PATCH_DOWNLOAD_TIMEOUT", DEFAULT_TRANSFER_TIMEOUT, low=0, high=MAX_TRANSFER_TIMEOUT,
+                      example=f"{DEFAULT_TRANSFER_TIMEOUT:g}, the most one download may take in seconds")
+
+
+def min_rate() -> float:
+    """``DSV4PATCH_DOWNLOAD_MIN_RATE``: bytes per second a transfer must keep up over any
+    :data:`RATE_WINDOW` (default 1024; 0: only the total deadline bounds it)."""
+    return env_number("DSV4PATCH_DOWNLOAD_MIN_RATE", DEFAULT_MIN_RATE, low=0, high=1 << 30, low_inclusive=True,
+                      example=f"{DEFAULT_MIN_RATE:g} bytes per second")
 
 
 class TooLarge(FetchError):
@@ -139,7 +141,8 @@ class TooLarge(FetchError):
 
 
 class TooSlow(FetchError):
-    """A transfer went past its total deadline (``DSV4PATCH_DOWNLOAD_TIMEOUT``)."""
+    """A transfer went past its total deadline (``DSV4PATCH_DOWNLOAD_TIMEOUT``) or fell below the minimum
+    rate (``DSV4PATCH_DOWNLOAD_MIN_RATE`` over :data:`RATE_WINDOW`)."""
 
 
 def _set_read_timeout(resp: Any, seconds: float) -> None:
@@ -163,7 +166,16 @@ def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterat
     got = 0
     read = getattr(resp, "read1", None) or resp.read
     total = max(deadline - time.monotonic(), 0.0)
+    rate = min_rate()
+    marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (when, bytes by then) over the window
     while True:
+        now = time.monotonic()
+        while len(marks) > 1 and marks[1][0] <= now - RATE_WINDOW:
+            marks.popleft()
+        since, then = marks[0]
+        if rate > 0 and now - since >= RATE_WINDOW and (got - then) / (now - since) < rate:
+            raise TooSlow(f"{label} sent {got - then} bytes in the last {now - since:.0f} s, slower than "
+                          f"{rate:g} bytes/s (DSV4PATCH_DOWNLOAD_MIN_RATE); cut off after {got} bytes")
         left = deadline - time.monotonic()
         if left <= 0:
             raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
@@ -179,6 +191,8 @@ def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterat
         if not chunk:
             return
         got += len(chunk)
+        if time.monotonic() - marks[-1][0] >= 1.0:  # one mark a second at most: bounded bookkeeping
+            marks.append((time.monotonic(), got))
         if got > limit:
             raise TooLarge(f"{label} sent more than {limit} bytes, the most dsv4patch reads from it; "
                            "cut off there")

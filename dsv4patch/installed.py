@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import difflib
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import report, safeio, sbom, vllm_wheel
-from dsv4patch.errors import EXIT_UNEXPECTED, Dsv4Error, UsageError
+from dsv4patch import childproc, report, safeio, sbom, vllm_wheel
+from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, UsageError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import Lock, Pin
@@ -110,50 +109,16 @@ EDIT_SLACK = 1 << 20  # an installed file may be this much larger than the pin's
 
 
 def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
-                cwd: str | None = None) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``cmd``: killed past ``timeout`` s or :data:`OUTPUT_LIMIT` bytes of output.
+                cwd: str | None = None) -> tuple[int | None, str, str]:
+    """(exit code or None when a signal ended it, stdout, stderr) of ``cmd``, through :mod:`dsv4patch.childproc`.
 
-    ``subprocess.run(capture_output=True)`` keeps whatever a child prints; an
-    interpreter named by ``--python`` is not trusted to print little.
+    Past ``timeout`` s or :data:`OUTPUT_LIMIT` bytes of output the child and every
+    process it started are ended (:class:`~dsv4patch.errors.ChildError`, exit 8); an
+    interpreter named by ``--python`` is not trusted to answer, nor to print little.
     """
-    import selectors
-    import time
-
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=cwd)
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    bufs: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
-    total = 0
-    deadline = time.monotonic() + timeout
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        sel.register(f, selectors.EVENT_READ)
-    try:
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise subprocess.TimeoutExpired(cmd, timeout)
-            for key, _ in sel.select(min(left, 1.0)):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                total += len(chunk)
-                if total > OUTPUT_LIMIT:
-                    raise UsageError(f"{cmd[0]}: printed more than {OUTPUT_LIMIT} bytes; stopped it")
-                bufs[key.fd].append(chunk)
-        rc = proc.wait(max(deadline - time.monotonic(), 0.1))
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    return (rc, b"".join(bufs[out_fd]).decode("utf-8", "replace"),
-            b"".join(bufs[err_fd]).decode("utf-8", "replace"))
+    fin = childproc.run(cmd, deadline=timeout, what=f"{cmd[0]}", env=env, cwd=cwd, flood=OUTPUT_LIMIT,
+                        keep=OUTPUT_LIMIT)
+    return fin.returncode, fin.stdout, fin.stderr
 
 
 def _probe_problem(data: Any) -> str | None:
@@ -182,17 +147,17 @@ def _probe_problem(data: Any) -> str | None:
 
 
 def probe(python: str, kernel_dist: str) -> dict[str, Any]:
+    """What ``python`` has installed (vLLM, torch, the kernel package), located, not imported.
+
+    Cannot run, not a Python, an answer that is not JSON or not the probe's shape: UsageError (2);
+    hangs or floods: ChildError (8).
+    """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    try:
-        rc, stdout, stderr = run_bounded([python, "-c", _PROBE, kernel_dist], 120, env=env, cwd="/")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--python {python}: cannot run it ({exc})") from None
-    line = next((ln for ln in stdout.splitlines() if ln.startswith("DSV4PATCH-PROBE ")), None)
-    if rc != 0 or line is None:
-        raise UsageError(f"--python {python}: not a working Python interpreter "
-                         f"({(stderr.strip().splitlines() or ['no output'])[-1][:300]})")
-    data = loads_json(line[len("DSV4PATCH-PROBE "):], label=f"--python {python}: the probe's answer",
-                      error=UsageError)
+    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"--python {python}",
+                                     env=env, cwd="/")
+    if fin.returncode != 0 or data is None:
+        raise UsageError(f"--python {python}: not a working Python interpreter ({fin.status()}: "
+                         f"{fin.last_line()})")
     problem = _probe_problem(data)
     if problem:
         raise UsageError(f"--python {python}: the probe's answer is not what it prints ({problem}); "
@@ -340,8 +305,16 @@ def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
     too large, not JSON) or ``absent`` (vLLM installed another way: the
     patched tree plus a kernel wheel, or a stock wheel).
     """
-    paths = list(vllm.get("sboms") or [])
+    listed = list(vllm.get("sboms") or [])
+    # Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
+    # `../../../outside/evil-1.0.dist-info/sboms/...` is never read (nor shown as vLLM's SBOM).
+    outside = [p for p in listed if _outside_site(p, vllm["root"])]
+    paths = [p for p in listed if p not in outside]
     mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
+    if outside and not mine:
+        return ({"state": "unreadable", "path": None, "others": paths,
+                 "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
+                              "not read" for p in outside[:5]]}, None)
     if not mine:
         return ({"state": "absent", "path": None, "others": paths,
                  "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
@@ -385,6 +358,24 @@ def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
         problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
     rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
     return rep, raw.decode("utf-8", "replace")
+
+
+def _outside_site(path: str, root: str) -> bool:
+    """Does ``path`` (a file an installed RECORD row names) leave the site directory ``root``?
+
+    It must be ``<root>/<name>.dist-info/sboms/<file>`` as written (no ``..``, nothing
+    absolute elsewhere) and stay there once links are resolved.
+    """
+    site = os.path.normpath(root)
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm, site) if os.path.isabs(norm) == os.path.isabs(site) else ".."
+    parts = Path(rel).parts
+    if rel.startswith("..") or len(parts) != 3 or not parts[0].endswith(".dist-info") or parts[1] != "sboms":
+        return True
+    if os.path.normpath(os.path.join(site, rel)) != norm or ".." in Path(path).parts:
+        return True
+    real_site = os.path.realpath(site)
+    return os.path.commonpath([real_site, os.path.realpath(norm)]) != real_site
 
 
 def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:
@@ -458,8 +449,8 @@ def active_check(python: str, kdist: str) -> dict[str, Any]:
     """On a GPU machine: the kernel package's own dispatcher check."""
     try:
         rc, stdout, stderr = run_bounded([python, "-m", kdist, "check", "--json"], 600)
-    except subprocess.TimeoutExpired:
-        return {"checked": True, "exit_code": None, "report": {"output": "timed out after 600 s"}, "active": False}
+    except ChildError as exc:
+        return {"checked": True, "exit_code": None, "report": {"output": str(exc)}, "active": False}
     data: Any
     try:
         data = loads_json(stdout[stdout.index("{"):], label=f"{kdist} check --json")

@@ -47,12 +47,14 @@ exit codes:
   1    a result differs from the lock (unexpected patch status, tree id, failed proof;
        status --installed: a file that is not the patched one, a link, FIFO or too large)
   2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT,
-       DSV4PATCH_DOWNLOAD_TIMEOUT), or a --python whose answers are not a Python's
+       DSV4PATCH_DOWNLOAD_TIMEOUT, DSV4PATCH_DOWNLOAD_MIN_RATE: finite and in range), or a
+       --python that cannot be started or whose answers are not a Python's
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content; a --resolutions entry that is a link)
   4    a pinned source could not be fetched or verified (an index page of the wrong shape
-       or over 32 MiB, a download past the lock's size or DSV4PATCH_DOWNLOAD_TIMEOUT, a
-       stock wheel whose RECORD lies or whose members link or inflate past their size),
+       or over 32 MiB, a download past the lock's size or DSV4PATCH_DOWNLOAD_TIMEOUT or
+       slower than DSV4PATCH_DOWNLOAD_MIN_RATE, a stock wheel whose RECORD lies or
+       whose members link or inflate past their size),
        or the cache is unusable or full (check offline: cached pins are still reported,
        the others marked not-fetched)
   5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
@@ -153,11 +155,17 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit code.
+
+    ``early``: the interrupt signals that arrived before this was called (the
+    entry point ``dsv4patch.__main__`` records them from its first instant).
+    """
+    entry = argv is None  # the process's entry point (console script, python -m): it exits after this
     argv = list(sys.argv[1:] if argv is None else argv)
     state: dict[str, Any] = {"command": "", "args": None}
     try:
-        with childproc.interrupts():
+        with childproc.interrupts(exiting=entry, early=early):
             return _main(argv, state)
     except KeyboardInterrupt:  # an interrupt that arrived while an error was reported or children ended
         return _interrupted(state["command"], _wants_json(argv, state["args"]))

@@ -26,12 +26,13 @@ class the caller passes as ``error`` (``TreeError`` for a tree's state files,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -66,6 +67,7 @@ def _kind(mode: int) -> str:
 def open_regular(
     path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, *,
     error: type[Dsv4Error] = UnsafeFileError, what: str = "", dir_fd: int | None = None,
+    follow: bool = False,
 ) -> int:
     """A file descriptor on ``path``, a regular file; never follows a final symlink, never blocks.
 
@@ -74,10 +76,13 @@ def open_regular(
     missing file raises ``FileNotFoundError`` as ``os.open`` does (the caller
     decides what absence means); a symlink, FIFO, device, directory or socket
     raises ``error`` naming the path.  The descriptor is returned blocking.
+    ``follow``: a final symlink is followed (files of an environment the user
+    named, which may be links); what it reaches must still be a regular file.
     """
     label = what or str(path)
     trunc = flags & os.O_TRUNC
-    open_flags = (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    open_flags = ((flags & ~os.O_TRUNC) | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC
+                  | os.O_NOCTTY)
     try:
         fd = os.open(path, open_flags, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -125,9 +130,9 @@ def _read_bounded(read: Callable[[int], bytes], limit: int, label: str, error: t
 
 
 def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
-               what: str = "") -> bytes:
+               what: str = "", follow: bool = False) -> bytes:
     """The content of the regular file ``path`` (no link, no FIFO), at most ``limit`` bytes."""
-    fd = open_regular(path, error=error, what=what)
+    fd = open_regular(path, error=error, what=what, follow=follow)
     try:
         return read_fd(fd, limit, label=what or str(path), error=error)
     finally:
@@ -272,3 +277,121 @@ def remove_file(path: Path | str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+# ---------------------------------------------------------------------------
+# Files being written: owned while their writer lives, swept when it died.
+
+PARTIAL = ".dsv4patch-partial"  # suffix of a file being written (renamed over its name when complete)
+_NEW = ".dsv4patch-new"  # the name it is created under, before it is locked (never swept young)
+STALE_AGE = 3600.0  # seconds after which an unlocked ``-new`` file (a writer killed in the microseconds
+#                     between creating and locking it) or an unowned legacy temporary is swept
+
+
+def _lock_fd(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def create_owned(directory: Path | str, stem: str, suffix: str = PARTIAL, mode: int = 0o644) -> tuple[int, Path]:
+    """A new file ``<directory>/.<stem>.<random><suffix>``, flocked for as long as ``fd`` is open.
+
+    Created ``O_EXCL | O_NOFOLLOW`` under a ``-new`` name, locked, then renamed to
+    its final temporary name, so :func:`sweep_owned` never takes a file whose
+    writer is alive: the lock ends only with the writer (even killed with SIGKILL).
+    """
+    d = Path(directory)
+    token = secrets.token_hex(6)
+    new = d / f".{stem}.{token}{_NEW}"
+    fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        if not _lock_fd(fd):  # nobody else has this random name: cannot happen
+            raise OSError(errno.EAGAIN, f"cannot lock {new}")
+        path = d / f".{stem}.{token}{suffix}"
+        os.rename(new, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(new)
+        raise
+    return fd, path
+
+
+def owned_by_a_live_writer(path: Path | str) -> bool:
+    """Is the file ``path`` (or a directory's ``.owner`` file) flocked by a live process?"""
+    p = Path(path)
+    target = p / ".owner" if p.is_dir() and not p.is_symlink() else p
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if _lock_fd(fd):
+            return False
+        return True
+    finally:
+        os.close(fd)  # releases a lock taken just to look
+
+
+def sweep_owned(directory: Path | str, *, suffix: str = PARTIAL) -> list[Path]:
+    """Remove the files ``.<stem>.<random><suffix>`` in ``directory`` whose writer died; the removed paths.
+
+    A file whose lock is free was left by a killed run (its writer held the lock
+    until it died); a ``-new`` file older than :data:`STALE_AGE` too.
+    """
+    import time
+
+    d = Path(directory)
+    removed: list[Path] = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        if not name.startswith("."):
+            continue
+        p = d / name
+        if name.endswith(suffix):
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and not owned_by_a_live_writer(p):
+                remove_file(p)
+                removed.append(p)
+        elif name.endswith(_NEW):
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if now - st.st_mtime > STALE_AGE and not owned_by_a_live_writer(p):
+                remove_file(p)
+                removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def replacing(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """Write ``path`` through an owned partial file next to it (:func:`create_owned`).
+
+    On success the partial file is renamed over ``path`` (a link planted at
+    ``path`` is replaced, never written through); on any exception, an
+    interrupt included, it is removed; if the process is killed, the next
+    :func:`sweep_owned` of the directory removes it.
+    """
+    p = Path(path)
+    fd, tmp = create_owned(p.parent, p.name, mode=mode)
+    fh = os.fdopen(fd, "w+b")
+    try:
+        yield fh
+        fh.flush()
+        os.replace(tmp, p)
+    finally:
+        fh.close()  # releases the lock
+        remove_file(tmp)  # gone already when it was renamed

@@ -8,7 +8,13 @@ Layout under the cache root (``$DSV4PATCH_CACHE``, else
     venvs/<key>/           test environments (see testenv.py)
     kernels/<key>/         compiled kernel objects (see kernels/)
     locks/<name>.lock      flock files; two runs on one entry wait for each other
-    tmp/                   partial downloads, never read as cache entries
+    tmp/                   partial downloads and work directories, never read as cache entries
+
+Every entry of ``tmp/`` is *owned*: a file is flocked by the run writing it, a
+directory holds a flocked ``.owner`` file, for as long as that run lives (a
+lock ends with its process, even one killed with SIGKILL).  Each
+:meth:`Store.open` removes the entries no live run owns (:func:`stale_tmp`):
+what a killed or interrupted run left.
 
 A download is streamed into ``tmp/``, hashed, and moved into ``blobs/`` only
 when its size and sha256 match the lock, so a bad or truncated download never
@@ -19,11 +25,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import math
 import os
+import shutil
+import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +43,13 @@ from dsv4patch.errors import (
     FetchError,
     IntegrityError,
     NotFetchedError,
-    UsageError,
 )
 from dsv4patch.hashing import hash_file
+from dsv4patch.limits import parse_number
 from dsv4patch.progress import Progress
 
 CHUNK = 1 << 20
+MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
 def default_root() -> Path:
@@ -55,16 +63,8 @@ def default_root() -> Path:
 def lock_timeout() -> float:
     """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
     raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        raise UsageError(
-            f"DSV4PATCH_LOCK_TIMEOUT={raw!r} is not a number of seconds >= 0 "
-            "(e.g. 600, or 0 to fail at once when another run holds a lock)"
-        )
-    return value
+    return parse_number(raw, what="DSV4PATCH_LOCK_TIMEOUT", low=0, high=MAX_LOCK_WAIT, low_inclusive=True,
+                        example="600 seconds, or 0 to fail at once when another run holds a lock")
 
 
 @contextmanager
@@ -107,6 +107,77 @@ def file_lock(
         os.close(fd)  # releases the flock
 
 
+# The flocked ``.owner`` descriptor of each work directory this process made in ``tmp/``.
+_OWNERS: dict[str, int] = {}
+_OWNER = ".owner"
+_NEW_DIR = ".new-"
+
+
+def _real_dirs(root: Path, parts: Sequence[str]) -> Path:
+    """``root/parts...``, each component a real directory (a link there is removed, never followed)."""
+    path = root
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part:
+            raise CacheError(f"internal: {part!r} is not a cache directory name")
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            path.mkdir(exist_ok=True)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            os.unlink(path)  # planted: removed, its target untouched
+            path.mkdir()
+        elif not stat.S_ISDIR(st.st_mode):
+            raise CacheError(f"{path} is not a directory; dsv4patch keeps its cache entries there: remove it")
+    return path
+
+
+def stale_tmp(store: Store) -> list[Path]:
+    """The entries of ``<cache>/tmp`` that no live run owns (left by killed runs); see the module docstring.
+
+    An entry without an owner (made by an older dsv4patch, or caught in the
+    instant between its creation and its lock) counts only once it is older than
+    :data:`dsv4patch.safeio.STALE_AGE`.
+    """
+    tmp = store.root / "tmp"
+    try:
+        names = sorted(os.listdir(tmp))
+    except OSError:
+        return []
+    now = time.time()
+    stale: list[Path] = []
+    for name in names:
+        p = tmp / name
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            has_owner = os.path.lexists(p / _OWNER)
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            has_owner = name.endswith(safeio.PARTIAL)
+        else:
+            continue
+        if has_owner:
+            if not safeio.owned_by_a_live_writer(p):
+                stale.append(p)
+        elif now - st.st_mtime > safeio.STALE_AGE and not safeio.owned_by_a_live_writer(p):
+            stale.append(p)
+    return stale
+
+
+def sweep_tmp(store: Store) -> list[Path]:
+    """Remove :func:`stale_tmp`'s entries; the removed paths."""
+    removed = stale_tmp(store)
+    for p in removed:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)  # never follows a link inside
+        else:
+            safeio.remove_file(p)
+    return removed
+
+
 @dataclass(frozen=True)
 class Store:
     root: Path
@@ -117,7 +188,7 @@ class Store:
         try:
             root.mkdir(parents=True, exist_ok=True)
             for sub in ("blobs/sha256", "trees", "locks", "tmp"):
-                (root / sub).mkdir(parents=True, exist_ok=True)
+                _real_dirs(root, sub.split("/"))
             probe = tempfile.NamedTemporaryFile(dir=root / "tmp", delete=True)
             probe.close()
         except OSError as exc:
@@ -125,7 +196,18 @@ class Store:
                 f"cache directory {root} is not writable ({exc.strerror}); "
                 "point DSV4PATCH_CACHE (or --cache-dir) at a writable directory"
             ) from None
-        return cls(root)
+        store = cls(root)
+        sweep_tmp(store)  # what killed runs left
+        return store
+
+    def subdir(self, *parts: str) -> Path:
+        """``<cache>/<parts...>`` as real directories, made if missing.
+
+        A link planted at any of them is removed (and a real directory made in its
+        place): nothing dsv4patch writes or uses in its cache goes through a link
+        (a ``toolchains/torch-<key>`` link to another torch is never used).
+        """
+        return _real_dirs(self.root, parts)
 
     def lock(self, name: str) -> AbstractContextManager[None]:
         return file_lock(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
@@ -134,7 +216,33 @@ class Store:
         return self.root / "blobs" / "sha256" / sha256
 
     def tmpdir(self, prefix: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp"))
+        """A new private work directory ``<cache>/tmp/<prefix><random>``, owned by this process.
+
+        Made under a ``.new-`` name, its ``.owner`` file flocked, then renamed: a
+        concurrent :func:`sweep_tmp` never takes it while this process lives.
+        Remove it with :meth:`remove_tmp` (or ``shutil.rmtree``: the lock then
+        ends with the process).
+        """
+        tmp = self.root / "tmp"
+        new = Path(tempfile.mkdtemp(prefix=_NEW_DIR + prefix, dir=tmp))
+        fd = os.open(new / _OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            final = tmp / (prefix + new.name[len(_NEW_DIR + prefix):])
+            os.rename(new, final)
+        except BaseException:
+            os.close(fd)
+            shutil.rmtree(new, ignore_errors=True)
+            raise
+        _OWNERS[str(final)] = fd
+        return final
+
+    def remove_tmp(self, path: Path) -> None:
+        """Remove a work directory :meth:`tmpdir` made, and give up its lock."""
+        shutil.rmtree(path, ignore_errors=True)
+        fd = _OWNERS.pop(str(path), None)
+        if fd is not None:
+            os.close(fd)
 
     def fetch_blob(
         self, url: str, sha256: str, size: int | None, what: str, progress: Progress
@@ -142,10 +250,10 @@ class Store:
         """The verified file for ``sha256``, downloading it from ``url`` if needed."""
         dest = self.blob_path(sha256)
         with self.lock(f"blob-{sha256}"):
-            if dest.exists():
-                if hash_file(dest) == sha256:
+            if os.path.lexists(dest):
+                if safeio.is_regular(dest) and hash_file(dest) == sha256:
                     return dest
-                dest.unlink()  # corrupted cache entry: fetch it again
+                dest.unlink()  # corrupted cache entry, or a link planted there: fetch it again
             if not url:
                 raise NotFetchedError(
                     f"{what}: not in the cache ({dest}) and the lock has no url; "
@@ -177,10 +285,9 @@ class Store:
         if problem:
             raise FetchError(f"{what}: refusing to download {redact(url)}: {problem}; only http(s) "
                              "URLs are downloaded (seed a local file with `dsv4patch fetch --sdist FILE`)")
-        fd, tmp_name = tempfile.mkstemp(prefix="dl-", dir=self.root / "tmp")
-        tmp = Path(tmp_name)
+        fd, tmp = safeio.create_owned(self.root / "tmp", "dl")  # owned: swept if this run is killed
         try:
-            with os.fdopen(fd, "wb") as fh:
+            with os.fdopen(fd, "wb", closefd=False) as fh:  # fd (and its lock) closed after the rename
                 got, digest, expected_len = _download(url, fh, what, progress, size, auth_from)
             url = redact(url)
             if expected_len is not None and got < expected_len:
@@ -202,6 +309,7 @@ class Store:
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
+            os.close(fd)
 
     def seed_blob(self, path: Path, sha256: str) -> bool:
         """Copy ``path`` into the cache as blob ``sha256``; False if it was already there.
@@ -212,13 +320,13 @@ class Store:
         """
         dest = self.blob_path(sha256)
         with self.lock(f"blob-{sha256}"):
-            if dest.exists() and hash_file(dest) == sha256:
+            if safeio.is_regular(dest) and hash_file(dest) == sha256:
                 return False
-            fd, tmp_name = tempfile.mkstemp(prefix="seed-", dir=self.root / "tmp")
-            tmp = Path(tmp_name)
+            safeio.remove_file(dest)  # corrupted, or a link planted there
+            fd, tmp = safeio.create_owned(self.root / "tmp", "seed")
             try:
                 h = hashlib.sha256()
-                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                with os.fdopen(fd, "wb", closefd=False) as out, open(path, "rb") as src:
                     for chunk in iter(lambda: src.read(CHUNK), b""):
                         out.write(chunk)
                         h.update(chunk)
@@ -228,6 +336,7 @@ class Store:
                 os.replace(tmp, dest)
             finally:
                 tmp.unlink(missing_ok=True)
+                os.close(fd)
             return True
 
 
@@ -271,8 +380,9 @@ def _download(
                             f"{what}: download from {shown} sent more than {pinned}; cut off there, "
                             "nothing was cached. If the lock is wrong, fix it; else retry") from None
                     except TooSlow as exc:
-                        raise FetchError(f"{exc}; nothing was cached, run the command again or raise "
-                                         "DSV4PATCH_DOWNLOAD_TIMEOUT") from None
+                        raise FetchError(f"{exc}; nothing was cached, run the command again, or raise "
+                                         "DSV4PATCH_DOWNLOAD_TIMEOUT / lower DSV4PATCH_DOWNLOAD_MIN_RATE for a "
+                                         "slow link") from None
                     except (OSError, ValueError, http.client.HTTPException) as exc:  # connection cut mid-body
                         raise IntegrityError(
                             f"{what}: download from {shown} broke off after {got} bytes "

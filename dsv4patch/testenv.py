@@ -24,13 +24,19 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError
 from dsv4patch.store import Store
+
+# Deadlines (docs/trust.md "Bounds"): what making and checking a test venv may take.
+VENV_DEADLINE = 600.0  # `python -m venv`
+INSTALL_DEADLINE = 3 * 3600.0  # pip installing torch, triton and the pin's requirements
+DRY_RUN_DEADLINE = 600.0  # `pip install --dry-run --no-index` against a venv
 
 # Triton release that goes with each torch minor (what torch's CUDA wheels pin).
 TRITON_FOR_TORCH = {"2.13": "3.7.1", "2.12": "3.7.0", "2.11": "3.6.0", "2.10": "3.5.1"}
@@ -84,10 +90,11 @@ def ensure(tree: Path, store: Store, torch: str | None = None, log: Path | None 
         [sys.version, tv, triton or "", common.read_text(), *EXTRA, "v1"]
     ).encode()
     key = hashlib.sha256(key_src).hexdigest()[:20]
-    venvs = store.root / "venvs"
+    venvs = store.subdir("venvs")  # a real directory: a link planted there is removed
     root = venvs / key
     with store.lock(f"venv-{key}"):
-        if (root / ".ready").exists():
+        _no_link(root)  # a link planted at the entry is removed, never used
+        if _ready(root):
             if not (root / ".base").exists():
                 (root / ".base").write_text(base + "\n")
         else:
@@ -115,6 +122,19 @@ def ensure(tree: Path, store: Store, torch: str | None = None, log: Path | None 
     return TestEnv(python=python, plugin_dir=plugin_dir, torch=tv)
 
 
+def _ready(root: Path) -> bool:
+    """A complete venv: a real directory (not a link) with a regular ``.ready`` file."""
+    try:
+        return stat.S_ISDIR(os.lstat(root).st_mode) and safeio.is_regular(root / ".ready")
+    except OSError:
+        return False
+
+
+def _no_link(root: Path) -> None:
+    if os.path.islink(root):
+        safeio.remove_file(root)
+
+
 def _shared_venv(venvs: Path, key: str, base: str, common: Path) -> Path | None:
     """A ready venv of the same ``base`` that already satisfies ``common``, else None.
 
@@ -122,21 +142,22 @@ def _shared_venv(venvs: Path, key: str, base: str, common: Path) -> Path | None:
     nested ``-r`` files) against the venv's installed packages only: it succeeds
     exactly when nothing would have to be installed or changed."""
     alias = venvs / f"{key}.same"
-    if alias.exists():
-        target = venvs / alias.read_text().strip()
-        if (target / ".ready").exists():
+    if safeio.is_regular(alias):
+        name = safeio.read_text(alias, 4096, error=BuildError).strip()
+        target = venvs / name
+        if re.fullmatch(r"[0-9a-f]{20}", name) and _ready(target):  # a name of this directory, nothing else
             return target
     if not venvs.is_dir():
         return None
     for cand in sorted(venvs.iterdir()):
-        if not (cand / ".ready").exists() or not (cand / ".base").exists():
+        if not _ready(cand) or not safeio.is_regular(cand / ".base"):
             continue
-        if cand.name == key or (cand / ".base").read_text().strip() != base:
+        if cand.name == key or safeio.read_text(cand / ".base", 4096, error=BuildError).strip() != base:
             continue
-        res = subprocess.run(
+        res = childproc.run(
             [str(cand / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index",
              "--quiet", "--disable-pip-version-check", "-r", str(common)],
-            capture_output=True, text=True,
+            deadline=DRY_RUN_DEADLINE, what=f"pip install --dry-run in {cand}",
         )
         if res.returncode == 0 and "Would install" not in res.stdout:
             alias.write_text(cand.name + "\n")
@@ -145,15 +166,16 @@ def _shared_venv(venvs: Path, key: str, base: str, common: Path) -> Path | None:
 
 
 def _create(root: Path, common: Path, torch: str, triton: str | None, log: Path | None) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    made = childproc.run([sys.executable, "-m", "venv", str(root)], deadline=VENV_DEADLINE, what="python -m venv")
+    if not made.ok:
+        raise BuildError(f"creating the test environment failed: `python -m venv` {made.status()}: "
+                         f"{made.last_line()}")
     pkgs = [f"torch=={torch}", *EXTRA] + ([f"triton=={triton}"] if triton else [])
     cmd = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", *pkgs, "-r", str(common)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if log:
-        log.write_text(res.stdout + res.stderr)
+    res = childproc.run(cmd, deadline=INSTALL_DEADLINE, what="pip install (the test environment)", output=log)
     if res.returncode != 0:
         raise BuildError(
-            f"creating the test environment failed (pip exit {res.returncode}):\n"
+            f"creating the test environment failed (pip {res.status()}):\n"
             f"{res.stderr.strip()[-2000:]}\nThe pin needs torch=={torch}; on a host without it "
             "pass --torch VERSION (e.g. the CPU build available here)"
         )

@@ -21,18 +21,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch import __version__, testenv
+from dsv4patch import __version__, childproc, safeio, testenv
+from dsv4patch.errors import BuildError
 from dsv4patch.store import Store
 
 SCHEMA = "testrun-v1"
 # pytest exit codes of a session that ran to the end (all passed / some failed).
 COMPLETE = (0, 1)
+SESSION_DEADLINE = 3 * 3600.0  # seconds one pytest session may take (CPU, Triton interpreted); then it is ended
+RESULTS_LIMIT = 256 << 20  # bytes of the plugin's results file read back
 
 
 @dataclass(frozen=True)
@@ -68,26 +69,31 @@ def run_session(env: testenv.TestEnv, cwd: Path, nodeids: list[str], results: Pa
     cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", *dict.fromkeys(nodeids)]
     run_env = env.env()
     run_env["DSV4PATCH_RESULTS"] = str(results)
-    proc = subprocess.run(cmd, cwd=cwd, env=run_env, capture_output=True, text=True)
-    return proc.returncode, _read(results)
+    proc = childproc.run(cmd, cwd=cwd, env=run_env, deadline=SESSION_DEADLINE, what="the pytest session",
+                         output=results.with_name(results.name + ".log"))
+    # A session a signal ended is not complete (and is never cached): -1.
+    return (proc.returncode if proc.returncode is not None else -1), _read(results)
 
 
 def _read(path: Path) -> list[TestResult]:
     """Per test: failed if any phase failed, else skipped if a phase skipped, else passed."""
     merged: dict[str, TestResult] = {}
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
+    text = safeio.read_bytes(path, RESULTS_LIMIT, error=BuildError, what="the pytest session's results")
+    for line in text.decode("utf-8", errors="replace").splitlines():
+        rec = safeio.loads_json(line, label=f"{path}: a result line", error=BuildError)
+        if not (isinstance(rec, dict) and isinstance(rec.get("nodeid"), str) and isinstance(rec.get("outcome"), str)):
+            raise BuildError(f"{path}: a result line is not what the CPU pytest plugin writes: {line[:200]!r}")
         nodeid, outcome = rec["nodeid"], rec["outcome"]
         prev = merged.get(nodeid)
         if outcome == "failed":
             if prev is None or prev.outcome != "failed":
-                merged[nodeid] = TestResult(nodeid, "failed", rec.get("message", ""))
+                merged[nodeid] = TestResult(nodeid, "failed", str(rec.get("message", "")))
         elif outcome == "skipped":
             if prev is None or prev.outcome == "passed":
-                merged[nodeid] = TestResult(nodeid, "skipped", rec.get("reason", ""))
-        elif rec["when"] == "call" and prev is None:
+                merged[nodeid] = TestResult(nodeid, "skipped", str(rec.get("reason", "")))
+        elif rec.get("when") == "call" and prev is None:
             merged[nodeid] = TestResult(nodeid, "passed")
     return list(merged.values())
 
@@ -99,13 +105,13 @@ def _entry(store: Store, key: str) -> Path:
 def lookup(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: list[str]) -> list[TestResult] | None:
     """The cached results of this session, or None."""
     entry = _entry(store, session_key(tree_id, nodeids, env))
-    if not entry.exists():
+    if not os.path.lexists(entry):
         return None
-    try:
-        data = json.loads(entry.read_text(encoding="utf-8"))
+    try:  # no link, no FIFO, bounded: a damaged or planted entry is recomputed and replaced
+        data = safeio.read_json(entry, RESULTS_LIMIT)
         return [TestResult(**r) for r in data["results"]]
-    except (ValueError, KeyError, TypeError):
-        return None  # a damaged entry is recomputed and replaced
+    except (safeio.UnsafeFileError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_and_store(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: list[str], cwd: Path,
@@ -114,11 +120,9 @@ def run_and_store(store: Store, env: testenv.TestEnv, tree_id: str, nodeids: lis
     rc, found = run_session(env, cwd, nodeids, results)
     if rc in COMPLETE and found:
         entry = _entry(store, session_key(tree_id, nodeids, env))
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({"tree": tree_id, "nodeids": sorted(set(nodeids)), "rc": rc,
-                                   "results": [r.__dict__ for r in found]}, indent=1))
-        os.replace(tmp, entry)
+        store.subdir("verify-results")
+        safeio.atomic_write(entry, json.dumps({"tree": tree_id, "nodeids": sorted(set(nodeids)), "rc": rc,
+                                               "results": [r.__dict__ for r in found]}, indent=1), durable=False)
     return found
 
 

@@ -20,7 +20,11 @@ the kernel wheel's ``build_info.json`` then records it.
 
 Every environment is built in ``<cache>/tmp`` and renamed into place complete
 (a ``.ready`` record written last) under a store lock, so two runs share one
-and a killed run leaves nothing half-made; a second run installs nothing.
+and a killed run leaves nothing half-made; a second run installs nothing.  An
+entry of ``<cache>/toolchains/`` is used only when it is a real directory with
+a regular ``.ready`` file: a link planted there is removed and the environment
+made afresh, never used.  Every program (the ``--python`` probe, ``venv``,
+pip) runs through :mod:`dsv4patch.childproc` with a deadline and bounded output.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import platform
 import re
 import shutil
-import subprocess
+import stat
 import sys
 import time
 import zipfile
@@ -39,7 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch.errors import BuildError, LockFileError, UsageError
+from dsv4patch import childproc, safeio
+from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, UsageError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.lock import Pin, ToolchainDef
 from dsv4patch.progress import Progress
@@ -47,6 +52,8 @@ from dsv4patch.store import Store
 
 ENV_VERSION = "1"
 MAX_TEXT = 1 << 20  # requirements files, torch/version.py, METADATA: read at most this much
+VENV_DEADLINE = 600.0  # seconds `python -m venv` may take
+PIP_DEADLINE = 3600.0  # seconds one pip install of a toolchain may take (torch is ~1 GB)
 # nvidia-nvtx: CCCL includes nvtx3 when it is there (a CUDA toolkit always has it), which
 # changes the compiled code; without it the wheels' toolkit would differ from a system one.
 CUDA_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
@@ -57,13 +64,11 @@ _HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
 
 
 def _read_bounded(path: Path, what: str) -> str:
+    """At most :data:`MAX_TEXT` bytes of a regular file (a link is followed, a FIFO or device refused, never read)."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_TEXT + 1)
+        data = safeio.read_bytes(path, MAX_TEXT, error=BuildError, what=f"{what} {path}", follow=True)
     except OSError as exc:
         raise BuildError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_TEXT:
-        raise BuildError(f"{what} {path} is larger than {MAX_TEXT} bytes; it is not what dsv4patch expects")
     return data.decode("utf-8", errors="replace")
 
 
@@ -170,13 +175,15 @@ print("DSV4PATCH-TORCH " + json.dumps(locs[0] if locs else None))
 
 
 def torch_from_python(python: str) -> TorchEnv:
-    """The torch ``python`` would import (located, not imported)."""
-    try:
-        res = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"--python {python}: cannot run it ({exc})") from None
-    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("DSV4PATCH-TORCH ")), None)
-    found = json.loads(line.split(" ", 1)[1]) if line else None
+    """The torch ``python`` would import (located, not imported).
+
+    An interpreter that cannot run or answers what is not JSON: UsageError (2);
+    one that hangs or floods: ChildError (8); one without torch: BuildError (7).
+    """
+    res, found = childproc.ask_python(python, _TORCH_PROBE, marker="DSV4PATCH-TORCH", label=f"--python {python}")
+    if found is not None and not isinstance(found, str):
+        raise UsageError(f"--python {python}: its answer is not the path the torch probe prints; "
+                         "is this a Python interpreter?")
     if res.returncode != 0 or not isinstance(found, str):
         raise BuildError(f"--python {python} has no torch (find_spec('torch') found nothing); leave "
                          "--python out and dsv4patch installs the pin's torch for the build")
@@ -184,21 +191,26 @@ def torch_from_python(python: str) -> TorchEnv:
 
 
 def _pip_run(cmd: list[str], progress: Progress, what: str, log: Path) -> None:
-    """Run pip, its output lines shown as the progress task's description (nothing silent)."""
+    """Run pip (within :data:`PIP_DEADLINE`), its latest output line shown as the progress task's description."""
     t0 = time.monotonic()
-    with progress.task(what, None) as task, open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PIP_PROGRESS_BAR": "off"})
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            line = line.strip()
-            if line.startswith(("Processing", "Downloading", "Collecting", "Installing", "Saved")):
-                task.update(f"{what}: {line[:100]}")
-        rc = proc.wait()
-    if rc != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise BuildError(f"{what} failed (pip exit {rc}, {time.monotonic() - t0:.0f} s):\n{tail}\n"
+    with progress.task(what, None) as task, \
+            childproc.Child(cmd, what=what, log=log, env={**os.environ, "PIP_PROGRESS_BAR": "off"}) as child:
+        while not child.wait(0.5):
+            if time.monotonic() - t0 > PIP_DEADLINE:
+                child.kill_tree()
+                raise ChildError(f"{what}: pip did not finish within {PIP_DEADLINE:g} s; dsv4patch "
+                                           f"ended it (its log: {log})")
+            last = next((ln.strip() for ln in reversed(child.tail(2000).splitlines())
+                         if ln.strip().startswith(("Processing", "Downloading", "Collecting", "Installing", "Saved"))),
+                        None)
+            if last:
+                task.update(f"{what}: {last[:100]}")
+        fin = child.finish()
+    if fin.interrupted:
+        raise Interrupted(childproc.interrupt_signal())
+    if not fin.ok:
+        tail = child.tail(3000)
+        raise BuildError(f"{what} failed (pip {fin.status()}, {time.monotonic() - t0:.0f} s):\n{tail}\n"
                          "A hash mismatch means the package index served a file the lock does not "
                          "record; check the index, or update the lock's toolchain requirements")
 
@@ -213,14 +225,18 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
     """A venv under ``<cache>/toolchains/`` holding exactly ``reqs`` (hash-checked, no deps)."""
     key, root = _env_dir(store, kind, [*parts, *(r.line() for r in reqs)])
     with store.lock(f"toolchain-{kind}-{key}"):
-        if (root / ".ready").is_file():
+        store.subdir("toolchains")  # a real directory (a link planted there is removed)
+        if ready(root):
             return root
+        _clear(root)  # a link planted there is removed at once, never used; a half-made entry too
         tmp = store.tmpdir(f"toolchain-{kind}-")
         try:
             env = tmp / "env"
             with progress.task(f"{what}: creating the build environment", None):
-                subprocess.run([sys.executable, "-m", "venv", str(env)], check=True,
-                               capture_output=True, timeout=600)
+                made = childproc.run([sys.executable, "-m", "venv", str(env)], deadline=VENV_DEADLINE,
+                                     what="python -m venv")
+            if not made.ok:
+                raise BuildError(f"{what}: `python -m venv` failed ({made.status()}): {made.last_line()}")
             req_file = tmp / "requirements.txt"
             req_file.write_text("".join(r.line() + "\n" for r in reqs), encoding="utf-8")
             _pip_run([str(env / "bin" / "python"), "-m", "pip", "install", "--no-deps",
@@ -229,14 +245,33 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
                      progress, what, tmp / "pip.log")
             shutil.copyfile(tmp / "pip.log", env / "pip.log")  # what was downloaded, kept for reports
             (env / ".ready").write_text(json.dumps({"packages": [r.line() for r in reqs]}) + "\n")
-            shutil.rmtree(root, ignore_errors=True)  # a half-made entry of an older layout
-            root.parent.mkdir(parents=True, exist_ok=True)
+            _clear(root)  # a half-made entry of an older layout, or a link planted there
             os.replace(env, root)
-        except subprocess.CalledProcessError as exc:
-            raise BuildError(f"{what}: `python -m venv` failed: {exc.stderr!r}") from None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            store.remove_tmp(tmp)
     return root
+
+
+def ready(root: Path) -> bool:
+    """Is ``root`` a complete environment: a real directory (not a link) with a regular ``.ready`` file?"""
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return False
+    except OSError:
+        return False
+    return safeio.is_regular(root / ".ready")
+
+
+def _clear(root: Path) -> None:
+    """Make way for a new ``root``: a planted link is removed (never followed), a half-made directory too."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        safeio.remove_file(root)
 
 
 def _site(root: Path) -> Path:
@@ -329,6 +364,9 @@ def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: st
     for p, origin in system_nvccs():
         try:
             text, ver = kbuild.nvcc_version(p)
+        except ChildError as exc:  # hangs, floods or cannot start: not this one
+            notes.append(f"{p} ({origin}) is not used: {exc}")
+            continue
         except (BuildError, OSError):
             continue
         if kbuild.cuda_major(ver) == want:

@@ -29,16 +29,14 @@ brackets and a reason in parentheses:
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import engine, git, report, testenv, tree
-from dsv4patch.errors import PatchFileError, TreeError
+from dsv4patch import childproc, engine, git, report, safeio, testenv, testrun, tree
+from dsv4patch.errors import BuildError, PatchFileError, TreeError
 from dsv4patch.lock import Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, series_for_pin
@@ -234,7 +232,7 @@ def run(
         for d in (work / "patched", work / "unpatched"):
             if (d / ".git").exists():
                 git.worktree_remove(pinrepo.repo, d)
-        shutil.rmtree(work, ignore_errors=True)
+        store.remove_tmp(work)
     return UpstreamResult(pin, source, rows, torch_version)
 
 
@@ -285,14 +283,19 @@ def _run_once(
     xml.unlink(missing_ok=True)
     cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", "--junitxml", str(xml),
                                "-o", "junit_family=xunit1", *nodeids]
-    proc = subprocess.run(cmd, cwd=cwd, env=env.env(), capture_output=True, text=True)
+    proc = childproc.run(cmd, cwd=cwd, env=env.env(), deadline=testrun.SESSION_DEADLINE,
+                         what="upstream's tests (pytest)", output=xml.with_name(xml.name + ".log"))
     if not xml.exists():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
         for n in nodeids:
-            out[n].status, out[n].detail = "not collected", f"pytest exit {proc.returncode}: {tail[0][:160]}"
+            out[n].status, out[n].detail = "not collected", f"pytest {proc.status()}: {proc.last_line(160)}"
         return
     wanted = {n: out[n] for n in nodeids}
-    for case in ET.parse(xml).getroot().iter("testcase"):
+    data = safeio.read_bytes(xml, testrun.RESULTS_LIMIT, error=BuildError, what="pytest's junit report")
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as exc:
+        raise BuildError(f"{xml}: pytest's junit report is not XML ({exc})") from None
+    for case in root.iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")

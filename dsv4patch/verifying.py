@@ -30,7 +30,6 @@ decided.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -196,7 +195,7 @@ def verify(
             for d in sorted(work.iterdir()) if work.exists() else []:
                 if (d / ".git").exists():
                     git.worktree_remove(pinrepo.repo, d)
-            shutil.rmtree(work, ignore_errors=True)
+            store.remove_tmp(work)
     return VerifyResult(pin.name, final, env.torch, proofs, sessions.ran, sessions.cached, clock.seconds)
 
 

@@ -49,7 +49,6 @@ import json
 import os
 import platform as platform_module
 import re
-import shutil
 import stat
 import zipfile
 import zlib
@@ -58,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dsv4patch import applying, building, git, pincheck, report, sbom, zipcopy
+from dsv4patch import applying, building, git, pincheck, report, safeio, sbom, zipcopy
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, UsageError
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import stock as stock_wheels
@@ -261,6 +260,36 @@ def member_problem(name: str) -> str | None:
     return None
 
 
+_LEGACY_TMP = re.compile(r"^\.(.+\.whl)\.tmp(\d+)$")
+
+
+def sweep_out(out_dir: Path) -> list[Path]:
+    """Remove the partial wheels killed runs left in ``out_dir``; the removed paths.
+
+    Owned partial files (:func:`dsv4patch.safeio.sweep_owned`), and the
+    ``.<wheel>.tmp<pid>`` files of older dsv4patch versions whose process is gone.
+    """
+    removed = safeio.sweep_owned(out_dir)
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return removed
+    for name in names:
+        m = _LEGACY_TMP.match(name)
+        if m is None or not safeio.is_regular(out_dir / name):
+            continue
+        try:
+            os.kill(int(m.group(2)), 0)
+            continue  # its process may still be writing it
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, ValueError):
+            continue
+        safeio.remove_file(out_dir / name)
+        removed.append(out_dir / name)
+    return removed
+
+
 def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
           out_dir: Path) -> WheelBuild:
     """Write the patched wheel into ``out_dir`` (atomically) and return what it contains."""
@@ -293,9 +322,10 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
     hook = hook_line(kernels.dist).encode() if kernels else b""
     files: list[dict[str, Any]] = []
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = result.path.with_name(f".{result.path.name}.tmp{os.getpid()}")
-    try:
-        with open(stock_path, "rb") as src, open(tmp, "wb") as dst:
+    sweep_out(out_dir)  # partial wheels of runs that were killed
+    # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
+    with safeio.replacing(result.path) as dst:
+        with open(stock_path, "rb") as src:
             # The stock RECORD: hashes of every unchanged member (checked while copying:
             # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
             rec_info = infos[names.index(f"{old_info}/RECORD")]
@@ -411,9 +441,6 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
             writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
                                        0o644, record_raw.date_time))
             writer.close()
-        os.replace(tmp, result.path)
-    finally:
-        tmp.unlink(missing_ok=True)
     missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
     if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
         result.not_shipped += sorted(missing)
@@ -629,7 +656,7 @@ def make_wheel(
         built = build(tree, blob, wheel, kpkg, out)
     finally:
         if tmp_kernels is not None:
-            shutil.rmtree(tmp_kernels, ignore_errors=True)
+            store.remove_tmp(tmp_kernels)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
@@ -647,8 +674,8 @@ def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, patch
                                     python=python,
                                     nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
     except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)  # a failed build leaves nothing in the cache
+        store.remove_tmp(out_dir)  # a failed build leaves nothing in the cache
         raise
     if built.wheel is None:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        store.remove_tmp(out_dir)
     return built.wheel

@@ -33,7 +33,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import os
 import stat
 import struct
 import zipfile
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from dsv4patch import safeio
 from dsv4patch.errors import BuildError, IntegrityError
 from dsv4patch.hashing import record_hash
 
@@ -232,15 +232,12 @@ def record(rows: Iterable[tuple[str, str, str]], record_name: str) -> bytes:
 
 
 def write(path: Path, members: Iterable[Raw]) -> Path:
-    """Write ``members`` in order as the zip ``path`` (atomically: a temporary file, then renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            writer = Writer(fh)
-            for raw in members:
-                writer.add(raw)
-            writer.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``members`` in order as the zip ``path`` (atomically: an owned partial file, then renamed;
+    :func:`dsv4patch.safeio.replacing`)."""
+    safeio.sweep_owned(path.parent)  # partial files of runs that were killed
+    with safeio.replacing(path) as fh:
+        writer = Writer(fh)
+        for raw in members:
+            writer.add(raw)
+        writer.close()
     return path

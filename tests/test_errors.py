@@ -264,3 +264,64 @@ def test_full_tree_disk_exits_5_and_a_rerun_finishes(tmp_path, cli, big_upstream
     assert res.rc == EXIT_OK, res.err
     assert sh(tree, "rev-parse", "HEAD") == final
     assert sh(tree, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+# --- issue 36: a closed stdout and interrupts ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--help"], ["check", "--help"], ["status", "--tree", "{tmp}", "--format", "json"]])
+def test_a_reader_that_closed_stdout_is_exit_141_without_a_traceback(tmp_path, args):
+    """`dsv4patch ... | head -c 0`: the reader is gone before anything is written."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r, w = os.pipe()
+    os.close(r)  # the reader went away
+    proc = subprocess.run([sys.executable, "-m", "dsv4patch", *argv], stdout=w, stderr=subprocess.PIPE, text=True,
+                          env=ENV, timeout=120)
+    os.close(w)
+    # --help is argparse's own exit (0, its text lost in the pipe); a command's output: 141
+    assert proc.returncode == (0 if "--help" in argv else 141), proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr and "Exception" not in proc.stderr
+
+
+def test_head_c_0_in_a_shell_pipeline(tmp_path):
+    res = subprocess.run(f"{sys.executable} -m dsv4patch --help | head -c 0; echo \"${{PIPESTATUS[0]}}\"",
+                         shell=True, executable="/bin/bash", capture_output=True, text=True, env=ENV, timeout=120)
+    assert res.stdout.strip() in ("0", "141"), res  # 0 when the help fits the pipe before head exits
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
+
+
+SLOW_COMMAND = (
+    "import sys, time, dsv4patch.commands.status as s\n"
+    "def slow(args):\n"
+    "    print('started', file=sys.stderr, flush=True)\n"
+    "    time.sleep(60)\n"
+    "    print('a result that was never computed')\n"
+    "    return 0\n"
+    "s.run = slow\n"
+    "from dsv4patch.__main__ import entry\n"
+    "raise SystemExit(entry())\n"
+)
+
+
+@pytest.mark.parametrize("sig,group,ignored", [("SIGINT", True, False), ("SIGINT", True, True),
+                                                ("SIGTERM", False, False), ("SIGHUP", False, False)])
+def test_an_interrupt_exits_130_with_interrupted(tmp_path, sig, group, ignored):
+    """On or off a terminal, to the process or its group, SIGINT even when inherited as ignored
+    (a background job of a non-interactive shell): exit 130, "interrupted", no result."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_COMMAND, "status", "--tree", str(tmp_path), "--format",
+                             "json"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None)
+    assert proc.stderr is not None
+    assert proc.stderr.readline().strip() == "started"
+    time.sleep(0.2)
+    signum = getattr(signal, sig)
+    (os.killpg if group else os.kill)(proc.pid, signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip().endswith("dsv4patch status: error: interrupted")
+    assert json.loads(out)["error"] == {"kind": "interrupted", "message": "interrupted", "exit_code": 130,
+                                        "command": "status"}

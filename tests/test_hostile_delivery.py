@@ -18,6 +18,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pin_table, sdist_pin, sh, write_lock
-from dsv4patch.errors import EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
+from dsv4patch.errors import EXIT_CHILD, EXIT_FETCH, EXIT_INPUT, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
 from localindex import LocalIndex, Stream, serve
 from test_hostile import Sdist, marker_script, snapshot_dir
 from test_port_fork import _project as _port_project
@@ -565,6 +566,35 @@ def test_slow_download_is_cut_off_by_the_total_deadline(tmp_path, cli, monkeypat
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
 
 
+def test_a_trickling_download_is_cut_by_the_minimum_rate(tmp_path, cli, monkeypatch, no_index_config, servers):
+    """Issue 36's server: one byte every 2 s (~822 s for the file), under the default total deadline
+    (1800 s) and the default minimum rate (1 KiB/s): cut once a rate window has passed. The window is
+    30 s in use; 4 s here to keep the test short."""
+    import time
+
+    from dsv4patch import index
+
+    monkeypatch.setattr(index, "RATE_WINDOW", 4.0)
+    monkeypatch.delenv("DSV4PATCH_DOWNLOAD_TIMEOUT", raising=False)
+    monkeypatch.delenv("DSV4PATCH_DOWNLOAD_MIN_RATE", raising=False)
+    files = servers[0]
+    lock, data, sha = _sdist_lock(tmp_path, f"{files.url}/f/vllm-0.0.1.tar.gz")
+    files.streams["/f/vllm-0.0.1.tar.gz"] = Stream("application/octet-stream", len(data), piece=b"x", delay=2.0,
+                                                   length=len(data))
+    start = time.monotonic()
+    res = _fetch(cli, lock, tmp_path / "cache")
+    took = time.monotonic() - start
+    assert res.rc == EXIT_FETCH, (res.rc, res.err)
+    assert 4 <= took < 12, took
+    assert "slower than 1024 bytes/s (DSV4PATCH_DOWNLOAD_MIN_RATE)" in res.err, res.err
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+    # A rate of 0 switches the rate off; the total deadline still bounds the transfer.
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_MIN_RATE", "0")
+    monkeypatch.setenv("DSV4PATCH_DOWNLOAD_TIMEOUT", "3")
+    res = _fetch(cli, lock, tmp_path / "cache")
+    assert res.rc == EXIT_FETCH and "DSV4PATCH_DOWNLOAD_TIMEOUT" in res.err, (res.rc, res.err)
+
+
 @pytest.mark.parametrize("value", ["soon", "-1", "nan", "0"])
 def test_bad_download_timeout_is_a_usage_error(tmp_path, cli, monkeypatch, no_index_config, value):
     lock, _data, _sha = _sdist_lock(tmp_path)
@@ -835,7 +865,7 @@ def test_status_installed_probe_that_prints_without_end_is_stopped(tmp_path, cli
     fake.write_text("#!/bin/sh\nexec yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n")
     fake.chmod(0o755)
     res = _status_installed(cli, lock, cache, str(fake))
-    assert res.rc == 2 and "printed more than" in res.err, (res.rc, res.err)
+    assert res.rc == EXIT_CHILD == 8 and "printed more than" in res.err, (res.rc, res.err)
 
 
 # --- issue 29: links planted where dsv4patch writes --------------------------------------------------
@@ -1066,3 +1096,77 @@ def test_kernel_build_torch_probe_answer_of_the_wrong_type_is_a_build_error(tmp_
     fake.chmod(0o755)
     with pytest.raises(BuildError, match="fakepython"):
         build._torch_info(str(fake))
+
+
+# --- issue 36: installed files read only through RECORD rows inside the site; SBOM text on a terminal ---
+
+
+def _site_with_sbom(tmp_path: Path, sbom_row: str, sbom_at: Path | None, doc: bytes) -> Path:
+    """A deep site dir (``../../..`` from it stays in tmp_path) whose vLLM RECORD names ``sbom_row``."""
+    site = tmp_path / "a" / "b" / "c" / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_bytes(b"A = 1\n")
+    info = site / "vllm-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n")
+    (info / "RECORD").write_text(f"vllm/__init__.py,,\n{sbom_row},,\nvllm-0.0.1.dist-info/RECORD,,\n")
+    if sbom_at is not None:
+        sbom_at.parent.mkdir(parents=True, exist_ok=True)
+        sbom_at.write_bytes(doc)
+    return site
+
+
+EVIL_SBOM = b'{"bomFormat": "CycloneDX", "specVersion": "1.6", "metadata": {"x": "evil \xc2\x9b31m"}}\n'
+
+
+def test_status_installed_never_reads_a_record_row_outside_the_site(tmp_path, cli, monkeypatch, no_index_config):
+    """A RECORD row ../../../outside/evil-1.0.dist-info/sboms/dsv4patch.cdx.json: not read, not printed."""
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    row = "../../../outside/evil-1.0.dist-info/sboms/dsv4patch.cdx.json"
+    outside = tmp_path / "a" / "outside" / "evil-1.0.dist-info" / "sboms" / "dsv4patch.cdx.json"
+    site = _site_with_sbom(tmp_path, row, outside, EVIL_SBOM)
+    assert (site / row).resolve() == outside.resolve()  # RECORD rows are relative to the site directory
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    res = _status_installed(cli, lock, cache)
+    rep = json.loads(res.out)
+    assert rep["sbom"]["state"] == "unreadable" and rep["sbom"]["path"] is None, rep["sbom"]
+    assert "outside the site directory" in rep["sbom"]["problems"][0]
+    res = cli("status", "--installed", "--lock", lock, "--pin", "s", "--cache-dir", cache, "--python", sys.executable,
+              "--format", "cyclonedx")
+    assert res.rc == EXIT_UNEXPECTED and "evil" not in res.out and res.out == "", (res.rc, res.out, res.err)
+    assert "outside the site directory" in res.err
+
+
+def test_status_installed_cyclonedx_escapes_control_characters_on_a_terminal_only(tmp_path, no_index_config):
+    """The installed SBOM as installed into a pipe; on a terminal U+009B (an 8-bit CSI) is shown escaped."""
+    import pty
+    import subprocess
+
+    lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
+    row = "vllm-0.0.1.dist-info/sboms/dsv4patch.cdx.json"
+    site = _site_with_sbom(tmp_path, row, None, b"")
+    (site / row).parent.mkdir(parents=True)
+    (site / row).write_bytes(EVIL_SBOM)
+    args = [sys.executable, "-m", "dsv4patch", "status", "--installed", "--lock", str(lock), "--pin", "s",
+            "--cache-dir", str(cache), "--python", sys.executable, "--format", "cyclonedx"]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    piped = subprocess.run(args, env=env, capture_output=True, timeout=120)
+    assert piped.returncode == EXIT_UNEXPECTED, piped.stderr  # it does not match the lock (not ours)
+    assert piped.stdout == EVIL_SBOM  # byte for byte, as installed
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, env=env, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(120)
+    os.close(master)
+    assert proc.returncode == EXIT_UNEXPECTED
+    assert b"\xc2\x9b" not in seen and b"\x9b" not in seen, seen
+    assert b"evil \\x9b31m" in seen, seen

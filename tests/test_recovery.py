@@ -9,20 +9,26 @@ main process) at points made deterministic through the caller's PATH (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import git_stop
 from conftest import LOCK, MINI_FILES, ROOT, git_pin, sh, write_lock
+from dsv4patch import store
 from dsv4patch.errors import EXIT_BUSY, EXIT_OK, EXIT_TREE
+from dsv4patch.store import Store
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -386,3 +392,205 @@ def test_random_sigkills_real_pin(tmp_path, cli, shared_cache):
     seen = _random_kills(tmp_path, cli, LOCK, "0.27.1", shared_cache, kills=6, seed=7, fresh_every=6)
     print(seen)
     assert seen["reruns-1"] + seen["reruns-2"] + seen["user-refused"] == 6
+
+
+# ---------------------------------------------------------------------------
+# Random SIGINT / SIGTERM (issue 36): to the process or its group, with SIGINT inherited as
+# ignored half the time (a background job of a non-interactive shell, as CI runners start
+# commands): exit 130 with "interrupted" or the complete, right result; never a result that
+# was not computed; no temporary file or process left; the next plain run reaches the lock.
+
+SIGNALS = [(signal.SIGINT, True), (signal.SIGTERM, True), (signal.SIGINT, False), (signal.SIGTERM, False)]
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _carriers(mark: str) -> list[str]:
+    """Live processes whose environment carries ``mark`` (every process a run started inherits it)."""
+    needle = f"DSV4PATCH_TEST_MARK={mark}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes()
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode(errors="replace")
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X"):
+            found.append(f"{name}: {cmd}")
+    return found
+
+
+def _no_process_left(mark: str) -> list[str]:
+    end = time.monotonic() + 3
+    while (left := _carriers(mark)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+@dataclass
+class Shot:
+    """One run of a command signalled after ``delay`` seconds."""
+
+    rc: int
+    out: str
+    err: str
+    delay: float
+    sig: int
+    group: bool
+    ignored: bool
+
+
+def _shoot(argv: list[str], delay: float, sig: int, group: bool, ignored: bool, mark: str,
+           cwd: Path | None = None) -> Shot:
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", *argv], env={**ENV, "DSV4PATCH_TEST_MARK": mark},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd=cwd,
+                            preexec_fn=_ignore_sigint if ignored else None)
+    time.sleep(delay)
+    try:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    out, err = proc.communicate(timeout=300)
+    print(f"{argv[0]}: {signal.Signals(sig).name} to the {'group' if group else 'process'} after {delay:.2f} s"
+          f"{' (SIGINT ignored)' if ignored else ''}: exit {proc.returncode}", file=sys.__stderr__, flush=True)
+    return Shot(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"), delay, sig, group,
+                ignored)
+
+
+def _judge(shot: Shot, reference: dict, seen: dict[str, int]) -> dict | None:
+    """The shot's result if it finished (it must be the reference's), None if it was interrupted."""
+    where = (shot.delay, signal.Signals(shot.sig).name, "group" if shot.group else "process",
+             "SIGINT ignored" if shot.ignored else "", shot.rc, shot.err[-800:])
+    if shot.rc == 0:
+        data = json.loads(shot.out)
+        assert {k: data.get(k) for k in reference} == reference, where
+        seen["finished"] += 1
+        return data
+    if shot.rc == -shot.sig:  # killed while the interpreter itself started, before dsv4patch ran: no result
+        assert shot.out == "", where
+        seen["before-start"] += 1
+        return None
+    assert shot.rc == 130, where
+    assert shot.err.strip().endswith("error: interrupted"), where
+    assert json.loads(shot.out)["error"]["kind"] == "interrupted", where  # never a result it did not compute
+    seen["interrupted"] += 1
+    return None
+
+
+def test_random_interrupts_of_apply_port_and_wheel(tmp_path, cli, wide_lock, upstream, shared_cache):
+    """At least 30 SIGINT/SIGTERM at seeded random moments over apply, port and wheel, off a terminal."""
+    rng = random.Random(36)
+    seen = {"finished": 0, "interrupted": 0, "before-start": 0}
+    mark = uuid.uuid4().hex
+    shots = 0
+
+    # apply: a new tree or one reset to the base; the next plain run reaches the locked tree.
+    tree, cache = tmp_path / "apply-tree", tmp_path / "apply-cache"
+    ref = cli(*apply_args(wide_lock, tree, cache), "--format", "json")
+    assert ref.rc == 0, ref.err
+    final = json.loads(ref.out)["head"]
+    base = sh(tree, "rev-list", "--max-parents=0", "HEAD")
+    t0 = time.monotonic()
+    subprocess.run(["rm", "-rf", str(tree)], check=True)
+    assert cli(*apply_args(wide_lock, tree, cache)).rc == 0
+    duration = time.monotonic() - t0
+    for i in range(12):
+        if i % 3 == 0:
+            subprocess.run(["rm", "-rf", str(tree)], check=True)
+        else:
+            sh(tree, "reset", "-q", "--hard", base)
+        sig, group = rng.choice(SIGNALS)
+        shot = _shoot([*apply_args(wide_lock, tree, cache), "--format", "json"], rng.uniform(0.05, duration * 1.1),
+                      sig, group, rng.random() < 0.5, mark)
+        _judge(shot, {"head": final}, seen)
+        assert _no_process_left(mark) == [], shot
+        # The half-made new tree is removed (its creation lock file may stay: the next run takes and removes it).
+        assert not (tmp_path / ".apply-tree.dsv4patch-tmp").exists(), shot
+        res = cli(*apply_args(wide_lock, tree, cache))
+        assert res.rc == 0, (shot, res.err)
+        assert state(tree) == (final, "") and leftovers(tree) == [], shot
+        shots += 1
+
+    # port: a git pin carried to a new upstream commit (one refresh, one 3-way merge).
+    proj = tmp_path / "proj"
+    (proj / "locks").mkdir(parents=True)
+    (proj / "patches").mkdir()
+    worker = MINI_FILES["vllm/worker.py"]
+    upstream.patch(proj / "patches/0001-off.patch", "a", {"vllm/worker.py": worker.replace("return 0", "return 2")},
+                   "one")
+    upstream.patch(proj / "patches/0002-merge.patch", "b",
+                   {"vllm/envs.py": MINI_FILES["vllm/envs.py"].replace("VAR_20 = 20", "VAR_20 = 200")}, "two")
+    write_lock(proj / "locks/vllm.toml", {"old": git_pin("old", upstream)},
+               {"main": ["../patches/0001-off.patch", "../patches/0002-merge.patch"]})
+    (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n# 3\n# 4\n" + worker)
+    (upstream.path / "vllm/envs.py").write_text(MINI_FILES["vllm/envs.py"].replace("VAR_17 = 17", "VAR_17 = 17  # on"))
+    sh(upstream.path, "commit", "-qam", "drift")
+    new_commit = sh(upstream.path, "rev-parse", "HEAD")
+    pristine = tmp_path / "proj-pristine"
+    shutil.copytree(proj, pristine, symlinks=True)
+    port_cache = tmp_path / "port-cache"
+    port = ["port", "--lock", str(proj / "locks/vllm.toml"), "--from", "old", "--to", new_commit, "--git",
+            str(upstream.path), "--name", "new", "--cache-dir", str(port_cache), "--format", "json"]
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    t0 = time.monotonic()
+    ref = cli(*port)
+    duration = time.monotonic() - t0
+    assert ref.rc == 0, ref.err
+    ref_port = {k: v for k, v in json.loads(ref.out).items() if k in ("patches", "check")}
+    ported = files(proj)
+    for i in range(10):
+        shutil.rmtree(proj)
+        shutil.copytree(pristine, proj, symlinks=True)
+        if i % 2:
+            shutil.rmtree(port_cache, ignore_errors=True)
+        sig, group = rng.choice(SIGNALS)
+        shot = _shoot(port, rng.uniform(0.05, duration * 1.1), sig, group, rng.random() < 0.5, mark)
+        done = _judge(shot, ref_port, seen)
+        assert _no_process_left(mark) == [], shot
+        now = files(proj)
+        assert now in (ported, files(pristine)), (shot, sorted(set(now.items()) ^ set(ported.items())))
+        if done is None and now != ported:
+            res = cli(*port)
+            assert res.rc == 0, (shot, res.err)
+            assert files(proj) == ported, shot
+        shots += 1
+
+    # wheel: the real 0.27.1 pin from the shared cache; no partial wheel, no temporary directory left.
+    out = tmp_path / "dist"
+    wheel = ["wheel", "--lock", str(LOCK), "--pin", "0.27.1", "--out", str(out), "--cache-dir", str(shared_cache),
+             "--format", "json"]
+    t0 = time.monotonic()
+    ref = cli(*wheel)
+    duration = time.monotonic() - t0
+    assert ref.rc == 0, ref.err
+    ref_wheel = {k: v for k, v in json.loads(ref.out).items() if k in ("wheel", "version", "sha256")}
+    digest = hashlib.sha256(Path(ref_wheel["wheel"]).read_bytes()).hexdigest()
+    for _ in range(8):
+        shutil.rmtree(out, ignore_errors=True)
+        sig, group = rng.choice(SIGNALS)
+        shot = _shoot(wheel, rng.uniform(0.05, duration * 1.1), sig, group, rng.random() < 0.5, mark)
+        done = _judge(shot, ref_wheel, seen)
+        assert _no_process_left(mark) == [], shot
+        left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+        assert left == ([Path(ref_wheel["wheel"]).name] if done else []), (shot, left)
+        if done:
+            assert hashlib.sha256(Path(ref_wheel["wheel"]).read_bytes()).hexdigest() == digest
+        assert store.stale_tmp(Store(shared_cache)) == [], shot  # not Store.open: it would sweep them
+        shots += 1
+    res = cli(*wheel)  # the next plain run makes the same wheel
+    assert res.rc == 0, res.err
+    assert hashlib.sha256(Path(ref_wheel["wheel"]).read_bytes()).hexdigest() == digest
+    print(seen, file=sys.__stderr__)
+    assert shots >= 30
+    assert seen["interrupted"] >= 15 and seen["finished"] >= 1

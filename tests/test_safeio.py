@@ -201,3 +201,60 @@ def test_file_lock_never_truncates_through_a_planted_link(tmp_path: Path) -> Non
                 pass
     finally:
         t.cancel()
+
+
+# --- issue 36: files being written are owned while their writer lives ------------------------------
+
+_HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from dsv4patch import safeio
+fd, path = safeio.create_owned(Path({d!r}), "vllm-1.whl")
+print(path, flush=True)
+time.sleep(300)
+"""
+
+
+def _holder(tmp_path: Path):
+    """A real process that owns a partial file in ``tmp_path`` until it is killed."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(root=root, d=str(tmp_path))],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_partial_file_is_swept_only_once_its_writer_is_dead(tmp_path: Path) -> None:
+    import signal
+
+    proc, path = _holder(tmp_path)
+    try:
+        assert path.name.startswith(".vllm-1.whl.") and path.name.endswith(safeio.PARTIAL)
+        assert safeio.owned_by_a_live_writer(path)
+        assert safeio.sweep_owned(tmp_path) == [] and path.exists()  # its writer lives
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not safeio.owned_by_a_live_writer(path)
+    assert safeio.sweep_owned(tmp_path) == [path] and not path.exists()
+
+
+def test_replacing_writes_through_an_owned_partial_and_never_through_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "out.whl"
+    target.symlink_to(victim)
+    with safeio.replacing(target) as fh:
+        fh.write(b"new")
+        partial = [p for p in tmp_path.iterdir() if p.name.endswith(safeio.PARTIAL)]
+        assert len(partial) == 1 and safeio.owned_by_a_live_writer(partial[0])
+    assert target.read_bytes() == b"new" and not target.is_symlink() and victim.read_text() == "precious"
+    with pytest.raises(KeyboardInterrupt):  # an interrupt while writing: nothing is left
+        with safeio.replacing(tmp_path / "other.whl") as fh:
+            fh.write(b"half")
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.whl", "victim"]

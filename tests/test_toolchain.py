@@ -228,3 +228,142 @@ def test_allow_torch_builds_and_status_reports_it(tree: Path, shared_cache: Path
               env={"DSV4PATCH_CACHE": str(shared_cache)})
     assert st.returncode == 1, st.stdout + st.stderr
     assert "built for torch 2.14.1, not torch 2.13.0" in st.stdout and "DOES NOT MATCH" in st.stdout
+
+
+# --- issue 36: the programs the toolchain asks are bounded -----------------------------------------
+
+from dsv4patch import childproc  # noqa: E402
+from dsv4patch.errors import ChildError  # noqa: E402
+from dsv4patch.kernels import build as kbuild  # noqa: E402
+
+NVCC_ANSWER = "nvcc: NVIDIA (R) Cuda compiler driver\\nCuda compilation tools, release 13.0, V13.0.88\\n"
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body + "\n")
+    p.chmod(0o755)
+    return p
+
+
+def _site_with_torch(tmp_path: Path, version: str = "2.13.0", version_py: str | None = None) -> Path:
+    site = tmp_path / "site"
+    (site / "torch" / "include").mkdir(parents=True)
+    (site / "torch" / "lib").mkdir()
+    text = version_py if version_py is not None else f"__version__ = '{version}'\ncuda = '13.0'\n"
+    (site / "torch" / "version.py").write_text(text)
+    return site
+
+
+def _fake_python(tmp_path: Path, answer: str) -> Path:
+    """An 'interpreter' that answers the torch probe with ``answer`` (printed by printf, bytes as given)."""
+    return _script(tmp_path, "python", f"printf '%s\\n' '{answer}'")
+
+
+def test_an_nvcc_that_hangs_floods_or_is_not_utf8_is_bounded(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(kbuild, "NVCC_PROBE_DEADLINE", 1.0)
+    hang = _script(tmp_path, "nvcc-hang", "sleep 300 & sleep 300")
+    with pytest.raises(ChildError, match="did not finish within 1 s") as err:
+        kbuild.nvcc_version(hang)
+    assert err.value.exit_code == 8
+    flood = _script(tmp_path, "nvcc-flood", "exec yes 'Cuda compilation tools, release 13.0'")
+    with pytest.raises(ChildError, match="printed more than"):
+        kbuild.nvcc_version(flood)
+    latin = _script(tmp_path, "nvcc-latin1", f"printf '{NVCC_ANSWER}\\377\\376 built by caf\\351\\n'")
+    text, ver = kbuild.nvcc_version(latin)
+    assert ver == "13.0" and "\ufffd" in text
+
+
+def test_a_hanging_nvcc_on_path_is_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(kbuild, "NVCC_PROBE_DEADLINE", 1.0)
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    _script(cuda / "bin", "nvcc", "sleep 300")
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    monkeypatch.setenv("PATH", f"{cuda / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setattr(toolchain, "system_nvccs", lambda: [(cuda / "bin" / "nvcc", "CUDA_HOME")])
+    notes: list[str] = []
+    with pytest.raises(BuildError, match="no nvcc of CUDA 13.x found"):
+        toolchain.choose_nvcc(Store.open(tmp_path / "c"), None, "13.0", None, Progress(False), notes)
+    assert "did not finish within 1 s" in notes[0]
+
+
+def test_build_with_a_hanging_nvcc_exits_8_and_leaves_nothing_running(tree: Path, tmp_path: Path, cli,
+                                                                       monkeypatch) -> None:
+    """The issue's example: `build --nvcc` whose `--version` never answers: exit 8, not a hang."""
+    monkeypatch.setattr(kbuild, "NVCC_PROBE_DEADLINE", 2.0)
+    site = _site_with_torch(tmp_path)
+    py = _fake_python(tmp_path, f"DSV4PATCH-TORCH {json.dumps(str(site / 'torch'))}")
+    nvcc = _script(tmp_path, "nvcc", "exec sleep 300")
+    res = cli("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH, "--python", py,
+              "--nvcc", nvcc, "--out", tmp_path / "d", "--cache-dir", tmp_path / "cache")
+    assert res.rc == 8, res.err
+    assert f"{nvcc} --version" in res.err and "did not finish within 2 s" in res.err
+    gone = subprocess.run(["pgrep", "-f", "^sleep 300$", "-P", str(os.getpid())], capture_output=True, text=True)
+    assert gone.stdout == ""
+
+
+@pytest.mark.parametrize("answer", ["DSV4PATCH-TORCH {not json", "DSV4PATCH-TORCH " + "[" * 100_000,
+                                    'DSV4PATCH-TORCH {"a": 1}', "DSV4PATCH-TORCH NaN"])
+def test_a_python_that_answers_bad_json_is_a_usage_error(tree: Path, tmp_path: Path, cli, answer: str) -> None:
+    py = _fake_python(tmp_path, answer)
+    res = cli("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH, "--python", py,
+              "--out", tmp_path / "d", "--cache-dir", tmp_path / "cache")
+    assert res.rc == 2, res.err
+    assert f"--python {py}" in res.err and "internal error" not in res.err
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-executable", "directory"])
+def test_a_python_that_cannot_run_is_a_usage_error(tree: Path, tmp_path: Path, cli, kind: str) -> None:
+    py = tmp_path / "py"
+    if kind == "not-executable":
+        py.write_text("#!/bin/sh\n")
+    elif kind == "directory":
+        py.mkdir()
+    res = cli("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH, "--python", py,
+              "--out", tmp_path / "d", "--cache-dir", tmp_path / "cache")
+    assert res.rc == 2 and f"--python {py}: cannot run it" in res.err, res.err
+
+
+def test_a_python_that_prints_without_end_is_stopped(tmp_path: Path) -> None:
+    py = _script(tmp_path, "python", "exec yes DSV4PATCH-TORCH")
+    with pytest.raises(ChildError, match="printed more than"):
+        toolchain.torch_from_python(str(py))
+
+
+def test_a_fifo_where_the_probe_reads_version_py_does_not_hang(tmp_path: Path) -> None:
+    site = _site_with_torch(tmp_path)
+    (site / "torch" / "version.py").unlink()
+    os.mkfifo(site / "torch" / "version.py")
+    py = _fake_python(tmp_path, f"DSV4PATCH-TORCH {json.dumps(str(site / 'torch'))}")
+    with pytest.raises(BuildError, match="FIFO"):
+        toolchain.torch_from_python(str(py))
+
+
+def test_a_link_planted_at_the_toolchain_entry_is_never_used(tmp_path: Path, monkeypatch) -> None:
+    """``<cache>/toolchains/torch-<key>`` a link to a 'torch 2.13.0+evil' env: removed, never used.
+
+    pip is pointed at no index, so the honest reinstall fails at once (and that is what this
+    shows: dsv4patch went on to install, it did not take the planted env)."""
+    assert PIN.toolchain is not None
+    store = Store.open(tmp_path / "cache")
+    torch_req = toolchain.read_requirements(PIN.toolchain.requirements)["torch"]
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    import platform
+
+    _key, root = toolchain._env_dir(store, "torch", [py, platform.machine(), torch_req.line()])
+    evil = tmp_path / "evil"
+    site = evil / "lib" / f"python{py}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text("__version__ = '2.13.0+evil'\n")
+    (evil / ".ready").write_text("{}\n")
+    root.parent.mkdir(parents=True)
+    root.symlink_to(evil)
+    assert not toolchain.ready(root)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing"))
+    with pytest.raises(BuildError, match="pip exit"):
+        toolchain.ensure_torch(store, PIN.toolchain, Progress(False))
+    assert not root.is_symlink() and (evil / ".ready").is_file()  # the link removed, its target untouched
+    assert childproc.KEEP > 0

@@ -296,3 +296,34 @@ def test_other_platform_needs_a_kernel_wheel_built_there(cli, shared_cache: Path
     if host == "x86_64":
         assert res.rc == 2 and "build it on a aarch64 machine" in res.err and "--kernels" in res.err
         assert not list(tmp_path.iterdir())
+
+
+def test_partial_wheels_of_killed_runs_are_swept_from_out(tmp_path: Path) -> None:
+    """Issue 36: a killed `wheel` left `dist/.vllm-...whl.tmp<pid>` (60 MB) that no later run removed.
+
+    Now the partial wheel is an owned file (swept once its writer is dead, never while it lives);
+    the older naming is swept when its pid is gone."""
+    import signal
+
+    out = tmp_path / "dist"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    legacy = out / f".vllm-0.27.1+dsv4.x-cp38-abi3-manylinux_2_28_x86_64.whl.tmp{dead.pid}"
+    legacy.write_bytes(b"x" * 1000)
+    alive = out / f".vllm-0.27.1+dsv4.x-cp38-abi3-manylinux_2_28_x86_64.whl.tmp{os.getpid()}"
+    alive.write_bytes(b"x")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom dsv4patch import safeio\n"
+                               f"fd, p = safeio.create_owned(Path({str(out)!r}), 'vllm.whl')\nprint(p, flush=True)\n"
+                               "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    partial = Path(holder.stdout.readline().strip())
+    try:
+        assert vllm_wheel.sweep_out(out) == [legacy]
+        assert partial.exists() and alive.exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert vllm_wheel.sweep_out(out) == [partial]
+    assert sorted(p.name for p in out.iterdir()) == [alive.name]

@@ -7,15 +7,35 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dsv4patch import applying, building, report
 from dsv4patch import lock as lockmod
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.limits import parse_number
 from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+
+def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
+           example: str = "") -> Callable[[str], float]:
+    """An argparse ``type`` for a number option: finite, ``low < value <= high`` (``low <= value`` with
+    ``low_inclusive``), a whole number with ``integer`` (then an ``int``); ``inf``, ``nan``, ``1e999`` and
+    out-of-range values are a usage error naming the range (:func:`dsv4patch.limits.parse_number`)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = parse_number(text, what=what, low=low, high=high, low_inclusive=low_inclusive, integer=integer,
+                                 example=example)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        return int(value) if integer else value
+
+    convert.__name__ = "whole number" if integer else "number"  # argparse names the type in its message
+    return convert
 
 
 def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,

@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "$DSV4PATCH_VLLM_PYTHON, else the one running dsv4patch)")
     p.add_argument("--format", choices=["text", "json", "cyclonedx"], default="text",
                    help="output format; cyclonedx (with --installed): print the installed vLLM's CycloneDX "
-                        "SBOM as installed (exit 1 when it is absent, unreadable or does not match)")
+                        "SBOM as installed (exit 1 when it is absent, unreadable or does not match; on a "
+                        "terminal its control characters are shown escaped)")
     _common.add_cache(p)
 
 
@@ -57,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
                 reason = "; ".join((inst.sbom or {}).get("problems") or ["vLLM is not installed"])
                 raise installed.SbomError(f"status --installed --format cyclonedx: no SBOM to print ({reason}); "
                                        "run `dsv4patch status --installed` for the whole report")
-            sys.stdout.write(inst.sbom_document)
+            # As installed (byte for byte) into a file or a pipe; on a terminal its control characters
+            # (an SBOM is input: U+009B is a CSI) are shown escaped (docs/trust.md).
+            doc = inst.sbom_document
+            sys.stdout.write(report.literal(doc) if sys.stdout.isatty() else doc)
             return EXIT_OK if inst.ok else EXIT_UNEXPECTED
         report.emit(args.format, inst.to_json(), *inst.table())
         return EXIT_OK if inst.ok else EXIT_UNEXPECTED

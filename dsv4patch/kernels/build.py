@@ -33,8 +33,8 @@ import json
 import os
 import platform
 import re
+import secrets
 import shutil
-import subprocess
 import sys
 import time
 import zipfile
@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4patch import zipcopy
+from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
@@ -69,6 +69,11 @@ LINK_FLAGS = ("-shared", "-nodlink", "-cudart", "shared", "-Xlinker", "--strip-a
 FIXED_SRC = "/dsv4patch/src"
 LINK_MAP = "{ global: *; local: _edata; _end; __bss_start; };\n"
 PLUGIN_GROUP = "vllm.general_plugins"
+# Deadlines of the programs a build runs (docs/trust.md "Bounds"); each is ended with its whole tree past it.
+NVCC_PROBE_DEADLINE = 30.0  # `nvcc --version`, `nvcc -dryrun`: answered in well under a second
+COMPILE_DEADLINE = 3 * 3600.0  # one kernel unit (the largest take minutes per arch)
+LINK_DEADLINE = 1800.0
+PIP_DOWNLOAD_DEADLINE = 1800.0  # `pip download nvidia-cublas`
 
 
 def gencode(arch: str) -> list[str]:
@@ -156,11 +161,12 @@ class Toolchain:
 def nvcc_top(nvcc: Path) -> str | None:
     """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``)."""
     try:
-        res = subprocess.run([str(nvcc), "-dryrun", "-c", "dsv4patch-probe.cu", "-o", "dsv4patch-probe.o"],
-                             capture_output=True, text=True, timeout=120, cwd="/")
-    except (OSError, subprocess.TimeoutExpired):
+        res = childproc.run([str(nvcc), "-dryrun", "-c", "dsv4patch-probe.cu", "-o", "dsv4patch-probe.o"],
+                            deadline=NVCC_PROBE_DEADLINE, what=f"{nvcc} -dryrun", cwd="/",
+                            flood=childproc.PROBE_OUTPUT, keep=childproc.PROBE_OUTPUT)
+    except childproc.ChildError:
         return None
-    m = re.search(r"^#\$ TOP=(.+)$", res.stdout + res.stderr, re.M)
+    m = re.search(r"^#\$ TOP=(.+)$", res.stdout + "\n" + res.stderr, re.M)
     return m.group(1).strip() if m else None
 
 
@@ -180,23 +186,18 @@ def _torch_info(python: str) -> dict[str, str | None]:
     code = (
         "import json, os, site, sys, torch\n"
         "d = os.path.dirname(torch.__file__)\n"
-        "print(json.dumps({'version': torch.__version__, 'include': os.path.join(d, 'include'),"
+        "print('DSV4PATCH-TORCH-INFO ' + json.dumps({'version': torch.__version__, 'include': os.path.join(d, 'include'),"
         " 'lib': os.path.join(d, 'lib'), 'site': os.path.dirname(d), 'cuda': torch.version.cuda}))\n"
     )
-    try:
-        res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
-    except OSError as exc:
-        raise BuildError(f"cannot run {python}: {exc}") from None
+    # Imports torch (CUDA libraries load): a longer deadline than a probe that only locates it.
+    res, data = childproc.ask_python(python, code, marker="DSV4PATCH-TORCH-INFO", label=f"--python {python}",
+                                     deadline=300)
     if res.returncode != 0:
         raise BuildError(
             f"{python} cannot import torch ({res.stderr.strip().splitlines()[-1:] or ['?']}); "
             "pass --python with the interpreter of the environment vLLM runs in "
             "(or set DSV4PATCH_TORCH_PYTHON)"
         )
-    from dsv4patch.safeio import loads_json
-
-    lines = res.stdout.strip().splitlines()
-    data = loads_json(lines[-1] if lines else "", label=f"{python}: its answer about torch", error=BuildError)
     if not (isinstance(data, dict) and all(isinstance(data.get(k), str) for k in ("version", "include", "lib", "site"))
             and (data.get("cuda") is None or isinstance(data.get("cuda"), str))):
         raise BuildError(f"{python}: its answer about torch is not the object dsv4patch's probe prints; "
@@ -243,10 +244,10 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
             else:
                 args = [spec]
             with (progress or Progress(False)).task(f"downloading {spec} (for cublas_v2.h)", None):
-                res = subprocess.run(
+                res = childproc.run(
                     [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
                      "--disable-pip-version-check", "-d", str(tmp), *args],
-                    capture_output=True, text=True, timeout=1800,
+                    deadline=PIP_DOWNLOAD_DEADLINE, what=f"pip download {spec}",
                 )
             wheels = sorted(tmp.glob("*.whl"))
             if res.returncode != 0 or not wheels:
@@ -274,16 +275,19 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
             (dest / "wheel.json").write_text(json.dumps(  # what was downloaded, kept for reports
                 {"wheel": wheels[0].name, "size": wheels[0].stat().st_size}) + "\n")
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            store.remove_tmp(tmp)
     return dest / "include"
 
 
 def nvcc_version(nvcc: Path) -> tuple[str, str]:
     """(full ``nvcc --version`` output, CUDA version such as ``13.0``)."""
-    ver = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+    res = childproc.run([str(nvcc), "--version"], deadline=NVCC_PROBE_DEADLINE, what=f"{nvcc} --version",
+                        flood=childproc.PROBE_OUTPUT, keep=childproc.PROBE_OUTPUT)
+    ver = res.stdout  # decoded with errors="replace": bytes that are not UTF-8 are not a crash
     m = re.search(r"release (\d+\.\d+)", ver)
     if not m:
-        raise BuildError(f"cannot read the CUDA version from `{nvcc} --version`")
+        raise BuildError(f"cannot read the CUDA version from `{nvcc} --version` ({res.status()}: "
+                         f"{res.last_line(120)!r})")
     return ver.strip(), m.group(1)
 
 
@@ -488,35 +492,42 @@ def plan_build(
     return builds, ops, notes
 
 
+def _tmp_name(path: Path) -> Path:
+    """A fresh, unpredictable name beside ``path`` for a program's output (never a planted name)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
 def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:
     with store.lock(f"kernel-{u.key}"):
-        if u.obj.is_file():
+        if safeio.is_regular(u.obj):
             u.cached = True
             return
-        u.obj.parent.mkdir(parents=True, exist_ok=True)
+        store.subdir("kernels", u.obj.parent.name)
         if u.name == "dsv4patch_bindings":
-            u.obj.with_suffix(".cpp").write_text(u.text)
-        tmp = u.obj.with_name(u.obj.name + f".tmp{os.getpid()}")
+            safeio.atomic_write(u.obj.with_suffix(".cpp"), u.text, durable=False)
+        tmp = _tmp_name(u.obj)
         cmd = [*u.command[:-1], str(tmp)]
         t0 = time.monotonic()
-        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-        u.seconds = time.monotonic() - t0
-        if res.returncode != 0:
+        try:  # nvcc's output is removed whatever ends it (a failure, a deadline, an interrupt)
+            res = childproc.run(cmd, cwd=cwd, deadline=COMPILE_DEADLINE, what=f"nvcc {u.source}")
+            u.seconds = time.monotonic() - t0
+            if res.returncode != 0:
+                raise BuildError(
+                    f"nvcc failed for {u.source}"
+                    f" ({', '.join(u.archs) or 'host'}; {res.status()}):\n"
+                    f"{(res.stderr or res.stdout).strip()[-4000:]}\ncommand: {' '.join(cmd)}"
+                )
+            os.replace(tmp, u.obj)
+        finally:
             tmp.unlink(missing_ok=True)
-            raise BuildError(
-                f"nvcc failed for {u.source}"
-                f" ({', '.join(u.archs) or 'host'}):\n{(res.stderr or res.stdout).strip()[-4000:]}\n"
-                f"command: {' '.join(cmd)}"
-            )
-        os.replace(tmp, u.obj)
 
 
 def compile_units(units: list[UnitBuild], cwd: Path, store: Store, max_jobs: int,
                   progress: Progress | None = None) -> None:
     """Compile what is not cached, ``max_jobs`` at a time; a bar shows units done/total and elapsed."""
-    todo = [u for u in units if not u.obj.is_file()]
+    todo = [u for u in units if not safeio.is_regular(u.obj)]
     for u in units:
-        if u.obj.is_file():
+        if safeio.is_regular(u.obj):
             u.cached = True
     if not todo:
         return
@@ -546,25 +557,30 @@ def _torch_cuda_stub(store: Store, tc: Toolchain, base_cmd: list[str]) -> Path:
     torch gives.  At run time the CUDA torch's own libtorch_cuda.so, already
     loaded, satisfies them.
     """
-    trial = subprocess.run([*base_cmd, "-Xlinker", "--no-undefined"], capture_output=True, text=True)
+    trial = childproc.run([*base_cmd, "-Xlinker", "--no-undefined"], deadline=LINK_DEADLINE,
+                          what="the trial link (undefined symbols)", keep=16 << 20)
     names = sorted(set(re.findall(r"undefined reference to `([A-Za-z_][A-Za-z0-9_]*)'", trial.stderr)))
     text = "// dsv4patch: stands in for a CPU torch's missing libtorch_cuda.so at link time\n" + "".join(
         f'extern "C" void {n}(void) {{}}\n' for n in names)
     d = store.root / "kernels" / "stubs" / sha256((tc.nvcc_version + text).encode())[:16]
     lib = d / "libtorch_cuda.so"
     with store.lock(f"kernel-stub-{d.name}"):
-        if lib.is_file():
+        if safeio.is_regular(lib):
             return d
-        d.mkdir(parents=True, exist_ok=True)
+        store.subdir("kernels", "stubs", d.name)
         src = d / "stub.cpp"
-        src.write_text(text)
-        tmp = d / f"libtorch_cuda.so.tmp{os.getpid()}"
-        res = subprocess.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
-                              "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
-                             capture_output=True, text=True)
-        if res.returncode != 0:
-            raise BuildError(f"building the libtorch_cuda link stub failed:\n{res.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)
+        safeio.atomic_write(src, text, durable=False)
+        tmp = _tmp_name(lib)
+        try:
+            res = childproc.run([str(tc.nvcc), "-shared", "-Xcompiler", "-fPIC", "-Xlinker",
+                                 "-soname=libtorch_cuda.so", "-o", str(tmp), str(src)],
+                                deadline=LINK_DEADLINE, what="the libtorch_cuda link stub")
+            if res.returncode != 0:
+                raise BuildError(f"building the libtorch_cuda link stub failed ({res.status()}):\n"
+                                 f"{res.stderr.strip()[-2000:]}")
+            os.replace(tmp, lib)
+        finally:
+            tmp.unlink(missing_ok=True)
     return d
 
 
@@ -573,17 +589,15 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
                 "flags": LINK_FLAGS, "map": LINK_MAP})
     out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
     with store.lock(f"kernel-{key}"):
-        if out.is_file():
+        if safeio.is_regular(out):
             return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        store.subdir("kernels", key)
+        tmp = _tmp_name(out)
         # ld exports _edata/_end/__bss_start unless a linked library defines them (a CUDA
         # torch's libc10 does, a CPU torch's does not): never exported, the bytes agree.
         vmap = store.root / "kernels" / "link-v1.map"
-        if not vmap.is_file():
-            tmp_map = vmap.with_name(vmap.name + f".tmp{os.getpid()}")
-            tmp_map.write_text(LINK_MAP)
-            os.replace(tmp_map, vmap)
+        if not safeio.is_regular(vmap) or safeio.read_bytes(vmap, 4096) != LINK_MAP.encode():
+            safeio.atomic_write(vmap, LINK_MAP, durable=False)
         cmd = [str(tc.nvcc), *LINK_FLAGS, "-Xlinker", f"--version-script={vmap}", "-o", str(tmp),
                *[str(u.obj) for u in units], "-Xlinker", "-Bsymbolic",
                "-L", str(tc.torch_lib), "-lc10", "-ltorch", "-ltorch_cpu"]
@@ -598,10 +612,13 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
             finally:
                 trial_out.unlink(missing_ok=True)
         cmd += ["-Xlinker", "--no-as-needed", "-ltorch_cuda"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise BuildError(f"linking the kernel library failed:\n{res.stderr.strip()[-4000:]}")
-        os.replace(tmp, out)
+        try:
+            res = childproc.run(cmd, deadline=LINK_DEADLINE, what="linking the kernel library")
+            if res.returncode != 0:
+                raise BuildError(f"linking the kernel library failed ({res.status()}):\n{res.text[-4000:]}")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 
@@ -704,7 +721,7 @@ def build(
         return result
     if dry_run:
         for u in units:
-            u.cached = u.obj.is_file()
+            u.cached = safeio.is_regular(u.obj)
         return result
     if progress is not None:
         progress.note(toolchain.describe())

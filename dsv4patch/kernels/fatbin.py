@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsv4patch import childproc
 from dsv4patch.errors import BuildError
 
 _ARCH_LINE = re.compile(r"^arch = (sm_\d+[af]?)\s*$")
@@ -74,10 +74,15 @@ class Fatbin:
         return {k for k in (*self.sass, *self.ptx) if rx.search(k)}
 
 
+CUOBJDUMP_DEADLINE = 1800.0  # seconds one cuobjdump run over a library may take
+LISTING_LIMIT = 256 << 20  # bytes of a listing kept (symbols of a large library are tens of MB)
+
+
 def _run(cuobjdump: Path, *args: str) -> str:
-    res = subprocess.run([str(cuobjdump), *args], capture_output=True, text=True)
+    res = childproc.run([str(cuobjdump), *args], deadline=CUOBJDUMP_DEADLINE, what=f"cuobjdump {args[0]}",
+                        keep=LISTING_LIMIT, flood=LISTING_LIMIT)
     if res.returncode != 0:
-        raise BuildError(f"`cuobjdump {' '.join(args)}` failed: {res.stderr.strip()[-1000:]}")
+        raise BuildError(f"`cuobjdump {' '.join(args)}` failed ({res.status()}): {res.stderr.strip()[-1000:]}")
     return res.stdout
 
 
@@ -100,19 +105,20 @@ def read(cuobjdump: Path, lib: Path) -> Fatbin:
             if "GLOBAL" in line.split():
                 fb.sass.setdefault(name, set()).add(arch)
     if fb.ptx_files:
-        # Stream: a big library has hundreds of MB of PTX.
-        with subprocess.Popen([str(cuobjdump), "--dump-ptx", str(lib)], stdout=subprocess.PIPE,
-                              text=True, errors="replace") as proc:
-            assert proc.stdout is not None
-            arch = None
-            for line in proc.stdout:
-                m = _ARCH_LINE.match(line)
-                if m:
-                    arch = sm_to_arch(m.group(1))
-                    continue
-                m = _ENTRY.match(line)
-                if m and arch:
-                    fb.ptx.setdefault(m.group(1), set()).add(arch)
-        if proc.returncode != 0:
-            raise BuildError(f"`cuobjdump --dump-ptx {lib}` failed (exit {proc.returncode})")
+        # Streamed line by line, nothing kept: a big library has hundreds of MB of PTX.
+        where: list[str | None] = [None]
+
+        def on_ptx_line(text: str) -> None:
+            m = _ARCH_LINE.match(text)
+            if m:
+                where[0] = sm_to_arch(m.group(1))
+                return
+            m = _ENTRY.match(text)
+            if m and where[0]:
+                fb.ptx.setdefault(m.group(1), set()).add(where[0])
+
+        res = childproc.run([str(cuobjdump), "--dump-ptx", str(lib)], deadline=CUOBJDUMP_DEADLINE,
+                            what="cuobjdump --dump-ptx", keep=4096, on_line=on_ptx_line)
+        if res.returncode != 0:
+            raise BuildError(f"`cuobjdump --dump-ptx {lib}` failed ({res.status()})")
     return fb

@@ -9,12 +9,12 @@ a member is extracted once into ``<store>/kernels/stock/<wheel sha256>/``.
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from dsv4patch import safeio
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.lock import Pin, WheelFile
 from dsv4patch.progress import Progress
@@ -45,20 +45,16 @@ def member(store: Store, wheel: WheelFile, name: str = STABLE_LIBRARY,
            progress: Progress | None = None) -> Path:
     """``name`` from the wheel, extracted once (read-only) into the store."""
     dest = store.root / "kernels" / "stock" / wheel.sha256 / PurePosixPath(name).name
-    if dest.is_file():
+    if safeio.is_regular(dest):
         return dest
     blob = wheel_path(store, wheel, progress)
     with store.lock(f"stock-{wheel.sha256}"):
-        if dest.is_file():
+        if safeio.is_regular(dest):
             return dest
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-        try:
-            with zipfile.ZipFile(blob) as zf, zf.open(name) as src, open(tmp, "wb") as out:
+        store.subdir("kernels", "stock", wheel.sha256)
+        try:  # an owned partial file: removed on any failure or interrupt, swept if killed
+            with zipfile.ZipFile(blob) as zf, zf.open(name) as src, safeio.replacing(dest, mode=0o444) as out:
                 shutil.copyfileobj(src, out, 1 << 20)
         except KeyError:
-            tmp.unlink(missing_ok=True)
             raise BuildError(f"{PurePosixPath(wheel.url).name} has no member {name}") from None
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, dest)
     return dest

@@ -172,7 +172,9 @@ def test_lists_a_removed_pin_with_each_patch_classified_and_flags_the_others(
     assert text.rc == 1 and "0.28.0: new" in text.out and "next: adopt it" in text.out
     assert f"--release {REMOVED} --write" in text.out and "0.28.2: hash-mismatch" in text.out
     md = cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--format", "markdown")
-    assert md.rc == 1 and f"| {REMOVED} | new | up |" in md.out and "`*`" in md.out
+    assert md.rc == 1 and f"| {REMOVED} | new | up 1-8; clean* 9-10 | adopt |" in md.out and "`*`" in md.out
+    assert "| 0.28.2 | hash-mismatch | - | investigate |" in md.out
+    assert "with the variant written for 0.28.0" in text.out
     assert "[pins.\"0.28.0\"]" in md.out
 
 

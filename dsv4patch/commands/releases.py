@@ -55,18 +55,25 @@ def _next(r: releases.ReleaseReport, lock: str) -> str | None:
     return None
 
 
-def _cells(r: releases.ReleaseReport, names: list[str]) -> list[str]:
-    by = {p.patch: p for p in r.patches}
-    cells = []
-    for n in names:
-        p = by.get(n)
-        if p is None:
-            cells.append("")
-        elif p.variant_of:
-            cells.append(f"{SHORT.get(p.status, p.status)}*")
+def _numbers(nums: list[int]) -> str:
+    """[1, 2, 3, 5] -> ``1-3,5``."""
+    out: list[str] = []
+    for n in nums:
+        if out and n == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
         else:
-            cells.append(SHORT.get(p.status, p.status))
-    return cells
+            out.append(str(n))
+    return ",".join(out)
+
+
+def _summary(r: releases.ReleaseReport) -> str:
+    """Each status with the patch numbers that have it: ``up 1-8; clean* 9,10`` (fits 80 columns)."""
+    groups: dict[str, list[int]] = {}
+    for p in r.patches:
+        word = SHORT.get(p.status, p.status) + ("*" if p.variant_of else "")
+        num = p.patch.split("-", 1)[0]
+        groups.setdefault(word, []).append(int(num) if num.isdigit() else 0)
+    return "; ".join(f"{w} {_numbers(n)}" for w, n in groups.items()) or "-"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
             line += f"\n  sdist: {r.sdist['filename']} sha256 {r.sdist['sha256']} (the index's, verified)"
         for p in r.patches:
             if p.variant_of:
-                line += (f"\n  {p.patch}: {p.series_status} as in the series; {p.status} with pin "
-                         f"{p.variant_of}'s variant")
+                whose = (f"the variant written for {r.version}" if p.variant_of == r.version
+                         else f"pin {p.variant_of}'s variant")
+                line += f"\n  {p.patch}: {p.series_status} as in the series; {p.status} with {whose}"
         if r.written:
             line += f"\n  written to {lock.path}"
         elif r.entry:
@@ -103,14 +111,14 @@ def run(args: argparse.Namespace) -> int:
     names: list[str] = []
     for r in reports:
         names += [p.patch for p in r.patches if p.patch not in names]
-    short = [n.split("-", 1)[0] for n in names]
-    rows = [[r.version, r.state, *_cells(r, names), r.decision + (" (written)" if r.written else "")]
+    rows = [[r.version, r.state, _summary(r), r.decision + (" (written)" if r.written else "")]
             for r in reports]
-    table, md = report.simple_table(f"dsv4patch releases: {result.index}", ["release", "state", *short, "decision"],
+    table, md = report.simple_table(f"dsv4patch releases: {result.index}", ["release", "state", "patches", "decision"],
                                     rows)
     if names:
-        md += ("\n\nPatches: " + ", ".join(f"`{s}` = {n}" for s, n in zip(short, names, strict=True))
-               + ". `*`: with the variant of a nearby pin (see the notes); `up`: upstream by marker.")
+        md += ("\n\nPatches by number: " + ", ".join(f"{n.split('-', 1)[0].lstrip('0')} = {n}" for n in names)
+               + ". `up`: upstream by its markers; `*`: with a variant written for the release or a nearby pin "
+               "(see the notes).")
     report.emit(args.format, out, table, md)
     pending = [r.version for r in reports if r.needs_decision and not r.written]
     return EXIT_UNEXPECTED if pending else EXIT_OK

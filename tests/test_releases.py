@@ -278,3 +278,20 @@ def test_list_releases_reads_yanked_and_prereleases_from_both_page_kinds(tmp_pat
         idx.pages["/simple/vllm/"] = ("text/html", html.encode())
         got = {r.version: r for r in releases.list_releases(idx.url + "/simple")}
         assert got["0.30.0"].yanked == "bad" and got["0.29.0"].yanked is None
+
+
+def test_watch_settings_are_validated(tmp_path: Path) -> None:
+    """[watch] in the lock: since is a release, every ignored release says why."""
+    from dsv4patch.errors import LockFileError
+
+    base = LOCK.read_text(encoding="utf-8")
+    lock = tmp_path / "vllm.toml"
+    for table, message in (('since = "latest"', "is not a release"),
+                           ('ignore = { "0.25.1" = "" }', "must say why"),
+                           ('sinse = "0.26.0"', "unknown key")):
+        lock.write_text(base + f"\n[watch]\n{table}\n", encoding="utf-8")
+        with pytest.raises(LockFileError, match=message):
+            load(lock)
+    lock.write_text(base + '\n[watch]\nsince = "0.27.0"\nignore = { "0.25.1" = "drifted" }\n', encoding="utf-8")
+    watch = load(lock).watch
+    assert (watch.since, watch.ignore) == ("0.27.0", {"0.25.1": "drifted"})

@@ -214,6 +214,9 @@ def test_a_pinned_release_yanked_or_changed_on_the_index_needs_a_decision(
         monkeypatch.setenv("DSV4PATCH_INDEX_URL", idx.url + "/simple")
         res = cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--format", "json")
         assert idx.requests == ["/simple/vllm/"]  # nothing downloaded
+        idx.pages["/simple/vllm/"] = _page(_pinned_files())  # as pinned: nothing to report
+        quiet = cli("releases", "--lock", lock, "--cache-dir", shared_cache)
+        assert quiet.rc == 0 and "nothing new" in quiet.out and "┃" not in quiet.out  # no empty table
     out = _json(res)
     assert res.rc == 1 and out["needs_decision"] == ["0.26.0", "0.27.1"]
     assert out["releases"]["0.26.0"]["state"] == "pinned-yanked"

@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         md += ("\n\nPatches by number: " + ", ".join(f"{n.split('-', 1)[0].lstrip('0')} = {n}" for n in names)
                + ". `up`: upstream by its markers; `*`: with a variant written for the release or a nearby pin "
                "(see the notes).")
-    report.emit(args.format, out, table, md)
+    if not rows:  # nothing to tabulate: the note says so
+        report.emit(args.format, out, None, f"No vLLM release on {result.index} needs a decision.")
+    else:
+        report.emit(args.format, out, table, md)
     pending = [r.version for r in reports if r.needs_decision and not r.written]
     return EXIT_UNEXPECTED if pending else EXIT_OK

@@ -72,7 +72,8 @@ class TreeBuild:
                           "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
                           "torch_required": tc.torch_required, "torch_origin": tc.torch_origin,
                           "nvcc_origin": tc.nvcc_origin, "torch_mismatch": tc.torch_mismatch,
-                          "include_dirs": [str(d) for d in tc.include_dirs]},
+                          "include_dirs": [str(d) for d in tc.include_dirs],
+                          "cxx_standard": kbuild.cxx_standard(tc, self.result.plan.cuda_standard)[1]},
             **self.result.to_dict(),
         }
         if self.dry_run:

@@ -72,6 +72,16 @@ class SdistInfo:
 
 
 @dataclass(frozen=True)
+class IndexFile:
+    """One file on a project's simple page (PEP 691 / PEP 503), as the index lists it."""
+
+    url: str  # absolute
+    sha256: str | None
+    size: int | None
+    yanked: str | None = None  # None: not yanked; else the reason (possibly "") (PEP 592)
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A place to download a pinned file from, and why it is tried."""
 
@@ -272,13 +282,16 @@ def project_of(filename: str) -> str | None:
 class _Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
-        self.links: list[tuple[str, str]] = []
+        self.links: list[tuple[str, str, str | None]] = []  # (href, text, data-yanked)
         self._href: str | None = None
+        self._yanked: str | None = None
         self._text = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
-            self._href = dict(attrs).get("href") or ""
+            a = dict(attrs)
+            self._href = a.get("href") or ""
+            self._yanked = (a.get("data-yanked") or "") if "data-yanked" in a else None
             self._text = ""
 
     def handle_data(self, data: str) -> None:
@@ -287,12 +300,17 @@ class _Links(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._href is not None:
-            self.links.append((self._href, self._text.strip()))
+            self.links.append((self._href, self._text.strip(), self._yanked))
             self._href = None
 
 
 def project_files(index: str, project: str) -> dict[str, tuple[str, str | None, int | None]]:
-    """filename -> (absolute URL, sha256 or None, size or None) on the index's simple page.
+    """filename -> (absolute URL, sha256 or None, size or None) on the index's simple page."""
+    return {name: (f.url, f.sha256, f.size) for name, f in project_page(index, project).items()}
+
+
+def project_page(index: str, project: str) -> dict[str, IndexFile]:
+    """filename -> :class:`IndexFile` on the index's simple page (yanked files included).
 
     The page is read under :data:`PAGE_LIMIT` and the transfer deadline; a
     page that is not the shape PEP 691 / PEP 503 says (a JSON ``[]``, files
@@ -318,15 +336,15 @@ def project_files(index: str, project: str) -> dict[str, tuple[str, str | None, 
         return _json_files(body, base, shown)
     parser = _Links()
     parser.feed(body.decode("utf-8", "replace"))
-    files: dict[str, tuple[str, str | None, int | None]] = {}
-    for href, text in parser.links:
+    files: dict[str, IndexFile] = {}
+    for href, text, yanked in parser.links:
         url, _, frag = urllib.parse.urljoin(base, href).partition("#")
         name = text or PurePosixPath(urllib.parse.urlparse(url).path).name
         sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
         if sha is not None and not _SHA256.match(sha):
             raise FetchError(f"{shown}: the link of {name!r} has sha256={sha[:80]!r}, not 64 hex digits; "
                              "the index page is not a PEP 503 page, fix the index or unset it")
-        files[name] = (url, sha.lower() if sha else None, None)
+        files[name] = IndexFile(url, sha.lower() if sha else None, None, yanked)
     return files
 
 
@@ -335,7 +353,7 @@ def redact_reason(reason: object) -> str:
     return redact_text(str(reason))
 
 
-def _json_files(body: bytes, base: str, shown: str) -> dict[str, tuple[str, str | None, int | None]]:
+def _json_files(body: bytes, base: str, shown: str) -> dict[str, IndexFile]:
     """The files of a PEP 691 JSON page, each value type-checked (anything else is a FetchError)."""
     fix = "the index is not a PEP 691 index: fix it, or unset the setting that names it"
     data = loads_json(body, label=shown, limit=PAGE_LIMIT, error=FetchError)
@@ -344,7 +362,7 @@ def _json_files(body: bytes, base: str, shown: str) -> dict[str, tuple[str, str 
     entries = data.get("files", [])
     if not isinstance(entries, list):
         raise FetchError(f"{shown}: \"files\" is a {type(entries).__name__}, not a list; {fix}")
-    files: dict[str, tuple[str, str | None, int | None]] = {}
+    files: dict[str, IndexFile] = {}
     for i, f in enumerate(entries):
         if not isinstance(f, dict):
             raise FetchError(f"{shown}: files[{i}] is a {type(f).__name__}, not an object; {fix}")
@@ -361,7 +379,13 @@ def _json_files(body: bytes, base: str, shown: str) -> dict[str, tuple[str, str 
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
             raise FetchError(f"{shown}: {name!r} has size {str(size)[:80]!r} ({type(size).__name__}), "
                              f"not a non-negative integer; {fix}")
-        files[name] = (urllib.parse.urljoin(base, url), sha.lower() if sha else None, size)
+        yanked = f.get("yanked", False)
+        if not isinstance(yanked, (bool, str)):
+            raise FetchError(f"{shown}: {name!r} has \"yanked\" {str(yanked)[:80]!r}, not a boolean or a "
+                             f"string; {fix}")
+        # PEP 691: true, or a non-empty string that is the reason; false (or "") is not yanked.
+        reason = None if yanked is False or yanked == "" else (yanked if isinstance(yanked, str) else "")
+        files[name] = IndexFile(urllib.parse.urljoin(base, url), sha.lower() if sha else None, size, reason)
     return files
 
 

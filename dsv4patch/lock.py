@@ -81,6 +81,11 @@ class ToolchainDef:
     torch: str  # the torch version, as the pin's requirements/cuda.txt pins it
     cuda: str  # CUDA major.minor of that torch's PyPI build; nvcc's major must match
     requirements: Path
+    # The lowest C++ standard that torch's headers compile with (torch 2.14: 20); None: the
+    # one dsv4patch.toolchain knows for that torch.  The build uses the higher of it and the
+    # tree's CMAKE_CUDA_STANDARD.
+    cxx_standard: int | None = None
+    defines: tuple[str, ...] = ()  # -D macros torch's headers need, as NAME or NAME=VALUE
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,25 @@ class Pin:
 
 
 @dataclass(frozen=True)
+class WatchSettings:
+    """``[watch]``: which releases on the index the release watcher (``dsv4patch releases``) reports.
+
+    ``since``: releases before it are not looked at (default: the oldest pinned
+    release); ``ignore``: version -> why it is not pinned (a decision taken).
+    """
+
+    since: str | None = None
+    ignore: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     default_pin: str
     series: dict[str, SeriesDef]
     pins: dict[str, Pin]
+    toolchains: dict[str, ToolchainDef] = field(default_factory=dict)
+    watch: WatchSettings = WatchSettings()
 
     def pin(self, name: str | None) -> Pin:
         name = name or self.default_pin
@@ -259,7 +278,7 @@ def load(path: Path) -> Lock:
 
 def parse(path: Path, data: dict[str, Any]) -> Lock:
     base = path.parent
-    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains"})
+    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains", "watch"})
     schema = top.get("schema", int)
     if schema != 1:
         raise LockFileError(f"{path}: schema = {schema} is not supported (this dsv4patch reads 1)")
@@ -282,7 +301,21 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
     default_pin = top.get("default_pin", str, next(iter(pins)))
     if default_pin not in pins:
         raise LockFileError(f"{path}: default_pin = {default_pin!r} is not a pin of this lock")
-    return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins)
+    return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins, toolchains=toolchains,
+                watch=_parse_watch(path, top.get("watch", dict, {})))
+
+
+def _parse_watch(path: Path, raw: object) -> WatchSettings:
+    t = _Table(path, "[watch]", raw, {"since", "ignore"})
+    since = t.get("since", str, None)
+    if since is not None and not VERSION.match(since):
+        raise LockFileError(f"{path}: [watch].since = {since!r} is not a release such as \"0.26.0\"")
+    ignore = t.get("ignore", dict, {})
+    for version, why in ignore.items():
+        if not isinstance(why, str) or not why.strip():
+            raise LockFileError(f"{path}: [watch].ignore.\"{version}\" must say why the release is not "
+                                f"pinned (a string), got {why!r}")
+    return WatchSettings(since=since, ignore=dict(ignore))
 
 
 def valid_pin_name(name: str) -> bool:
@@ -291,17 +324,30 @@ def valid_pin_name(name: str) -> bool:
 
 
 VERSION = re.compile(r"^\d+(\.\d+)+$")
+CXX_STANDARDS = (17, 20, 23)
+DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.]*)?$")
 
 
 def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
     where = f'[toolchains."{name}"]'
-    t = _Table(path, where, raw, {"torch", "cuda", "requirements"})
+    t = _Table(path, where, raw, {"torch", "cuda", "requirements", "cxx_standard", "defines"})
     torch, cuda = t.get("torch", str), t.get("cuda", str)
     for key, value in (("torch", torch), ("cuda", cuda)):
         if not VERSION.match(value):
             raise LockFileError(f"{path}: {where}.{key} = {value!r} is not a version such as \"2.13.0\"")
     req = (path.parent / t.get("requirements", str)).resolve()
-    return ToolchainDef(name=name, torch=torch, cuda=cuda, requirements=req)
+    std = t.get("cxx_standard", int, None)
+    if std is not None and std not in CXX_STANDARDS:
+        raise LockFileError(f"{path}: {where}.cxx_standard = {std!r}; one of "
+                            f"{', '.join(map(str, CXX_STANDARDS))} (the N of -std=c++N)")
+    defines = t.get("defines", list, [])
+    for d in defines:
+        # Only macros reach nvcc from the lock: never an option that names a program or a path.
+        if not (isinstance(d, str) and DEFINE.match(d)):
+            raise LockFileError(f"{path}: {where}.defines has {d!r}; each entry is a macro NAME or "
+                                "NAME=VALUE (letters, digits, '_', '.'), passed to nvcc as -DNAME")
+    return ToolchainDef(name=name, torch=torch, cuda=cuda, requirements=req, cxx_standard=std,
+                        defines=tuple(defines))
 
 
 def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],

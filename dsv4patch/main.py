@@ -39,7 +39,7 @@ from dsv4patch.errors import (
 from dsv4patch.report import SCHEMA_VERSION, literal
 
 COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh",
-            "selftest")
+            "selftest", "releases")
 
 EPILOG = """\
 exit codes:

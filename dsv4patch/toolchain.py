@@ -109,6 +109,27 @@ def _need(reqs: dict[str, Requirement], name: str, path: Path) -> Requirement:
     return reqs[name]
 
 
+# The lowest C++ standard torch's headers compile with, from the first release that needs it:
+# torch 2.14's headers use C++20 (concepts, std::span); earlier ones build as C++17.
+TORCH_CXX_STANDARDS = (((2, 14), 20), ((0,), 17))
+
+
+def torch_cxx_standard(version: str, tdef: ToolchainDef | None) -> tuple[int, str]:
+    """(the C++ standard ``torch==version``'s headers need, where that was decided).
+
+    The lock's ``[toolchains.NAME].cxx_standard`` when it names one (it may not be
+    lower than what dsv4patch knows that torch needs), else :data:`TORCH_CXX_STANDARDS`.
+    """
+    parts = tuple(int(x) for x in re.findall(r"\d+", public(version))[:2])
+    known = next(std for since, std in TORCH_CXX_STANDARDS if parts >= since)
+    if tdef is not None and tdef.cxx_standard is not None and public(version) == tdef.torch:
+        if tdef.cxx_standard < known:
+            raise LockFileError(f'[toolchains."{tdef.name}"].cxx_standard = {tdef.cxx_standard}, but torch '
+                                f"{public(version)}'s headers need C++{known}")
+        return tdef.cxx_standard, f'torch {public(version)} ([toolchains."{tdef.name}"].cxx_standard)'
+    return known, f"torch {public(version)}'s headers"
+
+
 def public(version: str) -> str:
     """``2.13.0+cpu`` -> ``2.13.0`` (a build's local label is not another release)."""
     return version.split("+", 1)[0]
@@ -450,7 +471,10 @@ def resolve(
             found = cublas_include(store, tdef, nv.cuda, progress)
         if found != nv.path.resolve().parent.parent / "include":
             includes.append(found)
+    std, std_origin = torch_cxx_standard(torch.version, tdef)
     return kbuild.Toolchain(
+        cxx_standard=std, cxx_standard_origin=std_origin,
+        defines=tuple(f"-D{d}" for d in tdef.defines) if tdef is not None else (),
         nvcc=nv.path, nvcc_version=nv.version_text, cuda_version=nv.cuda, python=torch.python,
         torch_version=torch.version, torch_cuda_version=torch.cuda, torch_include=torch.include,
         torch_lib=torch.lib, include_dirs=tuple(includes), torch_required=req.version,

@@ -45,7 +45,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 def test_workflows_exist() -> None:
     names = {p.name for p in WORKFLOWS}
-    assert {"ci.yml", "check.yml", "verify.yml", "image.yml"} <= names
+    assert {"ci.yml", "check.yml", "verify.yml", "image.yml", "releases.yml"} <= names
 
 
 def test_hadolint_dockerfile() -> None:
@@ -228,3 +228,21 @@ def test_no_side_scripts_reimplement_dsv4patch() -> None:
                  "dsv4patch status --installed", "dsv4patch fetch"):
         assert verb in text, verb
     assert "docker/" not in text
+
+
+def test_release_watcher_runs_weekly_summarises_uploads_and_fails_naming_the_release() -> None:
+    """releases.yml (parsed as YAML): a weekly schedule, `dsv4patch releases` as JSON and Markdown,
+    the Markdown into the job summary, the JSON uploaded, one error per release needing a decision."""
+    from ruamel import yaml
+
+    wf = yaml.YAML(typ="safe").load((ROOT / ".github" / "workflows" / "releases.yml").read_text())
+    cron = wf[True]["schedule"][0]["cron"] if True in wf else wf["on"]["schedule"][0]["cron"]
+    assert len(cron.split()) == 5 and cron.split()[2:4] == ["*", "*"] and cron.split()[4] != "*"  # weekly
+    steps = wf["jobs"]["watch"]["steps"]
+    watch = next(s for s in steps if s.get("id") == "watch")["run"]
+    assert "dsv4patch releases --lock locks/vllm.toml --format json > releases.json" in watch
+    assert "--format markdown" in watch and "$GITHUB_STEP_SUMMARY" in watch
+    upload = next(s for s in steps if "upload-artifact" in s.get("uses", ""))
+    assert upload["with"]["path"] == "releases.json" and upload["if"] == "always()"
+    fail = next(s for s in steps if s.get("name", "").startswith("Fail when"))
+    assert "needs_decision" in fail["run"] and "vLLM \\(.key) needs a decision" in fail["run"]

@@ -378,3 +378,62 @@ def test_every_port_example_is_in_the_journey() -> None:
     as typed, in the forks page's journey above."""
     journey = {tuple(shlex.split(line)[1:]) for line, _rc in JOURNEY_EXITS if line.startswith("dsv4patch port ")}
     assert set(_port_examples()) <= journey
+
+
+def test_release_adoption_runs_as_typed(tmp_path, shared_cache, monkeypatch) -> None:
+    """issue 38 item 4: docs/lock.md's three commands that adopt a new release, run as typed in a
+    copy of this project whose lock lacks 0.28.0, against a package index on 127.0.0.1 that serves
+    the real 0.28.0 sdist: the watcher lists it (exit 1: it needs a decision), --write adds the
+    entry, and check accepts the new pin; the entry is the one the real lock has."""
+    import io
+    import json
+    import os
+    import shutil
+    from contextlib import redirect_stdout
+
+    from dsv4patch.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
+    from localindex import serve
+
+    text = (ROOT / "docs" / "lock.md").read_text()
+    block = re.search(r"^### Adopting a new release in three commands\n.*?^```sh\n(.*?)^```", text, re.M | re.S)
+    assert block, "docs/lock.md has no 'Adopting a new release in three commands' block"
+    argvs = [a for line in block.group(1).splitlines() for a in _dsv4patch_argvs(line)]
+    assert [a[0] for a in argvs] == ["releases", "releases", "check"]
+    real = load(ROOT / "locks" / "vllm.toml").pin("0.28.0")
+    proj = tmp_path / "proj"
+    for d in ("locks", "patches"):
+        shutil.copytree(ROOT / d, proj / d)
+    doc = tomlkit.parse((proj / "locks" / "vllm.toml").read_text())
+    del doc["pins"]["0.28.0"]  # type: ignore[union-attr]
+    (proj / "locks" / "vllm.toml").write_text(tomlkit.dumps(doc))
+    sdist = Store.open(shared_cache).fetch_blob(real.source.url, real.source.sha256, real.source.size,
+                                                "vllm 0.28.0", Progress(False))
+    (tmp_path / "www" / "f").mkdir(parents=True)
+    shutil.copyfile(sdist, tmp_path / "www" / "f" / "vllm-0.28.0.tar.gz")
+    page = {"meta": {"api-version": "1.1"}, "name": "vllm", "files": [
+        {"filename": "vllm-0.28.0.tar.gz", "url": "/f/vllm-0.28.0.tar.gz",
+         "hashes": {"sha256": real.source.sha256}, "size": real.source.size}]}
+    monkeypatch.chdir(proj)
+    monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(shared_cache))
+    with serve(tmp_path / "www") as idx:
+        idx.pages["/simple/vllm/"] = ("application/vnd.pypi.simple.v1+json", json.dumps(page).encode())
+        monkeypatch.setenv("DSV4PATCH_INDEX_URL", idx.url + "/simple")
+        results = []
+        for argv in argvs:
+            buf = io.StringIO()
+            with redirect_stdout(buf):
+                rc = main.main([*argv, "--format", "json"])
+            results.append((rc, json.loads(buf.getvalue())))
+    (rc1, listed), (rc2, written), (rc3, checked) = results
+    assert rc1 == 1 and listed["needs_decision"] == ["0.28.0"], listed
+    assert listed["releases"]["0.28.0"]["decision"] == "adopt"
+    assert rc2 == 0 and written["releases"]["0.28.0"]["written"] is True
+    assert rc3 == 0 and checked["pins"]["0.28.0"]["ok"] is True
+    pin = load(proj / "locks" / "vllm.toml").pin("0.28.0")
+    assert (pin.base_tree, pin.patched_tree, pin.expect_patches) == (real.base_tree, real.patched_tree,
+                                                                     real.expect_patches)
+    assert {k: os.path.relpath(v, proj / "locks") for k, v in pin.variants.items()} == \
+        {k: os.path.relpath(v, ROOT / "locks") for k, v in real.variants.items()}

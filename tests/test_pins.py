@@ -63,15 +63,30 @@ def test_026_uses_its_variants_only_where_needed():
     assert set(pin.variants) <= set(names)
 
 
-@pytest.mark.parametrize("pin", ["0.28.0", "0.33.0"])
+# Releases from 0.28.0 on: which patches apply (clean) and where each variant of the pin lives.
+# The seven fixes and extra 1 are upstream everywhere; extras 2 and 3 are ours until 0.33.0
+# has extra 3 upstream by another change; 0.34.0 renamed a function fix 5's marker names,
+# so its variant of 0005 carries the new marker (the fix is upstream there too).
+NEWER = {
+    "0.28.0": {"0009": "0.28.0", "0010": "0.28.0"},
+    "0.29.0": {"0009": "0.29.0", "0010": "0.28.0"},  # extra 2 refreshed; extra 3 as on 0.28.0
+    "0.30.0": {"0009": "0.30.0", "0010": "0.28.0"},
+    "0.31.0": {"0009": "0.31.0", "0010": "0.31.0"},  # FilteredTopK refactored, sampled_topk
+    "0.32.0": {"0009": "0.32.0", "0010": "0.32.0"},  # 0.31.0's, kernels moved to csrc/
+    "0.33.0": {"0009": "0.33.0"},
+    "0.34.0": {"0009": "0.34.0", "0005": "0.34.0"},  # bf16 top-k; fix 5's renamed marker
+}
+
+
+@pytest.mark.parametrize("pin", list(NEWER))
 def test_newer_pins_have_every_fix_upstream(check_report, pin):
     """The seven fixes and extra 1 are upstream; extra 2 is not (issue 28): its variant
-    for the pin applies cleanly. Extra 3 (threshold-bin overflow) is upstream in 0.33.0 by
-    another change (markers) and not in 0.28.0 (a variant for its line offsets)."""
+    for the pin applies cleanly. Extra 3 (threshold-bin overflow) is upstream from 0.33.0 by
+    another change (markers) and not before (a variant)."""
     _, rep = check_report
     cells = rep["pins"][pin]["patches"]
     assert len(cells) == 10
-    ours = ["0009", "0010"] if pin == "0.28.0" else ["0009"]
+    ours = [n for n in NEWER[pin] if n in ("0009", "0010")]
     for name, c in cells.items():
         if name[:4] in ours:
             assert c["status"] == "clean", (name, c)
@@ -82,14 +97,18 @@ def test_newer_pins_have_every_fix_upstream(check_report, pin):
             # A forward apply alone would not have told: it fails on drifted context.
             assert c["evidence"]["forward_apply"] != "applies"
     lock_pin = load(LOCK).pin(pin)
-    assert [n[:4] for n in lock_pin.variants] == ours
-    assert all(f"variants/{pin}/" in str(v) for v in lock_pin.variants.values())
+    assert {n[:4]: v.parent.name for n, v in lock_pin.variants.items()} == NEWER[pin]
     assert rep["pins"][pin]["patched_tree"] == lock_pin.patched_tree != rep["pins"][pin]["base_tree"]
+    assert lock_pin.toolchain is not None and lock_pin.source.kind == "pypi-sdist"
+    # The stock wheels for delivery, from the index with its hashes.
+    assert set(lock_pin.wheels) == {"x86_64", "aarch64"}
 
 
-def test_033_kernel_fix_found_at_its_new_path(check_report):
+@pytest.mark.parametrize("pin", ["0.32.0", "0.33.0", "0.34.0"])
+def test_kernel_fix_found_at_its_new_path(check_report, pin):
+    """From 0.32.0 the top-k kernels live in csrc/, not csrc/libtorch_stable/."""
     _, rep = check_report
-    cell = next(c for n, c in rep["pins"]["0.33.0"]["patches"].items() if n.startswith("0007"))
+    cell = next(c for n, c in rep["pins"][pin]["patches"].items() if n.startswith("0007"))
     assert cell["evidence"]["markers"][0]["path"] == "csrc/persistent_topk.cuh"
     assert "cooperative_topk.cuh: does not exist" in cell["evidence"]["forward_apply"]
 

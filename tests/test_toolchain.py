@@ -33,14 +33,24 @@ HAVE_NVCC = bool(toolchain.system_nvccs())
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="needs a system nvcc")
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+def _apply(tmp_path_factory: pytest.TempPathFactory, cache: Path, pin: str) -> Path:
     from dsv4patch.main import main
 
     t = tmp_path_factory.mktemp("tc") / "vllm"
-    assert main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(t),
-                 "--cache-dir", str(shared_cache), "--format", "json", "--no-build"]) == 0
+    assert main(["apply", "--lock", str(LOCK), "--pin", pin, "--tree", str(t),
+                 "--cache-dir", str(cache), "--format", "json", "--no-build"]) == 0
     return t
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    return _apply(tmp_path_factory, shared_cache, "0.27.1")
+
+
+@pytest.fixture(scope="module")
+def pin_trees(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, Path]:
+    """Patched trees of the pins whose series changes kernels, made once per module on first use."""
+    return {}
 
 
 def _run(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -52,10 +62,17 @@ def _run(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None 
 
 def test_lock_requirements_are_pinned_and_hashed(tmp_path: Path) -> None:
     assert PIN.toolchain is not None and PIN.toolchain.torch == "2.13.0"
-    reqs = toolchain.read_requirements(PIN.toolchain.requirements)
-    assert reqs["torch"].version == "2.13.0" and len(reqs["torch"].hashes) >= 10
-    for name in (*toolchain.CUDA_PACKAGES, toolchain.CUBLAS_PACKAGE):
-        assert reqs[name].hashes, name
+    lock = load(LOCK)
+    assert {t.torch for t in lock.toolchains.values()} >= {"2.11.0", "2.13.0", "2.14.0"}
+    for tdef in lock.toolchains.values():
+        reqs = toolchain.read_requirements(tdef.requirements)
+        # PyPI's cp310-cp314 wheels for x86_64 and aarch64, each by the index's sha256
+        assert reqs["torch"].version.split("+")[0] == tdef.torch and len(reqs["torch"].hashes) >= 10, tdef.name
+        for name in (*toolchain.CUDA_PACKAGES, toolchain.CUBLAS_PACKAGE):
+            assert len(reqs[name].hashes) >= 2, (tdef.name, name)
+    # Every pin whose series changes kernels has a toolchain of the torch its tree requires.
+    for pin in lock.pins.values():
+        assert pin.toolchain is not None, pin.name
     bad = tmp_path / "r.txt"
     bad.write_text("torch==2.13.0\n")
     with pytest.raises(LockFileError, match="pinned and hashed"):
@@ -127,8 +144,8 @@ def _torch_env(cache: Path, version: str) -> str:
 
 
 def _build(tree: Path, cache: Path, out: Path, *extra: str, prefix: list[str] | None = None,
-           env: dict[str, str] | None = None) -> tuple[dict, subprocess.CompletedProcess[str]]:
-    res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+           env: dict[str, str] | None = None, pin: str = "0.27.1") -> tuple[dict, subprocess.CompletedProcess[str]]:
+    res = _run("build", "--lock", LOCK, "--pin", pin, "--tree", tree, "--arch", ARCH,
                "--out", out, "--format", "json", *extra, prefix=prefix,
                env={"DSV4PATCH_CACHE": str(cache), **(env or {})})
     assert res.returncode == 0, res.stderr[-4000:]
@@ -155,32 +172,48 @@ def _hidden_toolkit(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return prefix, {"CUDA_HOME": "", "CUDA_PATH": ""}
 
 
-def _seed_torch(shared_cache: Path, cache: Path) -> None:
+def _seed_torch(shared_cache: Path, cache: Path, pin: str = "0.27.1") -> None:
     """``cache``'s toolchains/ gets the pin's provisioned torch (installed into the shared cache
     if it is not there yet) as hard links: the torch at its own path in that cache, without a
     second GB on disk (test_provisioned_torch_is_cached_and_hash_checked installs one cold)."""
-    assert PIN.toolchain is not None
-    env = toolchain.ensure_torch(Store.open(shared_cache), PIN.toolchain, Progress(False))
+    tdef = load(LOCK).pin(pin).toolchain
+    assert tdef is not None
+    env = toolchain.ensure_torch(Store.open(shared_cache), tdef, Progress(False))
     root = Path(env.python).parent.parent  # <cache>/toolchains/torch-<key>
     (cache / "toolchains").mkdir(parents=True)
     subprocess.run(["cp", "-al", str(root), str(cache / "toolchains" / root.name)], check=True)
 
 
+# Every pin whose series changes kernels builds against its own torch: 0.27.1 (torch 2.13.0),
+# 0.26.0 (2.11.0), 0.33.0 (2.14.0, C++20 headers; its top-k kernels live in csrc/).
+KERNEL_PINS = {"0.27.1": "2.13.0", "0.26.0": "2.11.0", "0.33.0": "2.14.0"}
+
+
 @pytest.mark.slow
 @needs_nvcc
-def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(tree: Path, shared_cache: Path,
+@pytest.mark.parametrize("pin", list(KERNEL_PINS))
+def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str, tree: Path, shared_cache: Path,
+                                                                       pin_trees: dict[str, Path],
+                                                                       tmp_path_factory: pytest.TempPathFactory,
                                                                        tmp_path: Path) -> None:
     """Two cold caches at different paths, each with the pin's torch at its own path (hard links of
     the shared cache's, see _seed_torch) and nothing else; the second without a system nvcc
     (hidden), so the lock's NVIDIA nvcc wheels are installed and used: the same library and
     kernel wheel bytes. build_info names the pin's torch; a warm rebuild compiles nothing; text
     output names the torch and nvcc."""
+    torch = KERNEL_PINS[pin]
+    if pin == "0.27.1":
+        pin_trees[pin] = tree
+    elif pin not in pin_trees:
+        pin_trees[pin] = _apply(tmp_path_factory, shared_cache, pin)
+    tree = pin_trees[pin]
     for cache in ("cache-a", "second-cache-b"):
-        _seed_torch(shared_cache, tmp_path / cache)
-    a, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a")
+        _seed_torch(shared_cache, tmp_path / cache, pin)
+    a, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a", pin=pin)
     assert a["toolchain"]["torch_origin"].startswith(f"provisioned {tmp_path / 'cache-a'}")
+    assert a["toolchain"]["cxx_standard"].startswith("C++20"), a["toolchain"]
     prefix, env = _hidden_toolkit(tmp_path) if CAN_HIDE else ([], {})
-    b, _ = _build(tree, tmp_path / "second-cache-b", tmp_path / "out-b", prefix=prefix, env=env)
+    b, _ = _build(tree, tmp_path / "second-cache-b", tmp_path / "out-b", prefix=prefix, env=env, pin=pin)
     if CAN_HIDE:
         assert b["toolchain"]["nvcc_origin"].startswith("NVIDIA wheels"), b["toolchain"]
         assert b["toolchain"]["nvcc"].startswith(str(tmp_path / "second-cache-b" / "toolchains"))
@@ -189,18 +222,20 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(tree: Pat
     assert _sha(Path(a["library"])) == _sha(Path(b["library"]))
     assert Path(a["wheel"]).name == Path(b["wheel"]).name
     assert _sha(Path(a["wheel"])) == _sha(Path(b["wheel"]))
+    dist = "dsv4patch_kernels_" + pin.replace(".", "_")
     with zipfile.ZipFile(a["wheel"]) as zf:
-        info = json.loads(zf.read("dsv4patch_kernels_0_27_1/build_info.json"))
-    assert info["torch_version"] == "2.13.0" and info["torch_required"] == "2.13.0"
+        info = json.loads(zf.read(f"{dist}/build_info.json"))
+    assert info["torch_version"] == torch and info["torch_required"] == torch
     assert info["torch_mismatch"] is False and info["library_sha256"] == _sha(Path(a["library"]))
-    assert installed.torch_problem(info, "2.13.0") is None
+    assert info["ops"] == ["persistent_topk", "cooperative_topk"]
+    assert installed.torch_problem(info, torch) is None
     assert str(tmp_path).encode() not in Path(a["library"]).read_bytes()
-    again, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a2")
+    again, _ = _build(tree, tmp_path / "cache-a", tmp_path / "out-a2", pin=pin)
     assert again["compiled"] == [] and _sha(Path(again["wheel"])) == _sha(Path(a["wheel"]))
-    text = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
+    text = _run("build", "--lock", LOCK, "--pin", pin, "--tree", tree, "--arch", ARCH,
                 "--out", tmp_path / "out-a3", env={"DSV4PATCH_CACHE": str(tmp_path / "cache-a")})
     assert text.returncode == 0
-    assert "toolchain: torch 2.13.0" in text.stdout and "nvcc 13.0" in text.stdout
+    assert f"toolchain: torch {torch}" in text.stdout and "nvcc 13.0" in text.stdout
     assert list((tmp_path / "cache-a" / "tmp").iterdir()) == []
 
 
@@ -367,3 +402,37 @@ def test_a_link_planted_at_the_toolchain_entry_is_never_used(tmp_path: Path, mon
         toolchain.ensure_torch(store, PIN.toolchain, Progress(False))
     assert not root.is_symlink() and (evil / ".ready").is_file()  # the link removed, its target untouched
     assert childproc.KEEP > 0
+def test_cxx_standard_is_chosen_from_the_toolchain_and_the_tree(tmp_path: Path) -> None:
+    """The C++ standard comes from what each torch's headers need (the lock's toolchain, else
+    dsv4patch's table) and the tree's CMAKE_CUDA_STANDARD, the higher of the two: never per pin."""
+    from dataclasses import replace
+
+    from dsv4patch.kernels import build as kbuild
+    from dsv4patch.kernels import sources
+
+    lock = load(LOCK)
+    t214 = lock.pin("0.33.0").toolchain
+    assert t214 is not None and (t214.torch, t214.cxx_standard) == ("2.14.0", 20)
+    assert toolchain.torch_cxx_standard("2.14.0+cu130", t214)[0] == 20
+    assert toolchain.torch_cxx_standard("2.14.1", None)[0] == 20  # torch 2.14+ without a lock entry
+    assert toolchain.torch_cxx_standard("2.11.0+cu130", lock.pin("0.26.0").toolchain)[0] == 17
+    assert toolchain.torch_cxx_standard("2.13.0", lock.pin("0.27.1").toolchain)[0] == 17
+    with pytest.raises(LockFileError, match="need C\\+\\+20"):
+        toolchain.torch_cxx_standard("2.14.0", replace(t214, cxx_standard=17))
+    tc = kbuild.Toolchain(nvcc=Path("nvcc"), nvcc_version="", cuda_version="13.0", python="python",
+                          torch_version="2.14.0", torch_cuda_version="13.0", torch_include=Path("i"),
+                          torch_lib=Path("l"), include_dirs=(), cxx_standard=20,
+                          cxx_standard_origin="torch 2.14.0's headers")
+    assert kbuild.cxx_standard(tc, 17)[0] == 20  # the torch raises an older tree's standard
+    assert kbuild.cxx_standard(replace(tc, cxx_standard=17), 20)[0] == 20  # never lowers it
+    assert kbuild.cxx_standard(replace(tc, cxx_standard=None), None)[0] == kbuild.DEFAULT_CXX_STANDARD
+    assert "-std=c++20" not in kbuild.BASE_FLAGS  # the standard is chosen per build, not fixed
+    cmake = sources.parse_cmake("set(CMAKE_CXX_STANDARD 17)\nset(CMAKE_CUDA_STANDARD 17)\n")
+    assert cmake.cuda_standard == 17
+    # The lock's defines reach nvcc as -D macros only: nothing that names a program or a path.
+    bad = tmp_path / "vllm.toml"
+    text = LOCK.read_text(encoding="utf-8").replace(
+        'cxx_standard = 20\n', 'cxx_standard = 20\ndefines = ["-Xcompiler=-fplugin=/tmp/x.so"]\n')
+    bad.write_text(text, encoding="utf-8")
+    with pytest.raises(LockFileError, match="each entry is a macro NAME"):
+        load(bad)

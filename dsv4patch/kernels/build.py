@@ -51,12 +51,14 @@ from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
-# What vLLM's CMake passes for _C_stable_libtorch CUDA sources (RelWithDebInfo, without -g).
+# What vLLM's CMake passes for _C_stable_libtorch CUDA sources (RelWithDebInfo, without -g);
+# the C++ standard comes first and is chosen per build (:func:`cxx_standard`).
 BASE_FLAGS = (
-    "-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-O2", "-DNDEBUG",
+    "--expt-relaxed-constexpr", "--expt-extended-lambda", "-O2", "-DNDEBUG",
     "-DUSE_CUDA", "-DENABLE_FP8",
     "-Xcompiler", "-fPIC",
 )
+DEFAULT_CXX_STANDARD = 17  # a tree without CMAKE_CUDA_STANDARD and a toolchain that names none
 CACHE_VERSION = "2"  # 2: prefix maps, fixed module ids, stripped library
 # No device link: the units are whole-program (no -rdc), and nvcc's device link would
 # embed an empty cubin for its default arch (sm_75) in the library.
@@ -115,6 +117,11 @@ class Toolchain:
     nvcc_origin: str = ""  # "--nvcc", "CUDA_HOME", "PATH", "NVIDIA wheels (...)"
     torch_cuda_expected: str | None = None  # CUDA the runtime torch has (a CPU torch: the lock's)
     notes: tuple[str, ...] = ()
+    # What the torch's headers need (dsv4patch.toolchain, from the lock's toolchain): the
+    # lowest C++ standard (None: no requirement known) and -D defines passed to every unit.
+    cxx_standard: int | None = None
+    cxx_standard_origin: str = ""
+    defines: tuple[str, ...] = ()
 
     @property
     def torch_mismatch(self) -> bool:
@@ -156,6 +163,20 @@ class Toolchain:
         for d in self.include_dirs:
             args += ["-Xcompiler", f"-idirafter,{d}"]
         return args
+
+
+def cxx_standard(tc: Toolchain, tree_standard: int | None) -> tuple[int, str]:
+    """(C++ standard to compile with, why): the higher of the tree's and the torch's.
+
+    vLLM compiles its CUDA sources with its ``CMAKE_CUDA_STANDARD``; a torch
+    whose headers need a newer one (torch 2.14: C++20) raises it, never lowers it.
+    """
+    tree = tree_standard or DEFAULT_CXX_STANDARD
+    need = tc.cxx_standard or DEFAULT_CXX_STANDARD
+    if need > tree:
+        return need, f"C++{need}: {tc.cxx_standard_origin or 'the toolchain'} (the tree's CMake says C++{tree})"
+    origin = "the tree's CMAKE_CUDA_STANDARD" if tree_standard else "the default"
+    return tree, f"C++{tree}: {origin}" + (f"; {tc.cxx_standard_origin}" if tc.cxx_standard_origin else "")
 
 
 def nvcc_top(nvcc: Path) -> str | None:
@@ -453,7 +474,8 @@ def plan_build(
         if opts and sources.loose_intersection(sources.select_arch_list(opts, tc.cuda_version),
                                                target_archs):
             defines += list(flags)
-    common = [*BASE_FLAGS, *defines]
+    std, _ = cxx_standard(tc, plan.cuda_standard)
+    common = [f"-std=c++{std}", *BASE_FLAGS, *tc.defines, *defines]
     if plan.torch_target_version:
         common.append(f"-DTORCH_TARGET_VERSION={plan.torch_target_version}")
     if nvcc_threads > 1:

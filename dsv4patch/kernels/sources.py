@@ -71,6 +71,7 @@ class KernelPlan:
     defines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # arch var -> -D flags
     torch_target_version: str | None = None
     unmapped: tuple[str, ...] = ()  # changed kernel sources no unit of the target includes
+    cuda_standard: int | None = None  # CMAKE_CUDA_STANDARD of the tree's CMakeLists.txt
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -122,6 +123,7 @@ class CMakeTarget:
     torch_target_version: str | None
     # CUDA_SUPPORTED_ARCHS per nvcc version [(min cuda, archs)]; empty: no filter
     supported: list[tuple[str | None, tuple[str, ...]]] = field(default_factory=list)
+    cuda_standard: int | None = None  # set(CMAKE_CUDA_STANDARD N): the C++ standard vLLM compiles CUDA with
 
 
 def _min_cuda_before(text: str, off: int) -> str | None:
@@ -177,8 +179,9 @@ def parse_cmake(text: str) -> CMakeTarget:
     for m in re.finditer(r"\bif\s*\(\s*(\w+)\s*\)\s*list\s*\(\s*APPEND\s+VLLM_GPU_FLAGS\s+([^)]*)\)", text):
         defines[m.group(1)] = tuple(_STRING.findall(m.group(2)))
     ttv = re.search(r"TORCH_TARGET_VERSION=(0x[0-9A-Fa-f]+ULL)", text)
+    std = re.search(r"\bset\s*\(\s*CMAKE_CUDA_STANDARD\s+(\d+)\s*\)", text)
     return CMakeTarget(tuple(sources), arch_var, arch_lists, defines, ttv.group(1) if ttv else None,
-                       supported)
+                       supported, int(std.group(1)) if std else None)
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -475,6 +478,7 @@ def plan(tree: Path, base: str | None = None) -> KernelPlan:
         tree=tree, base=base, head=head, tree_id=tree_id, changed=changed, units=tuple(units),
         ops=tuple(ops), bindings=bindings, defines=cmake.defines,
         torch_target_version=cmake.torch_target_version, unmapped=unmapped,
+        cuda_standard=cmake.cuda_standard,
     )
 
 

@@ -1,12 +1,10 @@
-"""The committed GPU evidence (tests/gpu/results/) is small and readable.
+"""The committed GPU evidence (tests/gpu/results/) is small, readable and says what its README says.
 
-Only the current verdict of each proof and the device runs it is made from stay in the
-tree (older runs are in git history, at the commit tests/gpu/results/e2e/README.md names).
-These tests keep it that way: the folder stays under 2 MB with long results gzipped; every
-run folder is described; the kernel proof's JSON and Markdown agree.  (Issue 15's
-end-to-end verdict was remade from its runs by the old harness's ``run_e2e.py --report``,
-which left the tree with the harness; the ``dsv4patch selftest`` run on the H200 replaces
-both: tests/gpu/results/e2e/README.md.)
+Only the current verdict of each proof stays in the tree (superseded runs are in git
+history: issue 15's end-to-end runs are in the tree at commit af07792, docs/gpu-proofs.md).  These
+tests keep it that way: the folder stays under 2 MB with long results gzipped; the kernel
+proof's JSON and Markdown agree; the self-test's H200 reports (tests/gpu/results/selftest/)
+hold what its README claims, stock against patched.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "gpu" / "results"
-E2E = RESULTS / "e2e"
+SELFTEST = RESULTS / "selftest"
 LIMIT = 2_000_000  # bytes, issue 26
 
 
@@ -37,14 +35,40 @@ def test_long_results_are_gzipped() -> None:
     assert big == []
 
 
-def test_every_run_folder_is_described() -> None:
-    """Each committed run folder is named in the results README, and each call it names is there."""
-    readme = (E2E / "README.md").read_text()
-    for run in sorted(p.name for p in E2E.iterdir() if p.is_dir() and p.name.startswith("run-")):
-        assert f"`{run}/`" in readme, f"{run} is not described in tests/gpu/results/e2e/README.md"
-    for call in re.findall(r"`(run-\d+[a-z]-[^`/]*)/`", readme):
-        if "(full series only)" not in readme.split(f"`{call}/`", 1)[1].split("\n", 1)[0]:
-            assert (E2E / call).is_dir(), f"{call} is named as committed but is not in the tree"
+def _selftest(name: str) -> dict:
+    import gzip
+
+    return json.loads(gzip.decompress((SELFTEST / f"{name}.json.gz").read_bytes()))
+
+
+def _regression(report: dict) -> dict:
+    return next(c for c in report["checks"] if c["name"] == "regression")
+
+
+def test_the_selftest_verdict_holds_stock_against_patched() -> None:
+    """Stock 0.26.0 fails installed, every series test file and fix 6/7's case; the patched wheel passes all."""
+    stock, warm = _selftest("selftest-stock"), _selftest("selftest-stock-sm120-warm")
+    assert next(c for c in stock["checks"] if c["name"] == "installed")["ok"] is False
+    reg = _regression(stock)
+    assert reg["ok"] is False and reg["counts"] == {"passed": 2, "failed": 86, "skipped": 0}
+    assert all(f["status"] == "failed" and f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
+    hang = warm["engines"][0]
+    assert hang["outcome"] == "hang" and hang["stage"] == "prompt set trio_b3"
+    assert "(3 running, 0 waiting, 0 tokens generated)" in hang["detail"]
+    assert hang["hang_evidence"]["kernels"] == ["vllm::persistent::persistent_topk_kernel<512, 4u>() "]
+    assert hang["hang_evidence"]["gpu"].startswith("100 %")
+    for name in ("selftest-patched", "selftest-patched-warm"):
+        rep = _selftest(name)
+        assert rep["ok"] is True and rep["counts"]["pass"] == 34 and rep["min_gap"] > 19.99
+        reg = _regression(rep)
+        assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
+        assert all(f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
+        spec = [c for c in rep["cases"] if c["acceptance"] is not None]
+        assert spec and all(0 < c["acceptance"]["accepted"] < c["acceptance"]["drafted"] for c in spec)
+    assert _selftest("selftest-patched-warm")["seconds"] < 300  # the warm second run: at most 5 minutes
+    readme = (SELFTEST / "README.md").read_text()
+    assert "2 passed, 86 failed" in readme and "88 passed, 0 failed, 0 skipped" in readme
+    assert "`vllm::persistent::persistent_topk_kernel<512, 4u>()` resident" in readme
 
 
 def test_kernel_proof_report_holds() -> None:

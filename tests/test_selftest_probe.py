@@ -72,3 +72,36 @@ def test_read_tail_never_follows_a_link(tmp_path):
     (tmp_path / "link").symlink_to(target)
     assert probe.read_tail(tmp_path / "link", 100) == ""
     assert probe.read_tail(target, 3) == "ret"
+
+
+# Two watchdog dumps of the H200 run of 2026-12-03 (tests/gpu/results/selftest/), shortened: the main thread of
+# stock vLLM 0.26.0's cold engine start, compiling an mHC kernel with TileLang on an idle GPU (not a hang),
+# and of the same engine warm, blocked in Triton's module load behind persistent_topk spinning on the GPU.
+COLD = '''Timeout (0:06:20)!
+Thread 0x00007fdd05fff6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+
+Thread 0x00007fe22344b140 (most recent call first):
+  File "/tmp/selftest/deps/tilelang/3rdparty/tvm/python/tvm/ir/transform.py", line 167 in __call__
+  File "/tmp/selftest/deps/tilelang/engine/phase.py", line 191 in LowerAndLegalize
+  File "/tmp/selftest/deps/tilelang/engine/lower.py", line 308 in lower
+  File "/tmp/selftest/site/vllm/model_executor/kernels/mhc/tilelang.py", line 232 in mhc_pre_tilelang
+'''
+WARM_HANG = '''Timeout (0:01:54)!
+Thread 0x00007f49fbad0140 (most recent call first):
+  File "/opt/torch/.venv/lib/python3.12/site-packages/triton/compiler/compiler.py", line 465 in _init_handles
+  File "/opt/torch/.venv/lib/python3.12/site-packages/triton/runtime/jit.py", line 743 in run
+  File "/tmp/selftest/site/vllm/v1/sample/rejection_sampler.py", line 458 in rejection_sample
+'''
+
+
+def test_a_cold_compile_on_an_idle_gpu_is_not_a_hang_a_spinning_kernel_is():
+    assert probe.compiling(COLD) == "TileLang: __call__ (tvm/ir/transform.py:167)"
+    assert probe.compiling(WARM_HANG) == ""  # Triton loads a module there; it does not compile
+    cold = probe.HangEvidence("x", gpu="0 %, 16235 MiB, 143771 MiB", compiler=probe.compiling(COLD))
+    assert cold.still_compiling
+    hang = probe.HangEvidence("x", gpu="100 %, 10921 MiB, 143771 MiB",
+                              kernels=["vllm::persistent::persistent_topk_kernel<512, 4u>() "])
+    assert not hang.still_compiling
+    busy = probe.HangEvidence("x", gpu="100 %, 1 MiB, 2 MiB", compiler=probe.compiling(COLD))
+    assert not busy.still_compiling  # compiling, but the GPU is busy too: a hang is not ruled out

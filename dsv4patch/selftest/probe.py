@@ -59,6 +59,17 @@ class HangEvidence:
     kernels: list[str] = field(default_factory=list)  # cuda-gdb's resident kernels
     tools: dict[str, str] = field(default_factory=dict)  # each probe: "ok", "absent" or why it failed
     process: str = ""  # /proc: state, threads by state, CPU seconds used while probed
+    compiler: str = ""  # the JIT compiler the main thread was in, if any (TileLang, CuTe DSL, Triton, ...)
+
+    @property
+    def gpu_idle(self) -> bool:
+        """The GPU did nothing: utilization 0 % and no kernel of ours resident (a hung kernel keeps it busy)."""
+        return self.gpu.startswith("0 %") and not self.kernels
+
+    @property
+    def still_compiling(self) -> bool:
+        """Not a hang: the engine was compiling kernels on an idle GPU when its deadline passed (a cold node)."""
+        return bool(self.compiler) and self.gpu_idle
 
     def describe(self) -> str:
         parts = []
@@ -74,7 +85,8 @@ class HangEvidence:
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "main_frames": self.main_frames, "gpu": self.gpu or None,
-                "kernels": self.kernels, "tools": self.tools, "process": self.process or None}
+                "kernels": self.kernels, "tools": self.tools, "process": self.process or None,
+                "compiler": self.compiler or None}
 
 
 def _small(path: str, limit: int = 64 << 10) -> str:
@@ -138,22 +150,49 @@ def read_tail(path: Path, limit: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def main_thread_frames(stacks: str) -> list[str]:
-    """The main thread's frames (innermost first) of the last faulthandler dump in STACKS.
+def _main_block(stacks: str) -> list[tuple[str, str, str]]:
+    """(func, file, line) of the main thread's frames, innermost first, in the last faulthandler dump.
 
     faulthandler lists threads newest first, so the main thread (the oldest)
     is the last block of a dump; a SIGUSR1 dump names it "Current thread".
     """
-    blocks: list[list[str]] = []
+    blocks: list[list[tuple[str, str, str]]] = []
     for line in stacks.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
             blocks.append([])
         elif blocks and (m := _FRAME.match(line)):
-            blocks[-1].append(f"{m['func']} ({Path(m['file']).name}:{m['line']})")
+            blocks[-1].append((m["func"], m["file"], m["line"]))
     for block in reversed(blocks):
         if block:
             return block
     return []
+
+
+def main_thread_frames(stacks: str) -> list[str]:
+    """The main thread's frames (innermost first) of the last faulthandler dump in STACKS, as
+    ``func (file.py:line)``."""
+    return [f"{func} ({Path(file).name}:{line})" for func, file, line in _main_block(stacks)]
+
+
+# Where a thread that compiles kernels is: a JIT compiler's package (a fragment of the frame's path as
+# faulthandler prints it) and, where the package also runs kernels, the function that compiles.  Triton's
+# ``_init_handles`` is not compiling: it loads a module, and waits there while a hung kernel holds the GPU.
+COMPILERS: tuple[tuple[str, str | None, str], ...] = (
+    ("tilelang/", None, "TileLang"), ("/tvm/", None, "TVM"), ("tvm_ffi/", None, "TVM"),
+    ("cutlass/base_dsl/", None, "CuTe DSL"), ("cutlass/cutlass_dsl/", None, "CuTe DSL"),
+    ("flashinfer/jit/", None, "FlashInfer JIT"), ("deep_gemm/jit", None, "DeepGEMM JIT"),
+    ("torch/_inductor/", None, "torch inductor"), ("triton/compiler/compiler.py", "compile", "Triton"),
+)
+
+
+def compiling(stacks: str) -> str:
+    """Which JIT compiler the main thread of the last dump was in (its innermost such frame), or ""."""
+    for func, file, line in _main_block(stacks):
+        path = file.replace("\\", "/")
+        for fragment, function, name in COMPILERS:
+            if fragment in path and function in (None, func):
+                return f"{name}: {func} ({'/'.join(Path(path).parts[-3:])}:{line})"
+    return ""
 
 
 def kernel_names(cuda_gdb_output: str) -> list[str]:
@@ -226,7 +265,9 @@ def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: f
                                         "-ex", "detach"], "cuda-gdb", tool_deadline)
     sections.append(f"===== cuda-gdb -p {pid} info cuda kernels: {ev.tools['cuda-gdb']} =====\n{text}")
     ev.kernels = kernel_names(text)
-    ev.main_frames = main_thread_frames(read_tail(stacks, STACKS_LIMIT))
+    dumped = read_tail(stacks, STACKS_LIMIT)
+    ev.main_frames = main_thread_frames(dumped)
+    ev.compiler = compiling(dumped)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
         fh.write("\n\n".join(sections) + "\n")

@@ -555,8 +555,10 @@ def update_derived(path: Path, pin: str, values: Mapping[str, object], source_va
 def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
     """Record ``variant`` as pin's variant of ``patch`` (path relative to the lock), keeping layout.
 
-    An ``expect_patches`` entry for that patch is removed: the variant is made
-    to apply, so the pin's ``expect`` holds for it again.
+    The variant is made to apply, so the patch is expected ``clean``: its
+    ``expect_patches`` entry is removed where the pin's ``expect`` is ``clean``
+    already, and set to ``clean`` otherwise (a pin that expects ``upstream``
+    keeps a variant of a fix it still needs, e.g. extra 2 on 0.28.0).
     """
     import tomlkit  # writing TOML only (keeps comments and layout); not loaded by read-only commands
 
@@ -567,8 +569,13 @@ def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
         table["variants"] = tomlkit.table()
     table["variants"][patch] = os.path.relpath(Path(variant).resolve(), path.resolve().parent)
     expect = table.get("expect_patches")
-    if expect is not None and patch in expect:
-        del expect[patch]
+    if str(table.get("expect", "clean")) == "clean":
+        if expect is not None and patch in expect:
+            del expect[patch]
+    else:
+        if expect is None:
+            table["expect_patches"] = expect = tomlkit.table()
+        expect[patch] = "clean"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
     os.replace(tmp, path)

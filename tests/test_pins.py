@@ -65,8 +65,8 @@ def test_026_uses_its_variants_only_where_needed():
 
 # Releases from 0.28.0 on: which patches apply (clean) and where each variant of the pin lives.
 # The seven fixes and extra 1 are upstream everywhere; extras 2 and 3 are ours until 0.33.0
-# has extra 3 upstream by another change; 0.34.0 renamed a function fix 5's marker names,
-# so its variant of 0005 carries the new marker (the fix is upstream there too).
+# has extra 3 upstream by another change; 0.34.0 renamed `_required_sm120_sparse_topk` (fix 5's
+# marker says `required_sm120_sparse_topk(`, which both spellings contain).
 NEWER = {
     "0.28.0": {"0009": "0.28.0", "0010": "0.28.0"},
     "0.29.0": {"0009": "0.29.0", "0010": "0.28.0"},  # extra 2 refreshed; extra 3 as on 0.28.0
@@ -74,7 +74,7 @@ NEWER = {
     "0.31.0": {"0009": "0.31.0", "0010": "0.31.0"},  # FilteredTopK refactored, sampled_topk
     "0.32.0": {"0009": "0.32.0", "0010": "0.32.0"},  # 0.31.0's, kernels moved to csrc/
     "0.33.0": {"0009": "0.33.0"},
-    "0.34.0": {"0009": "0.34.0", "0005": "0.34.0"},  # bf16 top-k; fix 5's renamed marker
+    "0.34.0": {"0009": "0.34.0"},  # bf16 top-k
 }
 
 
@@ -180,3 +180,24 @@ def test_apply_rebuilds_kernels_by_default_or_fails_loudly(shared_cache, tmp_pat
     assert res.rc == 7, res.err
     assert "were not rebuilt" in res.err and "--no-build" in res.err
     assert sh(tree, "rev-parse", "HEAD^{tree}") == load(LOCK).pin("0.27.1").patched_tree
+
+
+@pytest.mark.parametrize(("expect", "before", "after"), [
+    ("clean", {"0009-x.patch": "conflict"}, {}),  # the pin expects clean: no entry needed
+    ("upstream", {"0009-x.patch": "conflict"}, {"0009-x.patch": "clean"}),  # extra 2 on 0.28.0: still needed
+    ("upstream", None, {"0009-x.patch": "clean"}),
+])
+def test_a_variant_recorded_makes_its_patch_expected_clean(tmp_path, expect, before, after):
+    """lock.set_variant (refresh --as-variant, resolve): the variant applies, so the patch is expected clean;
+    a pin that expects upstream keeps that expectation for its other patches."""
+    from dsv4patch.lock import set_variant
+
+    lock = tmp_path / "vllm.toml"
+    entries = "".join(f'"{k}" = "{v}"\n' for k, v in (before or {}).items())
+    lock.write_text(f'[pins."p"]\nexpect = "{expect}"\n' + (f'[pins."p".expect_patches]\n{entries}' if before else ""))
+    set_variant(lock, "p", "0009-x.patch", tmp_path / "variants" / "p" / "0009-x.patch")
+    import tomlkit
+
+    pin = tomlkit.parse(lock.read_text())["pins"]["p"]
+    assert dict(pin.get("expect_patches", {})) == after and pin["expect"] == expect
+    assert pin["variants"]["0009-x.patch"] == "variants/p/0009-x.patch"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import childproc, report, safeio, sbom, vllm_wheel
-from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, UsageError
+from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, UsageError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.lock import Lock, Pin
@@ -496,6 +496,54 @@ class InstalledReport:
             rows.append([name, p["state"], detail])
         return report.simple_table(f"dsv4patch status --installed: {self.python}",
                                    ["patch", "state", "files not present"], rows)
+
+
+def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
+                    pin_name: str | None = None) -> InstalledReport:
+    """Without the lock's patch files (a node with only ``pip install dsv4patch``): the installed vLLM
+    against its own SBOM (:mod:`dsv4patch.provenance`), and against ``lock``'s pin (``pin_name``, else
+    the SBOM's) when a lock was given without its patches (a URL)."""
+    from dsv4patch import provenance
+
+    python = python or default_python()
+    first = probe(python, "")
+    vllm = first.get("vllm")
+    if vllm is None:
+        return InstalledReport(first["python"], "?", "?", None, {}, None, False,
+                               notes=[f"vLLM is not installed in {first['python']}"])
+    prov = provenance.read(list(vllm.get("sboms") or []))
+    lock_pin = None
+    if lock is not None:
+        lock_pin = lock.pin(pin_name) if pin_name else lock.pins.get(prov.pin or "")
+        if lock_pin is None:
+            raise LockFileError(f"the lock given has no pin {prov.pin} (the installed vLLM's); name the pin to "
+                                "compare with")
+    kdist = dist_name(prov.pin or "")
+    found = probe(python, kdist)
+    top = Path(vllm["package"]).name
+    kernel = _kernels(found.get("kernels"), str(prov.patched_tree), Path(vllm["root"]) / top / "__init__.py", kdist,
+                      found.get("torch"))
+    rep = provenance.inspect(vllm, {"library": kernel["library"]} if kernel.get("installed") else None, lock_pin)
+    ok = bool(rep["ok"]) and (kernel["ok"] or not kernel.get("installed") and prov.kernel_library_sha256 is None)
+    if kernel.get("installed"):
+        if _gpu_present():
+            kernel["active"] = active_check(python, kdist)
+            ok &= bool(kernel["active"]["active"])
+        else:
+            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
+    names = ", ".join(p["name"] for p in rep["provenance"]["patches"])
+    notes = [f"python {first['python']}: vLLM {vllm.get('version')} at {vllm.get('package')}",
+             f"checked against the installed wheel's own SBOM ({prov.path}): pin {prov.pin}, patched tree "
+             f"{str(prov.patched_tree)[:12]}, patches {names}"]
+    if lock_pin is None:
+        notes.append("no lock here: the SBOM's own patches are the reference; give a lock (a path or a URL) to "
+                     "check them against the series you expect")
+    elif not provenance.lock_problems(prov, lock_pin):
+        notes.append(f"the lock's pin {lock_pin.name} describes the same patched tree, sdist and stock wheel")
+    notes += rep["problems"]
+    return InstalledReport(first["python"], str(prov.pin), (prov.version or "").split("+", 1)[0],
+                           {"package": vllm["package"], "version": vllm.get("version"), "provenance": rep["provenance"]},
+                           rep["patches"], kernel, ok, notes, patched_tree=prov.patched_tree)
 
 
 def default_python() -> str:

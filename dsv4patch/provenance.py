@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,7 @@ def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | 
                 if kernel:
                     ok = kernel_library_sha256 is not None and kernel_library_sha256 == prov.kernel_library_sha256
                     patches[p.name] = {"state": "present" if ok else "missing",
-                                       "files": {"<kernel library>": "the SBOM's library sha256 is installed" if ok
-                                                 else "the installed kernel library is not the SBOM's"}}
+                                       "files": {"<kernel library>": {"state": "present" if ok else "missing"}}}
                 else:
                     patches[p.name] = {"state": "not-shipped", "files": {}}
                 continue
@@ -209,7 +209,7 @@ def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | 
                 state = "stock"
             else:
                 state = "other"
-            patches[p.name] = {"state": state, "files": {r: state for r in mine},
+            patches[p.name] = {"state": state, "files": {r: {"state": state} for r in mine},
                                **({"problem": peel.stderr.strip()[:300]} if state == "other" else {})}
     return patches
 
@@ -246,3 +246,32 @@ def tests_for(vllm: dict[str, Any]) -> dict[str, bytes]:
 
 def pin_for(lock: Lock, prov: Provenance) -> Pin | None:
     return lock.pins.get(prov.pin or "")
+
+
+LOCK_LIMIT = 1 << 20  # bytes of a lock read from a URL
+
+
+def lock_from_url(url: str) -> Lock:
+    """A lock downloaded from URL (bounded in size and time, as every download), parsed.
+
+    It comes without its patch files: what it can say about an installed vLLM is
+    which pin, patched tree, sdist and stock wheel to expect (:func:`lock_problems`).
+    """
+    from dsv4patch import index
+    from dsv4patch.errors import FetchError
+    from dsv4patch.lock import load
+    from dsv4patch.urls import http_url_problem, redact
+
+    problem = http_url_problem(url)
+    if problem:
+        raise FetchError(f"lock {redact(url)}: {problem}")
+    deadline = time.monotonic() + index.transfer_timeout()
+    try:
+        with index.open_url(url) as resp:
+            data = b"".join(index.body_chunks(resp, limit=LOCK_LIMIT, deadline=deadline, label=f"lock {redact(url)}"))
+    except OSError as exc:
+        raise FetchError(f"lock {redact(url)}: cannot be downloaded ({index.redact_reason(exc)})") from None
+    with tempfile.TemporaryDirectory(prefix="dsv4patch-lock-") as tmp:
+        path = Path(tmp) / "vllm.toml"
+        path.write_bytes(data)
+        return load(path)

@@ -14,6 +14,8 @@ another patched tree is named as disagreeing.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +27,11 @@ from dsv4patch.kernels.build import dist_name
 from dsv4patch.progress import Progress
 from dsv4patch.selftest import runner
 from dsv4patch.store import Store
+from localindex import serve
 from test_sbom import PIN, kernel_wheel, make_patched, needs_nvcc  # noqa: F401  (module fixture: the kernel wheel)
 
 pytestmark = [pytest.mark.slow, needs_nvcc]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -105,5 +109,32 @@ def test_a_stock_install_has_nothing_to_check_without_the_lock():
 def test_the_selftests_installed_check_takes_the_sbom_when_there_is_no_lock(site):
     res, vllm = runner.check_installed_sbom(site["python"], on_gpu=False)
     assert res.ok is True and vllm is not None
-    assert res.note.startswith("checked against the installed wheel's own SBOM (no lock: patches 0001, 0002")
+    assert "checked against the installed wheel's own SBOM" in res.note and "no lock here" in res.note
     assert res.data["report"]["source"] == "sbom"
+
+
+def _status(site: dict, cwd: Path, *args: str) -> tuple[int, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "DSV4PATCH_LOCK"}
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", "status", "--installed", "--python", site["python"],
+                          "--format", "json", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_status_installed_on_a_node_without_the_repository(site, tmp_path):
+    # No lock here or above (a node with only dsv4patch installed): the installed wheel's own SBOM.
+    rc, out = _status(site, tmp_path)
+    assert rc == 0 and out["ok"] is True and out["pin"] == PIN
+    assert any("checked against the installed wheel's own SBOM" in n for n in out["notes"])
+    assert {p["state"] for p in out["patches"].values()} == {"present"}
+
+
+def test_a_lock_given_by_url_must_describe_the_installed_patched_tree(site, tmp_path):
+    good = (ROOT / "locks" / "vllm.toml").read_text()
+    pin = site["pin"]
+    with serve() as idx:
+        idx.pages["/vllm.toml"] = ("text/plain", good.encode())
+        idx.pages["/other.toml"] = ("text/plain", good.replace(pin.patched_tree, "0" * 40).encode())
+        rc, out = _status(site, tmp_path, "--lock", f"{idx.url}/vllm.toml")
+        assert rc == 0 and any("describes the same patched tree" in n for n in out["notes"])
+        rc, out = _status(site, tmp_path, "--lock", f"{idx.url}/other.toml")
+        assert rc == 1 and any("(another patch series)" in n for n in out["notes"])

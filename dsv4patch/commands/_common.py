@@ -39,10 +39,11 @@ def number(*, low: float, high: float, what: str = "value", low_inclusive: bool 
 
 
 def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
-             series: bool = True) -> None:
-    p.add_argument("--lock", type=Path, default=None,
+             series: bool = True, url: bool = False) -> None:
+    p.add_argument("--lock", type=str if url else Path, default=None,
                    help=f"lock file (default: $DSV4PATCH_LOCK, else {DEFAULT_LOCK} in the current "
-                        "directory or the nearest parent directory that has one)")
+                        "directory or the nearest parent directory that has one)"
+                        + ("; or an https URL of one (read without its patch files)" if url else ""))
     if pins:
         if many:
             p.add_argument("--pin", action="append", help="pin name (repeatable; default: all)")

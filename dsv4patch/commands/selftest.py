@@ -70,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="directory for the tiny model, the engines' logs, stacks and events and the tests' output "
                         "(a new private directory is made inside it, or it is made if absent; default: a new "
                         "temporary one, kept and named in the report)")
-    _common.add_lock(p, many=False, series=False)
+    _common.add_lock(p, many=False, series=False, url=True)
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -198,8 +198,15 @@ def run(args: argparse.Namespace) -> int:
     chosen = every if engine_patterns is None else (casemod.select(every, engine_patterns) if engine_patterns else [])
     python = _interpreter(args.python)
     lock = store = None
-    if checks and (args.lock is not None or _lock_here()):
-        lock, store = _common.open_lock(args), _common.open_store(args)
+    if checks and args.lock is not None and args.lock.startswith(("https://", "http://")):
+        from dsv4patch import provenance
+
+        lock = provenance.lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
+    elif checks and (args.lock is not None or _lock_here()):
+        from dsv4patch import lock as lockmod
+
+        lock = lockmod.open_lock(Path(args.lock) if args.lock is not None else None)
+        store = _common.open_store(args)
     work = work_dir(args.work)
     deadlines = runner.Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
                                  case=args.case_deadline, total=args.deadline)

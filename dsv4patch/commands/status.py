@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import report, treestatus
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+
+if TYPE_CHECKING:
+    from dsv4patch.installed import InstalledReport
 
 HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, and whether "
         "they match the lock's series")
@@ -24,10 +28,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tree", type=Path, default=None,
                    help=f"a tree made by dsv4patch apply (default: ./{_common.DEFAULT_TREE_DIR}/<pin> "
                         f"for --pin, else the only tree under ./{_common.DEFAULT_TREE_DIR})")
-    p.add_argument("--lock", type=Path, default=None,
+    p.add_argument("--lock", default=None, metavar="LOCK",
                    help="compare with this lock's series (default: $DSV4PATCH_LOCK, else locks/vllm.toml "
                         "here or in a parent directory; for --tree only when one of its pins has "
-                        "this tree's base)")
+                        "this tree's base). With --installed it may be an https URL (then without its patch "
+                        "files: the installed wheel's SBOM must describe the lock's patched tree); with "
+                        "--installed and no lock anywhere, the installed wheel's own SBOM is the reference")
     p.add_argument("--pin", default=None, help="pin to compare with (default: the pin whose base tree is this tree's root, "
                    "else the lock's default; with --installed: the pin of the installed vLLM's version)")
     p.add_argument("--installed", action="store_true",
@@ -45,14 +51,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _common.add_cache(p)
 
 
+def _installed(args: argparse.Namespace) -> InstalledReport:
+    """The full check against a lock and its patches; or, from a URL or with no lock here, the SBOM's."""
+    from dsv4patch import installed, provenance
+    from dsv4patch import lock as lockmod
+
+    given: str | None = args.lock
+    if given is not None and given.startswith(("https://", "http://")):
+        return installed.check_from_sbom(python=args.python, lock=provenance.lock_from_url(given),
+                                         pin_name=args.pin)
+    try:
+        path = lockmod.find_lock(Path(given) if given is not None else None)
+    except UsageError:  # no lock anywhere: a serving node with only dsv4patch installed
+        return installed.check_from_sbom(python=args.python)
+    return installed.check(lock=lockmod.open_lock(path), store=_common.open_store(args),
+                           progress=_common.progress(args), pin_name=args.pin, python=args.python)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
         from dsv4patch import installed
 
-        inst = installed.check(lock=_common.open_lock(args), store=_common.open_store(args),
-                               progress=_common.progress(args), pin_name=args.pin, python=args.python)
+        inst = _installed(args)
         if args.format == "cyclonedx":
             if inst.sbom_document is None:
                 reason = "; ".join((inst.sbom or {}).get("problems") or ["vLLM is not installed"])
@@ -70,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "cyclonedx":
         raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
     path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin)
-    res = treestatus.tree_status(path=path, lock=args.lock, pin=args.pin)
+    res = treestatus.tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())
     out = res.to_json()
     if args.tree is None:

@@ -501,31 +501,25 @@ def check_installed(lock: Lock, pin: str | None, python: str, store: Store, prog
     return CheckResult("installed", bool(out["ok"]), note, {"report": out})
 
 
-def check_installed_sbom(python: str, *, on_gpu: bool) -> tuple[CheckResult, dict[str, Any] | None]:
-    """Without a lock: the installed vLLM against its own SBOM (:mod:`dsv4patch.provenance`); the probe's vLLM."""
-    from dsv4patch import installed, provenance
-    from dsv4patch.kernels.build import dist_name
+def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
+                         pin: str | None = None) -> tuple[CheckResult, dict[str, Any] | None]:
+    """Without the lock's patch files: the installed vLLM against its own SBOM, and against ``lock``'s pin
+    when a lock came without them (a URL): ``installed.check_from_sbom``.  Also the probe's vLLM."""
+    from dsv4patch import installed
 
     try:
         vllm = installed.probe(python, "").get("vllm")
-        if vllm is None:
-            return CheckResult("installed", False, f"vLLM is not installed in {python}"), None
-        prov = provenance.read(list(vllm.get("sboms") or []))
-        kdist = dist_name(prov.pin or "")
-        found = installed.probe(python, kdist).get("kernels")
-        info = (found or {}).get("build_info") or {}
-        lib = Path(found["dir"]) / str(info.get("library", "")) if found and isinstance(info, dict) else None
-        rep = provenance.inspect(vllm, {"library": str(lib)} if lib is not None else None)
+        rep = installed.check_from_sbom(python=python, lock=lock, pin_name=pin)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}"), None
-    if found is not None and on_gpu:
-        rep["kernels_active"] = installed.active_check(python, kdist)
-        rep["ok"] = bool(rep["ok"] and rep["kernels_active"]["active"])
-    bad = [f"{n}: {p['state']}" for n, p in rep["patches"].items() if p["state"] not in ("present", "not-shipped")]
-    names = ", ".join(p["name"].split("-", 1)[0] for p in rep["provenance"]["patches"])
-    note = (f"checked against the installed wheel's own SBOM (no lock: patches {names}; give --lock to check "
-            "them against the series you expect)" if rep["ok"] else "; ".join(bad + rep["problems"]))
-    return CheckResult("installed", bool(rep["ok"]), note, {"report": rep}), vllm
+    if vllm is None:
+        return CheckResult("installed", False, f"vLLM is not installed in {python}"), None
+    out = rep.to_json()
+    bad = [f"{n}: {p['state']}" for n, p in rep.patches.items() if p["state"] not in ("present", "not-shipped")]
+    note = "; ".join(rep.notes[1:]) if rep.ok else "; ".join(bad + rep.notes[2:])
+    if not on_gpu and rep.ok:
+        note += " (kernels not checked active: no GPU)"
+    return CheckResult("installed", rep.ok, note, {"report": {**out, "source": "sbom"}}), vllm
 
 
 def series_tests(lock: Lock, pin: str, store: Store, progress: Progress) -> dict[str, bytes]:
@@ -693,7 +687,7 @@ def _unrun(cases: list[Case], verdict: str, why: str) -> list[EngineRun]:
 
 def run_selftest(
     *,
-    lock: Lock | None,  # None: no lock here, the checks use the installed wheel's SBOM
+    lock: Lock | None,  # None, or a lock without its patches (store None): the checks use the installed SBOM
     pin: str | None,
     python: str,
     store: Store | None,
@@ -727,10 +721,10 @@ def run_selftest(
     def run_checks() -> None:
         if not checks:
             return
-        if lock is None or store is None:  # no lock: the installed wheel's own SBOM is the reference
+        if lock is None or store is None:  # no lock (or one without its patches): the installed wheel's SBOM
             vllm = None
             if "installed" in checks:
-                inst, vllm = check_installed_sbom(python, on_gpu=on_gpu)
+                inst, vllm = check_installed_sbom(python, on_gpu=on_gpu, lock=lock, pin=pin)
                 results.append(inst)
             if "regression" in checks:
                 if vllm is None:

@@ -437,3 +437,19 @@ def test_release_adoption_runs_as_typed(tmp_path, shared_cache, monkeypatch) -> 
                                                                      real.expect_patches)
     assert {k: os.path.relpath(v, proj / "locks") for k, v in pin.variants.items()} == \
         {k: os.path.relpath(v, ROOT / "locks") for k, v in real.variants.items()}
+
+
+def test_the_docs_count_the_series_right() -> None:
+    """issue 40: every "N fixes" / "N extras" the README and docs/ say is the series files' count."""
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    count = {name: sum(1 for ln in (ROOT / "patches" / rel).read_text().splitlines() if ln.strip()
+                       and not ln.startswith("#")) for name, rel in (("dsv4", "series"), ("extra", "extra/series"))}
+    number = "|".join(words.values())
+    said = re.compile(rf"\b({number}) (top-k kernel fixes|extra kernel fixes|kernel fixes|extras\b|"
+                      rf"DeepSeek-V4 sparse-MLA fixes|fixes of #51538)", re.I)
+    found = []
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in said.finditer(page.read_text()):
+            series = "dsv4" if "sparse-MLA" in m.group(2) or "#51538" in m.group(2) else "extra"
+            found.append((page.name, m.group(0), m.group(1).lower() == words[count[series]]))
+    assert found and all(ok for *_, ok in found), [f for f in found if not f[2]]

@@ -49,6 +49,7 @@ import json
 import os
 import platform as platform_module
 import re
+import shutil
 import stat
 import zipfile
 import zlib
@@ -58,7 +59,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dsv4patch import applying, building, git, pincheck, report, safeio, sbom, zipcopy
-from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, UsageError
+from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, TreeError, UsageError
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import stock as stock_wheels
 from dsv4patch.kernels.build import dist_name
@@ -640,8 +641,9 @@ def make_wheel(
                 f"--platform {plat}: the kernel library is built for this machine "
                 f"({host_platform()}); build it on a {plat} machine with `dsv4patch build --pin "
                 f"{pin.name}` and pass the wheel with --kernels")
-        kwheel = _build_kernels(lock, pin, store, progress, tree.patched_tree, archs=archs, python=python,
-                                nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include)
+        kwheel = _build_kernels(lock, pin, store, progress, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}",
+                                archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
+                                extra_include=extra_include)
         if kwheel is None:
             raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
                              "`dsv4patch build` produced no kernel library")
@@ -660,12 +662,20 @@ def make_wheel(
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
-def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, patched: str, *,
+def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,
                    archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
                    extra_include: Sequence[Path]) -> Path | None:
-    """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel."""
-    path = store.root / "wheel-trees" / f"{pin.name}-{patched[:12]}"
-    applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+    """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
+
+    The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that an
+    older dsv4patch or other patch texts left in a state ``apply`` does not take is made again.
+    """
+    path = store.root / "wheel-trees" / f"{pin.name}-{key}"
+    try:
+        applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+    except TreeError:
+        shutil.rmtree(path, ignore_errors=True)
+        applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")

@@ -81,10 +81,13 @@ def test_a_file_that_cannot_be_imported_does_not_hide_the_others(env: testenv.Te
     """pytest stops a session whose named test sits in a file that cannot be imported (exit 4,
     'not found'): that file is one failure for its patch, the other patches' tests run again
     in sessions of their own (verify's fallback), and nothing of it is cached."""
-    repo = _tree(tmp_path / "repo")
-    sh(repo, "init", "-q")
-    sh(repo, "add", "-A")
-    sh(repo, "commit", "-qm", "tests")
+    src = _tree(tmp_path / "src")
+    sh(src, "init", "-q")
+    sh(src, "add", "-A")
+    sh(src, "commit", "-qm", "tests")
+    # a pin repository as the cache keeps one: bare (dsv4patch's own; git runs in no work tree of a user's)
+    repo = tmp_path / "repo.git"
+    sh(tmp_path, "clone", "-q", "--bare", str(src), str(repo))
     commit = sh(repo, "rev-parse", "HEAD")
     tree_id = sh(repo, "rev-parse", "HEAD^{tree}")
     pinrepo = PinRepo(pin=None, repo=repo, base_commit=commit, base_tree=tree_id)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from dsv4patch import __version__, childproc
+from dsv4patch import __version__, childproc, report
 from dsv4patch.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -125,7 +125,7 @@ def _report(
     prog = f"dsv4patch {command}" if command else "dsv4patch"
     # A message quotes pins, paths and patch text: control characters are shown escaped.
     print(literal(f"{prog}: error: {message}".rstrip()), file=sys.stderr)
-    if as_json:
+    if as_json and not report.result_emitted():  # after the result, stdout keeps that one document
         err: dict[str, Any] = {"kind": kind, "message": message, "exit_code": code,
                                "command": command or None}
         err.update(extra or {})
@@ -164,6 +164,7 @@ def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int
     entry = argv is None  # the process's entry point (console script, python -m): it exits after this
     argv = list(sys.argv[1:] if argv is None else argv)
     state: dict[str, Any] = {"command": "", "args": None}
+    report.reset_emitted()
     try:
         with childproc.interrupts(exiting=entry, early=early):
             return _main(argv, state)

@@ -89,7 +89,25 @@ class Table:
         return table
 
 
+_EMITTED = [False]  # this process has written a command's result to stdout (main reads it)
+
+
+def result_emitted() -> bool:
+    """Has a command's result been written to stdout in this run?  Then an error that comes after it (an
+    interrupt during the last cleanup) goes to stderr only: stdout holds one document, the result."""
+    return _EMITTED[0]
+
+
+def reset_emitted() -> None:
+    _EMITTED[0] = False
+
+
 def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
+    _emit(fmt, report, table, markdown)
+    _EMITTED[0] = True
+
+
+def _emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
     if fmt == "json":
         json.dump({"schema_version": SCHEMA_VERSION, **report}, sys.stdout, indent=2,
                   sort_keys=False, default=str)

@@ -325,3 +325,22 @@ def test_an_interrupt_exits_130_with_interrupted(tmp_path, sig, group, ignored):
     assert err.strip().endswith("dsv4patch status: error: interrupted")
     assert json.loads(out)["error"] == {"kind": "interrupted", "message": "interrupted", "exit_code": 130,
                                         "command": "status"}
+
+
+def test_an_interrupt_after_the_result_leaves_stdout_one_document(monkeypatch, capsys):
+    """issue 36: a signal that lands while a command cleans up after writing its result (the random-signal
+    test caught `wheel` so): exit 130 and "interrupted" on stderr, and stdout still holds one JSON
+    document, the result, which was computed; never a second document after it."""
+    from dsv4patch import main as mainmod
+    from dsv4patch import report
+    from dsv4patch.commands import status
+
+    def run(args):  # writes its result, then the interrupt arrives during its cleanup
+        report.emit("json", {"ok": True, "notes": []}, None, None)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(status, "run", run)
+    rc = mainmod.main(["status", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 130 and err.strip().endswith("dsv4patch status: error: interrupted")
+    assert json.loads(out) == {"schema_version": 1, "ok": True, "notes": []}

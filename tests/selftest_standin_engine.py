@@ -1,4 +1,4 @@
-"""A STAND-IN for the self-test's engine child (dsv4patch/selftest/child.py), for machines without a GPU.
+"""A STAND-IN for the self-test's engine child (dsv4patch/proofs/selftest/child.py), for machines without a GPU.
 
 The real child needs vLLM and a CUDA GPU.  This script speaks the same
 protocol (argv: SPEC.json PROGRESS.jsonl; JSON-line events) so the runner's

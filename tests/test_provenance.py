@@ -1,4 +1,4 @@
-"""dsv4patch.provenance: an installed patched vLLM checked against its own SBOM, without the lock or sdist.
+"""dsv4patch.delivery.provenance: an installed patched vLLM checked against its own SBOM, without the lock or sdist.
 
 The real patched vLLM 0.27.1 wheel (vLLM's stock wheel, the lock's series, a
 kernel library built here: tests/test_sbom.py's fixtures) is installed with
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch import installed, provenance, vllm_wheel
+from dsv4patch.delivery import installed, provenance, vllm_wheel
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.progress import Progress
-from dsv4patch.selftest import runner
+from dsv4patch.proofs.selftest import runner
 from dsv4patch.store import Store
 from localindex import serve
 from test_sbom import PIN, kernel_wheel, make_patched, needs_nvcc  # noqa: F401  (module fixture: the kernel wheel)

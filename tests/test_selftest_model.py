@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.model: the successor design, its margin, and the weights it sets.
+"""dsv4patch.proofs.selftest.model: the successor design, its margin, and the weights it sets.
 
 The margin is checked twice: in pure Python on the designed matrices
 (``reference_logits``), and in torch (CPU) by applying ``apply_oracle_weights`` to
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import model as m
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import model as m
+from dsv4patch.proofs.selftest.model import DESIGN
 
 
 def test_the_successor_map_is_one_cycle_that_every_token_enters():

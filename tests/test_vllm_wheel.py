@@ -25,12 +25,14 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch import hashing, testenv, vllm_wheel, zipcopy
+from dsv4patch import hashing, zipcopy
+from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
-from dsv4patch.lock import load
 from dsv4patch.main import main
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import applying, building, report
-from dsv4patch import lock as lockmod
+from dsv4patch import report
+from dsv4patch.checkout import applying
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.kernels import building
 from dsv4patch.limits import parse_number
-from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
+from dsv4patch.pins import lock as lockmod
+from dsv4patch.pins.lock import DEFAULT_LOCK, Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

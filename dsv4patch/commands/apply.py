@@ -1,7 +1,7 @@
 """``dsv4patch apply``: check, then commit each patch into the tree, atomically.
 
-The work is :func:`dsv4patch.applying.apply_pin` (the tree transaction is
-:mod:`dsv4patch.transaction`, the ``--3way`` workspace :mod:`dsv4patch.resolving`);
+The work is :func:`dsv4patch.checkout.applying.apply_pin` (the tree transaction is
+:mod:`dsv4patch.checkout.transaction`, the ``--3way`` workspace :mod:`dsv4patch.checkout.resolving`);
 this command reads its options, passes them on and renders the result.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import applying, forks
+from dsv4patch.checkout import applying, forkcheckout
+from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
-from dsv4patch.resolving import Invocation
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: ./vllm-src/<pin> under the current directory
@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.branch is not None:
-        problem = forks.branch_name_problem(args.branch)
+        problem = forkcheckout.branch_name_problem(args.branch)
         if problem:
             raise UsageError(f"--branch {problem}")
     lock = _common.open_lock(args)

@@ -10,7 +10,7 @@ gives it from that list, so the plugin covers what the stock wheel covers.  ``--
 to vLLM's own build instead (``pip install .``, or ``docker build`` with
 ``--docker``) with ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``
 from the lock.  ``--dry-run`` prints what would run, as JSON with
-``--format json``, and runs nothing.  The work is :mod:`dsv4patch.building`.
+``--format json``, and runs nothing.  The work is :mod:`dsv4patch.kernels.building`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import building, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
+from dsv4patch.kernels import building
 
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 

@@ -1,6 +1,6 @@
 """``dsv4patch check``: every pin x every patch, compared with what the lock expects.
 
-The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.pincheck`;
+The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.series.pincheck`;
 this command renders it, per pin and patch.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import engine, pincheck, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.series import engine, pincheck
 
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 

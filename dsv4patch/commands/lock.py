@@ -1,7 +1,7 @@
 """``dsv4patch lock``: ``--update`` recomputes the lock's derived fields, ``--build-args`` prints the image's.
 
-The update is :func:`dsv4patch.lockupdate.update`, the build args
-:mod:`dsv4patch.buildargs`; this command reads the options and renders.
+The update is :func:`dsv4patch.series.lockupdate.update`, the build args
+:mod:`dsv4patch.delivery.buildargs`; this command reads the options and renders.
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from dsv4patch import buildargs, lockupdate, report
+from dsv4patch import report
 from dsv4patch.commands import _common
+from dsv4patch.delivery import buildargs
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.series import lockupdate
 
 HELP = ("recompute derived lock fields (sdist url/size, base and patched tree ids); "
         "print or check the Docker image's build args")

@@ -1,9 +1,9 @@
 """``dsv4patch port``: carry a pin's series to a new vLLM pin, as one reviewable change.
 
-The port itself is :mod:`dsv4patch.porting` (its conflict workspace
-:mod:`dsv4patch.portspace`); this command reads the options, calls
+The port itself is :mod:`dsv4patch.forks.porting` (its conflict workspace
+:mod:`dsv4patch.checkout.portspace`); this command reads the options, calls
 :func:`porting.port` and renders the result.  ``--verify`` then proves the
-new pin as ``dsv4patch verify`` does (:func:`dsv4patch.verifying.verify`).
+new pin as ``dsv4patch verify`` does (:func:`dsv4patch.proofs.verifying.verify`).
 ``--abort --workspace DIR`` gives a conflict workspace up (:func:`porting.abort`).
 """
 
@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import lock as lockmod
-from dsv4patch import porting, report, verifying
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.forks import porting
+from dsv4patch.pins import lock as lockmod
+from dsv4patch.proofs import verifying
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
 

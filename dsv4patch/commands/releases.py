@@ -5,7 +5,7 @@ the pins the lock has, works offline from the cache and never writes; this
 one asks the index what exists, downloads releases nobody pinned, may write
 the lock (``--write``), and exits 1 when a release needs a maintainer's
 decision, which is what a scheduled job wants to fail on.  The work is
-:func:`dsv4patch.releases.watch`; this command renders it and the next steps.
+:func:`dsv4patch.series.releases.watch`; this command renders it and the next steps.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import releases, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.series import releases
 
 HELP = ("list the vLLM releases on the package index that the lock does not pin, check the series "
         "against each and print the lock entry it would add")

@@ -1,6 +1,6 @@
 """``dsv4patch resolve``: finish or undo the conflict workspace that ``apply --3way`` opens.
 
-The workspace and its state are :mod:`dsv4patch.resolving`.  ``--continue``
+The workspace and its state are :mod:`dsv4patch.checkout.resolving`.  ``--continue``
 writes the resolution as the pin's variant (:func:`resolving.continue_workspace`)
 and applies the rest with ``--3way`` (:func:`applying.apply_pin`): the next
 conflict opens the next workspace, or the series completes.  ``--abort`` puts
@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import applying, report, resolving
+from dsv4patch import report
+from dsv4patch.checkout import applying, resolving
+from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.resolving import Invocation
 
 HELP = "finish (--continue) or undo (--abort) the conflict workspace `apply --3way` left in a tree"
 

@@ -1,8 +1,8 @@
 """``dsv4patch selftest``: prove the vLLM installed here, on this node's GPU, offline.
 
-Parses the options, calls :func:`dsv4patch.selftest.runner.run_selftest` and
+Parses the options, calls :func:`dsv4patch.proofs.selftest.runner.run_selftest` and
 renders its report (a table, or ``--format json``).  What is checked and why
-the oracle is exact: :mod:`dsv4patch.selftest` and docs/selftest.md.
+the oracle is exact: :mod:`dsv4patch.proofs.selftest` and docs/selftest.md.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _count(text: str) -> int:
 
 def _interpreter(given: str | None) -> str:
     """--python as given: it must name an executable file (a missing one, a directory: a usage error)."""
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs.selftest import runner
 
     python = runner.python_of(given)
     try:
@@ -121,7 +121,7 @@ def _interpreter(given: str | None) -> str:
 def _lock_here() -> bool:
     """Is there a lock to use ($DSV4PATCH_LOCK, or locks/vllm.toml here or above)?  Without one the checks
     take the installed wheel's own SBOM (a serving node with only ``pip install dsv4patch``)."""
-    from dsv4patch import lock as lockmod
+    from dsv4patch.pins import lock as lockmod
 
     try:
         lockmod.find_lock(None)
@@ -181,8 +181,8 @@ def _check_rows(rep: Any) -> list[list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.selftest import cases as casemod
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs.selftest import cases as casemod
+    from dsv4patch.proofs.selftest import runner
 
     patterns = _patterns(args.cases)
     every = casemod.all_cases(force_sm120_topk=args.force_sm120_topk)
@@ -199,11 +199,11 @@ def run(args: argparse.Namespace) -> int:
     python = _interpreter(args.python)
     lock = store = None
     if checks and args.lock is not None and args.lock.startswith(("https://", "http://")):
-        from dsv4patch import provenance
+        from dsv4patch.delivery import provenance
 
         lock = provenance.lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
     elif checks and (args.lock is not None or _lock_here()):
-        from dsv4patch import lock as lockmod
+        from dsv4patch.pins import lock as lockmod
 
         lock = lockmod.open_lock(Path(args.lock) if args.lock is not None else None)
         store = _common.open_store(args)

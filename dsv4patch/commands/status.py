@@ -1,6 +1,6 @@
 """``dsv4patch status``: which patches a tree carries (``--tree``), or an installed vLLM (``--installed``).
 
-The tree's status is :func:`dsv4patch.treestatus.tree_status` (decided by the
+The tree's status is :func:`dsv4patch.checkout.treestatus.tree_status` (decided by the
 tree's content, not by commit trailers); this command reads the options, calls
 it and renders the table.
 """
@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dsv4patch import report, treestatus
+from dsv4patch import report
+from dsv4patch.checkout import treestatus
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 
 if TYPE_CHECKING:
-    from dsv4patch.installed import InstalledReport
+    from dsv4patch.delivery.installed import InstalledReport
 
 HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, and whether "
         "they match the lock's series")
@@ -53,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _installed(args: argparse.Namespace) -> InstalledReport:
     """The full check against a lock and its patches; or, from a URL or with no lock here, the SBOM's."""
-    from dsv4patch import installed, provenance
-    from dsv4patch import lock as lockmod
+    from dsv4patch.delivery import installed, provenance
+    from dsv4patch.pins import lock as lockmod
 
     given: str | None = args.lock
     if given is not None and given.startswith(("https://", "http://")):
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
-        from dsv4patch import installed
+        from dsv4patch.delivery import installed
 
         inst = _installed(args)
         if args.format == "cyclonedx":

@@ -1,7 +1,7 @@
 """``dsv4patch verify``: prove each patch's tests fail before and pass after.
 
-The proof is :func:`dsv4patch.verifying.verify` (``--upstream-tests``:
-:func:`dsv4patch.upstream_tests.run`); this module parses the options and
+The proof is :func:`dsv4patch.proofs.verifying.verify` (``--upstream-tests``:
+:func:`dsv4patch.proofs.upstream_tests.run`); this module parses the options and
 renders the result.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from dsv4patch import report, upstream_tests, verifying
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.proofs import upstream_tests, verifying
 
 HELP = "prove each patch's regression tests fail on the unpatched pin and pass once patched"
 

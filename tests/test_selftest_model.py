@@ -371,7 +371,7 @@ def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
 def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, vllm026):
     root = Path(__file__).resolve().parent.parent
     res = subprocess.run([str(vllm026.python), str(root / "tests" / "selftest_vllm026_probe.py"),
-                          str(root / "dsv4patch" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
+                          str(root / "dsv4patch" / "proofs" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
                          env=vllm026.env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -139,7 +139,7 @@ PIPELINE = ("pins", "series", "kernels", "checkout", "forks", "delivery", "proof
 def _domain(name: str) -> str | None:
     """The domain package of a dotted module name; None for a foundation (a top-level module)."""
     parts = name.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in PIPELINE else None
+    return parts[1] if len(parts) > 1 and parts[1] in PIPELINE else None
 
 
 def test_the_page_lists_the_packages_in_pipeline_order() -> None:
@@ -162,6 +162,69 @@ def test_packages_import_only_foundations_and_earlier_packages() -> None:
                 continue
             if own is None or PIPELINE.index(other) > PIPELINE.index(own):
                 bad.append(_where(m, line, f"{own or 'foundation'} imports {name} ({other})"))
+    assert bad == []
+
+
+def _face(package: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """(FACE, {public name: "module:attribute"} of the TYPE_CHECKING imports, __all__) of a package's __init__."""
+    init = next(m for m in MODULES if m.name == f"dsv4patch.{package}" and m.path.name == "__init__.py")
+    table: dict[str, str] = {}
+    typed: dict[str, str] = {}
+    listed: list[str] = []
+    for node in init.tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "FACE":
+                table = ast.literal_eval(node.value)
+            elif node.targets[0].id == "__all__":
+                listed = ast.literal_eval(node.value)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module, ast.dump(imp)
+                assert imp.module.startswith(f"dsv4patch.{package}."), imp.module
+                for alias in imp.names:
+                    typed[alias.asname or alias.name] = f"{imp.module[len(package) + 11:]}:{alias.name}"
+    return table, typed, listed
+
+
+def test_each_package_has_one_face_that_agrees_with_itself() -> None:
+    """FACE (what the interpreter loads), the TYPE_CHECKING imports (what mypy sees) and __all__ name the
+    same things; no public name shadows a module of the package; each name loads for real."""
+    import importlib
+
+    for package in PIPELINE:
+        table, typed, listed = _face(package)
+        assert table, f"dsv4patch/{package}/__init__.py has no FACE"
+        assert table == typed, f"{package}: FACE and the TYPE_CHECKING imports differ"
+        assert sorted(listed) == sorted(table), f"{package}: __all__ and FACE differ"
+        modules = {p.stem for p in (PACKAGE / package).iterdir()}
+        assert not set(table) & modules, f"{package}: a public name shadows a module"
+        loaded = importlib.import_module(f"dsv4patch.{package}")
+        for name, where in table.items():
+            module, _, attr = where.partition(":")
+            assert getattr(loaded, name) is getattr(importlib.import_module(f"dsv4patch.{package}.{module}"), attr)
+
+
+def test_packages_reach_each_other_only_through_their_face() -> None:
+    """Outside a package (other packages, commands/, main.py) only ``from dsv4patch.<package> import <public
+    name>``: never one of its modules, never a name its face does not list."""
+    faces = {package: set(_face(package)[0]) for package in PIPELINE}
+    bad = []
+    for m in MODULES:
+        own = _domain(m.name)
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Import):
+                targets = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [(node.module, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, name in targets:
+                parts = module.split(".")
+                if parts[0] != "dsv4patch" or len(parts) < 2 or parts[1] not in PIPELINE or parts[1] == own:
+                    continue
+                if len(parts) > 2 or name not in faces[parts[1]]:
+                    bad.append(_where(m, node.lineno, f"{module}{'.' + name if name else ''} is not "
+                                                      f"dsv4patch.{parts[1]}'s face"))
     assert bad == []
 
 

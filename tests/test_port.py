@@ -235,9 +235,9 @@ def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(t
 
 def test_port_workspace_state_is_checked_before_use(tmp_path, upstream, cli):
     """The state lives in a tree the user edits: commits must be commit ids, paths inside the tree."""
-    from dsv4patch.checkout import portspace
     from dsv4patch.checkout.states import PortState
     from dsv4patch.errors import TreeError
+    from dsv4patch.forks import portspace
 
     ws = tmp_path / "ws"
     ws.mkdir()

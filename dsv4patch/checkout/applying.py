@@ -26,12 +26,9 @@ from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation, Workspace
 from dsv4patch.errors import BuildError, TreeError, writing
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, PinRepo, materialize
 from dsv4patch.progress import Progress
-from dsv4patch.series import engine, pincheck
-from dsv4patch.series.patches import series_for_pin
-from dsv4patch.series.pincheck import PinReport
+from dsv4patch.series import PinReport, carried, pin_report, run_series, series_for_pin
 from dsv4patch.store import Store
 
 # Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
@@ -93,7 +90,7 @@ def apply_pin(
     5) for a tree it must not touch, BuildError when the kernels cannot be built.
     """
     path = tree_path
-    pinrepo = repository.materialize(pin, store, progress, checkout=tree_path)
+    pinrepo = materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     out_notes = list(notes)
     advice = (f"free space or fix permissions under {path}, then run apply again "
@@ -149,8 +146,8 @@ def apply_pin(
                 + "; use a new directory for --tree"
             )
         with writing(TreeError, str(path), advice):
-            result = engine.run_series(path, pinrepo.base_commit, series)
-        rep = pincheck.pin_report(pin, pinrepo, result, lock.path)
+            result = run_series(path, pinrepo.base_commit, series)
+        rep = pin_report(pin, pinrepo, result, lock.path)
 
         def refused(notes_: list[str], workspace: Workspace | None = None) -> ApplyResult:
             return ApplyResult(lock.path, path, pin.name, rep, False, notes_,
@@ -199,7 +196,7 @@ def apply_pin(
             above = git.rev_list(path, f"{final}..{head}")
             applied = [r.patch for r in result.patches if r.status.applies]
             with git.scratch_index(path, head) as env:
-                found = engine.carried(path, env, series)
+                found = carried(path, env, series)
             lost = [n for n in applied if found.get(n) is None]
             if lost:
                 return refused(out_notes + [
@@ -227,14 +224,14 @@ def apply_pin(
     return ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final, build=built)
 
 
-def _build(path: Path, pin: Pin, pinrepo: repository.PinRepo, head: str,
+def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
            build: KernelBuild) -> tuple[dict[str, Any] | None, list[str]]:
     """The last step of apply: kernels the patches touch are rebuilt, or the call fails."""
-    from dsv4patch.kernels import sources
+    from dsv4patch.kernels import is_kernel_source, plan_kernels
 
     with guard.guarded(path):
         changed = git.changed_paths(path, pinrepo.base_commit)
-        if not (any(sources.is_kernel_source(p) for p in changed) and sources.plan(path).units):
+        if not (any(is_kernel_source(p) for p in changed) and plan_kernels(path).units):
             return None, ["no kernel sources changed: nothing to build"]
     try:
         report = build(path, pin)

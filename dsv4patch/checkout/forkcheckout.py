@@ -19,7 +19,7 @@ from pathlib import Path
 from dsv4patch import git
 from dsv4patch.errors import TreeError, UsageError
 from dsv4patch.guard import Checkout
-from dsv4patch.pins.repository import PinRepo
+from dsv4patch.pins import PinRepo
 
 FORK_KINDS = ("git", "local")
 

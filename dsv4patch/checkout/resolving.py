@@ -41,16 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import git, safeio
-from dsv4patch.checkout import forkcheckout, portspace, states, transaction
+from dsv4patch.checkout import conflicts, forkcheckout, states, transaction
 from dsv4patch.checkout.states import ResolveState
 from dsv4patch.errors import FetchError, TreeError, UsageError
 from dsv4patch.guard import Checkout
-from dsv4patch.pins import lock as lockmod
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, PinRepo, find_lock, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, Series, series_for_pin
+from dsv4patch.series import Patch, Series, SeriesResult, Status, run_series, series_for_pin
 from dsv4patch.store import Store
 
 STATE = "dsv4patch-resolve.json"
@@ -142,12 +139,12 @@ def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
         if not missing:
             break
         try:
-            repo = repository.materialize(other, store, progress)
+            repo = materialize(other, store, progress)
         except FetchError:  # a pin that cannot be fetched or verified now: try the next one
             continue
         for ran in (False, True):
             if ran:
-                engine.run_series(repo.repo, repo.base_commit, series_for_pin(lock, other))
+                run_series(repo.repo, repo.base_commit, series_for_pin(lock, other))
             for abbrev in list(missing):
                 full = git.resolve_blob(repo.repo, abbrev)
                 if full:
@@ -163,9 +160,9 @@ def open_workspace(
     co: Checkout,
     lock: Lock,
     pin: Pin,
-    pinrepo: repository.PinRepo,
+    pinrepo: PinRepo,
     series: Series,
-    result: engine.SeriesResult,
+    result: SeriesResult,
     head: str | None,
     store: Store,
     progress: Progress,
@@ -184,9 +181,9 @@ def open_workspace(
     path, gitdir = co.path, co.gitdir
     k = next(i for i, r in enumerate(result.patches) if r.status.blocks)
     failing, patch = result.patches[k], series.patches[k]
-    if failing.status is not engine.Status.CONFLICT:
+    if failing.status is not Status.CONFLICT:
         return None
-    prefix = engine.SeriesResult(result.pin, result.base_commit, result.base_tree, result.patches[:k])
+    prefix = SeriesResult(result.pin, result.base_commit, result.base_tree, result.patches[:k])
     commits = transaction.plan_commits(path, pinrepo.base_commit, series, prefix)
     at = commits[-1] if commits else pinrepo.base_commit
     if head is None or (head != pinrepo.base_commit and head not in commits):
@@ -253,7 +250,7 @@ def _state_lock(given: Path | None, state: ResolveState, path: Path) -> Path:
     """The lock to use: found as every command finds it, and the one the state names."""
     named = Path(state.lock)
     try:
-        found = lockmod.find_lock(given)
+        found = find_lock(given)
     except UsageError:
         raise TreeError(
             f"the conflict workspace in {path} was opened with the lock {named}; pass it: "
@@ -290,7 +287,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
         gitdir = co.gitdir
         state = read_state(gitdir, path)
         lock_path = _state_lock(lock, state, path)
-        opened = lockmod.open_lock(lock_path, state.series)
+        opened = open_lock(lock_path, state.series)
         pin = opened.pin(state.pin)
         series = series_for_pin(opened, pin)
         patch = next((p for p in series.patches if p.name == state.patch), None)
@@ -300,14 +297,14 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
                 f"`dsv4patch resolve --abort --tree {path}`"
             )
         touched = sorted(set(state.conflicts) | set(patch.touched))
-        left = portspace.marked(path, touched) + [u for u in git.unmerged_paths(path) if u not in touched]
+        left = conflicts.marked(path, touched) + [u for u in git.unmerged_paths(path) if u not in touched]
         if left:
             raise TreeError(
                 f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the "
                 "code you want, remove the <<<<<<< ======= >>>>>>> lines), then run "
                 f"`dsv4patch resolve --continue --tree {path}` again (or --abort)"
             )
-        text = portspace.resolution_patch(path, state.at, patch, series.patches.index(patch) + 1,
+        text = conflicts.resolution_patch(path, state.at, patch, series.patches.index(patch) + 1,
                                           len(series.patches))
         if text is None:
             raise TreeError(
@@ -318,20 +315,20 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
         target = variants_dir(opened, pin) / patch.name
         target.parent.mkdir(parents=True, exist_ok=True)
         safeio.atomic_write(target, text)
-        lockmod.set_variant(opened.path, pin.name, patch.name, target)
+        set_variant(opened.path, pin.name, patch.name, target)
         notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}"]
         transaction.reset_tree(co, state.at, "resolve --continue")
         state_path(gitdir).unlink()
-        opened = lockmod.open_lock(lock_path, state.series)
+        opened = open_lock(lock_path, state.series)
         pin = opened.pin(pin.name)
         if not state.series:
-            repo = repository.materialize(pin, store, progress, checkout=path)
-            res = engine.run_series(repo.repo, repo.base_commit, series_for_pin(opened, pin))
-            lockmod.update_derived(opened.path, pin.name,
-                                   {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
+            repo = materialize(pin, store, progress, checkout=path)
+            res = run_series(repo.repo, repo.base_commit, series_for_pin(opened, pin))
+            update_derived(opened.path, pin.name,
+                           {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
             if res.final_tree:
                 notes.append(f"pin {pin.name}: patched_tree {res.final_tree} in {opened.path}")
-            opened = lockmod.open_lock(lock_path, state.series)
+            opened = open_lock(lock_path, state.series)
             pin = opened.pin(pin.name)
     if state.build and state.out and str(out) != state.out:
         notes.append(f"the workspace was opened with --out {state.out}; the kernel wheel goes to "

@@ -8,7 +8,7 @@ can write it) controls:
 * :class:`ResolveState` (``.git/dsv4patch-resolve.json``): the conflict
   workspace ``apply --3way`` opened (see :mod:`dsv4patch.checkout.resolving`);
 * :class:`PortState` (``.git/dsv4patch-port.json``): the conflict workspace
-  ``port --workspace`` opened (see :mod:`dsv4patch.checkout.portspace`).
+  ``port --workspace`` opened (see :mod:`dsv4patch.forks.portspace`).
 
 Their values go to ``git reset --hard``, ``commit-tree`` and path joins, so a
 state is read only through :meth:`from_json`, which refuses anything

@@ -40,9 +40,8 @@ from dsv4patch.checkout import states
 from dsv4patch.checkout.states import ApplyJournal
 from dsv4patch.errors import TreeError, writing
 from dsv4patch.guard import Checkout
-from dsv4patch.pins import repository
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, Series
+from dsv4patch.pins import PinRepo
+from dsv4patch.series import Patch, Series, SeriesResult
 from dsv4patch.store import file_lock
 
 JOURNAL = "dsv4patch-apply.json"
@@ -76,7 +75,7 @@ def tree_lock(path: Path, role: str = "--tree") -> Iterator[Checkout]:
 
 
 @contextmanager
-def open_tree(path: Path, pinrepo: repository.PinRepo, role: str = "--tree") -> Iterator[tuple[Checkout, str | None]]:
+def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree") -> Iterator[tuple[Checkout, str | None]]:
     """Hold the tree lock of ``path``, creating the tree from the pin first if absent.
 
     Yields the vetted checkout and a note when the tree was created here (else None).
@@ -299,7 +298,7 @@ def commit_message(patch: Patch) -> str:
     return msg + sep + extra
 
 
-def plan_commits(path: Path, base: str, series: Series, result: engine.SeriesResult) -> list[str]:
+def plan_commits(path: Path, base: str, series: Series, result: SeriesResult) -> list[str]:
     """Deterministic commits (objects only) for the patches that apply, in order."""
     by_name = {p.name: p for p in series.patches}
     commits: list[str] = []

@@ -20,11 +20,8 @@ from typing import Any
 from dsv4patch import git, guard
 from dsv4patch.checkout import resolving, transaction
 from dsv4patch.errors import FetchError, TreeError, UsageError
-from dsv4patch.pins import lock as lockmod
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin, load
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Series, series_for_pin
+from dsv4patch.pins import Lock, Pin, check_local_checkout, find_lock, load_lock
+from dsv4patch.series import Series, carried, series_for_pin
 
 
 @dataclass(frozen=True)
@@ -148,22 +145,22 @@ def foreign_commits(path: Path, root: str) -> list[Foreign]:
 def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
     """Per patch: ``reverse-apply``, ``markers`` or None, from HEAD's tree alone (:func:`engine.carried`)."""
     with git.scratch_index(path, "HEAD") as env:
-        return engine.carried(path, env, series)
+        return carried(path, env, series)
 
 
 def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tuple[Lock, Pin] | None:
     """The lock and pin to compare with, or None (no lock given, none matches)."""
     if lock_path:
-        lock = load(lock_path)
+        lock = load_lock(lock_path)
         if pin_name:
             return lock, lock.pin(pin_name)
         match = [p for p in lock.pins.values() if p.base_tree == root_tree]
         return lock, (match[0] if match else lock.pin(None))
     try:
-        found = lockmod.find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
+        found = find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
     except UsageError:
         return None
-    lock = load(found)
+    lock = load_lock(found)
     if pin_name:
         return lock, lock.pin(pin_name)
     match = [p for p in lock.pins.values() if p.base_tree == root_tree]
@@ -238,7 +235,7 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> Tree
         if ppin.source.kind == "local":
             # The pin's own checkout, revalidated on every run (HEAD, cleanliness).
             try:
-                repository.check_local_checkout(ppin, own_tree=path)
+                check_local_checkout(ppin, own_tree=path)
                 source = "unchanged"
             except (TreeError, FetchError) as exc:
                 source = f"changed: {exc}"

@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch.checkout import applying, forkcheckout
-from dsv4patch.checkout.resolving import Invocation
+from dsv4patch.checkout import ApplyResult, Invocation, apply_pin, branch_name_problem
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
 
@@ -47,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.branch is not None:
-        problem = forkcheckout.branch_name_problem(args.branch)
+        problem = branch_name_problem(args.branch)
         if problem:
             raise UsageError(f"--branch {problem}")
     lock = _common.open_lock(args)
@@ -59,15 +58,15 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
                      f"{pin.name}; --tree to choose)")
     store = _common.open_store(args)
-    shown: list[applying.ApplyResult] = []
+    shown: list[ApplyResult] = []
 
-    def before_build(done: applying.ApplyResult) -> None:
+    def before_build(done: ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
         if args.format == "text":
             _common.render_apply(args.format, done)
             shown.append(done)
 
-    result = applying.apply_pin(
+    result = apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
         three_way=args.three_way,
         build=_common.kernel_build(store, out=args.out, python=args.python, nvcc=args.nvcc,

@@ -13,8 +13,7 @@ import argparse
 from pathlib import Path
 
 from dsv4patch import report
-from dsv4patch.checkout import applying, resolving
-from dsv4patch.checkout.resolving import Invocation
+from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
 
@@ -41,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
-        done = resolving.continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
-                                            out=args.out)
+        done = continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
+                                  out=args.out)
         state = done.state
-        result = applying.apply_pin(
+        result = apply_pin(
             lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,
             build=_common.kernel_build(store, out=args.out, fmt=args.format) if state.build else None,
             notes=done.notes, orig_head=state.orig_head,
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                   cache_dir=args.cache_dir, build=state.build, out=args.out),
         )
         return _common.render_apply(args.format, result)
-    state = resolving.abort_workspace(path)
+    state = abort_workspace(path)
     out = {"tree": str(path), "ok": True, "head": state.orig_head, "notes": [
         f"aborted the conflict workspace of {state.patch} (pin {state.pin}): {path} is back "
         f"at {state.orig_head[:12]}"]}

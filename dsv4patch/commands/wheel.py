@@ -19,9 +19,9 @@ from pathlib import Path
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.delivery import vllm_wheel
+from dsv4patch.delivery import make_wheel
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.pins.lock import WHEEL_PLATFORMS
+from dsv4patch.pins import WHEEL_PLATFORMS
 
 HELP = "make the patched vLLM wheel from the pin's stock wheel (patched files + rebuilt kernels)"
 
@@ -46,9 +46,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
-    res = vllm_wheel.make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
-                                progress=_common.progress(args), out=args.out, platform=args.platform,
-                                kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
-                                allow_torch=args.allow_torch, extra_include=args.extra_include)
+    res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
+                     progress=_common.progress(args), out=args.out, platform=args.platform,
+                     kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                     allow_torch=args.allow_torch, extra_include=args.extra_include)
     report.emit(args.format, res.to_json(), *res.table())
     return EXIT_OK

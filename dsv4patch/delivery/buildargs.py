@@ -15,8 +15,8 @@ import hashlib
 import os
 
 from dsv4patch.errors import LockFileError
-from dsv4patch.pins.lock import Lock, Pin
-from dsv4patch.series.patches import series_for_pin
+from dsv4patch.pins import Lock, Pin
+from dsv4patch.series import series_for_pin
 
 BUILD_ARGS = ("VLLM_PIN", "VLLM_VERSION", "VLLM_COMMIT", "PATCHED_TREE", "PATCH_SET_SHA256",
               "LOCK_SHA256", "IMAGE_VERSION")

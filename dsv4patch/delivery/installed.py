@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import childproc, report, safeio
-from dsv4patch.delivery import sbom, vllm_wheel
+from dsv4patch.delivery import sbom
 from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, UsageError
 from dsv4patch.hashing import sha256
-from dsv4patch.kernels.build import dist_name
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
+from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json
+from dsv4patch.series import PatchedTree, patched_tree
 from dsv4patch.store import Store
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
@@ -195,7 +196,7 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
     first = probe(python, "")
     version = (first.get("vllm") or {}).get("version")
     pin = pick_pin(lock, pin_name, version)
-    kdist = dist_name(pin.name)
+    kdist = kernel_dist_name(pin.name)
     found = probe(python, kdist)
     vllm = found.get("vllm")
     out: dict[str, Any] = {"python": found["python"], "pin": pin.name, "vllm_version": pin.vllm_version,
@@ -216,7 +217,7 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
         out["installed"]["provenance"] = ({k: prov.get(k) for k in
                                            ("pin", "version", "patch_set_sha256", "patched_tree")}
                                           if isinstance(prov, dict) else "unreadable")
-    tree = vllm_wheel.patched_tree(lock, pin, store, progress)
+    tree = patched_tree(lock, pin, store, progress)
     out["patch_set_sha256"] = tree.series.hash()
     out["patched_tree"] = tree.patched_tree
     root = Path(vllm["root"])
@@ -288,7 +289,7 @@ def _library_sha256(path: Path) -> str | None:
     try:
         while chunk := os.read(fd, 1 << 20):
             got += len(chunk)
-            if got > vllm_wheel.KERNEL_MEMBER_LIMIT:
+            if got > KERNEL_MEMBER_LIMIT:
                 return None
             h.update(chunk)
     finally:
@@ -296,7 +297,7 @@ def _library_sha256(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def check_sbom(vllm: dict[str, Any], tree: vllm_wheel.PatchedTree,
+def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
                kernel: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The installed SBOM (``<dist-info>/sboms/dsv4patch.cdx.json``) against what is installed.
 
@@ -415,7 +416,7 @@ def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         lib = Path(found["dir"]) / "<no library named>"
     try:  # bytes, not text: a vllm/__init__.py that is not UTF-8 simply has no hook line
-        hooked = vllm_wheel.hook_line(kdist).encode() in safeio.read_bytes(init, INIT_LIMIT)
+        hooked = hook_line(kdist).encode() in safeio.read_bytes(init, INIT_LIMIT)
     except (OSError, safeio.UnsafeFileError):
         hooked = False
     units = info.get("units", [])
@@ -519,7 +520,7 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
         if lock_pin is None:
             raise LockFileError(f"the lock given has no pin {prov.pin} (the installed vLLM's); name the pin to "
                                 "compare with")
-    kdist = dist_name(prov.pin or "")
+    kdist = kernel_dist_name(prov.pin or "")
     found = probe(python, kdist)
     top = Path(vllm["package"]).name
     kernel = _kernels(found.get("kernels"), str(prov.patched_tree), Path(vllm["root"]) / top / "__init__.py", kdist,

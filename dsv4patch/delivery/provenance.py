@@ -41,9 +41,9 @@ from dsv4patch import git, guard, safeio
 from dsv4patch.delivery import sbom
 from dsv4patch.errors import Dsv4Error, GitError, PatchFileError
 from dsv4patch.hashing import hash_installed, sha256
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin
 from dsv4patch.safeio import loads_json
-from dsv4patch.series.patches import Patch, load_patch
+from dsv4patch.series import Patch, load_patch
 
 SHIPPED = "vllm/"  # the part of the tree a wheel installs
 FILE_LIMIT = 32 << 20  # bytes of one installed file read into the scratch index
@@ -260,7 +260,7 @@ def lock_from_url(url: str) -> Lock:
     """
     from dsv4patch import index
     from dsv4patch.errors import FetchError
-    from dsv4patch.pins.lock import load
+    from dsv4patch.pins import load_lock
     from dsv4patch.urls import http_url_problem, redact
 
     problem = http_url_problem(url)
@@ -275,4 +275,4 @@ def lock_from_url(url: str) -> Lock:
     with tempfile.TemporaryDirectory(prefix="dsv4patch-lock-") as tmp:
         path = Path(tmp) / "vllm.toml"
         path.write_bytes(data)
-        return load(path)
+        return load_lock(path)

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4patch.errors import BuildError
-from dsv4patch.pins.lock import Pin, WheelFile
-from dsv4patch.series.patches import Patch
+from dsv4patch.pins import Pin, WheelFile
+from dsv4patch.series import Patch
 
 SBOM_NAME = "dsv4patch.cdx.json"
 SBOM_DIR = "sboms"  # PEP 770: <name>-<version>.dist-info/sboms/

@@ -58,92 +58,27 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dsv4patch import git, report, safeio, zipcopy
-from dsv4patch.checkout import applying
+from dsv4patch import report, safeio, zipcopy
+from dsv4patch.checkout import apply_pin
 from dsv4patch.delivery import sbom
-from dsv4patch.errors import EXIT_UNEXPECTED, BuildError, IntegrityError, TreeError, UsageError
+from dsv4patch.errors import BuildError, IntegrityError, TreeError, UsageError
 from dsv4patch.hashing import record_b64, record_hash, sha256
-from dsv4patch.kernels import building
-from dsv4patch.kernels import stock as stock_wheels
-from dsv4patch.kernels.build import dist_name
-from dsv4patch.kernels.runtime import HOOK_MARK
-from dsv4patch.pins.lock import Lock, Pin, WheelFile
+from dsv4patch.kernels import (
+    KERNEL_MEMBER_LIMIT,
+    build_tree,
+    hook_line,
+    kernel_dist_name,
+    stock_wheel_for,
+    stock_wheel_path,
+)
+from dsv4patch.pins import Lock, Pin, WheelFile
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json, read_stream
-from dsv4patch.series import pincheck
-from dsv4patch.series.patches import Series
+from dsv4patch.series import PatchedTree, Series, patched_tree
 from dsv4patch.store import Store
 
 PROVENANCE = "dsv4patch.json"
 LOCAL_PREFIX = "dsv4"
-
-
-@dataclass(frozen=True)
-class ChangedFile:
-    path: str
-    base: bytes | None  # None: the patches add it
-    patched: bytes | None  # None: the patches delete it
-    patches: tuple[str, ...]  # patches of the series that touch it
-
-
-@dataclass
-class PatchedTree:
-    """The pin's patched tree as the lock fixes it, file by file."""
-
-    pin: Pin
-    series: Series
-    base_tree: str
-    patched_tree: str
-    files: list[ChangedFile]
-    patch_files: dict[str, list[str]]  # patch -> paths it touches (applied patches only)
-
-    def by_path(self) -> dict[str, ChangedFile]:
-        return {f.path: f for f in self.files}
-
-
-def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
-    """Run the series in the cache (what ``check`` does) and read every changed file.
-
-    Refuses (exit 1: a result differs from the lock) unless every patch has the
-    status the lock expects and the result is the lock's patched_tree.
-    """
-    checked = pincheck.check_pin(lock, pin, store, progress)
-    repo, series, result = checked.repo, checked.series, checked.result
-    rep = pincheck.pin_report(pin, repo, result)
-    final = result.final_tree
-    if not rep.ok or final is None:
-        bad = rep.failures()
-        raise PatchSetError(
-            f"pin {pin.name}: the series does not give the locked patched tree "
-            f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"
-        )
-    touched: dict[str, list[str]] = {}
-    patch_files: dict[str, list[str]] = {}
-    applied = {r.patch for r in result.patches if r.status.applies}
-    for p in series.patches:
-        if p.name in applied:
-            patch_files[p.name] = list(p.touched)
-            for path in p.touched:
-                touched.setdefault(path, []).append(p.name)
-    files = []
-    for path in git.changed_paths(repo.repo, repo.base_tree, final):
-        files.append(ChangedFile(path, _blob(repo.repo, repo.base_tree, path),
-                                 _blob(repo.repo, final, path), tuple(touched.get(path, ()))))
-    return PatchedTree(pin, series, repo.base_tree, final, files, patch_files)
-
-
-class PatchSetError(BuildError):
-    """The series does not reach the lock's patched tree (a result differs from the lock)."""
-
-    exit_code = EXIT_UNEXPECTED
-    kind = "build"
-
-
-def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
-    entry = git.ls_tree_entry(repo, treeish, path)
-    if entry is None or not entry.is_blob:
-        return None
-    return git.cat_blob(repo, entry.oid)
 
 
 def kernels_hash(members: dict[str, bytes]) -> str:
@@ -165,11 +100,6 @@ def local_version(pin: Pin, series: Series, kernels: dict[str, bytes] | None = N
     return label + (f".k{kernels_hash(kernels)[:12]}" if kernels else "")
 
 
-def hook_line(dist: str) -> str:
-    """The line ``python -m <dist> install-hook`` appends (kernels/runtime.py's ``hook_line``)."""
-    return f"__import__({dist!r}).activate('vllm-hook')  {HOOK_MARK}\n"
-
-
 @dataclass
 class KernelPackage:
     dist: str
@@ -178,13 +108,12 @@ class KernelPackage:
     source: Path
 
 
-KERNEL_MEMBER_LIMIT = 1 << 30  # the most one member of a --kernels wheel may declare (docs/trust.md)
 _MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
 
 
 def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPackage:
     """The plugin package of a ``dsv4patch build`` wheel, checked against pin, tree and platform."""
-    dist = dist_name(pin.name)
+    dist = kernel_dist_name(pin.name)
     if not path.name.startswith(dist + "-"):
         raise BuildError(f"--kernels {path}: not a kernel wheel of pin {pin.name} (expected {dist}-*.whl "
                          f"from `dsv4patch build --pin {pin.name}`)")
@@ -631,7 +560,7 @@ def make_wheel(
     ``allow_torch``, ``extra_include`` as for :func:`dsv4patch.kernels.building.build_tree`).
     """
     plat = platform or host_platform()
-    wheel = stock_wheels.wheel_for(pin, plat)
+    wheel = stock_wheel_for(pin, plat)
     tree = patched_tree(lock, pin, store, progress)
     kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
     notes: list[str] = []
@@ -658,7 +587,7 @@ def make_wheel(
     else:
         notes.append("the patches change no kernel source: no kernel library added")
     try:
-        blob = stock_wheels.wheel_path(store, wheel, progress)
+        blob = stock_wheel_path(store, wheel, progress)
         built = build(tree, blob, wheel, kpkg, out)
     finally:
         if tmp_kernels is not None:
@@ -676,17 +605,17 @@ def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: 
     """
     path = store.root / "wheel-trees" / f"{pin.name}-{key}"
     try:
-        applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
     except TreeError:
         shutil.rmtree(path, ignore_errors=True)
-        applied = applying.apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")
     try:
-        built = building.build_tree(tree=path, pin=pin, store=store, progress=progress, archs=archs,
-                                    python=python,
-                                    nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
+        built = build_tree(tree=path, pin=pin, store=store, progress=progress, archs=archs,
+                           python=python,
+                           nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
     except BaseException:
         store.remove_tmp(out_dir)  # a failed build leaves nothing in the cache
         raise

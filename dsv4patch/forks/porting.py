@@ -19,7 +19,7 @@ port gives the same tree (and if not, which files differ).
 (:func:`new_pin`), the series, and only when every patch is settled the
 variants, the report and the new lock entry (:func:`write_result`, all or
 nothing); a conflict with a ``workspace`` leaves it as a tree of the new pin
-to edit (:mod:`dsv4patch.checkout.portspace`): a new directory, or the fork's own
+to edit (:mod:`dsv4patch.forks.portspace`): a new directory, or the fork's own
 checkout when the port goes to that fork (:func:`own_workspace`), whose
 branches stay where they are.  :func:`abort` gives a workspace up.
 """
@@ -39,13 +39,43 @@ from typing import Any
 import tomlkit
 
 from dsv4patch import git, guard, index, safeio
-from dsv4patch.checkout import forkcheckout, portspace, resolving, transaction
+from dsv4patch.checkout import (
+    Committed,
+    committed_series,
+    content_tree,
+    has_workspace,
+    interrupted,
+    is_empty,
+    is_fork_checkout,
+    open_tree,
+    recover_tree,
+    tree_lock,
+)
 from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
+from dsv4patch.forks import portspace
+from dsv4patch.pins import (
+    Lock,
+    Pin,
+    PinRepo,
+    Source,
+    git_url_problem,
+    load_lock,
+    materialize,
+    valid_pin_name,
+    version_commit,
+)
 from dsv4patch.progress import Progress
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, Series, load_patch, series_for_pin
+from dsv4patch.series import (
+    Patch,
+    Series,
+    Status,
+    carried,
+    carried_result,
+    check_one,
+    load_patch,
+    run_series,
+    series_for_pin,
+)
 from dsv4patch.store import Store
 
 
@@ -150,7 +180,7 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
             data = member.read() if member else b""
     except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
         raise FetchError(f"{what}: cannot read vllm/_version.py ({exc})") from None
-    commit = repository.version_commit(data, f"{what}: vllm/_version.py")
+    commit = version_commit(data, f"{what}: vllm/_version.py")
     source = Source(kind="pypi-sdist", name="vllm", version=to, sha256=info.sha256,
                     size=info.size, url=info.url)
     return Pin(name=name, vllm_version=to, commit=commit, source=source,
@@ -168,7 +198,7 @@ class ForkVersion:
     whence: str
 
 
-def fork_version(repo: repository.PinRepo, src: Pin) -> ForkVersion:
+def fork_version(repo: PinRepo, src: Pin) -> ForkVersion:
     """The vLLM version of a git/local pin's tree.
 
     From ``vllm/_version.py`` when the tree has one, else ``git describe
@@ -192,12 +222,12 @@ def fork_version(repo: repository.PinRepo, src: Pin) -> ForkVersion:
 
 def port_series(
     work_repo: Path,
-    old: repository.PinRepo,
-    new: repository.PinRepo,
+    old: PinRepo,
+    new: PinRepo,
     series: Series,
     new_name: str,
     resolutions: Path | None = None,
-    committed: dict[str, forkcheckout.Committed] | None = None,
+    committed: dict[str, Committed] | None = None,
 ) -> list[Ported]:
     """Port each patch of ``series`` from ``old`` to ``new`` (see the module docstring).
 
@@ -207,7 +237,7 @@ def port_series(
     patches of the series changed its lines (:func:`engine.carried`)."""
     committed = committed or {}
     peeled: dict[str, str | None] | None = None
-    old_result = engine.run_series(work_repo, old.base_commit, series)
+    old_result = run_series(work_repo, old.base_commit, series)
     if old_result.final_tree is None:
         raise LockFileError(f"the series does not apply to its own pin {old.pin.name}; run check")
     before_tree = {}
@@ -222,14 +252,14 @@ def port_series(
         parent = new.base_commit
         for number, patch in enumerate(series.patches, start=1):
             tree_before = git.write_tree(work_repo, env)
-            res = engine.check_one(work_repo, env, patch)
-            if res.status is engine.Status.CONFLICT:
+            res = check_one(work_repo, env, patch)
+            if res.status is Status.CONFLICT:
                 if peeled is None:
                     with git.scratch_index(work_repo, new.base_commit) as peel_env:
-                        peeled = engine.carried(work_repo, peel_env, series)
+                        peeled = carried(work_repo, peel_env, series)
                 if peeled.get(patch.name) == "reverse-apply":
-                    res = engine.carried_result(patch)
-            if res.status in (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED):
+                    res = carried_result(patch)
+            if res.status in (Status.UPSTREAM, Status.ALREADY_APPLIED):
                 evidence = dict(res.evidence)
                 detail = res.message
                 made = committed.get(patch.name)
@@ -244,9 +274,9 @@ def port_series(
                 continue
             conflicts: list[Conflict] = []
             merged: dict[str, bytes] = {}
-            if res.status is engine.Status.CLEAN:
+            if res.status is Status.CLEAN:
                 auto = Ported(patch, "keep", "applies with zero offset")
-            elif res.status is engine.Status.OFFSET:
+            elif res.status is Status.OFFSET:
                 auto = Ported(patch, "refresh", res.message)
             else:
                 conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
@@ -261,8 +291,8 @@ def port_series(
             if hand is not None and hand.exists():
                 # A maintainer's resolution wins; say whether the automatic port agrees.
                 git.read_tree(work_repo, tree_before, env)
-                res2 = engine.check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
-                if res2.status is not engine.Status.CLEAN:
+                res2 = check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
+                if res2.status is not Status.CLEAN:
                     conflicts.append(Conflict(str(hand), 0, "",
                                               f"the resolution does not apply: {res2.status.value}"))
                 else:
@@ -364,7 +394,7 @@ def _conflict_hunks(path: str, merged: bytes) -> list[Conflict]:
     return hunks
 
 
-def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: repository.PinRepo, final_tree: str) -> list[Path]:
+def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final_tree: str) -> list[Path]:
     """Variants, report and lock entry, staged then moved into place."""
     vdir = lock.path.parent.parent / "patches" / "variants" / pin.name
     stage = vdir.with_name(f".{pin.name}.port-tmp")
@@ -481,26 +511,26 @@ class OwnWorkspace:
     ref: str | None  # the branch HEAD was on (None: detached)
 
 
-def own_workspace(ws: Path, new: repository.PinRepo) -> OwnWorkspace:
+def own_workspace(ws: Path, new: PinRepo) -> OwnWorkspace:
     """``ws``, a git checkout without a port workspace, as the fork's own checkout for a port to it.
 
     It must be a checkout of the new (``git``/``local``) pin whose HEAD has the pin's
     content (:func:`forkcheckout.is_fork_checkout`; the port's patches are made on that content),
     clean, with no apply or ``--3way`` workspace open; else TreeError (exit 5), nothing touched."""
     pin = new.pin
-    with transaction.tree_lock(ws, role="--workspace") as co:
+    with tree_lock(ws, role="--workspace") as co:
         if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
             raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
                             f"({portspace.state_path(ws)} is missing); use a new directory")
         head = git.head(ws)
-        if not forkcheckout.is_fork_checkout(ws, new, head) or head is None or forkcheckout.content_tree(ws, head) != new.base_tree:
+        if not is_fork_checkout(ws, new, head) or head is None or content_tree(ws, head) != new.base_tree:
             raise TreeError(
                 f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
                 f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
                 f"{pin.source.path or pin.source.url}); nothing was touched: give a new directory, or "
                 "the fork's own checkout when you port to its HEAD (`--local` that checkout)")
         gitdir = co.gitdir
-        if transaction.interrupted(gitdir) or resolving.has_workspace(gitdir):
+        if interrupted(gitdir) or has_workspace(gitdir):
             raise TreeError(f"--workspace {ws} has an interrupted apply or an `apply --3way` workspace "
                             f"open; finish it (`dsv4patch apply` / `dsv4patch resolve --tree {ws}`) first")
         dirty = git.dirty_paths(ws)
@@ -510,7 +540,7 @@ def own_workspace(ws: Path, new: repository.PinRepo) -> OwnWorkspace:
         return OwnWorkspace(head, git.current_ref(ws))
 
 
-def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: repository.PinRepo, ported: list[Ported],
+def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: PinRepo, ported: list[Ported],
                         notes: list[str], own: OwnWorkspace | None = None) -> dict[str, Any]:
     """Leave ``ws`` at the ported prefix with the conflicting patch merged into its work tree.
 
@@ -522,7 +552,7 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: repositor
               for p in ported[:k] if p.action != "drop"]
     marked = sorted({c.file for c in conflict.conflicts if c.file in conflict.merged
                      or c.file in conflict.patch.touched})
-    with transaction.open_tree(ws, new, role="--workspace") as (co, created):
+    with open_tree(ws, new, role="--workspace") as (co, created):
         if created:
             notes.append(created)
         if own is None and not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
@@ -549,7 +579,7 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: repositor
     return out
 
 
-def _final_tree(repo: Path, new: repository.PinRepo, ported: list[Ported]) -> str:
+def _final_tree(repo: Path, new: PinRepo, ported: list[Ported]) -> str:
     """Tree after the ported series, recomputed from the written patch texts."""
     with git.scratch_index(repo, new.base_commit) as env:
         for p in ported:
@@ -612,9 +642,9 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
                   local=local, name=name, dry_run=dry_run)
     existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
-    old = repository.materialize(src, store, progress)
+    old = materialize(src, store, progress)
     # A local pin's checkout that is the workspace may be mid-port (HEAD detached above the commit).
-    new = repository.materialize(pin, store, progress, checkout=workspace)
+    new = materialize(pin, store, progress, checkout=workspace)
     series = series_for_pin(lock, src)
     notes: list[str] = []
     if existing:
@@ -632,15 +662,15 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     ws = workspace
     ws_state = portspace.read_state(ws) if ws is not None else None
     own: OwnWorkspace | None = None
-    if ws is not None and ws_state is None and not transaction.is_empty(ws):
+    if ws is not None and ws_state is None and not is_empty(ws):
         own = own_workspace(ws, new)  # the fork's own checkout, or refused before anything runs
     elif ws is not None and ws_state is not None and ws_state.own:
         own = OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
-    committed: dict[str, forkcheckout.Committed] = {}
+    committed: dict[str, Committed] = {}
     if pin.source.kind == "local" and pin.source.path is not None:
         # The series dsv4patch committed in the fork (its trailers), named as the evidence of a drop.
         with guard.guarded(pin.source.path, role=f"pin {pin.name}'s local checkout"):
-            committed = forkcheckout.committed_series(pin.source.path, pin.commit)
+            committed = committed_series(pin.source.path, pin.commit)
     stack = ExitStack()
     if ws is not None and guard.is_checkout_root(ws):
         stack.enter_context(guard.guarded(ws, role="--workspace"))  # vetted once for the whole port
@@ -648,14 +678,14 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     try:
         used = resolutions
         if ws is not None and ws_state is not None:
-            with transaction.tree_lock(ws, role="--workspace") as co:
+            with tree_lock(ws, role="--workspace") as co:
                 base = new.base_commit
                 if own is not None:
-                    done = transaction.recover(co)  # a move killed while the workspace opened
+                    done = recover_tree(co)  # a move killed while the workspace opened
                     if done:
                         notes.append(done)
                     if git.has_object(ws, f"{own.base}^{{commit}}") and \
-                            forkcheckout.content_tree(ws, own.base) == new.base_tree:
+                            content_tree(ws, own.base) == new.base_tree:
                         base = own.base  # the fork's commit with the new pin's content
                 portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
                 patch = next((p for p in series.patches if p.name == ws_state.patch), None)
@@ -701,9 +731,9 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
             # The written series must check clean: run it exactly as check would.
             final = _final_tree(repo, new, ported)
             files = write_result(lock, pin, ported, new, final)
-            written_lock = load(lock.path)
+            written_lock = load_lock(lock.path)
             if ws is not None and ws_state is not None and own is not None:
-                with transaction.tree_lock(ws, role="--workspace") as co:
+                with tree_lock(ws, role="--workspace") as co:
                     notes.append(portspace.restore(co, ws_state))
                 notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
                              f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
@@ -713,7 +743,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
                 notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
                              "workspace can be deleted")
             wpin = written_lock.pin(pin.name)
-            res = engine.run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
+            res = run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
             bad = [r for r in res.patches if r.status.value != wpin.expected_status(r.patch)]
             notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")
             if bad:
@@ -769,10 +799,10 @@ def abort(*, workspace: Path) -> PortAborted:
             with guard.guarded(workspace, role="--workspace"):
                 where = str(portspace.state_path(workspace))
         raise TreeError(f"--workspace {workspace} holds no port workspace (no {where}); nothing to abort")
-    with transaction.tree_lock(workspace, role="--workspace") as co:
+    with tree_lock(workspace, role="--workspace") as co:
         notes = []
         if state.own:
-            done = transaction.recover(co)
+            done = recover_tree(co)
             if done:
                 notes.append(done)
         notes.append(f"aborted the port workspace of {state.patch} (port {state.frm} -> {state.to}); "

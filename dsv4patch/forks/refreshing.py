@@ -39,14 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import git, guard
-from dsv4patch.checkout import forkcheckout, resolving, transaction
+from dsv4patch.checkout import (
+    checkout_pinrepo,
+    commit_message,
+    has_workspace,
+    is_fork_checkout,
+    plan_commits,
+    tree_lock,
+    variants_dir,
+)
 from dsv4patch.errors import TreeError
-from dsv4patch.pins import lock as lockmod
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
-from dsv4patch.series import engine, pincheck
-from dsv4patch.series.patches import Patch, read_series_file, series_for_pin
+from dsv4patch.series import Patch, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
 from dsv4patch.store import Store
 
 TEMPLATE = (
@@ -72,7 +77,7 @@ def _strip_ours(message: str) -> tuple[str, str | None]:
 def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Patch) -> bool:
     """Whether ``commit`` is still what ``patch`` makes: the patch applied exactly (no offset)
     to the commit's parent gives the commit's tree, and the message is the one apply writes."""
-    if message != transaction.commit_message(patch):
+    if message != commit_message(patch):
         return False
     return _same_tree(path, commit, tree_id, patch)
 
@@ -81,7 +86,7 @@ def _same_tree(path: Path, commit: str, tree_id: str, patch: Patch) -> bool:
     """Whether ``patch`` applied exactly (no offset) to ``commit``'s parent gives ``tree_id``."""
     with git.scratch_index(path, f"{commit}^") as env:
         res = git.apply(path, patch.path, env=env)
-        if not res.ok or engine.has_offsets(res.stdout + res.stderr):
+        if not res.ok or has_offsets(res.stdout + res.stderr):
             return False
         return git.write_tree(path, env) == tree_id
 
@@ -131,15 +136,15 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
 def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progress,
              as_variant: bool, chosen_series: Sequence[str] | None) -> RefreshResult:
     tree_path = path
-    pinrepo = repository.materialize(pin, store, progress, checkout=tree_path)
+    pinrepo = materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     by_name = {p.name: p for p in series.patches}
     base = pinrepo.base_commit
     notes: list[str] = []
     done: dict[str, dict[str, str]] = {}
-    with transaction.tree_lock(path) as co:
+    with tree_lock(path) as co:
         gitdir = co.gitdir
-        if resolving.has_workspace(gitdir):
+        if has_workspace(gitdir):
             raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
                             f"resolve --continue --tree {path}` (or --abort) before refresh")
         dirty = git.dirty_paths(path)
@@ -147,9 +152,9 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
             raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
                             "writes commits: `git commit` (or `git commit --amend`) them first")
         head = git.head(path)
-        fork = forkcheckout.is_fork_checkout(path, pinrepo, head) and head is not None
+        fork = is_fork_checkout(path, pinrepo, head) and head is not None
         if fork and head is not None:
-            base = forkcheckout.checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
+            base = checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
         if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
             raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
                             f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
@@ -158,8 +163,8 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
         if merges:
             raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
                             "commits (rebase them onto the base first)")
-        result = engine.run_series(path, base, series)
-        planned = transaction.plan_commits(path, base, series, result) if result.final_tree else []
+        result = run_series(path, base, series)
+        planned = plan_commits(path, base, series, result) if result.final_tree else []
         statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
         numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
         next_number = max(numbers, default=0) + 1
@@ -192,7 +197,7 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                 raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
                                 f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
                                 "make it a new patch")
-            exact = name is not None and statuses.get(name) is not engine.Status.OFFSET
+            exact = name is not None and statuses.get(name) is not Status.OFFSET
             if name and exact and (planned[: i + 1] == commits[: i + 1]
                                    or _same_change(path, c, tree_id, full_message, by_name[name])):
                 done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
@@ -218,7 +223,7 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                               if s in by_name and by_name[s].series == sname), None)
                 new_entries.append((sname, after, name))
                 if own_series is not None:
-                    dest = resolving.variants_dir(lock, pin) / name
+                    dest = variants_dir(lock, pin) / name
                     why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
                     notes.append(f"{name}: in pin {pin.name}'s own series {own_series!r} "
                                  f"({dest.parent / 'series'}, added to the lock): series {last!r} is also "
@@ -233,7 +238,7 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                 notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
                              "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
             elif as_variant or name in pin.variants:
-                dest = resolving.variants_dir(lock, pin) / name
+                dest = variants_dir(lock, pin) / name
                 variants.append((name, dest))
                 action = "refreshed"
             else:
@@ -254,8 +259,8 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, dest)
     if own_series is not None and new_entries:
-        _add_own_series(lock.path, pin, own_series, resolving.variants_dir(lock, pin) / "series")
-        lock = lockmod.open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
+        _add_own_series(lock.path, pin, own_series, variants_dir(lock, pin) / "series")
+        lock = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     for sname, after, name in new_entries:
         sfile = lock.series[sname].path
         lines = sfile.read_text(encoding="utf-8").splitlines() if sfile.exists() else []
@@ -271,32 +276,32 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
                         if count == idx:
                             at = j + 1
                             break
-        rel = os.path.relpath((resolving.variants_dir(lock, pin) if sname == own_series
+        rel = os.path.relpath((variants_dir(lock, pin) if sname == own_series
                                else lock.series[sname].path.parent) / name, sfile.parent)
         lines.insert(at, rel)
         sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for name, dest in variants:
-        lockmod.set_variant(lock.path, pin.name, name, dest)
+        set_variant(lock.path, pin.name, name, dest)
     ok = True
-    fresh = lockmod.open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
+    fresh = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     fpin = fresh.pin(pin.name)
     keep_ids = bool(chosen_series)  # the lock's derived tree ids stay as they are
     if fork:
         # The fork's own checkout: the written series is run on the commit it sits on there; the
         # lock's tree ids are the pin's, rewritten only when that commit has the pin's content.
-        res = engine.run_series(path, base, series_for_pin(fresh, fpin))
+        res = run_series(path, base, series_for_pin(fresh, fpin))
         if git.out(path, "rev-parse", f"{base}^{{tree}}") != pinrepo.base_tree:
             keep_ids = True
             notes.append(f"{path}: the series sits on {base[:12]}, the fork's content on top of pin "
                          f"{pin.name}'s commit; the lock's tree ids were left as they are")
         elif not keep_ids:
-            lockmod.update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
+            update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
     else:
-        checked = pincheck.check_pin(fresh, fpin, store, progress)
+        checked = check_pin(fresh, fpin, store, progress)
         repo, res = checked.repo, checked.result
         if not chosen_series:
-            lockmod.update_derived(fresh.path, pin.name,
-                                   {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
+            update_derived(fresh.path, pin.name,
+                           {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
     head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
     if res.final_tree != head_tree:
         ok = False
@@ -360,7 +365,7 @@ def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Sto
         if not files & written:
             continue
         try:
-            checked = pincheck.check_pin(lock, other, store, progress)
+            checked = check_pin(lock, other, store, progress)
             repo, res = checked.repo, checked.result
         except Exception as exc:
             notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
@@ -370,8 +375,8 @@ def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Sto
             notes.append(f"pin {other.name} also reads a rewritten patch and its series no longer "
                          f"applies: `dsv4patch check --pin {other.name}`")
             continue
-        if lockmod.update_derived(lock.path, other.name,
-                                  {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):
+        if update_derived(lock.path, other.name,
+                          {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):
             notes.append(f"pin {other.name} also reads a rewritten patch: its patched_tree is now "
                          f"{res.final_tree}")
     return notes

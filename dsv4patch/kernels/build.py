@@ -47,6 +47,7 @@ from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
+from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -777,3 +778,11 @@ def full_build_command(tree: Path, arch_list: Sequence[str], max_jobs: int, nvcc
         ]
         return cmd, {}
     return [python, "-m", "pip", "install", "-v", "."], env
+
+
+KERNEL_MEMBER_LIMIT = 1 << 30  # the most one member of a --kernels wheel may declare (docs/trust.md)
+
+
+def hook_line(dist: str) -> str:
+    """The line ``python -m <dist> install-hook`` appends (kernels/runtime.py's ``hook_line``)."""
+    return f"__import__({dist!r}).activate('vllm-hook')  {HOOK_MARK}\n"

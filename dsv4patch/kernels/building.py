@@ -22,7 +22,7 @@ from dsv4patch import childproc, guard, report
 from dsv4patch.errors import BuildError, ChildError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources, toolchain
-from dsv4patch.pins.lock import Pin
+from dsv4patch.pins import Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, UsageError
 from dsv4patch.kernels import build as kbuild
-from dsv4patch.pins.lock import Pin, ToolchainDef
+from dsv4patch.pins import Pin, ToolchainDef
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

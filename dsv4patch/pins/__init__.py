@@ -5,3 +5,75 @@ The first stage of the pipeline: everything later reads a pin through here.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsv4patch import face
+
+if TYPE_CHECKING:
+    from dsv4patch.pins.fetching import fetch
+    from dsv4patch.pins.lock import (
+        DEFAULT_LOCK,
+        WHEEL_PLATFORMS,
+        Lock,
+        Pin,
+        Source,
+        ToolchainDef,
+        WheelFile,
+        find_lock,
+        git_url_problem,
+        open_lock,
+        set_variant,
+        update_derived,
+        valid_pin_name,
+    )
+    from dsv4patch.pins.lock import load as load_lock
+    from dsv4patch.pins.repository import PinRepo, check_local_checkout, is_materialized, materialize, version_commit
+
+# The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
+FACE = {
+    "DEFAULT_LOCK": "lock:DEFAULT_LOCK",
+    "Lock": "lock:Lock",
+    "Pin": "lock:Pin",
+    "PinRepo": "repository:PinRepo",
+    "Source": "lock:Source",
+    "ToolchainDef": "lock:ToolchainDef",
+    "WHEEL_PLATFORMS": "lock:WHEEL_PLATFORMS",
+    "WheelFile": "lock:WheelFile",
+    "check_local_checkout": "repository:check_local_checkout",
+    "fetch": "fetching:fetch",
+    "find_lock": "lock:find_lock",
+    "git_url_problem": "lock:git_url_problem",
+    "is_materialized": "repository:is_materialized",
+    "load_lock": "lock:load",
+    "materialize": "repository:materialize",
+    "open_lock": "lock:open_lock",
+    "set_variant": "lock:set_variant",
+    "update_derived": "lock:update_derived",
+    "valid_pin_name": "lock:valid_pin_name",
+    "version_commit": "repository:version_commit",
+}
+__all__ = [
+    "DEFAULT_LOCK",
+    "Lock",
+    "Pin",
+    "PinRepo",
+    "Source",
+    "ToolchainDef",
+    "WHEEL_PLATFORMS",
+    "WheelFile",
+    "check_local_checkout",
+    "fetch",
+    "find_lock",
+    "git_url_problem",
+    "is_materialized",
+    "load_lock",
+    "materialize",
+    "open_lock",
+    "set_variant",
+    "update_derived",
+    "valid_pin_name",
+    "version_commit",
+]
+if not TYPE_CHECKING:
+    __getattr__ = face.lazy(__name__, globals(), FACE)

@@ -37,12 +37,10 @@ from typing import Any
 
 from dsv4patch import childproc, git, report, safeio
 from dsv4patch.errors import BuildError, PatchFileError, TreeError
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, PinRepo, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.proofs import testenv, testrun
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, series_for_pin
+from dsv4patch.series import Patch, run_series, series_for_pin
 from dsv4patch.store import Store
 
 TRAILER = "Upstream-Test"
@@ -196,10 +194,10 @@ def run(
     """Run upstream's tests of ``pin``'s patches (``patches``: only those) from ``source``'s
     sdist (default: the lock's pin 0.28.0) on the patched and the unpatched pin."""
     source = source or source_pin(lock, None)
-    pinrepo = repository.materialize(pin, store, progress)
-    srcrepo = repository.materialize(source, store, progress)
+    pinrepo = materialize(pin, store, progress)
+    srcrepo = materialize(source, store, progress)
     series = series_for_pin(lock, pin)
-    result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
+    result = run_series(pinrepo.repo, pinrepo.base_commit, series)
     if result.final_tree is None:
         raise TreeError(
             f"pin {pin.name}: the series does not apply, nothing to verify; run dsv4patch check"
@@ -244,7 +242,7 @@ def source_pin(lock: Lock, name: str | None) -> Pin:
     return lock.pin(name or DEFAULT_FROM)
 
 
-def _source_files(srcrepo: repository.PinRepo, source: Pin, rows: list[Row]) -> dict[str, str]:
+def _source_files(srcrepo: PinRepo, source: Pin, rows: list[Row]) -> dict[str, str]:
     """Exactly the listed test files, from the source pin (device-rewritten where asked)."""
     files: dict[str, str] = {}
     rewrite = {r.test.path for r in rows if r.test.mode == "cpu-device"}

@@ -40,12 +40,10 @@ from typing import Any
 
 from dsv4patch import git, report
 from dsv4patch.errors import TreeError
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, PinRepo, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.proofs import testenv, testrun
-from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, series_for_pin
+from dsv4patch.series import Patch, Status, run_series, series_for_pin
 from dsv4patch.store import Store
 
 UPSTREAM_CONFIRMED = "upstream: tests pass unpatched"
@@ -157,9 +155,9 @@ def verify(
     """
     clock = _Phases()
     with clock("prepare"):
-        pinrepo = repository.materialize(pin, store, progress)
+        pinrepo = materialize(pin, store, progress)
         series = series_for_pin(lock, pin)
-        result = engine.run_series(pinrepo.repo, pinrepo.base_commit, series)
+        result = run_series(pinrepo.repo, pinrepo.base_commit, series)
     final = result.final_tree
     if final is None:
         raise TreeError(
@@ -227,7 +225,7 @@ def _requirements(repo: Path, treeish: str, dest: Path) -> Path:
     return dest
 
 
-def _before_states(pinrepo: repository.PinRepo, patches: list[Patch]) -> list[tuple[str, list[Patch]]]:
+def _before_states(pinrepo: PinRepo, patches: list[Patch]) -> list[tuple[str, list[Patch]]]:
     """Tree states for the *before* runs: the unpatched pin plus the test files of as many
     patches as combine (normally all, one state); a patch whose test files do not apply
     on top of the others' gets a state of its own."""
@@ -257,7 +255,7 @@ class Sessions:
     """pytest sessions per tree state (one for all the patches that share it, from the
     results cache when nothing changed); work trees are checked out only for a run."""
 
-    def __init__(self, store: Store, env: testenv.TestEnv, pinrepo: repository.PinRepo, work: Path,
+    def __init__(self, store: Store, env: testenv.TestEnv, pinrepo: PinRepo, work: Path,
                  use_cache: bool) -> None:
         self.store, self.env, self.pinrepo, self.work, self.use_cache = store, env, pinrepo, work, use_cache
         self.ran = 0
@@ -341,7 +339,7 @@ def _selected(p: Patch, wanted: Sequence[str] | None) -> bool:
 
 def _verify_patch(
     patch: Patch,
-    status: engine.Status,
+    status: Status,
     before: Outcome | None,
     after: Outcome | None,
 ) -> PatchProof:

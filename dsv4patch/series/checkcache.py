@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import __version__, git
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin
 from dsv4patch.series import engine
 from dsv4patch.series.patches import read_series_file
 from dsv4patch.store import Store

@@ -15,7 +15,7 @@ from typing import Any
 
 from dsv4patch import index
 from dsv4patch.errors import FetchError
-from dsv4patch.pins.lock import Lock, load, update_derived
+from dsv4patch.pins import Lock, load_lock, update_derived
 from dsv4patch.progress import Progress
 from dsv4patch.series import pincheck
 from dsv4patch.store import Store
@@ -70,7 +70,7 @@ def update(*, lock: Lock, pins: list[str] | None, store: Store, progress: Progre
                     f"lock pins {pin.source.sha256}; refusing to update"
                 )
             src_values = {"url": info.url, "size": info.size}
-            lock = load(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
+            lock = load_lock(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
             pin = lock.pin(pin.name)
         checked = pincheck.check_pin(lock, pin, store, progress)
         repo, result = checked.repo, checked.result

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from dsv4patch.errors import PatchFileError
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch.errors import CacheError, NotFetchedError, writing
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin, PinRepo, is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
 from dsv4patch.series.patches import Series, series_for_pin
@@ -33,14 +32,14 @@ from dsv4patch.store import Store
 class PinCheck:
     """A pin's series run against its base: the pin's repository, the series, the result."""
 
-    repo: repository.PinRepo
+    repo: PinRepo
     series: Series
     result: engine.SeriesResult
 
 
 def check_pin(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PinCheck:
     """Materialize ``pin`` and run its series in a scratch index (never touches a tree)."""
-    repo = repository.materialize(pin, store, progress)
+    repo = materialize(pin, store, progress)
     series = series_for_pin(lock, pin)
     with writing(CacheError, str(store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"):
         return PinCheck(repo, series, engine.run_series(repo.repo, repo.base_commit, series))
@@ -77,7 +76,7 @@ class PinReport:
     """A pin's check compared with the lock: per patch, and the base and patched tree ids."""
 
     pin: Pin
-    repo: repository.PinRepo
+    repo: PinRepo
     result: engine.SeriesResult
     patches: dict[str, PatchVerdict]
     notes: list[str]  # the tree ids that differ from the lock's
@@ -108,7 +107,7 @@ class PinReport:
         }
 
 
-def pin_report(pin: Pin, repo: repository.PinRepo, result: engine.SeriesResult,
+def pin_report(pin: Pin, repo: PinRepo, result: engine.SeriesResult,
                lock: Path | str = "the lock") -> PinReport:
     """Compare ``result`` with what the lock expects of ``pin`` (``lock`` names it in the hints)."""
     patches: dict[str, PatchVerdict] = {}
@@ -148,7 +147,7 @@ class CachedCheck:
         self.lock, self.store, self.use = lock, store, use
         self._ident: tuple[str, str] | None = None  # (git --version, dsv4patch identity)
 
-    def _inputs(self, pin: Pin, repo: repository.PinRepo) -> checkcache.Inputs | None:
+    def _inputs(self, pin: Pin, repo: PinRepo) -> checkcache.Inputs | None:
         # Pins are computed in threads: the pair is assigned in one step (two threads may
         # both compute it; they get the same values), never half set.
         ident = self._ident
@@ -157,19 +156,19 @@ class CachedCheck:
             self._ident = ident
         return checkcache.inputs(self.lock, pin, repo.base_tree, repo.base_commit, *ident)
 
-    def lookup(self, pin: Pin) -> tuple[repository.PinRepo, engine.SeriesResult] | None:
+    def lookup(self, pin: Pin) -> tuple[PinRepo, engine.SeriesResult] | None:
         """The cached result of a pin whose tree is already materialized, if its inputs are unchanged."""
-        if not self.use or not repository.is_materialized(pin, self.store):
+        if not self.use or not is_materialized(pin, self.store):
             return None
-        repo = repository.materialize(pin, self.store, Progress(False))
+        repo = materialize(pin, self.store, Progress(False))
         inputs = self._inputs(pin, repo)
         hit = checkcache.load(self.store, inputs.key()) if inputs is not None else None
         return (repo, hit) if hit is not None else None
 
-    def compute(self, pin: Pin, progress: Progress) -> tuple[repository.PinRepo, engine.SeriesResult]:
+    def compute(self, pin: Pin, progress: Progress) -> tuple[PinRepo, engine.SeriesResult]:
         # The key is taken before the check reads the patches: a file edited meanwhile
         # can only make the entry unreachable, never wrong.
-        inputs = self._inputs(pin, repository.materialize(pin, self.store, progress))
+        inputs = self._inputs(pin, materialize(pin, self.store, progress))
         checked = check_pin(self.lock, pin, self.store, progress)
         if inputs is not None:
             checkcache.save(self.store, inputs.key(), checked.result)
@@ -182,7 +181,7 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
 
     A pin that is not fetched while offline is reported (``not_fetched``), the others go on."""
     ctx = CachedCheck(lock, store, use=use_cache)
-    results: dict[str, tuple[repository.PinRepo, engine.SeriesResult] | NotFetchedError] = {}
+    results: dict[str, tuple[PinRepo, engine.SeriesResult] | NotFetchedError] = {}
     todo = []
     for pin in pins:
         hit = ctx.lookup(pin)  # only for a pin whose tree is already materialized
@@ -192,7 +191,7 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
             todo.append(pin)
     cached = set(results)
 
-    def compute(pin: Pin, prog: Progress) -> tuple[repository.PinRepo, engine.SeriesResult] | NotFetchedError:
+    def compute(pin: Pin, prog: Progress) -> tuple[PinRepo, engine.SeriesResult] | NotFetchedError:
         try:
             return ctx.compute(pin, prog)
         except NotFetchedError as exc:  # offline and not cached: reported, the others go on

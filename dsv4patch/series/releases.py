@@ -37,8 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from dsv4patch import git, index
 from dsv4patch.errors import FetchError, IntegrityError, LockFileError
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock, Pin, Source, load
+from dsv4patch.pins import Lock, Pin, PinRepo, Source, load_lock, materialize, version_commit
 from dsv4patch.progress import Progress
 from dsv4patch.series import engine
 from dsv4patch.series.patches import Patch, load_patch, series_for_pin
@@ -258,7 +257,7 @@ def _sdist_commit(blob: Path, version: str) -> str:
             data = member.read() if member else b""
     except (tarfile.TarError, EOFError, OSError, KeyError) as exc:
         raise FetchError(f"{what}: cannot read vllm/_version.py ({exc})") from None
-    return repository.version_commit(data, f"{what}: vllm/_version.py")
+    return version_commit(data, f"{what}: vllm/_version.py")
 
 
 def _reference(lock: Lock, version: str) -> Pin:
@@ -286,7 +285,7 @@ def _variant_order(lock: Lock, version: str) -> list[Pin]:
     return [p for _, p in sorted(pins, key=distance)]
 
 
-def _torch(repo: repository.PinRepo) -> str | None:
+def _torch(repo: PinRepo) -> str | None:
     for rel in ("requirements/cuda.txt", "requirements/common.txt"):
         entry = git.ls_tree_entry(repo.repo, repo.base_commit, rel)
         if entry is None:
@@ -321,7 +320,7 @@ def _candidates(lock: Lock, pin: Pin, name: str) -> list[tuple[str, Path]]:
     return out
 
 
-def classify(lock: Lock, pin: Pin, repo: repository.PinRepo) -> tuple[list[PatchClass], dict[str, Path]]:
+def classify(lock: Lock, pin: Pin, repo: PinRepo) -> tuple[list[PatchClass], dict[str, Path]]:
     """Each patch of ``pin``'s series on ``repo``: as it is, then with the candidate variants.
 
     Patches are tried in order in one scratch index, as the series applies:
@@ -378,7 +377,7 @@ def check_release(*, lock: Lock, store: Store, progress: Progress, release: Rele
                     url=_plain_url(url))
     pin = Pin(name=v, vllm_version=v, commit=commit, source=source, cuda_arch_list=ref.cuda_arch_list,
               series=ref.series, expect="clean", build=ref.build)
-    repo = repository.materialize(pin, store, progress)
+    repo = materialize(pin, store, progress)
     classes, variants = classify(lock, pin, repo)
     torch = _torch(repo)
     tdef = next((t for t in lock.toolchains.values() if t.torch == torch), None)
@@ -479,7 +478,7 @@ def write_entry(lock_path: Path, report: ReleaseReport) -> ReleaseReport:
     tmp = Path(lock_path).with_name(f".{Path(lock_path).name}.releases-tmp")
     tmp.write_text(out, encoding="utf-8")
     try:
-        load(tmp)  # the whole lock, with the new entry, must load (paths resolve beside the lock)
+        load_lock(tmp)  # the whole lock, with the new entry, must load (paths resolve beside the lock)
         os.replace(tmp, lock_path)
     finally:
         tmp.unlink(missing_ok=True)

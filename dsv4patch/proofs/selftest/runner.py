@@ -54,7 +54,7 @@ from dsv4patch.proofs.selftest.regression import RegressionResult, run_regressio
 from dsv4patch.safeio import create_exclusive
 
 if TYPE_CHECKING:
-    from dsv4patch.pins.lock import Lock
+    from dsv4patch.pins import Lock
     from dsv4patch.progress import Progress
     from dsv4patch.store import Store
 
@@ -485,15 +485,18 @@ class CheckResult:
 def check_installed(lock: Lock, pin: str | None, python: str, store: Store, progress: Progress, *,
                     on_gpu: bool) -> CheckResult:
     """What ``status --installed`` checks (its core function), the kernel package's GPU check on a GPU."""
-    from dsv4patch.delivery import installed
+    from dsv4patch.delivery import (
+        check_kernels_active,
+        inspect_installed,
+    )
 
     try:
-        out = installed.inspect(lock, pin, python, store, progress)
+        out = inspect_installed(lock, pin, python, store, progress)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}")
     kernel = out.get("kernels") or {}
     if kernel.get("installed") and on_gpu:
-        kernel["active"] = installed.active_check(python, kernel["package"])
+        kernel["active"] = check_kernels_active(python, kernel["package"])
         out["ok"] = bool(out["ok"] and kernel["active"]["active"])
     bad = [f"{n}: {p['state']}" for n, p in out.get("patches", {}).items() if p["state"] not in ("present", "upstream")]
     note = "every patched file and the kernel library match the lock" if out["ok"] else "; ".join(
@@ -505,11 +508,14 @@ def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
                          pin: str | None = None) -> tuple[CheckResult, dict[str, Any] | None]:
     """Without the lock's patch files: the installed vLLM against its own SBOM, and against ``lock``'s pin
     when a lock came without them (a URL): ``installed.check_from_sbom``.  Also the probe's vLLM."""
-    from dsv4patch.delivery import installed
+    from dsv4patch.delivery import (
+        check_from_sbom,
+        probe_installed,
+    )
 
     try:
-        vllm = installed.probe(python, "").get("vllm")
-        rep = installed.check_from_sbom(python=python, lock=lock, pin_name=pin)
+        vllm = probe_installed(python, "").get("vllm")
+        rep = check_from_sbom(python=python, lock=lock, pin_name=pin)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}"), None
     if vllm is None:
@@ -524,9 +530,9 @@ def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
 
 def series_tests(lock: Lock, pin: str, store: Store, progress: Progress) -> dict[str, bytes]:
     """The series' regression test files (``tests/**/test_*.py`` the patches add or change), patched content."""
-    from dsv4patch.delivery import vllm_wheel
+    from dsv4patch.series import patched_tree
 
-    tree = vllm_wheel.patched_tree(lock, lock.pin(pin), store, progress)
+    tree = patched_tree(lock, lock.pin(pin), store, progress)
     return {rel: ch.patched for rel, ch in tree.by_path().items()
             if rel.startswith("tests/") and rel.endswith(".py") and ch.patched is not None
             and Path(rel).name.startswith("test_")}
@@ -557,13 +563,13 @@ def check_regression(lock: Lock | None, pin: str | None, python: str, store: Sto
     ``import vllm`` is the installed package; each file runs in its own
     pytest process (:mod:`.regression`), on the GPU when there is one.
     """
-    from dsv4patch.delivery import provenance
+    from dsv4patch.delivery import sbom_tests_for
 
     try:
         if lock is not None and store is not None and pin is not None:
             tests = series_tests(lock, pin, store, progress)
         elif vllm is not None:
-            tests = provenance.tests_for(vllm)
+            tests = sbom_tests_for(vllm)
         else:
             return CheckResult("regression", None, "no lock and no installed dsv4patch SBOM: the series' tests "
                                "are not known here")
@@ -728,9 +734,12 @@ def run_selftest(
                 results.append(inst)
             if "regression" in checks:
                 if vllm is None:
-                    from dsv4patch.delivery import installed
+                    from dsv4patch.delivery import (
+                        pick_installed_pin,
+                        probe_installed,
+                    )
 
-                    vllm = installed.probe(python, "").get("vllm")
+                    vllm = probe_installed(python, "").get("vllm")
                 budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
                 results.append(check_regression(None, None, python, None, progress, work=work, on_gpu=on_gpu,
                                                 deadline=budget, node=node, vllm=vllm))
@@ -742,10 +751,13 @@ def run_selftest(
             chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
         if "regression" in checks:
             if chosen_pin is None:
-                from dsv4patch.delivery import installed
+                from dsv4patch.delivery import (
+                    pick_installed_pin,
+                    probe_installed,
+                )
 
                 try:
-                    chosen_pin = installed.pick_pin(lock, None, node.vllm).name
+                    chosen_pin = pick_installed_pin(lock, None, node.vllm).name
                 except Dsv4Error as exc:
                     results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
                     return

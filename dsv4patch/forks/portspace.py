@@ -41,26 +41,26 @@ chooses where anything is written; it is read and written through
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 from dsv4patch import git, guard, safeio
-from dsv4patch.checkout import states, transaction
-from dsv4patch.checkout.states import PortState, inside_tree
+from dsv4patch.checkout import (
+    PortState,
+    inside_tree,
+    marked_files,
+    move_tree,
+    read_state_file,
+    reset_tree,
+    resolution_patch,
+    write_state_file,
+)
 from dsv4patch.errors import TreeError
 from dsv4patch.guard import Checkout
-from dsv4patch.series.patches import Patch
+from dsv4patch.series import Patch
 
 STATE = "dsv4patch-port.json"
 RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far
-_MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
-
-
-def marked(path: Path, names: list[str]) -> list[str]:
-    """The files among ``names`` (under ``path``) that still hold conflict markers (also ``resolve``'s check)."""
-    return [n for n in names if (path / n).is_file() and not (path / n).is_symlink()
-            and _MARKER.search((path / n).read_text(encoding="utf-8", errors="replace"))]
 
 
 def state_path(path: Path) -> Path:
@@ -85,7 +85,7 @@ def _read_state(sp: Path) -> PortState | None:
     if not os.path.lexists(sp):
         return None
     try:
-        return states.read(PortState, sp)
+        return read_state_file(PortState, sp)
     except (OSError, ValueError) as exc:
         raise TreeError(f"{sp} (the port workspace's state) is unreadable ({exc}); use a new directory "
                         "for --workspace") from None
@@ -105,7 +105,7 @@ def collect(path: Path, state: PortState, patch: Patch, number: int, total: int)
     """Turn the edited work tree into ``patch``'s resolution; returns the directory of resolutions
     (the tree held vetted by the caller)."""
     touched = sorted(set(state.conflicts) | set(patch.touched))
-    left = marked(path, touched)
+    left = marked_files(path, touched)
     if left:
         raise TreeError(f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the code "
                         "you want, remove the <<<<<<< ||||||| ======= >>>>>>> lines), then run the port again")
@@ -126,21 +126,6 @@ def _resolved_dir(path: Path) -> Path:
         raise TreeError(f"{d} is a symbolic link or not a directory: dsv4patch did not make it, and does "
                         "not write through it; remove it, then run the port again")
     return d
-
-
-def resolution_patch(path: Path, at: str, patch: Patch, number: int, total: int) -> str | None:
-    """The edited work tree of ``path`` as ``patch`` on commit ``at``: format-patch text, None if it changes nothing.
-
-    Stages everything (``git add -A``), commits it on ``at`` with the
-    patch's message and author, numbered ``number``/``total``.  Shared by
-    ``port --workspace`` and ``resolve --continue``.
-    """
-    git.add_all(path)
-    resolved = git.write_tree(path, {})
-    if resolved == git.out(path, "rev-parse", f"{at}^{{tree}}"):
-        return None
-    commit = git.commit_tree(path, resolved, at, patch.message or patch.subject + "\n", patch.author)
-    return git.format_patch(path, commit, number, total)
 
 
 def resolutions(path: Path) -> Path | None:
@@ -203,13 +188,13 @@ def open_workspace(co: Checkout, new_base: str, prefix: list[tuple[Patch, str]],
                             f"nothing was touched: run `dsv4patch port --abort --workspace {path}`")
         if ref is not None:
             git.detach_head(path, head, "dsv4patch port --workspace: the fork's branch stays where it is")
-        states.write(state_path(path), state)
+        write_state_file(state_path(path), state)
         # a reopened workspace: the last resolution is collected already
-        transaction.reset_tree(co, head, "port --workspace")
+        reset_tree(co, head, "port --workspace")
         if head != parent:
-            transaction.move_tree(co, head, parent, "port --workspace")
+            move_tree(co, head, parent, "port --workspace")
     else:
-        transaction.reset_tree(co, parent, "port --workspace")
+        reset_tree(co, parent, "port --workspace")
     root = path.resolve()
     for name, data in merged.items():
         target = path / name
@@ -219,7 +204,7 @@ def open_workspace(co: Checkout, new_base: str, prefix: list[tuple[Patch, str]],
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     if not own:
-        states.write(state_path(path), state)
+        write_state_file(state_path(path), state)
     return parent
 
 
@@ -251,7 +236,7 @@ def restore(co: Checkout, state: PortState) -> str:
                         f"was touched (dsv4patch does not move your branch): `git -C {path} switch "
                         f"--detach {state.at}`, then run this again")
     git.add_all(path)  # so files the workspace added go too (the checkout was clean when it opened)
-    transaction.reset_tree(co, state.base_commit, "port --abort")  # HEAD is detached: no branch moves
+    reset_tree(co, state.base_commit, "port --abort")  # HEAD is detached: no branch moves
     where = f"HEAD detached at {state.base_commit[:12]}"
     if state.orig_ref is not None:
         branch = state.orig_ref.removeprefix("refs/heads/")

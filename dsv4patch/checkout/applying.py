@@ -26,7 +26,7 @@ from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation, Workspace
 from dsv4patch.errors import BuildError, TreeError, writing
-from dsv4patch.pins import Lock, Pin, PinRepo, materialize
+from dsv4patch.pins import Lock, Pin, PinRepo, kind_of, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import PinReport, carried, pin_report, run_series, series_for_pin
 from dsv4patch.store import Store
@@ -142,7 +142,7 @@ def apply_pin(
                 f"{path} is not a tree of pin {pin.name}: its history lacks the pin's base "
                 f"commit {pinrepo.base_commit[:12]}"
                 + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
-                   if pin.source.kind in forkcheckout.FORK_KINDS else "")
+                   if kind_of(pin).fork else "")
                 + "; use a new directory for --tree"
             )
         with writing(TreeError, str(path), advice):

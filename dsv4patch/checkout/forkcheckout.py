@@ -19,16 +19,14 @@ from pathlib import Path
 from dsv4patch import git
 from dsv4patch.errors import TreeError, UsageError
 from dsv4patch.guard import Checkout
-from dsv4patch.pins import PinRepo
-
-FORK_KINDS = ("git", "local")
+from dsv4patch.pins import PinRepo, kind_of
 
 
 def is_fork_checkout(path: Path, pinrepo: PinRepo, head: str | None) -> bool:
     """Whether ``path`` is a user's checkout of ``pinrepo``'s (git/local) pin: HEAD descends
     from the pin's commit and the history lacks dsv4patch's synthetic base commit."""
     pin = pinrepo.pin
-    return (head is not None and pin.source.kind in FORK_KINDS
+    return (head is not None and kind_of(pin).fork
             and not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}")
             and git.has_object(path, f"{pin.commit}^{{commit}}")
             and git.is_ancestor(path, pin.commit, head))

@@ -20,7 +20,7 @@ from typing import Any
 from dsv4patch import git, guard
 from dsv4patch.checkout import resolving, transaction
 from dsv4patch.errors import FetchError, TreeError, UsageError
-from dsv4patch.pins import Lock, Pin, check_local_checkout, find_lock, load_lock
+from dsv4patch.pins import Lock, Pin, find_lock, kind_of, load_lock
 from dsv4patch.series import Series, carried, series_for_pin
 
 
@@ -192,7 +192,7 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> Tree
     picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"))
     if picked:
         plock, ppin = picked
-        if (ppin.source.kind in ("git", "local") and git.has_object(path, f"{ppin.commit}^{{commit}}")
+        if (kind_of(ppin).fork and git.has_object(path, f"{ppin.commit}^{{commit}}")
                 and git.is_ancestor(path, ppin.commit, "HEAD")):
             # A fork's own checkout: its history before the pin's commit is the fork's, not ours.
             _root, applied = tree_patches(path, since=ppin.commit)
@@ -232,10 +232,10 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> Tree
         )
         if ppin.patched_tree and tree_id != ppin.patched_tree:
             ok = False
-        if ppin.source.kind == "local":
+        if kind_of(ppin).checkout_path(ppin.source) is not None:
             # The pin's own checkout, revalidated on every run (HEAD, cleanliness).
             try:
-                check_local_checkout(ppin, own_tree=path)
+                kind_of(ppin).check_checkout(ppin, path)
                 source = "unchanged"
             except (TreeError, FetchError) as exc:
                 source = f"changed: {exc}"

@@ -59,6 +59,7 @@ from dsv4patch.pins import (
     PinRepo,
     Source,
     git_url_problem,
+    kind_of,
     load_lock,
     materialize,
     valid_pin_name,
@@ -211,9 +212,10 @@ def fork_version(repo: PinRepo, src: Pin) -> ForkVersion:
         if m:
             return ForkVersion(m.group(1), "vllm/_version.py")
     pin = repo.pin
-    if pin.source.kind == "local" and pin.source.path is not None:
-        with guard.guarded(pin.source.path, role=f"pin {pin.name}'s local checkout"):
-            tag = git.describe(pin.source.path, pin.commit)
+    own = kind_of(pin).checkout_path(pin.source)
+    if own is not None:
+        with guard.guarded(own, role=f"pin {pin.name}'s local checkout"):
+            tag = git.describe(own, pin.commit)
         if tag and tag != pin.commit[: len(tag)]:
             return ForkVersion(tag.lstrip("v"), "git describe --tags")
     base = src.vllm_version.split("+", 1)[0]
@@ -426,16 +428,7 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final
     entry["base_tree"] = new.base_tree
     entry["patched_tree"] = final_tree
     src = tomlkit.table()
-    src["kind"] = pin.source.kind
-    if pin.source.kind == "pypi-sdist":
-        src["name"], src["version"], src["sha256"] = "vllm", pin.source.version, pin.source.sha256
-        src["url"] = pin.source.url
-        if pin.source.size is not None:
-            src["size"] = pin.source.size
-    elif pin.source.kind == "local" and pin.source.path is not None:
-        src["path"] = os.path.relpath(pin.source.path, lock.path.parent)
-    else:
-        src["url"] = pin.source.url
+    src.update(kind_of(pin).to_entry(pin.source, lock.path.parent))
     entry["source"] = src
     doc["pins"][pin.name] = entry
     text = tomlkit.dumps(doc)
@@ -450,7 +443,7 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final
 
 def port_report(lock: Lock, pin: Pin, ported: list[Ported]) -> str:
     lines = [f"# Port of the series to vLLM {pin.vllm_version} (pin {pin.name})", "",
-             f"Source: {pin.source.kind} {pin.source.url or pin.source.path}, commit {pin.commit}.", "",
+             f"Source: {pin.source.kind} {kind_of(pin).describe(pin.source)}, commit {pin.commit}.", "",
              "| patch | action | detail |", "|---|---|---|"]
     for p in ported:
         lines.append(f"| {p.patch.name} | {p.action} | {p.detail.replace('|', '/')} |")
@@ -650,7 +643,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     if existing:
         notes.append(f"pin {pin.name} is already in the lock: the port is compared with it (its "
                      f"variants taken as resolutions, its expected statuses checked); nothing is written")
-    elif pin.source.kind != "pypi-sdist":
+    elif kind_of(pin).fork:
         found = fork_version(new, src)
         pin = dataclasses.replace(pin, vllm_version=found.version)
         new = dataclasses.replace(new, pin=pin)
@@ -667,10 +660,11 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     elif ws is not None and ws_state is not None and ws_state.own:
         own = OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
     committed: dict[str, Committed] = {}
-    if pin.source.kind == "local" and pin.source.path is not None:
+    fork_checkout = kind_of(pin).checkout_path(pin.source)
+    if fork_checkout is not None:
         # The series dsv4patch committed in the fork (its trailers), named as the evidence of a drop.
-        with guard.guarded(pin.source.path, role=f"pin {pin.name}'s local checkout"):
-            committed = committed_series(pin.source.path, pin.commit)
+        with guard.guarded(fork_checkout, role=f"pin {pin.name}'s local checkout"):
+            committed = committed_series(fork_checkout, pin.commit)
     stack = ExitStack()
     if ws is not None and guard.is_checkout_root(ws):
         stack.enter_context(guard.guarded(ws, role="--workspace"))  # vetted once for the whole port

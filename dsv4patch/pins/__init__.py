@@ -28,7 +28,9 @@ if TYPE_CHECKING:
         valid_pin_name,
     )
     from dsv4patch.pins.lock import load as load_lock
-    from dsv4patch.pins.repository import PinRepo, check_local_checkout, is_materialized, materialize, version_commit
+    from dsv4patch.pins.repository import PinRepo, is_materialized, materialize
+    from dsv4patch.pins.sdist import version_commit
+    from dsv4patch.pins.source import SourceKind, kind_of
 
 # The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
 FACE = {
@@ -36,37 +38,39 @@ FACE = {
     "Lock": "lock:Lock",
     "Pin": "lock:Pin",
     "PinRepo": "repository:PinRepo",
+    "SourceKind": "source:SourceKind",
     "Source": "lock:Source",
     "ToolchainDef": "lock:ToolchainDef",
     "WHEEL_PLATFORMS": "lock:WHEEL_PLATFORMS",
     "WheelFile": "lock:WheelFile",
-    "check_local_checkout": "repository:check_local_checkout",
     "fetch": "fetching:fetch",
     "find_lock": "lock:find_lock",
     "git_url_problem": "lock:git_url_problem",
     "is_materialized": "repository:is_materialized",
+    "kind_of": "source:kind_of",
     "load_lock": "lock:load",
     "materialize": "repository:materialize",
     "open_lock": "lock:open_lock",
     "set_variant": "lock:set_variant",
     "update_derived": "lock:update_derived",
     "valid_pin_name": "lock:valid_pin_name",
-    "version_commit": "repository:version_commit",
+    "version_commit": "sdist:version_commit",
 }
 __all__ = [
     "DEFAULT_LOCK",
     "Lock",
     "Pin",
     "PinRepo",
+    "SourceKind",
     "Source",
     "ToolchainDef",
     "WHEEL_PLATFORMS",
     "WheelFile",
-    "check_local_checkout",
     "fetch",
     "find_lock",
     "git_url_problem",
     "is_materialized",
+    "kind_of",
     "load_lock",
     "materialize",
     "open_lock",

@@ -30,7 +30,6 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
 PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-SOURCE_KINDS = ("pypi-sdist", "git", "local")
 # What a lock may expect of a patch on a pin (see engine.Status).
 EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
 ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
@@ -204,7 +203,7 @@ class _Required(enum.Enum):
     KEY = 0
 
 
-class _Table:
+class LockTable:
     """Typed access to one TOML table with the error context for messages."""
 
     def __init__(self, lock_path: Path, where: str, data: object, allowed: set[str]) -> None:
@@ -278,14 +277,14 @@ def load(path: Path) -> Lock:
 
 def parse(path: Path, data: dict[str, Any]) -> Lock:
     base = path.parent
-    top = _Table(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains", "watch"})
+    top = LockTable(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains", "watch"})
     schema = top.get("schema", int)
     if schema != 1:
         raise LockFileError(f"{path}: schema = {schema} is not supported (this dsv4patch reads 1)")
     series_tab = top.get("series", dict)
     series: dict[str, SeriesDef] = {}
     for name, raw in series_tab.items():
-        t = _Table(path, f"[series.{name}]", raw, {"path", "description", "default"})
+        t = LockTable(path, f"[series.{name}]", raw, {"path", "description", "default"})
         series[name] = SeriesDef(
             name=name,
             path=(base / t.get("path", str)).resolve(),
@@ -306,7 +305,7 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
 
 
 def _parse_watch(path: Path, raw: object) -> WatchSettings:
-    t = _Table(path, "[watch]", raw, {"since", "ignore"})
+    t = LockTable(path, "[watch]", raw, {"since", "ignore"})
     since = t.get("since", str, None)
     if since is not None and not VERSION.match(since):
         raise LockFileError(f"{path}: [watch].since = {since!r} is not a release such as \"0.26.0\"")
@@ -330,7 +329,7 @@ DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.]*)?$")
 
 def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
     where = f'[toolchains."{name}"]'
-    t = _Table(path, where, raw, {"torch", "cuda", "requirements", "cxx_standard", "defines"})
+    t = LockTable(path, where, raw, {"torch", "cuda", "requirements", "cxx_standard", "defines"})
     torch, cuda = t.get("torch", str), t.get("cuda", str)
     for key, value in (("torch", torch), ("cuda", cuda)):
         if not VERSION.match(value):
@@ -359,7 +358,7 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
             f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "
             "and '-' (no '/', spaces or '..'), e.g. \"0.27.1\""
         )
-    t = _Table(
+    t = LockTable(
         path,
         where,
         raw,
@@ -408,7 +407,7 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
                 f"file, relative to the lock, got {v!r}"
             )
     variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
-    bt = _Table(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
+    bt = LockTable(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
     tc_name = t.get("toolchain", str, None)
     if tc_name is not None and tc_name not in (toolchains or {}):
         raise LockFileError(f"{path}: {where}.toolchain = {tc_name!r} is not a [toolchains.*] table "
@@ -442,15 +441,15 @@ def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, Whee
         )
     wheels = {}
     for plat, entry in raw.items():
-        t = _Table(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
+        t = LockTable(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
         wheels[plat] = WheelFile(
-            platform=plat, url=_download_url(path, f"{where}.{plat}", t.get("url", str)),
+            platform=plat, url=download_url(path, f"{where}.{plat}", t.get("url", str)),
             sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.get("size", int, None),
         )
     return wheels
 
 
-def _download_url(path: Path, where: str, url: str) -> str:
+def download_url(path: Path, where: str, url: str) -> str:
     """A lock URL dsv4patch downloads from: http(s) to a host only (urllib also opens file:, ftp:)."""
     from dsv4patch.urls import http_url_problem, redact
 
@@ -462,33 +461,14 @@ def _download_url(path: Path, where: str, url: str) -> str:
 
 
 def _parse_source(path: Path, where: str, raw: object) -> Source:
+    """The source table, read by its kind (:mod:`dsv4patch.pins.source`)."""
+    from dsv4patch.pins.source import kinds, source_kind  # the kinds import this module's types
+
     kind = raw.get("kind") if isinstance(raw, dict) else None
-    if kind not in SOURCE_KINDS:
-        raise LockFileError(f"{path}: {where}.kind = {kind!r}; one of {', '.join(SOURCE_KINDS)}")
-    if kind == "pypi-sdist":
-        t = _Table(path, where, raw, {"kind", "name", "version", "sha256", "size", "url"})
-        return Source(
-            kind=kind,
-            name=t.get("name", str),
-            version=t.get("version", str),
-            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"),
-            size=t.get("size", int, None),
-            url=_download_url(path, where, t.get("url", str, "")),
-        )
-    if kind == "git":
-        t = _Table(path, where, raw, {"kind", "url"})
-        url = t.get("url", str)
-        problem = git_url_problem(url)
-        if problem:
-            raise LockFileError(
-                f"{path}: {where}.url = {url!r} is refused: {problem}; use an https://, ssh://, "
-                "file:// or scp-like user@host:path URL, or a local path"
-            )
-        if "://" not in url and not url.startswith("/") and ":" not in url:
-            url = str((path.parent / url).resolve())
-        return Source(kind=kind, url=url)
-    t = _Table(path, where, raw, {"kind", "path"})
-    return Source(kind=kind, path=(path.parent / t.get("path", str)).resolve())
+    if not isinstance(kind, str) or kind not in kinds():
+        raise LockFileError(f"{path}: {where}.kind = {kind!r}; one of {', '.join(kinds())}")
+    impl = source_kind(kind)
+    return impl.parse(LockTable(path, where, raw, {"kind", *impl.keys}))
 
 
 _URL_SCHEMES = ("https", "ssh", "git+ssh", "ssh+git", "file")

@@ -40,6 +40,7 @@ from dsv4patch.store import Store
 SCHEMA = "check-v1"
 # Modules (relative to the package) whose code decides a check result.
 DECIDING = ("series/engine.py", "git.py", "series/patches.py", "pins/repository.py", "pins/lock.py",
+            "pins/source.py", "pins/sdist.py", "pins/gitsource.py", "pins/localsource.py",
             "series/checkcache.py")  # relative to dsv4patch/
 
 

@@ -101,7 +101,7 @@ from typing import IO, Any
 
 from dsv4patch.errors import ChildError as ChildError  # re-exported: the error callers catch
 from dsv4patch.errors import Interrupted as Interrupted
-from dsv4patch.errors import UsageError
+from dsv4patch.errors import ParameterError
 
 # Bounds (docs/trust.md "Bounds"): what one child may cost dsv4patch.
 KEEP = 64 << 10  # bytes of the end of each stream kept in memory (messages quote its last lines)
@@ -907,7 +907,7 @@ def ask_python(python: str, code: str, *args: str, marker: str, label: str, dead
                   flood=PROBE_OUTPUT, keep=PROBE_OUTPUT)
     except ChildError as exc:
         if exc.start_failed:
-            raise UsageError(f"{label}: cannot run it ({str(exc).rsplit('(', 1)[-1].rstrip(')')}); "
+            raise ParameterError(f"{label}: cannot run it ({str(exc).rsplit('(', 1)[-1].rstrip(')')}); "
                              "give the path of a Python interpreter") from None
         raise
     prefix = marker + " "
@@ -915,5 +915,5 @@ def ask_python(python: str, code: str, *args: str, marker: str, label: str, dead
     if line is None:
         return fin, None
     value = safeio.loads_json(line[len(prefix):], label=f"{label}: its answer", limit=PROBE_OUTPUT,
-                              error=UsageError)
+                              error=ParameterError)
     return fin, value

@@ -37,11 +37,24 @@ class Dsv4Error(Exception):
     kind = "internal"
 
 
-class UsageError(Dsv4Error):
-    """A bad option value or environment variable (argparse's own errors too)."""
+def param(name: str) -> str:
+    """A parameter named in a core message (``--lock``'s is ``lock``): the command line shows it
+    in its own spelling (``commands/_words.py``), the core never spells an option."""
+    return f"\u27e8{name}\u27e9"
+
+
+class ParameterError(Dsv4Error):
+    """A value given to the core (a parameter: an option, an environment variable) it cannot use.
+
+    Raised below ``commands/``; the message names parameters with :func:`param`."""
 
     exit_code = EXIT_USAGE
     kind = "usage"
+
+
+class UsageError(ParameterError):
+    """A bad command line: argparse's own errors and a command's checks of its options
+    (raised only in ``main.py`` and ``commands/``; ``tests/test_architecture.py`` checks it)."""
 
 
 class LockFileError(Dsv4Error):

@@ -44,7 +44,7 @@ from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from dsv4patch.errors import FetchError, UsageError
+from dsv4patch.errors import FetchError, ParameterError
 from dsv4patch.limits import env_number
 from dsv4patch.safeio import loads_json
 from dsv4patch.urls import http_url_problem, redact, redact_text
@@ -255,7 +255,7 @@ def configured_index() -> tuple[str, str] | None:
     if found is not None:
         problem = http_url_problem(found[0])
         if problem:
-            raise UsageError(
+            raise ParameterError(
                 f"{found[1]} = {redact(found[0])!r} is refused as a package index: {problem}; "
                 "set it to an https:// simple index (or set DSV4PATCH_INDEX_URL="
                 f"{DEFAULT_INDEX}, which takes precedence)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 
-from dsv4patch.errors import UsageError
+from dsv4patch.errors import ParameterError
 
 
 def parse_number(raw: str, *, what: str, low: float, high: float, low_inclusive: bool = False,
@@ -24,7 +24,7 @@ def parse_number(raw: str, *, what: str, low: float, high: float, low_inclusive:
     """``raw`` as a finite number with ``low < value <= high`` (``low <= value`` with ``low_inclusive``).
 
     ``integer``: a whole number (``3``, not ``3.5``); returned as a float that
-    is integral (``int(...)`` it).  Anything else raises :class:`UsageError`
+    is integral (``int(...)`` it).  Anything else raises :class:`ParameterError`
     naming ``what``.
     """
     text = raw.strip()
@@ -37,7 +37,7 @@ def parse_number(raw: str, *, what: str, low: float, high: float, low_inclusive:
     if not ok:
         kind = "a whole number" if integer else "a finite number"
         hint = f" (e.g. {example})" if example else ""
-        raise UsageError(f"{what}={raw!r}: must be {kind} with {low:g} {op} value <= {high:g}{hint}")
+        raise ParameterError(f"{what}={raw!r}: must be {kind} with {low:g} {op} value <= {high:g}{hint}")
     return value
 
 

@@ -201,7 +201,9 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         if debug:
             traceback.print_exc()
         command = command or next((a for a in argv if a in COMMANDS), "")
-        return _report(command, exc.kind, str(exc), exc.exit_code, _wants_json(argv, args))
+        from dsv4patch.commands import _words
+
+        return _report(command, exc.kind, _words.render(str(exc)), exc.exit_code, _wants_json(argv, args))
     except KeyboardInterrupt:
         return _interrupted(command, _wants_json(argv, args))
     except BrokenPipeError as exc:

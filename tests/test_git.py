@@ -168,7 +168,7 @@ def test_a_git_call_that_blocks_ends_at_its_deadline(tmp_path: Path, monkeypatch
     assert err.value.exit_code == EXIT_CHILD
     assert "git status" in str(err.value) and str(repo) in str(err.value) and "DSV4PATCH_GIT_TIMEOUT" in str(err.value)
     monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "inf")
-    from dsv4patch.errors import UsageError
+    from dsv4patch.errors import ParameterError
 
-    with pytest.raises(UsageError):
+    with pytest.raises(ParameterError):
         git.dirty_paths(repo)

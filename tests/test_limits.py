@@ -8,12 +8,12 @@ import pytest
 
 from dsv4patch import limits
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_USAGE, UsageError
+from dsv4patch.errors import EXIT_USAGE, ParameterError
 
 
 @pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "NaN", "1e999", "", "abc", "0", "-1", "601", "0x10"])
 def test_a_number_outside_its_range_or_not_finite_is_a_usage_error(raw):
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ParameterError) as err:
         limits.parse_number(raw, what="--deadline", low=0, high=600, example="60")
     assert err.value.exit_code == EXIT_USAGE and "--deadline" in str(err.value) and "e.g. 60" in str(err.value)
 
@@ -22,7 +22,7 @@ def test_numbers_in_range_pass():
     assert limits.parse_number(" 600 ", what="x", low=0, high=600) == 600
     assert limits.parse_number("0", what="x", low=0, high=1, low_inclusive=True) == 0
     assert limits.parse_number("2.5", what="x", low=0, high=3) == 2.5
-    with pytest.raises(UsageError):
+    with pytest.raises(ParameterError):
         limits.parse_number("2.5", what="x", low=0, high=3, integer=True)
     assert limits.parse_number("2", what="x", low=0, high=3, integer=True) == 2
 
@@ -31,7 +31,7 @@ def test_an_environment_variable(monkeypatch):
     monkeypatch.delenv("DSV4PATCH_X", raising=False)
     assert limits.env_number("DSV4PATCH_X", 5, low=0, high=10) == 5
     monkeypatch.setenv("DSV4PATCH_X", "inf")
-    with pytest.raises(UsageError, match="DSV4PATCH_X='inf'"):
+    with pytest.raises(ParameterError, match="DSV4PATCH_X='inf'"):
         limits.env_number("DSV4PATCH_X", 5, low=0, high=10)
 
 
@@ -58,7 +58,7 @@ def test_the_bounds_in_the_environment_cannot_be_switched_off(tmp_path, cli, mon
     else:
         from dsv4patch import index
 
-        with pytest.raises(UsageError) as err:
+        with pytest.raises(ParameterError) as err:
             (index.transfer_timeout if "TIMEOUT" in var else index.min_rate)()
         res = type("R", (), {"rc": err.value.exit_code, "err": str(err.value)})()
     assert res.rc == EXIT_USAGE and var in res.err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4patch.errors import UsageError
+from dsv4patch.errors import ParameterError
 from dsv4patch.proofs.selftest import cases, model
 
 
@@ -41,5 +41,5 @@ def test_select_by_engine_set_and_wildcard_keeps_run_order():
     assert [c.name for c in cases.select(every, ["*/short_b1"])] == [
         f"{e}/short_b1" for e in ("plain", "mtp1", "mtp2", "mtp3", "dspark5")]
     assert cases.select(every, None) == every
-    with pytest.raises(UsageError, match="no such case.*engines: dspark5"):
+    with pytest.raises(ParameterError, match="no such case.*engines: dspark5"):
         cases.select(every, ["mtp1-sm120topk"])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import git
-from dsv4patch.errors import TreeError, UsageError
+from dsv4patch.errors import ParameterError, TreeError, param
 from dsv4patch.guard import Checkout
 from dsv4patch.pins import PinRepo, kind_of
 
@@ -109,7 +109,7 @@ def start_branch(co: Checkout, name: str, head: str) -> str:
     path = co.path
     problem = branch_name_problem(name)
     if problem:
-        raise UsageError(f"--branch {problem}")
+        raise ParameterError(f"{param('branch')} {problem}")
     ref = f"refs/heads/{name}"
     if git.current_ref(path) == ref:
         return f"on branch {name}"

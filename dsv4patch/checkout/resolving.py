@@ -43,7 +43,7 @@ from pathlib import Path
 from dsv4patch import git, safeio
 from dsv4patch.checkout import conflicts, forkcheckout, states, transaction
 from dsv4patch.checkout.states import ResolveState
-from dsv4patch.errors import FetchError, TreeError, UsageError
+from dsv4patch.errors import FetchError, ParameterError, TreeError
 from dsv4patch.guard import Checkout
 from dsv4patch.pins import Lock, Pin, PinRepo, find_lock, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
@@ -251,7 +251,7 @@ def _state_lock(given: Path | None, state: ResolveState, path: Path) -> Path:
     named = Path(state.lock)
     try:
         found = find_lock(given)
-    except UsageError:
+    except ParameterError:
         raise TreeError(
             f"the conflict workspace in {path} was opened with the lock {named}; pass it: "
             f"`dsv4patch resolve --tree {path} --lock {named} ...`") from None

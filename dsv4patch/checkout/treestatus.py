@@ -19,7 +19,7 @@ from typing import Any
 
 from dsv4patch import git, guard
 from dsv4patch.checkout import resolving, transaction
-from dsv4patch.errors import FetchError, TreeError, UsageError
+from dsv4patch.errors import FetchError, ParameterError, TreeError
 from dsv4patch.pins import Lock, Pin, find_lock, kind_of, load_lock
 from dsv4patch.series import Series, carried, series_for_pin
 
@@ -158,7 +158,7 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
         return lock, (match[0] if match else lock.pin(None))
     try:
         found = find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
-    except UsageError:
+    except ParameterError:
         return None
     lock = load_lock(found)
     if pin_name:

@@ -13,7 +13,7 @@ from typing import Any
 
 from dsv4patch import report
 from dsv4patch.checkout import ApplyResult, KernelBuild
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree
 from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin
@@ -32,7 +32,7 @@ def number(*, low: float, high: float, what: str = "value", low_inclusive: bool 
         try:
             value = parse_number(text, what=what, low=low, high=high, low_inclusive=low_inclusive, integer=integer,
                                  example=example)
-        except UsageError as exc:
+        except ParameterError as exc:
             raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
         return int(value) if integer else value
 

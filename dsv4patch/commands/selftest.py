@@ -17,7 +17,7 @@ from typing import Any
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 
 HELP = ("run the installed vLLM's own check on this machine: installed files, the series' regression "
         "tests, and a tiny DeepSeek-V4 whose greedy output is known exactly (plain, MTP 1-3, DSpark)")
@@ -125,7 +125,7 @@ def _lock_here() -> bool:
 
     try:
         find_lock(None)
-    except UsageError:
+    except ParameterError:
         return False
     return True
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dsv4patch import report
 from dsv4patch.checkout import tree_status
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 
 if TYPE_CHECKING:
     from dsv4patch.delivery import InstalledReport
@@ -63,7 +63,7 @@ def _installed(args: argparse.Namespace) -> InstalledReport:
                                pin_name=args.pin)
     try:
         path = find_lock(Path(given) if given is not None else None)
-    except UsageError:  # no lock anywhere: a serving node with only dsv4patch installed
+    except ParameterError:  # no lock anywhere: a serving node with only dsv4patch installed
         return check_from_sbom(python=args.python)
     return check_installed(lock=open_lock(path), store=_common.open_store(args),
                            progress=_common.progress(args), pin_name=args.pin, python=args.python)

@@ -35,7 +35,7 @@ from typing import Any
 
 from dsv4patch import childproc, report, safeio
 from dsv4patch.delivery import sbom
-from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, UsageError
+from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, ParameterError, param
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
 from dsv4patch.pins import Lock, Pin
@@ -151,18 +151,18 @@ def _probe_problem(data: Any) -> str | None:
 def probe(python: str, kernel_dist: str) -> dict[str, Any]:
     """What ``python`` has installed (vLLM, torch, the kernel package), located, not imported.
 
-    Cannot run, not a Python, an answer that is not JSON or not the probe's shape: UsageError (2);
+    Cannot run, not a Python, an answer that is not JSON or not the probe's shape: ParameterError (2);
     hangs or floods: ChildError (8).
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"--python {python}",
                                      env=env, cwd="/")
     if fin.returncode != 0 or data is None:
-        raise UsageError(f"--python {python}: not a working Python interpreter ({fin.status()}: "
+        raise ParameterError(f"{param('python')} {python}: not a working Python interpreter ({fin.status()}: "
                          f"{fin.last_line()})")
     problem = _probe_problem(data)
     if problem:
-        raise UsageError(f"--python {python}: the probe's answer is not what it prints ({problem}); "
+        raise ParameterError(f"{param('python')} {python}: the probe's answer is not what it prints ({problem}); "
                          "is this a Python interpreter?")
     return dict(data)
 

@@ -61,7 +61,7 @@ from typing import Any
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.checkout import apply_pin
 from dsv4patch.delivery import sbom
-from dsv4patch.errors import BuildError, IntegrityError, TreeError, UsageError
+from dsv4patch.errors import BuildError, IntegrityError, ParameterError, TreeError, param
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import (
     KERNEL_MEMBER_LIMIT,
@@ -570,10 +570,10 @@ def make_wheel(
         kpkg = read_kernels(kernels, pin, tree.patched_tree, plat)
     elif kernel_sources:
         if plat != host_platform():
-            raise UsageError(
-                f"--platform {plat}: the kernel library is built for this machine "
-                f"({host_platform()}); build it on a {plat} machine with `dsv4patch build --pin "
-                f"{pin.name}` and pass the wheel with --kernels")
+            raise ParameterError(
+                f"{param('platform')} {plat}: the kernel library is built for this machine "
+                f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
+                f"{pin.name}` and pass the wheel with {param('kernels')}")
         kwheel = _build_kernels(lock, pin, store, progress, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}",
                                 archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
                                 extra_include=extra_include)

@@ -51,7 +51,7 @@ from dsv4patch.checkout import (
     recover_tree,
     tree_lock,
 )
-from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
+from dsv4patch.errors import FetchError, LockFileError, ParameterError, PatchFileError, TreeError, param
 from dsv4patch.forks import portspace
 from dsv4patch.pins import (
     Lock,
@@ -123,11 +123,11 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
     is already a pin of the lock is refused, except with ``dry_run`` when that pin is ``to``
     (its version or commit): then that pin itself is returned, to compare the port with."""
     if git_url and local:
-        raise UsageError("--git and --local both name the new pin's source; pass one")
+        raise ParameterError(f"{param('git')} and {param('local')} both name the new pin's source; pass one")
     if local is not None:
         local = Path(os.path.abspath(local))
         if not guard.is_checkout_root(local):
-            raise UsageError(f"--local {local}: not the root of a git checkout")
+            raise ParameterError(f"{param('local')} {local}: not the root of a git checkout")
         with guard.guarded(local, role="--local"):
             head = git.head(local)
         opened = portspace.read_state(local)
@@ -137,21 +137,24 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
             head = opened.base_commit
         to = to or head
         if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
-            raise UsageError(f"--local needs --to to be a full 40-hex commit id (or nothing: HEAD), got {to!r}")
+            raise ParameterError(f"{param('local')} needs {param('to')} to be a full 40-hex commit id (or "
+                                 f"nothing: HEAD), got {to!r}")
         if to != head:
-            raise UsageError(f"--local {local} is at {head}, not --to {to}; check out {to} there first")
+            raise ParameterError(f"{param('local')} {local} is at {head}, not {param('to')} {to}; check out {to} "
+                                 "there first")
     if to is None:
-        raise UsageError("--to is required (a vLLM version on PyPI, or a commit with --git or --local)")
+        raise ParameterError(f"{param('to')} is required (a vLLM version on PyPI, or a commit with {param('git')} or "
+                             f"{param('local')})")
     if re.fullmatch(r"[0-9a-f]{7,40}", to) and not git_url and local is None:
-        raise UsageError(
-            f"--to {to} looks like a commit id, not a vLLM release: name where to fetch it with "
-            f"--git URL (a remote) or --local PATH (a checkout of a fork)"
+        raise ParameterError(
+            f"{param('to')} {to} looks like a commit id, not a vLLM release: name where to fetch it with "
+            f"{param('git')} URL (a remote) or {param('local')} PATH (a checkout of a fork)"
         )
     name = name or (to if local is None and not git_url else f"fork-{to[:12]}")
     if not valid_pin_name(name):
-        raise UsageError(
-            f"pin name {name!r} is not allowed (--name, or --to); use letters, digits, '.', '_', "
-            "'+' and '-' (no '/', spaces or '..')"
+        raise ParameterError(
+            f"pin name {name!r} is not allowed ({param('name')}, or {param('to')}); use letters, digits, '.', "
+            "'_', '+' and '-' (no '/', spaces or '..')"
         )
     if name in lock.pins:
         have = lock.pins[name]

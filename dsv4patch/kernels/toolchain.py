@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import childproc, safeio
-from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, UsageError
+from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, ParameterError, param
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.pins import Pin, ToolchainDef
 from dsv4patch.progress import Progress
@@ -198,12 +198,12 @@ print("DSV4PATCH-TORCH " + json.dumps(locs[0] if locs else None))
 def torch_from_python(python: str) -> TorchEnv:
     """The torch ``python`` would import (located, not imported).
 
-    An interpreter that cannot run or answers what is not JSON: UsageError (2);
+    An interpreter that cannot run or answers what is not JSON: ParameterError (2);
     one that hangs or floods: ChildError (8); one without torch: BuildError (7).
     """
     res, found = childproc.ask_python(python, _TORCH_PROBE, marker="DSV4PATCH-TORCH", label=f"--python {python}")
     if found is not None and not isinstance(found, str):
-        raise UsageError(f"--python {python}: its answer is not the path the torch probe prints; "
+        raise ParameterError(f"{param('python')} {python}: its answer is not the path the torch probe prints; "
                          "is this a Python interpreter?")
     if res.returncode != 0 or not isinstance(found, str):
         raise BuildError(f"--python {python} has no torch (find_spec('torch') found nothing); leave "
@@ -450,8 +450,8 @@ def resolve(
                          "(--allow-torch); `status --installed` reports it")
     else:
         if allow_torch is not None:
-            raise UsageError("--allow-torch VERSION goes with --python: without --python the pin's "
-                             f"torch {req.version} is installed and used")
+            raise ParameterError(f"{param('allow_torch')} VERSION goes with {param('python')}: without "
+                                 f"{param('python')} the pin's torch {req.version} is installed and used")
         if tdef is None:
             raise BuildError(
                 f"pin {pin.name} has no toolchain in the lock ([toolchains.*] and the pin's "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from dsv4patch.errors import LockFileError, UsageError
+from dsv4patch.errors import LockFileError, ParameterError, param
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -182,8 +182,8 @@ def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
     for d in (start, *start.parents):
         if (d / DEFAULT_LOCK).is_file():
             return d / DEFAULT_LOCK
-    raise UsageError(
-        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass --lock FILE "
+    raise ParameterError(
+        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass {param('lock')} FILE "
         "or set DSV4PATCH_LOCK"
     )
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4patch.errors import UsageError
+from dsv4patch.errors import ParameterError, param
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ def select(cases: list[Case], patterns: list[str] | None) -> list[Case]:
         if not hit:
             engines = sorted({c.engine.name for c in cases})
             sets = sorted({c.prompts.name for c in cases})
-            raise UsageError(f"--cases {pat!r}: no such case; engines: {', '.join(engines)}; prompt sets: "
-                             f"{', '.join(sets)} (ENGINE, ENGINE/SET or */SET; the sm120 engine needs "
-                             "--force-sm120-topk)")
+            raise ParameterError(f"{param('cases')} {pat!r}: no such case; engines: {', '.join(engines)}; "
+                                 f"prompt sets: {', '.join(sets)} (ENGINE, ENGINE/SET or */SET; the sm120 engine "
+                                 f"needs {param('force_sm120_topk')})")
         chosen.update(hit)
     return [c for c in cases if c.name in chosen]

@@ -26,9 +26,10 @@ from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation, Workspace
 from dsv4patch.errors import BuildError, TreeError, writing
+from dsv4patch.guard import Checkout
 from dsv4patch.pins import Lock, Pin, PinRepo, kind_of, materialize
 from dsv4patch.progress import Progress
-from dsv4patch.series import PinReport, carried, pin_report, run_series, series_for_pin
+from dsv4patch.series import PinReport, Series, SeriesResult, carried, pin_report, run_series, series_for_pin
 from dsv4patch.store import Store
 
 # Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
@@ -93,135 +94,167 @@ def apply_pin(
     pinrepo = materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     out_notes = list(notes)
-    advice = (f"free space or fix permissions under {path}, then run apply again "
-              "(it finishes or refuses an interrupted move)")
     with transaction.open_tree(path, pinrepo) as (co, created):
-        if created:
-            out_notes.append(created)
-        gitdir = co.gitdir
-        transaction.clean_scratch(gitdir)
-        done = transaction.recover(co)
-        if done:
-            out_notes.append(done)
-        elif (gitdir / "index.lock").exists():
-            raise TreeError(
-                f"{gitdir / 'index.lock'} exists and no dsv4patch apply was interrupted in {path}: "
-                "another git command is running there, or one was killed. Wait for it; if no git "
-                "process is running, delete the file"
-            )
-        if resolving.has_workspace(gitdir):
-            st = resolving.read_state(gitdir, path)
-            raise TreeError(
-                f"{path} holds the conflict workspace of {st.patch} (pin {st.pin}); finish it "
-                f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
-                f"`dsv4patch resolve --abort --tree {path}`"
-            )
-        dirty = git.dirty_paths(path)
-        if dirty:
-            raise TreeError(
-                f"{path} has uncommitted changes ({', '.join(dirty[:5])}"
-                f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first"
-            )
+        out_notes += [created] if created else []
+        _refuse_unfinished(co, path, out_notes)
         head = git.head(path)
-        fork = forkcheckout.is_fork_checkout(path, pinrepo, head)
-        if fork and head is not None:
-            checked = forkcheckout.checkout_pinrepo(path, pinrepo, head)
-            if checked.base_tree != pinrepo.base_tree:
-                # The fork's own commits change the content: the lock's tree ids do not apply.
-                out_notes.append(f"{path}: the series is checked against {checked.base_commit[:12]} "
-                                 f"(the fork's content on top of pin {pin.name}'s commit "
-                                 f"{pin.commit[:12]}); the lock's tree ids are not compared")
-                pin = dataclasses.replace(pin, base_tree=None, patched_tree=None)
-                checked = dataclasses.replace(checked, pin=pin)
-            pinrepo = checked
-        elif branch is not None:
-            raise TreeError(f"--branch goes with a checkout of a git or local pin (a fork); {path} "
-                            f"is a tree dsv4patch made for pin {pin.name}")
-        elif not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
-            raise TreeError(
-                f"{path} is not a tree of pin {pin.name}: its history lacks the pin's base "
-                f"commit {pinrepo.base_commit[:12]}"
-                + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
-                   if kind_of(pin).fork else "")
-                + "; use a new directory for --tree"
-            )
-        with writing(TreeError, str(path), advice):
+        pin, pinrepo = _series_base(path, pin, pinrepo, head, branch, out_notes)
+        with writing(TreeError, str(path), _ADVICE.format(path=path)):
             result = run_series(path, pinrepo.base_commit, series)
         rep = pin_report(pin, pinrepo, result, lock.path)
-
-        def refused(notes_: list[str], workspace: Workspace | None = None) -> ApplyResult:
-            return ApplyResult(lock.path, path, pin.name, rep, False, notes_,
-                               head=workspace.head if workspace else None, workspace=workspace)
-
-        if three_way and result.final_tree is None:
-            with writing(TreeError, str(path), advice):
+        if three_way and result.final_tree is None:  # a conflict: the workspace to resolve it in
+            with writing(TreeError, str(path), _ADVICE.format(path=path)):
                 ws = resolving.open_workspace(
-                    co=co, lock=lock, pin=pin, pinrepo=pinrepo, series=series,
-                    result=result, head=head, store=store, progress=progress,
-                    invocation=invocation or Invocation(build=build is not None), orig_head=orig_head,
-                    branch=branch)
+                    co=co, lock=lock, pin=pin, pinrepo=pinrepo, series=series, result=result, head=head,
+                    store=store, progress=progress, invocation=invocation or Invocation(build=build is not None),
+                    orig_head=orig_head, branch=branch)
             if ws is not None:
-                return refused(out_notes + ws.notes + rep.notes, ws)
-        # With --3way a patch that applies with an offset is committed too (the tree is the
-        # same); `refresh --as-variant` then writes the exact variant.
-        offsets = [n for n, v in rep.patches.items() if not v.ok and v.status == "offset"]
-        accept_offsets = (three_way and result.final_tree is not None and not rep.notes
-                          and all(v.ok or n in offsets for n, v in rep.patches.items()))
-        if accept_offsets and offsets:
-            out_notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
-                             f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
-        if (not rep.ok and not accept_offsets) or result.final_tree is None:
-            return refused(out_notes + [
-                f"{name}: {v.status} (expected {v.expected}): {v.result.message}\n  next: {v.next}"
-                for name, v in rep.patches.items() if not v.ok
-            ] + rep.notes + [f"{path} was left unchanged"])
-        with writing(TreeError, str(path), advice):
-            commits = transaction.plan_commits(path, pinrepo.base_commit, series, result)
-        final = commits[-1] if commits else pinrepo.base_commit
-        if head == final:
-            out_notes.append(f"{path} already has all patches of pin {pin.name}; nothing to do")
-        elif head is not None and (head == pinrepo.base_commit or head in commits):
-            with writing(TreeError, str(path), advice):
-                co.refuse_in_the_way(final, "the apply")  # before a branch is made for it
-                if branch is not None:
-                    out_notes.append(forkcheckout.start_branch(co, branch, head))
-                transaction.move_tree(co, head, final)
-            out_notes.append(
-                f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "
-                f"tree {result.final_tree}"
-            )
-        elif head is not None and git.is_ancestor(path, final, head):
-            # Commits of the user's own above the series dsv4patch made: apply agrees with
-            # `status` (the series, looked for in HEAD's content).
-            above = git.rev_list(path, f"{final}..{head}")
-            applied = [r.patch for r in result.patches if r.status.applies]
-            with git.scratch_index(path, head) as env:
-                found = carried(path, env, series)
-            lost = [n for n in applied if found.get(n) is None]
-            if lost:
-                return refused(out_notes + [
-                    f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "
-                    f"{len(above)} commit(s) of yours above it, and they take out what "
-                    f"{', '.join(lost)} changed; nothing was changed. `dsv4patch status --tree {path}` "
-                    "shows each patch; revert or fix those commits (or check out the series' last "
-                    "commit) to carry the whole series"])
-            out_notes.append(
-                f"{path} has all patches of pin {pin.name} (the series ends at {final[:12]}) and "
-                f"{len(above)} commit(s) of yours above them, left as they are; nothing to do")
-            final = head
-        else:
-            raise TreeError(
-                f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
-                f"{pinrepo.base_commit[:12]} nor a state dsv4patch made, nor a commit above the "
-                "series; check out the base commit or use a new directory"
-            )
-    built: dict[str, Any] | None = None
-    if build is not None:
-        if before_build is not None:  # e.g. show the tree's result before a minutes-long build
-            before_build(ApplyResult(lock.path, path, pin.name, rep, True, list(out_notes), head=final))
-        built, build_notes = _build(path, pin, pinrepo, final, build)
-        out_notes += build_notes
-    return ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final, build=built)
+                return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + ws.notes + rep.notes,
+                                   head=ws.head, workspace=ws)
+        final, problems = pinrepo.base_commit, _unappliable(path, pin, rep, result, three_way, out_notes)
+        if problems is None:
+            final, problems = _move(co, path, pin, pinrepo, series, result, head, branch, out_notes)
+        if problems is not None:
+            return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + problems)  # nothing moved
+    applied = ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final)
+    if build is None:
+        return applied
+    if before_build is not None:  # e.g. show the tree's result before a minutes-long build
+        before_build(dataclasses.replace(applied, notes=list(out_notes)))
+    built, build_notes = _build(path, pin, pinrepo, final, build)
+    return dataclasses.replace(applied, notes=out_notes + build_notes, build=built)
+
+
+_ADVICE = "free space or fix permissions under {path}, then run apply again (it finishes or refuses an interrupted move)"
+
+
+def _refuse_unfinished(co: Checkout, path: Path, out_notes: list[str]) -> None:
+    """Finish an interrupted apply (its journal), or refuse a tree another git command or an open
+    conflict workspace holds, or one with uncommitted changes."""
+    gitdir = co.gitdir
+    transaction.clean_scratch(gitdir)
+    done = transaction.recover(co)
+    if done:
+        out_notes.append(done)
+    elif (gitdir / "index.lock").exists():
+        raise TreeError(
+            f"{gitdir / 'index.lock'} exists and no dsv4patch apply was interrupted in {path}: "
+            "another git command is running there, or one was killed. Wait for it; if no git "
+            "process is running, delete the file"
+        )
+    if resolving.has_workspace(gitdir):
+        st = resolving.read_state(gitdir, path)
+        raise TreeError(
+            f"{path} holds the conflict workspace of {st.patch} (pin {st.pin}); finish it "
+            f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
+            f"`dsv4patch resolve --abort --tree {path}`"
+        )
+    dirty = git.dirty_paths(path)
+    if dirty:
+        raise TreeError(
+            f"{path} has uncommitted changes ({', '.join(dirty[:5])}"
+            f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first"
+        )
+
+
+def _series_base(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, branch: str | None,
+                 out_notes: list[str]) -> tuple[Pin, PinRepo]:
+    """Where the series goes in the tree: the pin's base commit, or on a fork's own checkout the
+    commit it sits on there (the lock's tree ids not compared when the fork's content differs)."""
+    fork = forkcheckout.is_fork_checkout(path, pinrepo, head)
+    if fork and head is not None:
+        checked = forkcheckout.checkout_pinrepo(path, pinrepo, head)
+        if checked.base_tree != pinrepo.base_tree:
+            # The fork's own commits change the content: the lock's tree ids do not apply.
+            out_notes.append(f"{path}: the series is checked against {checked.base_commit[:12]} "
+                             f"(the fork's content on top of pin {pin.name}'s commit "
+                             f"{pin.commit[:12]}); the lock's tree ids are not compared")
+            pin = dataclasses.replace(pin, base_tree=None, patched_tree=None)
+            checked = dataclasses.replace(checked, pin=pin)
+        return pin, checked
+    if branch is not None:
+        raise TreeError(f"--branch goes with a checkout of a git or local pin (a fork); {path} "
+                        f"is a tree dsv4patch made for pin {pin.name}")
+    if not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
+        raise TreeError(
+            f"{path} is not a tree of pin {pin.name}: its history lacks the pin's base "
+            f"commit {pinrepo.base_commit[:12]}"
+            + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
+               if kind_of(pin).fork else "")
+            + "; use a new directory for --tree"
+        )
+    return pin, pinrepo
+
+
+def _unappliable(path: Path, pin: Pin, rep: PinReport, result: SeriesResult, three_way: bool,
+                 out_notes: list[str]) -> list[str] | None:
+    """Why the series may not be committed (each patch that differs from the lock), or None.
+    With --3way a patch that applies with an offset is committed too (the tree is the same);
+    ``refresh --as-variant`` then writes the exact variant."""
+    offsets = [n for n, v in rep.patches.items() if not v.ok and v.status == "offset"]
+    accept_offsets = (three_way and result.final_tree is not None and not rep.notes
+                      and all(v.ok or n in offsets for n, v in rep.patches.items()))
+    if accept_offsets and offsets:
+        out_notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
+                         f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
+    if (not rep.ok and not accept_offsets) or result.final_tree is None:
+        return [
+            f"{name}: {v.status} (expected {v.expected}): {v.result.message}\n  next: {v.next}"
+            for name, v in rep.patches.items() if not v.ok
+        ] + rep.notes + [f"{path} was left unchanged"]
+    return None
+
+
+def _move(co: Checkout, path: Path, pin: Pin, pinrepo: PinRepo, series: Series, result: SeriesResult,
+          head: str | None, branch: str | None, out_notes: list[str]) -> tuple[str, list[str] | None]:
+    """Move the tree to the series' last commit (one journaled move): the final HEAD, and why
+    nothing moved when the user's own commits above the series take out what a patch changed."""
+    with writing(TreeError, str(path), _ADVICE.format(path=path)):
+        commits = transaction.plan_commits(path, pinrepo.base_commit, series, result)
+    final = commits[-1] if commits else pinrepo.base_commit
+    if head == final:
+        out_notes.append(f"{path} already has all patches of pin {pin.name}; nothing to do")
+        return final, None
+    if head is not None and (head == pinrepo.base_commit or head in commits):
+        with writing(TreeError, str(path), _ADVICE.format(path=path)):
+            co.refuse_in_the_way(final, "the apply")  # before a branch is made for it
+            if branch is not None:
+                out_notes.append(forkcheckout.start_branch(co, branch, head))
+            transaction.move_tree(co, head, final)
+        out_notes.append(
+            f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "
+            f"tree {result.final_tree}"
+        )
+        return final, None
+    if head is not None and git.is_ancestor(path, final, head):
+        return head, _above_the_series(path, pin, series, result, head, final, out_notes)
+    raise TreeError(
+        f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
+        f"{pinrepo.base_commit[:12]} nor a state dsv4patch made, nor a commit above the "
+        "series; check out the base commit or use a new directory"
+    )
+
+
+def _above_the_series(path: Path, pin: Pin, series: Series, result: SeriesResult, head: str, final: str,
+                      out_notes: list[str]) -> list[str] | None:
+    """Commits of the user's own above the series dsv4patch made: apply agrees with ``status``
+    (the series, looked for in HEAD's content); None when they keep every patch."""
+    above = git.rev_list(path, f"{final}..{head}")
+    applied = [r.patch for r in result.patches if r.status.applies]
+    with git.scratch_index(path, head) as env:
+        found = carried(path, env, series)
+    lost = [n for n in applied if found.get(n) is None]
+    if lost:
+        return [
+            f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "
+            f"{len(above)} commit(s) of yours above it, and they take out what "
+            f"{', '.join(lost)} changed; nothing was changed. `dsv4patch status --tree {path}` "
+            "shows each patch; revert or fix those commits (or check out the series' last "
+            "commit) to carry the whole series"]
+    out_notes.append(
+        f"{path} has all patches of pin {pin.name} (the series ends at {final[:12]}) and "
+        f"{len(above)} commit(s) of yours above them, left as they are; nothing to do")
+    return None
 
 
 def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,9 @@ from dsv4patch.checkout import (
     variants_dir,
 )
 from dsv4patch.errors import TreeError
-from dsv4patch.pins import Lock, Pin, materialize, open_lock, set_variant, update_derived
+from dsv4patch.pins import Lock, Pin, PinRepo, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
-from dsv4patch.series import Patch, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
+from dsv4patch.series import Patch, Series, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
 from dsv4patch.store import Store
 
 TEMPLATE = (
@@ -133,166 +133,247 @@ def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Pr
                         progress=progress, as_variant=as_variant, chosen_series=chosen_series)
 
 
+@dataclass(frozen=True)
+class _Tree:
+    """The tree's commits on the series' base, as refresh reads them."""
+
+    base: str  # the commit the series sits on (the pin's base, or the fork's own commit)
+    fork: bool  # a fork's own checkout
+    commits: list[str]  # base..HEAD, oldest first
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a new commit's patch goes: the pin's last series, unless other pins share it and the
+    commit must stay the pin's (a fork's own commit, or --as-variant): then its own series."""
+
+    last: str
+    sharing: list[str]
+    own_series: str | None
+
+    @property
+    def series(self) -> str:
+        return self.own_series or self.last
+
+
+@dataclass
+class _Plan:
+    """What refresh writes, gathered commit by commit before anything is written."""
+
+    done: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    writes: list[tuple[Path, str]] = field(default_factory=list)  # (patch file, its text)
+    new_entries: list[tuple[str, str | None, str]] = field(default_factory=list)  # (series, after, name)
+    variants: list[tuple[str, Path]] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)
+
+
 def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progress,
              as_variant: bool, chosen_series: Sequence[str] | None) -> RefreshResult:
-    tree_path = path
-    pinrepo = materialize(pin, store, progress, checkout=tree_path)
+    pinrepo = materialize(pin, store, progress, checkout=path)
     series = series_for_pin(lock, pin)
-    by_name = {p.name: p for p in series.patches}
-    base = pinrepo.base_commit
-    notes: list[str] = []
-    done: dict[str, dict[str, str]] = {}
+    plan = _Plan()
     with tree_lock(path) as co:
-        gitdir = co.gitdir
-        if has_workspace(gitdir):
-            raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
-                            f"resolve --continue --tree {path}` (or --abort) before refresh")
-        dirty = git.dirty_paths(path)
-        if dirty:
-            raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
-                            "writes commits: `git commit` (or `git commit --amend`) them first")
-        head = git.head(path)
-        fork = is_fork_checkout(path, pinrepo, head) and head is not None
-        if fork and head is not None:
-            base = checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
-        if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
-            raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
-                            f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
-        commits = git.rev_list(path, f"{base}..{head}")
-        merges = [c[:12] for c in commits if len(git.parents(path, c)) != 1]
-        if merges:
-            raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
-                            "commits (rebase them onto the base first)")
-        result = run_series(path, base, series)
-        planned = plan_commits(path, base, series, result) if result.final_tree else []
-        statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
-        numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
-        next_number = max(numbers, default=0) + 1
-        # Where a new commit goes: the pin's last series, unless other pins share it and the
-        # commit must stay the pin's (a fork's own commit, or --as-variant): its own series.
-        last = pin.series[-1]
-        sharing = sorted(p.name for p in lock.pins.values() if p.name != pin.name and last in p.series)
-        own_series = _own_series_name(lock, pin) if sharing and (as_variant or fork) else None
-        new_series = own_series or last
-        # Each commit's series (its patch's; a new commit joins the pin's last one), for
-        # numbering within a series.
-        commit_series = []
-        for c in commits:
-            cname = _strip_ours(git.commit_info(path, c).message)[1]
-            commit_series.append(by_name[cname].series if cname in by_name else new_series)
-        parent = base
-        seen: list[str] = []
-        writes: list[tuple[Path, str]] = []
-        new_entries: list[tuple[str, str | None, str]] = []  # (series, after, name)
-        variants: list[tuple[str, Path]] = []
-        for i, c in enumerate(commits):
-            info = git.commit_info(path, c)
-            full_message, author, tree_id = info.message, info.author, info.tree
-            message = full_message
-            if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
-                raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
-                                "it (`git rebase -i`) or amend a change into it, then refresh again")
-            message, name = _strip_ours(message)
-            if name is not None and name not in by_name:
-                raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
-                                f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
-                                "make it a new patch")
-            exact = name is not None and statuses.get(name) is not Status.OFFSET
-            if name and exact and (planned[: i + 1] == commits[: i + 1]
-                                   or _same_change(path, c, tree_id, full_message, by_name[name])):
-                done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
-                parent = c
-                seen.append(name)
-                continue
-            if name is None:
-                subject = message.split("\n", 1)[0]
-                # A commit of yours refreshed before: its patch is in the series now (the commit
-                # has no trailer of ours), found by subject and change, and left alone.
-                known = next((p for p in series.patches if p.name not in seen and p.subject == subject
-                              and _same_tree(path, c, tree_id, p)), None)
-                if known is not None:
-                    done[known.name] = {"action": "unchanged", "file": str(known.path)}
-                    parent = c
-                    seen.append(known.name)
-                    continue
-                name = f"{next_number:04d}-{_slug(subject)}.patch"
-                next_number += 1
-                message = _with_template(message)
-                sname = new_series
-                after = next((s for s in reversed(seen)
-                              if s in by_name and by_name[s].series == sname), None)
-                new_entries.append((sname, after, name))
-                if own_series is not None:
-                    dest = variants_dir(lock, pin) / name
-                    why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
-                    notes.append(f"{name}: in pin {pin.name}'s own series {own_series!r} "
-                                 f"({dest.parent / 'series'}, added to the lock): series {last!r} is also "
-                                 f"read by {', '.join(sharing)} ({why}); to give it to them, move its "
-                                 f"line into {lock.series[last].path}")
-                else:
-                    dest = lock.series[sname].path.parent / name
-                    if sharing:
-                        notes.append(f"{name}: added to series {sname!r}, which pins {', '.join(sharing)} "
-                                     "also read: their check includes it from now on")
-                action = "new"
-                notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
-                             "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
-            elif as_variant or name in pin.variants:
-                dest = variants_dir(lock, pin) / name
-                variants.append((name, dest))
-                action = "refreshed"
-            else:
-                dest = by_name[name].path
-                action = "refreshed"
-            parent = git.commit_tree(path, tree_id, parent, message, author)
-            same = [j for j, sn in enumerate(commit_series) if sn == commit_series[i]]
-            writes.append((dest, git.format_patch(path, parent, same.index(i) + 1, len(same))))
-            done[name] = {"action": action, "file": str(dest)}
-            seen.append(name)
-        for name in by_name:
-            if name not in seen:
-                notes.append(f"{name} is in the series but not among {path}'s commits; remove it "
-                             f"from {lock.series[by_name[name].series].path} if you dropped it")
+        tree = _read_tree(path, co.gitdir, pinrepo, pin)
+        where = _where_new_commits_go(lock, pin, as_variant=as_variant, fork=tree.fork)
+        _plan_commits(path, lock, pin, series, tree, where, as_variant, plan)
+    _write_patches(plan.writes)
+    lock = _write_series_entries(lock, pin, where, plan, chosen_series)
+    for name, dest in plan.variants:
+        set_variant(lock.path, pin.name, name, dest)
+    return _check_written(lock, pin, store, progress, path, tree, pinrepo, plan, chosen_series)
+
+
+def _read_tree(path: Path, gitdir: Path, pinrepo: PinRepo, pin: Pin) -> _Tree:
+    """The tree's commits on the series' base; refused if it is mid-conflict, dirty, not a tree of
+    the pin, or holds merges."""
+    if has_workspace(gitdir):
+        raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
+                        f"resolve --continue --tree {path}` (or --abort) before refresh")
+    dirty = git.dirty_paths(path)
+    if dirty:
+        raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
+                        "writes commits: `git commit` (or `git commit --amend`) them first")
+    head = git.head(path)
+    base = pinrepo.base_commit
+    fork = is_fork_checkout(path, pinrepo, head) and head is not None
+    if fork and head is not None:
+        base = checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
+    if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
+        raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
+                        f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
+    commits = git.rev_list(path, f"{base}..{head}")
+    merges = [c[:12] for c in commits if len(git.parents(path, c)) != 1]
+    if merges:
+        raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
+                        "commits (rebase them onto the base first)")
+    return _Tree(base, fork, commits)
+
+
+def _where_new_commits_go(lock: Lock, pin: Pin, *, as_variant: bool, fork: bool) -> _Where:
+    last = pin.series[-1]
+    sharing = sorted(p.name for p in lock.pins.values() if p.name != pin.name and last in p.series)
+    own_series = _own_series_name(lock, pin) if sharing and (as_variant or fork) else None
+    return _Where(last, sharing, own_series)
+
+
+def _plan_commits(path: Path, lock: Lock, pin: Pin, series: Series, tree: _Tree, where: _Where,
+                  as_variant: bool, plan: _Plan) -> None:
+    """Each commit on the base: unchanged (its patch, or a patch refreshed from it before), a new
+    patch, or its patch refreshed; the patch texts to write go into ``plan``."""
+    by_name = {p.name: p for p in series.patches}
+    result = run_series(path, tree.base, series)
+    planned = plan_commits(path, tree.base, series, result) if result.final_tree else []
+    statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
+    numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
+    next_number = max(numbers, default=0) + 1
+    # Each commit's series (its patch's; a new commit joins where new commits go), for numbering
+    # within a series.
+    commit_series = []
+    for c in tree.commits:
+        cname = _strip_ours(git.commit_info(path, c).message)[1]
+        commit_series.append(by_name[cname].series if cname in by_name else where.series)
+    parent = tree.base
+    for i, c in enumerate(tree.commits):
+        info = git.commit_info(path, c)
+        if info.tree == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
+            raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
+                            "it (`git rebase -i`) or amend a change into it, then refresh again")
+        message, name = _strip_ours(info.message)
+        if name is not None and name not in by_name:
+            raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
+                            f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
+                            "make it a new patch")
+        unchanged = _unchanged_patch(path, c, info.tree, info.message, name, series, statuses, plan.seen,
+                                     same_prefix=planned[: i + 1] == tree.commits[: i + 1])
+        if unchanged is not None:
+            plan.done[unchanged.name] = {"action": "unchanged", "file": str(unchanged.path)}
+            parent = c
+            plan.seen.append(unchanged.name)
+            continue
+        if name is None:
+            subject = message.split("\n", 1)[0]
+            name = f"{next_number:04d}-{_slug(subject)}.patch"
+            next_number += 1
+            message = _with_template(message)
+            dest = _plan_new_patch(lock, pin, name, where, tree.fork, by_name, plan)
+            action = "new"
+        elif as_variant or name in pin.variants:
+            dest = variants_dir(lock, pin) / name
+            plan.variants.append((name, dest))
+            action = "refreshed"
+        else:
+            dest = by_name[name].path
+            action = "refreshed"
+        parent = git.commit_tree(path, info.tree, parent, message, info.author)
+        same = [j for j, sn in enumerate(commit_series) if sn == commit_series[i]]
+        plan.writes.append((dest, git.format_patch(path, parent, same.index(i) + 1, len(same))))
+        plan.done[name] = {"action": action, "file": str(dest)}
+        plan.seen.append(name)
+    for name in by_name:
+        if name not in plan.seen:
+            plan.notes.append(f"{name} is in the series but not among {path}'s commits; remove it "
+                              f"from {lock.series[by_name[name].series].path} if you dropped it")
+
+
+def _unchanged_patch(path: Path, commit: str, tree_id: str, full_message: str, name: str | None,
+                     series: Series, statuses: dict[str, Status], seen: list[str], *,
+                     same_prefix: bool) -> Patch | None:
+    """The series' patch ``commit`` leaves as it is, if any: its own (named by its trailer, applied
+    exactly and made the same change), or, for a commit of yours without our trailer, a patch
+    refreshed from it before (found by subject and change)."""
+    by_name = {p.name: p for p in series.patches}
+    if name is not None:
+        exact = statuses.get(name) is not Status.OFFSET
+        if exact and (same_prefix or _same_change(path, commit, tree_id, full_message, by_name[name])):
+            return by_name[name]
+        return None
+    subject = _strip_ours(full_message)[0].split("\n", 1)[0]
+    return next((p for p in series.patches if p.name not in seen and p.subject == subject
+                 and _same_tree(path, commit, tree_id, p)), None)
+
+
+def _plan_new_patch(lock: Lock, pin: Pin, name: str, where: _Where, fork: bool, by_name: dict[str, Patch],
+                    plan: _Plan) -> Path:
+    """Where the new patch ``name`` is written and listed (after the last patch of its series seen so far)."""
+    sname = where.series
+    after = next((s for s in reversed(plan.seen) if s in by_name and by_name[s].series == sname), None)
+    plan.new_entries.append((sname, after, name))
+    if where.own_series is not None:
+        dest = variants_dir(lock, pin) / name
+        why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
+        plan.notes.append(f"{name}: in pin {pin.name}'s own series {where.own_series!r} "
+                          f"({dest.parent / 'series'}, added to the lock): series {where.last!r} is also "
+                          f"read by {', '.join(where.sharing)} ({why}); to give it to them, move its "
+                          f"line into {lock.series[where.last].path}")
+    else:
+        dest = lock.series[sname].path.parent / name
+        if where.sharing:
+            plan.notes.append(f"{name}: added to series {sname!r}, which pins {', '.join(where.sharing)} "
+                              "also read: their check includes it from now on")
+    plan.notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
+                      "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
+    return dest
+
+
+def _write_patches(writes: list[tuple[Path, str]]) -> None:
     for dest, text in writes:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, dest)
-    if own_series is not None and new_entries:
-        _add_own_series(lock.path, pin, own_series, variants_dir(lock, pin) / "series")
+
+
+def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
+                          chosen_series: Sequence[str] | None) -> Lock:
+    """The new patches listed in their series files (the pin's own series added to the lock first);
+    the lock as it is then."""
+    if where.own_series is not None and plan.new_entries:
+        _add_own_series(lock.path, pin, where.own_series, variants_dir(lock, pin) / "series")
         lock = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
-    for sname, after, name in new_entries:
+    for sname, after, name in plan.new_entries:
         sfile = lock.series[sname].path
         lines = sfile.read_text(encoding="utf-8").splitlines() if sfile.exists() else []
-        at = len(lines)
-        if after is not None:
-            listed = [p.name for p in read_series_file(sfile)]
-            if after in listed:
-                idx = listed.index(after)
-                count = -1
-                for j, line in enumerate(lines):
-                    if line.split("#", 1)[0].strip():
-                        count += 1
-                        if count == idx:
-                            at = j + 1
-                            break
-        rel = os.path.relpath((variants_dir(lock, pin) if sname == own_series
+        at = _line_after(sfile, lines, after)
+        rel = os.path.relpath((variants_dir(lock, pin) if sname == where.own_series
                                else lock.series[sname].path.parent) / name, sfile.parent)
         lines.insert(at, rel)
         sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    for name, dest in variants:
-        set_variant(lock.path, pin.name, name, dest)
-    ok = True
+    return lock
+
+
+def _line_after(sfile: Path, lines: list[str], after: str | None) -> int:
+    """The index in the series file's ``lines`` just after the entry of patch ``after`` (the end
+    when there is none)."""
+    if after is None:
+        return len(lines)
+    listed = [p.name for p in read_series_file(sfile)]
+    if after not in listed:
+        return len(lines)
+    idx = listed.index(after)
+    count = -1
+    for j, line in enumerate(lines):
+        if line.split("#", 1)[0].strip():
+            count += 1
+            if count == idx:
+                return j + 1
+    return len(lines)
+
+
+def _check_written(lock: Lock, pin: Pin, store: Store, progress: Progress, path: Path, tree: _Tree,
+                   pinrepo: PinRepo, plan: _Plan, chosen_series: Sequence[str] | None) -> RefreshResult:
+    """Run the written series: it must give the tree's HEAD; the lock's derived tree ids follow."""
+    notes = plan.notes
     fresh = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     fpin = fresh.pin(pin.name)
     keep_ids = bool(chosen_series)  # the lock's derived tree ids stay as they are
-    if fork:
+    if tree.fork:
         # The fork's own checkout: the written series is run on the commit it sits on there; the
         # lock's tree ids are the pin's, rewritten only when that commit has the pin's content.
-        res = run_series(path, base, series_for_pin(fresh, fpin))
-        if git.out(path, "rev-parse", f"{base}^{{tree}}") != pinrepo.base_tree:
+        res = run_series(path, tree.base, series_for_pin(fresh, fpin))
+        if git.out(path, "rev-parse", f"{tree.base}^{{tree}}") != pinrepo.base_tree:
             keep_ids = True
-            notes.append(f"{path}: the series sits on {base[:12]}, the fork's content on top of pin "
+            notes.append(f"{path}: the series sits on {tree.base[:12]}, the fork's content on top of pin "
                          f"{pin.name}'s commit; the lock's tree ids were left as they are")
         elif not keep_ids:
             update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
@@ -303,19 +384,19 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
             update_derived(fresh.path, pin.name,
                            {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
     head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
-    if res.final_tree != head_tree:
-        ok = False
+    ok = res.final_tree == head_tree
+    if not ok:
         notes.append(f"the written series gives tree {res.final_tree}, {path} has {head_tree}; "
                      "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
     else:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
                      + ("" if keep_ids else f" (patched_tree in {fresh.path})"))
-    if writes and not keep_ids:
-        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store, progress)
-    if writes:
+    if plan.writes and not keep_ids:
+        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in plan.writes}, store, progress)
+    if plan.writes:
         notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
                      "the refreshed series' commits on a new --tree")
-    return RefreshResult(fresh.path, path, pin.name, ok, res.final_tree, done, notes)
+    return RefreshResult(fresh.path, path, pin.name, ok, res.final_tree, plan.done, notes)
 
 
 def _own_series_name(lock: Lock, pin: Pin) -> str:

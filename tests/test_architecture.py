@@ -351,7 +351,6 @@ LONG_FUNCTIONS_LEFT = {
     "delivery/vllm_wheel.py:build",
     "delivery/vllm_wheel.py:read_kernels",
     "forks/porting.py:new_pin",
-    "forks/porting.py:port",
     "forks/porting.py:port_series",
     "kernels/sources.py:loose_intersection",
     "kernels/toolchain.py:resolve",

@@ -41,6 +41,7 @@ import tomlkit
 from dsv4patch import git, guard, index, safeio
 from dsv4patch.checkout import (
     Committed,
+    PortState,
     committed_series,
     content_tree,
     has_workspace,
@@ -640,15 +641,53 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     caller's (resolved against the current directory here, before git runs anywhere else).
     """
     resolutions = Path(os.path.abspath(resolutions)) if resolutions is not None else None
-    workspace = Path(os.path.abspath(workspace)) if workspace is not None else None
+    ws = Path(os.path.abspath(workspace)) if workspace is not None else None
     pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
                   local=local, name=name, dry_run=dry_run)
     existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
     old = materialize(src, store, progress)
     # A local pin's checkout that is the workspace may be mid-port (HEAD detached above the commit).
-    new = materialize(pin, store, progress, checkout=workspace)
+    new = materialize(pin, store, progress, checkout=ws)
     series = series_for_pin(lock, src)
     notes: list[str] = []
+    pin, new = _name_the_new_pin(pin, new, src, series, existing, resolutions, notes)
+    ws_state = portspace.read_state(ws) if ws is not None else None
+    own = _own_workspace_of(ws, ws_state, new)
+    committed = _committed_in_fork(pin)
+    stack = ExitStack()
+    if ws is not None and guard.is_checkout_root(ws):
+        stack.enter_context(guard.guarded(ws, role="--workspace"))  # vetted once for the whole port
+    work = store.tmpdir(f"port-{pin.name}-")
+    try:
+        used = resolutions
+        if ws is not None and ws_state is not None:
+            used = _take_workspace_resolution(lock, src, pin, new, series, ws, ws_state, own, resolutions,
+                                              work, notes)
+        if existing and pin.variants:
+            used = _with_pin_variants(pin, used, work)
+        repo = work / "port.git"
+        git.init_with_alternates(repo, [old.repo, new.repo])
+        ported = port_series(repo, old, new, series, pin.name, used, committed)
+        ported = _name_resolutions(ported, pin, used, ws if ws_state is not None else None, own, existing)
+        ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
+        if existing:
+            ok = _compare_with_pin(pin, ported, notes) and ok
+        if ok and dry_run:
+            if not existing:
+                notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
+                             f"writes the variants, {pin.name}'s PORT.md and the lock entry")
+            return PortResult(src, pin, ok, ported, notes, dry_run=True)
+        if ok:
+            return _write_port(lock, src, pin, new, repo, ported, ws, ws_state, own, notes)
+        return _stopped_at_conflicts(lock, src, pin, new, ported, ws, own, dry_run, notes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        stack.close()
+
+
+def _name_the_new_pin(pin: Pin, new: PinRepo, src: Pin, series: Series, existing: bool,
+                      resolutions: Path | None, notes: list[str]) -> tuple[Pin, PinRepo]:
+    """A fork's new pin gets the version its tree says; resolutions that match no patch are named."""
     if existing:
         notes.append(f"pin {pin.name} is already in the lock: the port is compared with it (its "
                      f"variants taken as resolutions, its expected statuses checked); nothing is written")
@@ -661,119 +700,125 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         for f in unmatched_resolutions(resolutions, series):
             notes.append(f"warning: --resolutions {f} matches no patch of the series "
                          f"(file names must equal the series' patch names); it was not used")
-    ws = workspace
-    ws_state = portspace.read_state(ws) if ws is not None else None
-    own: OwnWorkspace | None = None
+    return pin, new
+
+
+def _own_workspace_of(ws: Path | None, ws_state: PortState | None, new: PinRepo) -> OwnWorkspace | None:
+    """The fork's own checkout as the workspace (refused before anything runs if it cannot be), if it is."""
     if ws is not None and ws_state is None and not is_empty(ws):
-        own = own_workspace(ws, new)  # the fork's own checkout, or refused before anything runs
-    elif ws is not None and ws_state is not None and ws_state.own:
-        own = OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
-    committed: dict[str, Committed] = {}
+        return own_workspace(ws, new)
+    if ws is not None and ws_state is not None and ws_state.own:
+        return OwnWorkspace(ws_state.base_commit, ws_state.orig_ref)
+    return None
+
+
+def _committed_in_fork(pin: Pin) -> dict[str, Committed]:
+    """The series dsv4patch committed in the fork's checkout (its trailers): the evidence of a drop."""
     fork_checkout = kind_of(pin).checkout_path(pin.source)
-    if fork_checkout is not None:
-        # The series dsv4patch committed in the fork (its trailers), named as the evidence of a drop.
-        with guard.guarded(fork_checkout, role=f"pin {pin.name}'s local checkout"):
-            committed = committed_series(fork_checkout, pin.commit)
-    stack = ExitStack()
-    if ws is not None and guard.is_checkout_root(ws):
-        stack.enter_context(guard.guarded(ws, role="--workspace"))  # vetted once for the whole port
-    work = store.tmpdir(f"port-{pin.name}-")
-    try:
-        used = resolutions
-        if ws is not None and ws_state is not None:
-            with tree_lock(ws, role="--workspace") as co:
-                base = new.base_commit
-                if own is not None:
-                    done = recover_tree(co)  # a move killed while the workspace opened
-                    if done:
-                        notes.append(done)
-                    if git.has_object(ws, f"{own.base}^{{commit}}") and \
-                            content_tree(ws, own.base) == new.base_tree:
-                        base = own.base  # the fork's commit with the new pin's content
-                portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
-                patch = next((p for p in series.patches if p.name == ws_state.patch), None)
-                if patch is None:
-                    raise TreeError(f"--workspace {ws} holds {ws_state.patch}, which is not in pin "
-                                    f"{src.name}'s series; use a new directory")
-                same = [p for p in series.patches if p.series == patch.series]
-                got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
-                notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
-            used = portspace.combine(work / "resolutions", resolutions, portspace.resolutions(ws))
-        if existing and pin.variants:
-            # The lock's variants for this pin are the maintainer's port: used like --resolutions
-            # (an explicit --resolutions file wins).
-            theirs = work / "pin-variants"
-            theirs.mkdir()
-            for vname, vpath in pin.variants.items():
-                shutil.copyfile(vpath, theirs / vname)
-            used = portspace.combine(work / "with-variants", theirs, used)
-        repo = work / "port.git"
-        git.init_with_alternates(repo, [old.repo, new.repo])
-        ported = port_series(repo, old, new, series, pin.name, used, committed)
-        kept = portspace.resolutions(ws) if ws is not None and ws_state is not None else None
-        if kept is not None and used is not None:  # name the workspace's resolution, not the copy
-            # (the fork's own checkout drops its copy when the port completes: named by the workspace)
-            ported = [dataclasses.replace(p, detail=p.detail.replace(
-                str(used / p.patch.name),
-                f"the resolution edited in --workspace {ws}" if own else str(kept / p.patch.name)))
-                if (kept / p.patch.name).is_file() else p for p in ported]
-        if existing and used is not None:  # name the lock's variant, not the temporary copy
-            ported = [dataclasses.replace(p, detail=p.detail.replace(
-                str(used / p.patch.name), f"pin {pin.name}'s variant {pin.variants[p.patch.name]}"))
-                if p.patch.name in pin.variants else p for p in ported]
-        ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
-        if existing:
-            ok = _compare_with_pin(pin, ported, notes) and ok
-        if ok and dry_run and existing:
-            return PortResult(src, pin, ok, ported, notes, dry_run=True)
-        if ok and dry_run:
-            notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
-                         f"writes the variants, {pin.name}'s PORT.md and the lock entry")
-            return PortResult(src, pin, ok, ported, notes, dry_run=True)
-        if ok:
-            # The written series must check clean: run it exactly as check would.
-            final = _final_tree(repo, new, ported)
-            files = write_result(lock, pin, ported, new, final)
-            written_lock = load_lock(lock.path)
-            if ws is not None and ws_state is not None and own is not None:
-                with tree_lock(ws, role="--workspace") as co:
-                    notes.append(portspace.restore(co, ws_state))
-                notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
-                             f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
-                             "commits the ported series on a new branch of it")
-            elif ws is not None and ws_state is not None:
-                portspace.close(ws)
-                notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
-                             "workspace can be deleted")
-            wpin = written_lock.pin(pin.name)
-            res = run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
-            bad = [r for r in res.patches if r.status.value != wpin.expected_status(r.patch)]
-            notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")
-            if bad:
-                ok = False
-                notes.append("the written series does not check as expected: " +
-                             ", ".join(f"{r.patch}: {r.status.value}" for r in bad))
-            return PortResult(src, pin, ok, ported, notes,
-                              check={r.patch: r.status.value for r in res.patches}, written=files)
-        for p in ported:
-            for c in p.conflicts:
-                notes.append(f"{p.patch.name}: {c.file} hunk #{c.hunk}: target has "
-                             f"{c.target!r}, the patch wants {c.patch!r}")
-        notes.append("nothing was written")
-        opened = None
-        if ws is not None and dry_run:
-            notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
-        elif ws is not None:
-            opened = open_port_workspace(ws, lock, src, pin, new, ported, notes, own)
-        else:
-            notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
-                         "conflict to edit (then run the same command again), or resolve the conflicts "
-                         f"by hand in a tree (`dsv4patch apply --pin {src.name} --tree DIR`, port the "
-                         "commit, `dsv4patch refresh`) and pass the resolved patches with --resolutions DIR")
-        return PortResult(src, pin, ok, ported, notes, workspace=opened)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        stack.close()
+    if fork_checkout is None:
+        return {}
+    with guard.guarded(fork_checkout, role=f"pin {pin.name}'s local checkout"):
+        return committed_series(fork_checkout, pin.commit)
+
+
+def _take_workspace_resolution(lock: Lock, src: Pin, pin: Pin, new: PinRepo, series: Series, ws: Path,
+                               ws_state: PortState, own: OwnWorkspace | None, resolutions: Path | None,
+                               work: Path, notes: list[str]) -> Path:
+    """The edited workspace turned into its patch's resolution; every resolution the port uses."""
+    with tree_lock(ws, role="--workspace") as co:
+        base = new.base_commit
+        if own is not None:
+            done = recover_tree(co)  # a move killed while the workspace opened
+            if done:
+                notes.append(done)
+            if git.has_object(ws, f"{own.base}^{{commit}}") and content_tree(ws, own.base) == new.base_tree:
+                base = own.base  # the fork's commit with the new pin's content
+        portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
+        patch = next((p for p in series.patches if p.name == ws_state.patch), None)
+        if patch is None:
+            raise TreeError(f"--workspace {ws} holds {ws_state.patch}, which is not in pin "
+                            f"{src.name}'s series; use a new directory")
+        same = [p for p in series.patches if p.series == patch.series]
+        got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
+        notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
+    return portspace.combine(work / "resolutions", resolutions, portspace.resolutions(ws))
+
+
+def _with_pin_variants(pin: Pin, used: Path | None, work: Path) -> Path:
+    """The lock's variants for this pin are the maintainer's port: used like --resolutions (an
+    explicit --resolutions file wins)."""
+    theirs = work / "pin-variants"
+    theirs.mkdir()
+    for vname, vpath in pin.variants.items():
+        shutil.copyfile(vpath, theirs / vname)
+    return portspace.combine(work / "with-variants", theirs, used)
+
+
+def _name_resolutions(ported: list[Ported], pin: Pin, used: Path | None, ws: Path | None,
+                      own: OwnWorkspace | None, existing: bool) -> list[Ported]:
+    """Each detail names the resolution where the maintainer keeps it, not the temporary copy."""
+    kept = portspace.resolutions(ws) if ws is not None else None
+    if kept is not None and used is not None:  # name the workspace's resolution, not the copy
+        # (the fork's own checkout drops its copy when the port completes: named by the workspace)
+        ported = [dataclasses.replace(p, detail=p.detail.replace(
+            str(used / p.patch.name),
+            f"the resolution edited in --workspace {ws}" if own else str(kept / p.patch.name)))
+            if (kept / p.patch.name).is_file() else p for p in ported]
+    if existing and used is not None:  # name the lock's variant, not the temporary copy
+        ported = [dataclasses.replace(p, detail=p.detail.replace(
+            str(used / p.patch.name), f"pin {pin.name}'s variant {pin.variants[p.patch.name]}"))
+            if p.patch.name in pin.variants else p for p in ported]
+    return ported
+
+
+def _write_port(lock: Lock, src: Pin, pin: Pin, new: PinRepo, repo: Path, ported: list[Ported],
+                ws: Path | None, ws_state: PortState | None, own: OwnWorkspace | None,
+                notes: list[str]) -> PortResult:
+    """Write the variants, PORT.md and the lock entry, close the workspace, and check the written
+    series exactly as check would: it must give the statuses the new entry expects."""
+    final = _final_tree(repo, new, ported)
+    files = write_result(lock, pin, ported, new, final)
+    written_lock = load_lock(lock.path)
+    if ws is not None and ws_state is not None and own is not None:
+        with tree_lock(ws, role="--workspace") as co:
+            notes.append(portspace.restore(co, ws_state))
+        notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
+                     f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
+                     "commits the ported series on a new branch of it")
+    elif ws is not None and ws_state is not None:
+        portspace.close(ws)
+        notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
+                     "workspace can be deleted")
+    wpin = written_lock.pin(pin.name)
+    res = run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
+    bad = [r for r in res.patches if r.status.value != wpin.expected_status(r.patch)]
+    notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")
+    if bad:
+        notes.append("the written series does not check as expected: " +
+                     ", ".join(f"{r.patch}: {r.status.value}" for r in bad))
+    return PortResult(src, pin, not bad, ported, notes,
+                      check={r.patch: r.status.value for r in res.patches}, written=files)
+
+
+def _stopped_at_conflicts(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ported: list[Ported], ws: Path | None,
+                          own: OwnWorkspace | None, dry_run: bool, notes: list[str]) -> PortResult:
+    """Nothing written: each conflicting hunk, and the workspace to resolve it in (or how to get one)."""
+    for p in ported:
+        for c in p.conflicts:
+            notes.append(f"{p.patch.name}: {c.file} hunk #{c.hunk}: target has "
+                         f"{c.target!r}, the patch wants {c.patch!r}")
+    notes.append("nothing was written")
+    opened = None
+    if ws is not None and dry_run:
+        notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
+    elif ws is not None:
+        opened = open_port_workspace(ws, lock, src, pin, new, ported, notes, own)
+    else:
+        notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
+                     "conflict to edit (then run the same command again), or resolve the conflicts "
+                     f"by hand in a tree (`dsv4patch apply --pin {src.name} --tree DIR`, port the "
+                     "commit, `dsv4patch refresh`) and pass the resolved patches with --resolutions DIR")
+    return PortResult(src, pin, False, ported, notes, workspace=opened)
 
 
 @dataclass(frozen=True)

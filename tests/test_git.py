@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from conftest import sh
-from dsv4patch import checkout, git
+from dsv4patch import git, guard
 
 
 @pytest.fixture(autouse=True)
 def _held(tmp_path: Path) -> Iterator[None]:
     """The repositories of these tests are work trees: git runs in them only while held."""
-    with checkout.owned(tmp_path / "r"):
+    with guard.owned(tmp_path / "r"):
         yield
 
 
@@ -87,7 +87,7 @@ def test_git_refuses_a_work_tree_nobody_vetted(tmp_path: Path) -> None:
     sh(other, "init", "-q")
     with pytest.raises(git.UnguardedCheckout, match="not\n?.*vetted"):
         git.head(other)
-    with checkout.guarded(other) as co:
+    with guard.guarded(other) as co:
         assert git.head(other) is None and co.gitdir == other / ".git"
     with pytest.raises(git.UnguardedCheckout):
         git.dirty_paths(other)
@@ -147,3 +147,28 @@ def test_format_patch_is_the_same_bytes_whatever_the_repositorys_config(tmp_path
 ])
 def test_branch_names(name: str, ok: bool) -> None:
     assert git.valid_branch_name(name) is ok
+
+
+def test_a_git_call_that_blocks_ends_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO planted where git opens a file after the guard looked (here: the work tree's .gitignore, which
+    `git status` opens) blocks git on open: the call ends at DSV4PATCH_GIT_TIMEOUT as a ChildError (exit 8)
+    naming git's verb and the directory, and no git is left behind."""
+    import os
+    import time
+
+    from dsv4patch.errors import EXIT_CHILD, ChildError
+
+    repo, _head = _repo(tmp_path)
+    os.mkfifo(repo / ".gitignore")
+    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(ChildError) as err:
+        git.dirty_paths(repo)
+    assert time.monotonic() - start < 30
+    assert err.value.exit_code == EXIT_CHILD
+    assert "git status" in str(err.value) and str(repo) in str(err.value) and "DSV4PATCH_GIT_TIMEOUT" in str(err.value)
+    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "inf")
+    from dsv4patch.errors import UsageError
+
+    with pytest.raises(UsageError):
+        git.dirty_paths(repo)

@@ -1,12 +1,12 @@
-"""dsv4patch.selftest.plan: engines sized from free GPU memory, their order, warm start deadlines."""
+"""dsv4patch.proofs.selftest.plan: engines sized from free GPU memory, their order, warm start deadlines."""
 
 from __future__ import annotations
 
 import pytest
 
 from dsv4patch.errors import EXIT_USAGE, UsageError
-from dsv4patch.selftest import cases, plan
-from dsv4patch.selftest.node import Device, Node
+from dsv4patch.proofs.selftest import cases, plan
+from dsv4patch.proofs.selftest.node import Device, Node
 
 GIB = 2**30
 H200 = Device(0, "NVIDIA H200", "9.0", 143_000 * 2**20, 150_106_341_376)

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dsv4patch import applying, building, report
-from dsv4patch import lock as lockmod
+from dsv4patch import report
+from dsv4patch.checkout import ApplyResult, KernelBuild
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree
 from dsv4patch.limits import parse_number
-from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
+from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin
+from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
@@ -74,7 +76,7 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 def open_lock(args: argparse.Namespace) -> Lock:
     """The lock named by ``--lock`` (or found), with ``--series`` applied; ``args`` is not changed."""
-    return lockmod.open_lock(args.lock if "lock" in args else None, args.series if "series" in args else None)
+    return open_lock_file(args.lock if "lock" in args else None, args.series if "series" in args else None)
 
 
 def open_store(args: argparse.Namespace) -> Store:
@@ -126,7 +128,7 @@ def checked_tree(given: Path) -> Path:
     return path
 
 
-def render_apply(fmt: str, result: applying.ApplyResult) -> int:
+def render_apply(fmt: str, result: ApplyResult) -> int:
     """Print an apply's result (``apply``, ``resolve --continue``); its exit code."""
     out = result.to_json()
     table, md = report.matrix_table(out)
@@ -134,20 +136,20 @@ def render_apply(fmt: str, result: applying.ApplyResult) -> int:
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
-def render_notes(fmt: str, notes: list[str], result: applying.ApplyResult) -> int:
+def render_notes(fmt: str, notes: list[str], result: ApplyResult) -> int:
     """The notes an apply added after its table was shown (text); its exit code."""
     report.emit(fmt, {"notes": notes}, None, None)
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 allow_torch: str | None = None, fmt: str = "text") -> applying.KernelBuild:
+                 allow_torch: str | None = None, fmt: str = "text") -> KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
-        return building.build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
-                                   python=python, nvcc=nvcc, allow_torch=allow_torch,
-                                   out=out or building.DEFAULT_OUT).to_json()
+        return build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
+                          python=python, nvcc=nvcc, allow_torch=allow_torch,
+                          out=out or DEFAULT_BUILD_OUT).to_json()
 
     return build
 

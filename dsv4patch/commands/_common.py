@@ -9,15 +9,18 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dsv4patch import applying, building, report
 from dsv4patch import lock as lockmod
+from dsv4patch import report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 from dsv4patch.limits import parse_number
 from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
+    from dsv4patch import applying
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
@@ -145,6 +148,8 @@ def kernel_build(store: Store, *, out: Path | None, python: str | None = None, n
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
+        from dsv4patch import building  # the kernel build, its toolchain: only when apply builds
+
         return building.build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
                                    python=python, nvcc=nvcc, allow_torch=allow_torch,
                                    out=out or building.DEFAULT_OUT).to_json()

@@ -1,8 +1,10 @@
 """Shared fixtures: a real git "vLLM-like" upstream, lock builders, CLI runner.
 
 Tests use real git and, for the sdist pins, the real vLLM sdists from PyPI,
-downloaded once into a shared cache (``$DSV4PATCH_TEST_CACHE``, default
-``.cache/test-store`` in the checkout) so a warm machine never re-downloads.
+downloaded once into a shared cache so a warm machine never re-downloads:
+``$DSV4PATCH_TEST_CACHE``, default the CLI's own cache (``$DSV4PATCH_CACHE``, else
+``~/.cache/dsv4patch``), so the README's test command reuses what its first command
+(the card's apply) fetched and compiled: the pin's tree, torch, nvcc, the kernel objects.
 """
 
 from __future__ import annotations
@@ -120,7 +122,10 @@ def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
-    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE", ROOT / ".cache" / "test-store"))
+    """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``store.default_root``)."""
+    from dsv4patch.store import default_root
+
+    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or default_root())
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -250,13 +250,16 @@ class WheelBuild:
     sbom_size: int = 0
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def member_problem(name: str) -> str | None:
     """Why a wheel member ``name`` is not a plain path inside the wheel, or None.
 
     The stock wheel is pinned by sha256, the ``--kernels`` wheel is not; either
     way, what goes into the patched wheel must install under site-packages.
     """
-    if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if not name or _CONTROL.search(name):
         return "is empty or has control characters"
     if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
         return "is an absolute or Windows path"

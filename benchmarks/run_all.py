@@ -31,6 +31,7 @@ import argparse
 import datetime
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -95,10 +96,26 @@ def import_ms(args: list[str]) -> float:
     return total / 1000.0
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+def cpu() -> float:
+    """CPU seconds (user + system) of this process and its finished children: unlike wall time, what
+    a run costs whatever else the machine runs (our own busy processes are not waited for until the
+    phase ends)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[], object], cpu_log: list[float] | None = None) -> float:
+    t0, c0 = time.perf_counter(), cpu()
     fn()
+    if cpu_log is not None:
+        cpu_log.append(cpu() - c0)
     return time.perf_counter() - t0
+
+
+def ratio(entry: dict[str, Any], ours: str, base: str) -> None:
+    """The wall and CPU ratios (medians) of ``entry[ours]`` over ``entry[base]``."""
+    entry["ratio"] = statistics.median(entry[ours]) / statistics.median(entry[base])
+    entry["cpu_ratio"] = statistics.median(entry[ours + "_cpu"]) / statistics.median(entry[base + "_cpu"])
 
 
 def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -121,28 +138,34 @@ def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[
                           "check_over_interpreter_ms": min(chk) - min(interp),
                           "loadavg": load_avg()}
         # check vs the bare loop (one pin, the whole lock).
-        b1, t1, b, t = [], [], [], []
+        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
+        lock: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
+        check_one = ["check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache]
+        check_lock = ["check", "--lock", str(lock_path), "--cache-dir", cache]
         for _ in range(rounds):
-            b1.append(baseline(ctx["one"]))
-            t1.append(run_cli(["check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache], env=ENV)[0])
-            b.append(baseline(ctx["pins"]))
-            t.append(run_cli(["check", "--lock", str(lock_path), "--cache-dir", cache], env=ENV)[0])
-        out["check_one"] = {"bare_s": b1, "check_s": t1,
-                            "ratio": statistics.median(t1) / statistics.median(b1), "loadavg": load_avg()}
-        out["check_lock"] = {"bare_s": b, "check_s": t,
-                             "ratio": statistics.median(t) / statistics.median(b), "loadavg": load_avg()}
+            one["bare_s"].append(timed(lambda: baseline(ctx["one"]), one["bare_s_cpu"]))
+            one["check_s"].append(timed(lambda: run_cli(check_one, env=ENV), one["check_s_cpu"]))
+            lock["bare_s"].append(timed(lambda: baseline(ctx["pins"]), lock["bare_s_cpu"]))
+            lock["check_s"].append(timed(lambda: run_cli(check_lock, env=ENV), lock["check_s_cpu"]))
+        for entry in (one, lock):
+            ratio(entry, "check_s", "bare_s")
+            entry["loadavg"] = load_avg()
+        out["check_one"], out["check_lock"] = one, lock
         # wheel vs copying the stock wheel.
-        copy_s, wheel_s = [], []
+        wheel: dict[str, Any] = {k: [] for k in ("copy_s", "wheel_s", "copy_s_cpu", "wheel_s_cpu")}
         with tempfile.TemporaryDirectory(prefix="dsv4-bench-wheel-") as d:
             for i in range(max(1, rounds // 2)):
-                dest = Path(d) / f"copy-{i}.whl"
-                copy_s.append(timed(lambda dest=dest: shutil.copyfile(ctx["stock_wheel"], dest)))
+                dest, wout = Path(d) / f"copy-{i}.whl", Path(d) / f"w-{i}"
+                wheel["copy_s"].append(timed(lambda dest=dest: shutil.copyfile(ctx["stock_wheel"], dest),
+                                             wheel["copy_s_cpu"]))
                 dest.unlink()
-                wheel_s.append(run_cli(["wheel", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache,
-                                        "--out", str(Path(d) / f"w-{i}")], env=ENV)[0])
-                shutil.rmtree(Path(d) / f"w-{i}")
-        out["wheel"] = {"copy_s": copy_s, "wheel_s": wheel_s,
-                        "ratio": statistics.median(wheel_s) / statistics.median(copy_s), "loadavg": load_avg()}
+                wheel["wheel_s"].append(timed(lambda wout=wout: run_cli(
+                    ["wheel", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache, "--out", str(wout)],
+                    env=ENV), wheel["wheel_s_cpu"]))
+                shutil.rmtree(wout)
+        ratio(wheel, "wheel_s", "copy_s")
+        wheel["loadavg"] = load_avg()
+        out["wheel"] = wheel
         out["loadavg_end"] = load_avg()
     return out
 
@@ -172,11 +195,19 @@ def table(res: dict[str, Any]) -> str:
     def ok(value: float, goal: float) -> str:
         return f"**{value:.2f}** (goal <= {goal:g}: {'met' if value <= goal else 'NOT met'})"
 
+    def cell(entry: dict[str, Any], ours: str, base: str, goal: float, digits: int = 3) -> str:
+        m = statistics.median
+        return (f"{m(entry[ours]):.{digits}f} s / {m(entry[base]):.{digits}f} s = {ok(entry['ratio'], goal)}; "
+                f"CPU {m(entry[ours + '_cpu']):.{digits}f} s / {m(entry[base + '_cpu']):.{digits}f} s = "
+                f"{entry['cpu_ratio']:.2f}")
+
     rows = [
         f"Measured {res['date']} by `python benchmarks/run_all.py --rounds {res['rounds']} --load {res['load']}` "
         f"on {res['cpus']} CPUs, Python {res['python']}, on a machine shared with other work: "
         "**quiet** adds no load of ours (the load average shown is the machine's own), **loaded** adds "
-        f"{res['load']} busy processes; each ratio's baseline ran in the same phase, alternating.",
+        f"{res['load']} busy processes; each ratio's baseline ran in the same phase, alternating. "
+        "Wall-time ratios are the goals; the CPU seconds (user + system, children included) show what "
+        "each run costs whatever else the machine runs.",
         "",
         "| what | quiet | loaded |", "|---|---|---|",
         "| load average (1 min) at the start / end of the phase | "
@@ -187,20 +218,14 @@ def table(res: dict[str, Any]) -> str:
         rows.append(f"| start-up of {label}: imports beyond the interpreter's own, ms (goal <= 80) | "
                     f"{ok(q['startup'][key], GOALS['startup_ms'])} | {ok(ld['startup'][key], GOALS['startup_ms'])} |")
     rows.append(f"| warm `check --pin {ONE}` / bare `git apply --cached --check` loop ({res['one_patches']} patches) | "
-                f"{statistics.median(q['check_one']['check_s']):.3f} s / {statistics.median(q['check_one']['bare_s']):.3f} s"
-                f" = {ok(q['check_one']['ratio'], GOALS['check_one_quiet'])} | "
-                f"{statistics.median(ld['check_one']['check_s']):.3f} s / {statistics.median(ld['check_one']['bare_s']):.3f} s"
-                f" = {ok(ld['check_one']['ratio'], GOALS['check_one_loaded'])} |")
+                f"{cell(q['check_one'], 'check_s', 'bare_s', GOALS['check_one_quiet'])} | "
+                f"{cell(ld['check_one'], 'check_s', 'bare_s', GOALS['check_one_loaded'])} |")
     rows.append(f"| warm `check`, whole lock ({res['pins']} pins, {res['patch_checks']} patch checks) / bare loop | "
-                f"{statistics.median(q['check_lock']['check_s']):.3f} s / {statistics.median(q['check_lock']['bare_s']):.3f} s"
-                f" = {ok(q['check_lock']['ratio'], GOALS['check_lock'])} | "
-                f"{statistics.median(ld['check_lock']['check_s']):.3f} s / {statistics.median(ld['check_lock']['bare_s']):.3f} s"
-                f" = {ok(ld['check_lock']['ratio'], GOALS['check_lock'])} |")
+                f"{cell(q['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} | "
+                f"{cell(ld['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} |")
     rows.append(f"| warm `wheel --pin {ONE}` / copy of the stock wheel ({res['stock_mb']:.0f} MB) | "
-                f"{statistics.median(q['wheel']['wheel_s']):.2f} s / {statistics.median(q['wheel']['copy_s']):.2f} s"
-                f" = {ok(q['wheel']['ratio'], GOALS['wheel_over_copy'])} | "
-                f"{statistics.median(ld['wheel']['wheel_s']):.2f} s / {statistics.median(ld['wheel']['copy_s']):.2f} s"
-                f" = {ok(ld['wheel']['ratio'], GOALS['wheel_over_copy'])} |")
+                f"{cell(q['wheel'], 'wheel_s', 'copy_s', GOALS['wheel_over_copy'], 2)} | "
+                f"{cell(ld['wheel'], 'wheel_s', 'copy_s', GOALS['wheel_over_copy'], 2)} |")
     s = res.get("suite")
     if s:
         counts = ", ".join(f"{v} {k}" for k, v in s["counts"].items())

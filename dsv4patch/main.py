@@ -24,7 +24,6 @@ import json
 import os
 import select
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -202,6 +201,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         return code
     except Dsv4Error as exc:
         if debug:
+            import traceback  # only for an error (start-up imports only what the run needs)
+
             traceback.print_exc()
         command = command or next((a for a in argv if a in COMMANDS), "")
         return _report(command, exc.kind, str(exc), exc.exit_code, _wants_json(argv, args))
@@ -217,6 +218,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
 
 
 def _internal(exc: Exception, command: str, debug: bool, argv: list[str], args: argparse.Namespace | None) -> int:
+    import traceback  # only for an error (start-up imports only what the run needs)
+
     if debug:
         traceback.print_exc()
     where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -49,11 +49,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_cli import ENV, run_cli, write_report  # noqa: E402
 from check_speed import baseline  # noqa: E402
-from dsv4patch import tree  # noqa: E402
 from dsv4patch.kernels import stock  # noqa: E402
-from dsv4patch.lock import load  # noqa: E402
+from dsv4patch.pins import repository  # noqa: E402
+from dsv4patch.pins.lock import load  # noqa: E402
 from dsv4patch.progress import Progress  # noqa: E402
-from dsv4patch.series import series_for_pin  # noqa: E402
+from dsv4patch.series.patches import series_for_pin  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 ONE = "0.27.1"
@@ -260,7 +260,7 @@ def main() -> int:
     quiet = Progress(False)
     pins = []
     for pin in lock.pins.values():  # warm the cache (untimed)
-        repo = tree.materialize(pin, store, quiet)
+        repo = repository.materialize(pin, store, quiet)
         pins.append((repo.repo, repo.base_commit, [p.path for p in series_for_pin(lock, pin).patches]))
     one = [p for p, name in zip(pins, lock.pins, strict=True) if name == ONE]
     stock_wheel = stock.wheel_path(store, stock.wheel_for(lock.pin(ONE), "x86_64"), quiet)

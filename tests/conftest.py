@@ -187,7 +187,7 @@ def cpu_testenv(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
     """The CPU test venv (torch's CPU build, triton, pytest) that verify uses, for tests that need
     torch: the CLI's own venv has none (CI's has none), so such tests run their torch parts in this
     venv's python. Built once into the shared cache (minutes on a cold cache, needs PyPI)."""
-    from dsv4patch import testenv
+    from dsv4patch.proofs import testenv
     from dsv4patch.store import Store
 
     req = pin_requirements("0.27.1", shared_cache, tmp_path_factory.mktemp("req"))
@@ -215,9 +215,9 @@ def vllm026(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Vll
     303 MB, is read from the store)."""
     import zipfile
 
-    from dsv4patch import testenv
     from dsv4patch.kernels import stock
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
+    from dsv4patch.proofs import testenv
     from dsv4patch.store import Store
 
     base = tmp_path_factory.mktemp("vllm026")
@@ -352,12 +352,13 @@ def sdist_pin(name: str, commit: str, sha: str, url: str | None = None) -> str:
 def pin_requirements(pin_name: str, cache: Path, dest: Path) -> Path:
     """A directory holding the pin's ``requirements/`` files: all that testenv reads to pick
     the CPU test venv (the pin is materialized into ``cache`` if it is not there yet)."""
-    from dsv4patch import git, tree
-    from dsv4patch.lock import load
+    from dsv4patch import git
+    from dsv4patch.pins import repository
+    from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
     from dsv4patch.store import Store
 
-    pr = tree.materialize(load(LOCK).pin(pin_name), Store.open(cache), Progress(False))
+    pr = repository.materialize(load(LOCK).pin(pin_name), Store.open(cache), Progress(False))
     for name in ("common.txt", "cuda.txt"):
         f = dest / "requirements" / name
         f.parent.mkdir(parents=True, exist_ok=True)

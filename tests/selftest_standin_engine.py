@@ -1,4 +1,4 @@
-"""A STAND-IN for the self-test's engine child (dsv4patch/selftest/child.py), for machines without a GPU.
+"""A STAND-IN for the self-test's engine child (dsv4patch/proofs/selftest/child.py), for machines without a GPU.
 
 The real child needs vLLM and a CUDA GPU.  This script speaks the same
 protocol (argv: SPEC.json PROGRESS.jsonl; JSON-line events) so the runner's
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"standin_{name}", ROOT / "dsv4patch" / "selftest" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"standin_{name}", ROOT / "dsv4patch" / "proofs" / "selftest" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

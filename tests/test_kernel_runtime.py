@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK
-from dsv4patch import testenv
 from dsv4patch.kernels import runtime, stock
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, validate_json
-from dsv4patch import testenv
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import fatbin, sources, stock
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 # vLLM 0.27.1's release wheels (.buildkite/release-pipeline.yaml, CUDA 13.0) and what its
@@ -42,14 +42,14 @@ OP_KERNELS = {"persistent_topk": r"^_ZN4vllm10persistent", "cooperative_topk": r
 
 @pytest.fixture(scope="module")
 def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Iterator[Path]:
-    from dsv4patch import checkout
+    from dsv4patch import guard
     from dsv4patch.main import main
 
     tree = tmp_path_factory.mktemp("kt") / "vllm"
     rc = main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(tree),
                "--cache-dir", str(shared_cache), "--format", "json", "--no-build"])
     assert rc == 0
-    with checkout.guarded(tree):  # a work tree: git runs in it only while held (dsv4patch/checkout.py)
+    with guard.guarded(tree):  # a work tree: git runs in it only while held (dsv4patch/guard.py)
         yield tree
 
 
@@ -221,7 +221,7 @@ def built(patched_tree: Path, shared_cache: Path, tmp_path_factory: pytest.TempP
     the card's ``apply`` builds with (the lock's torch and nvcc, cached in the store): the
     objects it compiled are found, so a run after the README's first command compiles nothing
     here (one compile per unit and arch per cache)."""
-    from dsv4patch import toolchain
+    from dsv4patch.kernels import toolchain
     from dsv4patch.progress import Progress
 
     store = Store.open(shared_cache)

@@ -1,4 +1,4 @@
-"""The CycloneDX SBOM in the patched vLLM 0.27.1 wheel (dsv4patch/sbom.py), on the real wheel.
+"""The CycloneDX SBOM in the patched vLLM 0.27.1 wheel (dsv4patch/delivery/sbom.py), on the real wheel.
 
 The patched wheel is made from vLLM's real stock wheel (sha256 from the lock,
 cached in the shared store) with a kernel library that ``dsv4patch build``
@@ -28,9 +28,9 @@ from urllib.parse import quote
 import pytest
 
 from conftest import LOCK
-from dsv4patch import sbom, vllm_wheel
-from dsv4patch.lock import load
+from dsv4patch.delivery import sbom, vllm_wheel
 from dsv4patch.main import main
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

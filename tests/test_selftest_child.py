@@ -1,6 +1,6 @@
-"""dsv4patch.selftest.child against vLLM 0.26.0's own Python, as far as it goes without a GPU.
+"""dsv4patch.proofs.selftest.child against vLLM 0.26.0's own Python, as far as it goes without a GPU.
 
-The runner starts the real child (``dsv4patch/selftest/child.py``) in the 0.26.0 CPU test venv with
+The runner starts the real child (``dsv4patch/proofs/selftest/child.py``) in the 0.26.0 CPU test venv with
 the stock wheel's Python files, and again with the pin's patched tree: the child imports vLLM,
 installs SM120's top-k route (``--force-sm120-topk``; it refuses a vLLM whose indexer asks for the
 SM120 family anywhere but the decode top-k choice), reports its fingerprint, registers the oracle's
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import cases, runner
+from dsv4patch.proofs.selftest import cases, runner
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = ROOT / "dsv4patch" / "selftest" / "child.py"
+CHILD = ROOT / "dsv4patch" / "proofs" / "selftest" / "child.py"
 ROUTE = "vllm.model_executor.layers.sparse_attn_indexer.current_platform answers SM120 family"
 
 

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.model: the successor design, its margin, and the weights it sets.
+"""dsv4patch.proofs.selftest.model: the successor design, its margin, and the weights it sets.
 
 The margin is checked twice: in pure Python on the designed matrices
 (``reference_logits``), and in torch (CPU) by applying ``apply_oracle_weights`` to
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import model as m
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import model as m
+from dsv4patch.proofs.selftest.model import DESIGN
 
 
 def test_the_successor_map_is_one_cycle_that_every_token_enters():
@@ -386,7 +386,7 @@ def test_oracle_weights_on_vllm_shaped_modules(torch_checks, check):
 def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, vllm026):
     root = Path(__file__).resolve().parent.parent
     res = subprocess.run([str(vllm026.python), str(root / "tests" / "selftest_vllm026_probe.py"),
-                          str(root / "dsv4patch" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
+                          str(root / "dsv4patch" / "proofs" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
                          env=vllm026.env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.node: the environment probe (``child.py --probe``) and its answer, validated.
+"""dsv4patch.proofs.selftest.node: the environment probe (``child.py --probe``) and its answer, validated.
 
 The probe runs for real under this interpreter (no torch here: no device) and
 under the CPU test venv's interpreter (torch on CPU: still no device); the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import node, runner
+from dsv4patch.proofs.selftest import node, runner
 
 CHILD = Path(node.__file__).resolve().parent / "child.py"
 H200 = {"python": "/opt/py", "vllm": "0.26.0", "torch": "2.11.0", "torch_cuda": "13.0", "pytest": "9.0",

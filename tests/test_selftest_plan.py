@@ -1,9 +1,9 @@
-"""dsv4patch.selftest.plan: engines sized from free GPU memory, their order, warm start deadlines."""
+"""dsv4patch.proofs.selftest.plan: engines sized from free GPU memory, their order, warm start deadlines."""
 
 from __future__ import annotations
 
-from dsv4patch.selftest import cases, plan
-from dsv4patch.selftest.node import Device
+from dsv4patch.proofs.selftest import cases, plan
+from dsv4patch.proofs.selftest.node import Device
 
 GIB = 2**30
 H200 = Device(0, "NVIDIA H200", "9.0", 143_000 * 2**20, 150_106_341_376)

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.runner: children, deadlines, verdicts; the installed and regression checks.
+"""dsv4patch.proofs.selftest.runner: children, deadlines, verdicts; the installed and regression checks.
 
 The engine cases run a STAND-IN engine (tests/selftest_standin_engine.py),
 because the real child needs vLLM on a CUDA GPU and this machine has none:
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.selftest import cases, runner
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import cases, runner
+from dsv4patch.proofs.selftest.model import DESIGN
 from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,11 +25,14 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch import hashing, vllm_wheel, zipcopy
+from dsv4patch import hashing, zipcopy
+from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
-from dsv4patch.lock import load
+from dsv4patch.kernels.build import hook_line
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
+from dsv4patch.series.patchedtree import patched_tree
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(
@@ -72,7 +75,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict
     store = Store.open(shared_cache)
     lock = load(LOCK)
     pin = lock.pin(PIN)
-    tree = vllm_wheel.patched_tree(lock, pin, store, Progress(False))
+    tree = patched_tree(lock, pin, store, Progress(False))
     stock_path = stock.wheel_path(store, stock.wheel_for(pin, "x86_64"))
     return {"a": Path(reports[0]["wheel"]), "b": Path(reports[1]["wheel"]), "report": reports[0],
             "tree": tree, "stock": stock_path, "pin": pin, "base": base}
@@ -131,7 +134,7 @@ def test_differs_from_stock_only_in_patched_files_kernels_and_metadata(wheels: d
         assert differing == set(patched) | {"vllm/__init__.py", new_info + "METADATA", new_info + "RECORD"}
         init = zipcopy.inflate(zipcopy.read_raw(nfh, n_infos["vllm/__init__.py"]))
         stock_init = zipcopy.inflate(zipcopy.read_raw(sfh, s_infos["vllm/__init__.py"]))
-        assert init == stock_init + vllm_wheel.hook_line(KDIST).encode()
+        assert init == stock_init + hook_line(KDIST).encode()
 
 
 def _clean_env() -> dict[str, str]:

@@ -1,7 +1,7 @@
 """``dsv4patch apply``: check, then commit each patch into the tree, atomically.
 
-The work is :func:`dsv4patch.applying.apply_pin` (the tree transaction is
-:mod:`dsv4patch.transaction`, the ``--3way`` workspace :mod:`dsv4patch.resolving`);
+The work is :func:`dsv4patch.checkout.applying.apply_pin` (the tree transaction is
+:mod:`dsv4patch.checkout.transaction`, the ``--3way`` workspace :mod:`dsv4patch.checkout.resolving`);
 this command reads its options, passes them on and renders the result.
 """
 
@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import applying, forks
+from dsv4patch.checkout import ApplyResult, Invocation, apply_pin, branch_name_problem
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
-from dsv4patch.resolving import Invocation
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: ./vllm-src/<pin> under the current directory
@@ -47,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.branch is not None:
-        problem = forks.branch_name_problem(args.branch)
+        problem = branch_name_problem(args.branch)
         if problem:
             raise UsageError(f"--branch {problem}")
     lock = _common.open_lock(args)
@@ -59,15 +58,15 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
                      f"{pin.name}; --tree to choose)")
     store = _common.open_store(args)
-    shown: list[applying.ApplyResult] = []
+    shown: list[ApplyResult] = []
 
-    def before_build(done: applying.ApplyResult) -> None:
+    def before_build(done: ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
         if args.format == "text":
             _common.render_apply(args.format, done)
             shown.append(done)
 
-    result = applying.apply_pin(
+    result = apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
         three_way=args.three_way,
         build=_common.kernel_build(store, out=args.out, python=args.python, nvcc=args.nvcc,

@@ -1,6 +1,6 @@
 """``dsv4patch check``: every pin x every patch, compared with what the lock expects.
 
-The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.pincheck`;
+The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.series.pincheck`;
 this command renders it, per pin and patch.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import engine, pincheck, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.series import Status, check_pins
 
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
-    outcomes = pincheck.check_pins(lock, lock.select(args.pin), store, prog, use_cache=not args.no_cache)
+    outcomes = check_pins(lock, lock.select(args.pin), store, prog, use_cache=not args.no_cache)
     not_fetched: list[str] = []
     for o in outcomes:
         pin = o.pin
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         out["ok"] &= rep.ok
         for r in rep.result.patches:
             verdict = rep.patches[r.patch]
-            if not verdict.ok or r.status is not engine.Status.CLEAN:
+            if not verdict.ok or r.status is not Status.CLEAN:
                 out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}"
                                     + (f"\n  next: {verdict.next}" if verdict.next is not None else ""))
         out["notes"] += [f"{pin.name}: {n}" for n in rep.notes]

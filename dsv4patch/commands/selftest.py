@@ -1,8 +1,8 @@
 """``dsv4patch selftest``: prove the vLLM installed here, on this node's GPU, offline.
 
-Parses the options, calls :func:`dsv4patch.selftest.runner.run_selftest` and
+Parses the options, calls :func:`dsv4patch.proofs.selftest.runner.run_selftest` and
 renders its report (a table, or ``--format json``).  What is checked and why
-the oracle is exact: :mod:`dsv4patch.selftest` and docs/selftest.md.
+the oracle is exact: :mod:`dsv4patch.proofs.selftest` and docs/selftest.md.
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def _count(text: str) -> int:
 
 def _interpreter(given: str | None) -> str:
     """--python as given: it must name an executable file (a missing one, a directory: a usage error)."""
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs import python_of
 
-    python = runner.python_of(given)
+    python = python_of(given)
     try:
         st = os.stat(python)
     except OSError as exc:
@@ -121,10 +121,10 @@ def _interpreter(given: str | None) -> str:
 def _lock_here() -> bool:
     """Is there a lock to use ($DSV4PATCH_LOCK, or locks/vllm.toml here or above)?  Without one the checks
     take the installed wheel's own SBOM (a serving node with only ``pip install dsv4patch``)."""
-    from dsv4patch import lock as lockmod
+    from dsv4patch.pins import find_lock
 
     try:
-        lockmod.find_lock(None)
+        find_lock(None)
     except UsageError:
         return False
     return True
@@ -181,39 +181,38 @@ def _check_rows(rep: Any) -> list[list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.selftest import cases as casemod
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs import CHECK_NAMES, FAILING, Deadlines, all_cases, run_selftest, select_cases
 
     patterns = _patterns(args.cases)
-    every = casemod.all_cases(force_sm120_topk=args.force_sm120_topk)
+    every = all_cases(force_sm120_topk=args.force_sm120_topk)
     if args.list:
-        names = list(runner.CHECK_NAMES) + [c.name for c in every]
+        names = list(CHECK_NAMES) + [c.name for c in every]
         if args.format == "json":
             report.emit(args.format, {"cases": names, "notes": []}, None, None)
         else:
             print("\n".join(names))
         return EXIT_OK
-    checks = tuple(runner.CHECK_NAMES) if patterns is None else tuple(n for n in runner.CHECK_NAMES if n in patterns)
-    engine_patterns = None if patterns is None else [p for p in patterns if p not in runner.CHECK_NAMES]
-    chosen = every if engine_patterns is None else (casemod.select(every, engine_patterns) if engine_patterns else [])
+    checks = tuple(CHECK_NAMES) if patterns is None else tuple(n for n in CHECK_NAMES if n in patterns)
+    engine_patterns = None if patterns is None else [p for p in patterns if p not in CHECK_NAMES]
+    chosen = every if engine_patterns is None else (select_cases(every, engine_patterns) if engine_patterns else [])
     python = _interpreter(args.python)
     lock = store = None
     if checks and args.lock is not None and args.lock.startswith(("https://", "http://")):
-        from dsv4patch import provenance
+        from dsv4patch.delivery import lock_from_url
 
-        lock = provenance.lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
+        lock = lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
     elif checks and (args.lock is not None or _lock_here()):
-        from dsv4patch import lock as lockmod
+        from dsv4patch.pins import open_lock
 
-        lock = lockmod.open_lock(Path(args.lock) if args.lock is not None else None)
+        lock = open_lock(Path(args.lock) if args.lock is not None else None)
         store = _common.open_store(args)
     work = work_dir(args.work)
-    deadlines = runner.Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
-                                 case=args.case_deadline, total=args.deadline)
-    rep = runner.run_selftest(lock=lock, pin=args.pin, python=python, store=store,
-                              progress=_common.progress(args), checks=checks, cases=chosen, work=work,
-                              deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
-                              kv_cache_gib=args.kv_cache_gib)
+    deadlines = Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
+                          case=args.case_deadline, total=args.deadline)
+    rep = run_selftest(lock=lock, pin=args.pin, python=python, store=store,
+                       progress=_common.progress(args), checks=checks, cases=chosen, work=work,
+                       deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
+                       kv_cache_gib=args.kv_cache_gib)
     out = rep.to_json()
     out["work"] = str(work)
     rows = _check_rows(rep)
@@ -227,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     gap = rep.min_gap()
     proven = [c.name for c in rep.checks if c.ok] + [f"{counts['pass']} engine case(s)"] * bool(counts["pass"])
     failed = [c.name for c in rep.checks if c.ok is False] + [
-        f"{n} {v}" for v, n in counts.items() if n and v in runner.FAILING + ("not-run",)]
+        f"{n} {v}" for v, n in counts.items() if n and v in FAILING + ("not-run",)]
     out["notes"] = [
         f"python {rep.python}: " + (rep.node.describe() if rep.node is not None else "not probed")
         + ("; DIAGNOSTIC: SM120 top-k route forced (mtp1-sm120topk)" if rep.force_sm120_topk else ""),

@@ -165,6 +165,28 @@ def test_packages_import_only_foundations_and_earlier_packages() -> None:
     assert bad == []
 
 
+def test_the_import_chain_from_commands_to_the_foundations_is_at_most_seven_long() -> None:
+    """Measured on packages (a domain package, commands/, or the foundations as one), every import
+    counted, lazy ones included: commands -> ... -> foundations, the longest path, at most 7 nodes."""
+    node = {m.name: ("commands" if m.is_command else _domain(m.name) or "foundations") for m in MODULES
+            if m.name not in ("dsv4patch.main", "dsv4patch.__main__")}
+    edges: dict[str, set[str]] = {}
+    for m in MODULES:
+        if m.name not in node:
+            continue
+        for _line, name in _imports(m):
+            target = next((node[n] for n in (name, name.rsplit(".", 1)[0]) if n in node), None)
+            if target is not None and target != node[m.name]:
+                edges.setdefault(node[m.name], set()).add(target)
+
+    def longest(n: str, seen: tuple[str, ...] = ()) -> list[str]:
+        paths = [longest(m, (*seen, n)) for m in edges.get(n, ()) if m not in seen]
+        return [n, *max(paths, key=len, default=[])]
+
+    chain = longest("commands")
+    assert chain[-1] == "foundations" and len(chain) <= 7, " -> ".join(chain)
+
+
 def _face(package: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(FACE, {public name: "module:attribute"} of the TYPE_CHECKING imports, __all__) of a package's __init__."""
     init = next(m for m in MODULES if m.name == f"dsv4patch.{package}" and m.path.name == "__init__.py")

@@ -158,25 +158,36 @@ def test_a_pipeline_rank_is_not_missing_what_another_rank_holds():
 # torch: the weights on vLLM-shaped modules, through a reference forward
 
 
-@pytest.fixture
-def torch_run(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], None]:
-    """Runs a torch check (a function of this module): here when torch imports, else in the
-    CPU test venv's python, where its failure (or a torch that will not import) fails the test."""
-    def run(check: Callable[[], None]) -> None:
-        if importlib.util.find_spec("torch") is not None:
-            check()
-            return
-        env = request.getfixturevalue("cpu_testenv")
-        here = Path(__file__).resolve()
-        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        e.update(PYTHONPATH=os.pathsep.join([str(here.parent.parent), str(here.parent)]),
-                 CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-        code = f"import {here.stem} as t; t.{check.__name__}(); print('checked')"
-        res = subprocess.run([str(env.python), "-c", code], env=e, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, f"{check.__name__} in {env.python}:\n{res.stdout[-2000:]}{res.stderr[-6000:]}"
-        assert res.stdout.strip().splitlines()[-1:] == ["checked"], res.stdout[-2000:]
+def _outcome(check: Callable[[], None]) -> str:
+    try:
+        check()
+    except BaseException:  # noqa: BLE001 (the failure is the result, reported by the test that owns it)
+        import traceback
 
-    return run
+        return traceback.format_exc()
+    return "ok"
+
+
+@pytest.fixture(scope="module")
+def torch_checks(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Every torch check of this module (TORCH_CHECKS), run once: here when torch imports, else in
+    one process of the CPU test venv's python (one torch import for all of them instead of one
+    each); check name -> "ok" or its traceback, which fails the test that owns the check."""
+    names = [c.__name__ for c in TORCH_CHECKS]
+    if importlib.util.find_spec("torch") is not None:
+        return {c.__name__: _outcome(c) for c in TORCH_CHECKS}
+    env = request.getfixturevalue("cpu_testenv")
+    here = Path(__file__).resolve()
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=os.pathsep.join([str(here.parent.parent), str(here.parent)]),
+             CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    code = (f"import json, {here.stem} as t\n"
+            f"print(json.dumps({{n: t._outcome(getattr(t, n)) for n in {names!r}}}))")
+    res = subprocess.run([str(env.python), "-c", code], env=e, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"torch checks in {env.python}:\n{res.stdout[-2000:]}{res.stderr[-6000:]}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert sorted(out) == sorted(names), res.stdout[-2000:]
+    return dict(out)
 
 
 def _modules():
@@ -391,15 +402,19 @@ def _check_missing_parts_names_what_a_changed_layout_lacks():
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-@pytest.mark.parametrize("check", [
+TORCH_CHECKS: list[Callable[[], None]] = [
     _check_the_target_follows_the_successor_map,  # apply_oracle_weights makes the target follow the map
     _check_the_mtp_draft_agrees_on_accept_only,  # ... the MTP draft agree on the accept set only
     _check_dspark_has_its_markov_bias,  # ... gives DSpark its Markov bias
     _check_missing_parts_names_what_a_changed_layout_lacks,
-], ids=lambda check: check.__name__.removeprefix("_check_"))
-def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
-    torch_run(check)
+]
+
+
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+@pytest.mark.parametrize("check", TORCH_CHECKS, ids=lambda check: check.__name__.removeprefix("_check_"))
+def test_oracle_weights_on_vllm_shaped_modules(torch_checks, check):
+    outcome = torch_checks[check.__name__]
+    assert outcome == "ok", f"{check.__name__}:\n{outcome[-6000:]}"
 
 
 # ---------------------------------------------------------------------------

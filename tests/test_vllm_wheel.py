@@ -30,10 +30,8 @@ from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
 from dsv4patch.kernels.build import hook_line
-from dsv4patch.main import main
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.proofs import testenv
 from dsv4patch.series.patchedtree import patched_tree
 from dsv4patch.store import Store
 
@@ -59,16 +57,9 @@ def _sha(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def torch_python(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> str:
-    tree = tmp_path_factory.mktemp("wt") / "tree"
-    assert main(["apply", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree), "--cache-dir",
-                 str(shared_cache), "--no-build", "--format", "json"]) == 0
-    return str(testenv.ensure(tree, Store.open(shared_cache)).python)
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_python: str) -> dict:
-    """The patched wheel, built twice into two directories."""
+def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict:
+    """The patched wheel, built twice into two directories, with the lock's toolchain as the
+    card's ``apply`` builds (no --python): the kernel objects are the ones it compiled."""
     base = tmp_path_factory.mktemp("wheel")
     reports = []
     for d in ("a", "b"):
@@ -76,7 +67,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_p
         with open(out, "w") as fh:
             res = subprocess.run(
                 [sys.executable, "-m", "dsv4patch", "wheel", "--lock", str(LOCK), "--pin", PIN,
-                 "--out", str(base / d), "--python", torch_python, "--cache-dir", str(shared_cache),
+                 "--out", str(base / d), "--cache-dir", str(shared_cache),
                  "--format", "json"], stdout=fh, stderr=subprocess.PIPE, text=True, timeout=1800)
         assert res.returncode == 0, res.stderr[-3000:]
         reports.append(json.loads(out.read_text()))

@@ -9,17 +9,18 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import report
-from dsv4patch.checkout import ApplyResult, KernelBuild
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
-from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree
 from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
+    from dsv4patch.checkout import ApplyResult, KernelBuild
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
@@ -147,6 +148,8 @@ def kernel_build(store: Store, *, out: Path | None, python: str | None = None, n
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
+        from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds
+
         return build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
                           python=python, nvcc=nvcc, allow_torch=allow_torch,
                           out=out or DEFAULT_BUILD_OUT).to_json()

@@ -53,7 +53,9 @@ import shutil
 import stat
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -106,6 +108,9 @@ class KernelPackage:
     members: dict[str, bytes]  # path in the wheel -> content
     info: dict[str, Any]
     source: Path
+    # path -> the member as the kernel wheel stores it (compressed; its content is ``members``'s,
+    # CRC-checked): copied into the vLLM wheel as is instead of compressed a second time
+    raws: dict[str, zipcopy.Raw] = field(default_factory=dict)
 
 
 _MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
@@ -139,6 +144,8 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
                     with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
                         members[name] = read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}",
                                                     error=BuildError)
+            with open(path, "rb") as wfh:
+                raws = {zi.filename: zipcopy.read_raw(wfh, zi) for zi in zf.infolist() if zi.filename in members}
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
     raw = members.get(f"{dist}/build_info.json")
@@ -159,7 +166,7 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
         )
     if f"{dist}/{info.get('library')}" not in members:
         raise BuildError(f"--kernels {path}: the library {info.get('library')} is missing")
-    return KernelPackage(dist, members, info, path)
+    return KernelPackage(dist, members, info, path, raws)
 
 
 @dataclass
@@ -176,13 +183,16 @@ class WheelBuild:
     sbom_size: int = 0
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def member_problem(name: str) -> str | None:
     """Why a wheel member ``name`` is not a plain path inside the wheel, or None.
 
     The stock wheel is pinned by sha256, the ``--kernels`` wheel is not; either
     way, what goes into the patched wheel must install under site-packages.
     """
-    if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if not name or _CONTROL.search(name):
         return "is empty or has control characters"
     if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
         return "is an absolute or Windows path"
@@ -224,9 +234,65 @@ def sweep_out(out_dir: Path) -> list[Path]:
     return removed
 
 
+VERIFY_WINDOW = 64 << 20  # compressed bytes of stock members whose RECORD check may be pending at once
+
+
+class _Checks:
+    """The stock members' RECORD checks, run on every core while the copy goes on.
+
+    Inflating and hashing a member (zlib and hashlib release the GIL) is most of a
+    warm ``wheel``'s time; the copy itself only moves compressed bytes.  Checks are
+    awaited in member order, so the first member that fails is the one reported, as
+    if they ran one after the other; at most ``VERIFY_WINDOW`` compressed bytes wait
+    at once (bounded memory).
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.pending: deque[tuple[Future[None], int]] = deque()
+        self.size = 0
+
+    def submit(self, check: Callable[[], None], size: int) -> None:
+        self.pending.append((self.pool.submit(check), size))
+        self.size += size
+        while self.size > VERIFY_WINDOW:
+            self._next()
+
+    def _next(self) -> None:
+        fut, size = self.pending.popleft()
+        self.size -= size
+        fut.result()  # a failed check raises its IntegrityError here
+
+    def drain(self) -> None:
+        """Wait for every pending check; the first failure (in member order) raises."""
+        while self.pending:
+            self._next()
+
+
+def _workers() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
           out_dir: Path) -> WheelBuild:
-    """Write the patched wheel into ``out_dir`` (atomically) and return what it contains."""
+    """Write the patched wheel into ``out_dir`` (atomically) and return what it contains.
+
+    Every unchanged stock member is checked against the stock RECORD on a pool of
+    threads (:class:`_Checks`); the wheel is published only when all checks passed.
+    """
+    pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="dsv4patch-record")
+    checks = _Checks(pool)
+    try:
+        return _build(tree, stock_path, stock, kernels, out_dir, checks)
+    except (IntegrityError, BuildError):
+        checks.drain()  # a member before this one that failed its check is the one to report
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
+           out_dir: Path, checks: _Checks) -> WheelBuild:
     pin, series = tree.pin, tree.series
     stock_name = PurePosixPath(stock.url).name
     m = re.fullmatch(r"([A-Za-z0-9_.]+)-([^-]+)-(.+)\.whl", stock_name)
@@ -272,7 +338,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 raw = zipcopy.read_raw(src, info)
                 seen.add(info.filename)
                 if info.filename != rec_info.filename and info.filename not in shipped:
-                    verify_member(raw, stock_record, f"stock wheel {stock_name}")
+                    checks.submit(_check(raw, stock_record, f"stock wheel {stock_name}"), len(raw.data))
                 if info.filename.startswith(old_info + "/"):
                     dist_info.append(raw)
                     continue
@@ -306,7 +372,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                 if new_data is None:
                     writer.add(raw)
                     if not info.filename.endswith("/"):  # verify_member checked it is in RECORD
-                        h, size = stock_record[info.filename]
+                        h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
                         record.append((info.filename, h, size))
                 else:
                     mode = (info.external_attr >> 16) & 0o777 or 0o644
@@ -327,7 +393,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                               "patched_sha256": sha256(change.patched)})
             for path, data in sorted(kmembers.items()):
                 mode = 0o755 if path.endswith(".so") else 0o644
-                writer.add(zipcopy.deflate(path, data, mode))
+                writer.add(_kernel_member(path, data, mode, kernels.raws.get(path) if kernels else None))
                 record.append(zipcopy.record_row(path, data))
                 result.added.append(path)
             provenance = {
@@ -362,7 +428,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
                     continue
                 writer.add(zipcopy.Raw(new, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
                                        raw.external_attr))
-                h, size = stock_record[raw.name]
+                h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
                 record.append((new, h, size))
             writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
             record.append(zipcopy.record_row(f"{new_info}/{PROVENANCE}", prov))
@@ -374,6 +440,7 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
             assert record_raw is not None
             writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
                                        0o644, record_raw.date_time))
+            checks.drain()  # every stock member matched RECORD, or the partial wheel goes
             writer.close()
     missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
     if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
@@ -440,6 +507,32 @@ def read_record(raw: zipcopy.Raw, what: str) -> dict[str, tuple[str, str]]:
                                  "size); refusing the wheel")
         record[row[0]] = (row[1], row[2])
     return record
+
+
+def _row(record: dict[str, tuple[str, str]], raw: zipcopy.Raw, what: str, checks: _Checks) -> tuple[str, str]:
+    """RECORD's (hash, size) of an unchanged member; one RECORD does not list fails its check, which
+    may still be pending: the checks before it are awaited first, then its own refusal raised."""
+    row = record.get(raw.name)
+    if row is None:
+        checks.drain()
+        verify_member(raw, record, what)  # raises: not in RECORD
+        raise IntegrityError(f"{what}: {raw.name} is not in RECORD")
+    return row
+
+
+def _check(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: str) -> Callable[[], None]:
+    return lambda: verify_member(raw, record, what)
+
+
+def _kernel_member(path: str, data: bytes, mode: int, stored: zipcopy.Raw | None) -> zipcopy.Raw:
+    """The kernel package's member ``path``: the kernel wheel's compressed bytes when they hold
+    ``data`` (same size and CRC, deflated), else ``data`` deflated; the same bytes either way for
+    a wheel of ``dsv4patch build``, which deflates with the same settings."""
+    if (stored is not None and stored.method == zipfile.ZIP_DEFLATED and stored.size == len(data)
+            and stored.crc == zlib.crc32(data) & 0xFFFFFFFF):
+        return zipcopy.Raw(path, stored.data, stored.method, stored.crc, stored.size, zipcopy.FIXED_DATE,
+                           (0o100000 | mode) << 16)
+    return zipcopy.deflate(path, data, mode)
 
 
 def verify_member(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: str) -> None:

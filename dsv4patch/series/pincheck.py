@@ -15,7 +15,6 @@ parallel (threads: the work is git processes and the sdist extraction).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,6 +200,8 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
         # One live progress display at a time: the workers run without bars.
         progress.note(f"checking {len(todo)} pins in parallel: {', '.join(p.name for p in todo)}")
         quiet = Progress(False)
+        from concurrent.futures import ThreadPoolExecutor  # pins to check: a cache hit needs no threads
+
         with ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
             futures = [pool.submit(compute, pin, quiet) for pin in todo]
             for pin, fut in zip(todo, futures, strict=True):

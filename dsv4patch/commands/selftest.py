@@ -79,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--pipeline-parallel-size", type=_pipeline_parallel, default=1, metavar="M",
                    help="and over M pipeline stages, as vLLM's --pipeline-parallel-size: 1 to 4 (the tiny model "
                         "has 4 layers; default: %(default)s). Each engine takes N x M GPUs, engines of more than "
-                        "one GPU run on disjoint groups of them; a node that sees fewer GPUs is refused (exit 2)")
+                        "one GPU run on disjoint groups of them; a node that sees fewer GPUs is refused (exit 2). vLLM "
+                        "0.26.0 refuses MTP and DSpark with M > 1 (refused, docs/selftest.md)")
     p.add_argument("--work", type=Path, default=None,
                    help="directory for the tiny model, the engines' logs, stacks and events and the tests' output "
                         "(a new private directory is made inside it, or it is made if absent; default: a new "

@@ -29,16 +29,22 @@ when there is one, else on CPU under Triton's interpreter), and one case
 per engine and prompt set, ENGINE/SET, with engines plain, mtp1, mtp2, mtp3,
 dspark5 (and mtp1-sm120topk with --force-sm120-topk) and prompt sets short_b5,
 mid_b24, long_b3, short_b1, long_b1.  Verdicts: pass, differs (first request,
-position, expected and generated token), hang, crash (the error), refused
-(DSpark refused by the platform, with vLLM's message), inconclusive (drafts all
+position, expected and generated token), null-block (DSpark's draft wrote KV
+into the KV pool's null block: fix 3b's debug check), hang, crash (the error), refused
+(DSpark refused by the platform, or a draft under pipeline parallelism, with
+vLLM's message), inconclusive (drafts all
 accepted or all rejected), not-run, needs-gpu (no CUDA device here: the engine
 cases are listed at once, the checks still run).  Engines are sized from the
 GPU's free memory and started one first (it fills the JIT caches), then the
-rest at once; a hang is probed (Python stacks, py-spy, nvidia-smi, cuda-gdb when
+rest at once; --tensor-parallel-size N and --pipeline-parallel-size M spread
+every engine over N x M GPUs as a node serves (the report says the topology
+each engine ran; a node that sees fewer GPUs is refused with exit 2, nothing
+started); a hang is probed (Python stacks, py-spy, nvidia-smi, cuda-gdb when
 present) before its engine is killed.  Exit 0 when nothing failed (a case
 refused by the platform, or needing a GPU this node lacks, is not a failure: the
 summary line says what was not proven here); 1 when any check or case failed or
-did not run; 2 for a bad command line or an --python that cannot be run."""
+did not run; 2 for a bad command line, an --python that cannot be run, or
+fewer GPUs than the topology asks for."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +71,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="engines at once at most; fewer when the GPU's free memory holds fewer "
                         "(default: %(default)s)")
     p.add_argument("--kv-cache-gib", type=_gib, default=6.0,
-                   help="KV cache per engine, GiB (default: %(default)s)")
+                   help="KV cache per engine (per GPU of an engine), GiB (default: %(default)s)")
+    p.add_argument("--tensor-parallel-size", type=_tensor_parallel, default=1, metavar="N",
+                   help="spread every engine over N GPUs by tensor parallelism, as vLLM's --tensor-parallel-size: "
+                        "1, 2, 4 or 8 (what the tiny model's heads, experts and vocabulary split into; "
+                        "default: %(default)s)")
+    p.add_argument("--pipeline-parallel-size", type=_pipeline_parallel, default=1, metavar="M",
+                   help="and over M pipeline stages, as vLLM's --pipeline-parallel-size: 1 to 4 (the tiny model "
+                        "has 4 layers; default: %(default)s). Each engine takes N x M GPUs, engines of more than "
+                        "one GPU run on disjoint groups of them; a node that sees fewer GPUs is refused (exit 2)")
     p.add_argument("--work", type=Path, default=None,
                    help="directory for the tiny model, the engines' logs, stacks and events and the tests' output "
                         "(a new private directory is made inside it, or it is made if absent; default: a new "
@@ -92,6 +106,32 @@ def _seconds(text: str) -> float:
 
 def _gib(text: str) -> float:
     return _number(text, 0, 4096, "GiB")
+
+
+def _tensor_parallel(text: str) -> int:
+    from dsv4patch.proofs import TENSOR_PARALLEL_SIZES
+
+    value = _whole(text)
+    if value not in TENSOR_PARALLEL_SIZES:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(str(n) for n in TENSOR_PARALLEL_SIZES)}, not {text!r}")
+    return value
+
+
+def _pipeline_parallel(text: str) -> int:
+    from dsv4patch.proofs import MAX_PIPELINE_PARALLEL_SIZE
+
+    value = _whole(text)
+    if not 1 <= value <= MAX_PIPELINE_PARALLEL_SIZE:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_PIPELINE_PARALLEL_SIZE}, not {text!r}")
+    return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
 def _count(text: str) -> int:
@@ -181,7 +221,7 @@ def _check_rows(rep: Any) -> list[list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.proofs import CHECK_NAMES, FAILING, Deadlines, all_cases, run_selftest, select_cases
+    from dsv4patch.proofs import CHECK_NAMES, FAILING, Deadlines, Topology, all_cases, run_selftest, select_cases
 
     patterns = _patterns(args.cases)
     every = all_cases(force_sm120_topk=args.force_sm120_topk)
@@ -209,10 +249,11 @@ def run(args: argparse.Namespace) -> int:
     work = work_dir(args.work)
     deadlines = Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
                           case=args.case_deadline, total=args.deadline)
+    topology = Topology(args.tensor_parallel_size, args.pipeline_parallel_size)
     rep = run_selftest(lock=lock, pin=args.pin, python=python, store=store,
                        progress=_common.progress(args), checks=checks, cases=chosen, work=work,
                        deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
-                       kv_cache_gib=args.kv_cache_gib)
+                       kv_cache_gib=args.kv_cache_gib, topology=topology)
     out = rep.to_json()
     out["work"] = str(work)
     rows = _check_rows(rep)
@@ -230,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     out["notes"] = [
         f"python {rep.python}: " + (rep.node.describe() if rep.node is not None else "not probed")
         + ("; DIAGNOSTIC: SM120 top-k route forced (mtp1-sm120topk)" if rep.force_sm120_topk else ""),
+        f"topology: {rep.topology.describe()}",
         *([f"engines: {rep.sizing.describe()}"] if rep.sizing is not None else []),
         "cases: " + (", ".join(f"{v} {n}" for v, n in counts.items() if n) or "none selected"),
         "smallest top-1/top-2 logit gap: " + ("none measured" if gap is None else f"{gap:.3f} nats"),

@@ -11,6 +11,8 @@ from dsv4patch import face
 if TYPE_CHECKING:
     from dsv4patch.proofs.selftest.cases import all_cases
     from dsv4patch.proofs.selftest.cases import select as select_cases
+    from dsv4patch.proofs.selftest.model import MAX_PIPELINE_PARALLEL_SIZE, TENSOR_PARALLEL_SIZES
+    from dsv4patch.proofs.selftest.plan import Topology
     from dsv4patch.proofs.selftest.runner import CHECK_NAMES, FAILING, Deadlines, python_of, run_selftest
     from dsv4patch.proofs.upstream_tests import DEFAULT_FROM as UPSTREAM_DEFAULT_FROM
     from dsv4patch.proofs.upstream_tests import run as run_upstream_tests
@@ -22,6 +24,9 @@ FACE = {
     "CHECK_NAMES": "selftest.runner:CHECK_NAMES",
     "Deadlines": "selftest.runner:Deadlines",
     "FAILING": "selftest.runner:FAILING",
+    "MAX_PIPELINE_PARALLEL_SIZE": "selftest.model:MAX_PIPELINE_PARALLEL_SIZE",
+    "TENSOR_PARALLEL_SIZES": "selftest.model:TENSOR_PARALLEL_SIZES",
+    "Topology": "selftest.plan:Topology",
     "UPSTREAM_DEFAULT_FROM": "upstream_tests:DEFAULT_FROM",
     "all_cases": "selftest.cases:all_cases",
     "python_of": "selftest.runner:python_of",
@@ -35,6 +40,9 @@ __all__ = [
     "CHECK_NAMES",
     "Deadlines",
     "FAILING",
+    "MAX_PIPELINE_PARALLEL_SIZE",
+    "TENSOR_PARALLEL_SIZES",
+    "Topology",
     "UPSTREAM_DEFAULT_FROM",
     "all_cases",
     "python_of",

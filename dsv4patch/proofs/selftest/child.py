@@ -8,7 +8,8 @@ imports only the standard library at the top, loads ``model.py`` beside it
 by file path, and reports through a progress file the parent reads:
 ``fingerprint``, ``loaded`` (per model class: what the oracle set),
 ``engine_ready``, ``case_start`` / ``case_done`` (tokens, per-position top-2
-gaps, spec-decode counters of that call), ``error``, ``child_done``.
+gaps, spec-decode counters of that call), ``error``, ``child_done``; ``worker``
+from each spawned vLLM worker (what it installed, below).
 
 What it borrows from the old harness (issue 15's ``run_e2e.py``, at commit
 270cbd89fb01; measured on the H200): the engine runs in this process
@@ -20,6 +21,15 @@ graphs in this process); the dummy loader is followed by each DeepSeek-V4
 class's post-load steps (``finalize_*``); DeepGEMM's start-up warm-up is
 skipped (it JIT-compiles 2,429 shapes); the SM120 top-k route is installed
 by replacing the platform object of the indexer module only.
+
+Tensor and pipeline parallelism (``spec["tensor_parallel_size"]``,
+``spec["pipeline_parallel_size"]``): the engine core stays in this process,
+its workers are vLLM's multiprocessing executor's processes, one per GPU.
+The oracle's load format and SM120's top-k route must be in every worker: a
+forked worker inherits them; a spawned one (vLLM spawns when CUDA is already
+initialised here) imports this file again as ``__mp_main__``, which installs
+them from ``WORKER_ENV`` and ``WORKER_EVENTS_ENV`` (the spec's and the
+progress file's paths, set before the engine starts).
 
 Hang evidence: every stage (engine start, each prompt set) arms faulthandler's
 watchdog thread (``dump_traceback_later``) a little before the parent's deadline
@@ -48,6 +58,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 LOAD_FORMAT = "dsv4selftest_oracle"
+# A spawned vLLM worker finds the engine's spec and progress file here: see the module docstring.
+WORKER_ENV = "DSV4SELFTEST_WORKER_SPEC"
+WORKER_EVENTS_ENV = "DSV4SELFTEST_WORKER_EVENTS"
 
 # What each DeepSeek-V4 class's own ``load_weights`` runs after a checkpoint (vLLM 0.26.0,
 # ``vllm/models/deepseek_v4/nvidia/``); the dummy loader never calls ``load_weights``.
@@ -134,14 +147,53 @@ def register_loader(model_mod: Any, events: Events) -> str:
             super().load_weights(model, model_config)
             done = model_mod.apply_oracle_weights(model)
             cls = type(model).__name__
-            missing = model_mod.missing_parts(cls, done)
+            ranks = parallel_ranks()
+            missing = model_mod.missing_parts(cls, done, first_pp_rank=ranks["first_pp_rank"],
+                                              last_pp_rank=ranks["last_pp_rank"])
             if missing:
-                raise RuntimeError(f"selftest oracle: {cls} has no {', '.join(missing)} "
+                raise RuntimeError(f"selftest oracle: {cls} has no {', '.join(missing)} on TP rank "
+                                   f"{ranks['tp_rank']}, PP rank {ranks['pp_rank']} "
                                    "(this vLLM's DeepSeek-V4 layout is not the one the oracle knows)")
-            events.emit("loaded", model=cls, set=done, finalize=finalize_model(model))
+            events.emit("loaded", model=cls, set=done, finalize=finalize_model(model),
+                        tp_rank=ranks["tp_rank"], pp_rank=ranks["pp_rank"])
 
     register_model_loader(LOAD_FORMAT)(OracleLoader)
     return LOAD_FORMAT
+
+
+def parallel_ranks() -> dict[str, Any]:
+    """This worker's place: its TP and PP rank, and whether it is the first or last pipeline stage."""
+    dist: Any = importlib.import_module("vllm.distributed")
+    pp = dist.get_pp_group()
+    return {"tp_rank": int(dist.get_tensor_model_parallel_rank()), "pp_rank": int(pp.rank_in_group),
+            "first_pp_rank": bool(pp.is_first_rank), "last_pp_rank": bool(pp.is_last_rank)}
+
+
+def llm_arguments(spec: dict[str, Any], load_format: str) -> dict[str, Any]:
+    """The engine's ``LLM(...)`` keywords, from the runner's SPEC (the CPU tests build vLLM's config from them)."""
+    tp = int(spec.get("tensor_parallel_size", 1))
+    pp = int(spec.get("pipeline_parallel_size", 1))
+    args: dict[str, Any] = {
+        "model": spec["model"],
+        "load_format": load_format,
+        "skip_tokenizer_init": True,
+        "kv_cache_dtype": "fp8",
+        "block_size": 256,
+        "max_model_len": int(spec["max_model_len"]),
+        "max_num_seqs": 32,
+        "gpu_memory_utilization": float(spec["gpu_memory_utilization"]),
+        "kv_cache_memory_bytes": int(spec["kv_cache_bytes"]),
+        "seed": 0,
+        "enforce_eager": False,
+        "speculative_config": spec["engine"].get("speculative_config"),
+        "disable_log_stats": False,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+    }
+    if tp * pp > 1:
+        # vLLM's own workers, one process per GPU, on this node (never Ray, whatever is installed)
+        args["distributed_executor_backend"] = "mp"
+    return args
 
 
 def _counters(llm: Any) -> dict[str, int]:
@@ -186,29 +238,20 @@ def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
     LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
     TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
 
-    llm = LLM(
-        model=spec["model"],
-        load_format=load_format,
-        skip_tokenizer_init=True,
-        kv_cache_dtype="fp8",
-        block_size=256,
-        max_model_len=int(spec["max_model_len"]),
-        max_num_seqs=32,
-        gpu_memory_utilization=float(spec["gpu_memory_utilization"]),
-        kv_cache_memory_bytes=int(spec["kv_cache_bytes"]),
-        seed=0,
-        enforce_eager=False,
-        speculative_config=spec["engine"].get("speculative_config"),
-        disable_log_stats=False,
-    )
+    llm = LLM(**llm_arguments(spec, load_format))
     watchdog.disarm()
-    ready: dict[str, Any] = {}
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    ready: dict[str, Any] = {"tensor_parallel_size": int(parallel.tensor_parallel_size),
+                             "pipeline_parallel_size": int(parallel.pipeline_parallel_size)}
     try:  # what this engine holds on the GPU: the runner sizes the engines it starts later from it
         free, total = torch.cuda.mem_get_info()
-        ready = {"gpu_free_bytes": int(free), "gpu_total_bytes": int(total),
-                 "torch_reserved_bytes": int(torch.cuda.memory_reserved())}
+        ready.update({"gpu_free_bytes": int(free), "gpu_total_bytes": int(total),
+                      "torch_reserved_bytes": int(torch.cuda.memory_reserved())})
     except Exception:  # a report, never a reason to fail
         pass
+    meter = spec["engine"].get("method") == "dspark"  # fix 3b's debug check: the draft's KV writes into block 0
+    if meter:
+        ready["null_block"] = _null_block(llm, "snapshot")
     events.emit("engine_ready", **ready)
     StepMonitor(llm, events).start()
     for i, pset in enumerate(spec["prompt_sets"]):
@@ -239,8 +282,83 @@ def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
             gaps.append(row)
             not_top.append(bad)
         watchdog.disarm()
+        extra: dict[str, Any] = {"null_block": _null_block(llm, "compare")} if meter else {}
         events.emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=not_top, seconds=seconds,
-                    spec={k: after.get(k, 0) - before.get(k, 0) for k in after})
+                    spec={k: after.get(k, 0) - before.get(k, 0) for k in after}, **extra)
+
+
+def null_block_meter(worker: Any, action: str) -> dict[str, Any]:
+    """Run in each vLLM worker (``LLM.collective_rpc``): block 0 of every draft KV cache layer, kept or compared.
+
+    Fix 3b's debug check.  Block 0 is the KV pool's null block: never given to
+    a request (vLLM 0.26.0 ``v1/core/block_pool.py:188-191``), it stands for
+    evicted sliding-window blocks and padding in block tables, and nothing may
+    write it (vLLM reads it as all-zero KV: ``v1/core/single_type_kv_cache_manager.py:831-832``).
+    Stock 0.26.0's DFlash/DSpark input kernel computes draft KV slots as
+    ``block_id * block_size + offset`` with no guard for block 0
+    (``v1/worker/gpu/spec_decode/dflash/speculator.py:516-532`` for the context rows, ``:537-552``
+    for the query rows),
+    so a row that holds it writes draft KV into that block.  ``snapshot``
+    (when the engine is ready, after its CUDA graphs were captured) keeps a
+    copy of block 0 of each layer of the draft's KV cache groups on the
+    worker; ``compare`` answers how many of its bytes changed since, per
+    layer.  A layer whose cache's first dimension is not the blocks is named,
+    not measured.  Standalone (imports inside): it is sent to the workers.
+    """
+    torch: Any = importlib.import_module("torch")
+    runner = getattr(worker, "model_runner", None)
+    spec = getattr(runner, "speculator", None)
+    groups = getattr(spec, "draft_kv_cache_group_ids", None)
+    config = getattr(runner, "kv_cache_config", None)
+    if runner is None or groups is None or config is None:
+        return {"skipped": "no draft KV cache groups on this worker (not a DFlash/DSpark speculator)"}
+    context = runner.compilation_config.static_forward_context
+    num_blocks = int(config.num_blocks)
+    kept: dict[str, Any] = getattr(worker, "_dsv4selftest_block0", {})
+    out: dict[str, Any] = {"layers": {}, "unmeasured": {}}
+    for gid in groups:
+        for name in config.kv_cache_groups[gid].layer_names:
+            cache = getattr(context.get(name), "kv_cache", None)
+            if isinstance(cache, (list, tuple)):
+                cache = cache[0] if cache else None
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            if cache is None or cache.dim() < 2 or cache.shape[0] < num_blocks or cache.shape[0] % num_blocks \
+                    or cache.element_size() not in bits:
+                out["unmeasured"][name] = ("no cache" if cache is None else
+                                           f"layout {tuple(cache.shape)}: its first dimension is not the blocks")
+                continue
+            # block 0 = the first (kernel) blocks of the first dimension, whatever the strides (packed layouts);
+            # compared bit for bit (a NaN is its own value)
+            block0 = cache[: cache.shape[0] // num_blocks].view(bits[cache.element_size()])
+            if action == "snapshot":
+                kept[name] = block0.clone()
+                out["layers"][name] = int(torch.count_nonzero(block0).item()) * cache.element_size()
+            elif name in kept:
+                out["layers"][name] = int((block0 != kept[name]).sum().item()) * cache.element_size()
+    if action == "snapshot":
+        worker._dsv4selftest_block0 = kept
+    return out
+
+
+def _null_block(llm: Any, action: str) -> dict[str, Any]:
+    """:func:`null_block_meter` on every worker, as one report: layers measured, bytes changed per layer."""
+    try:
+        answers = llm.collective_rpc(null_block_meter, args=(action,))
+    except Exception as exc:  # a report: the case's tokens are judged anyway
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    written: dict[str, int] = {}
+    layers = 0
+    unmeasured: dict[str, str] = {}
+    skipped = []
+    for rank, ans in enumerate(answers):
+        if "skipped" in ans:
+            skipped.append(f"worker {rank}: {ans['skipped']}")
+            continue
+        layers += len(ans["layers"])
+        unmeasured.update({f"worker {rank}: {k}": v for k, v in ans["unmeasured"].items()})
+        if action == "compare":
+            written.update({f"worker {rank}: {k}": v for k, v in ans["layers"].items() if v})
+    return {"layers": layers, "written": written, "unmeasured": unmeasured, "skipped": skipped}
 
 
 def probe() -> dict[str, Any]:
@@ -349,11 +467,22 @@ class Watchdog:
             faulthandler.cancel_dump_traceback_later()
 
 
+def worker_setup(spec_path: str, progress: str) -> None:
+    """In a spawned vLLM worker (this file imported as ``__mp_main__``): the route and the load format again."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    events = Events(Path(progress))
+    installed = [install_sm120_topk_route()] if spec["engine"].get("sm120_topk") else []
+    installed.append(f"load format {register_loader(_load_model_module(), events)}")
+    events.emit("worker", pid=os.getpid(), installed=installed)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1 and argv[1] == "--probe":
         print(json.dumps(probe()), flush=True)
         return 0
     spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    os.environ[WORKER_ENV] = str(Path(argv[1]).resolve())
+    os.environ[WORKER_EVENTS_ENV] = str(Path(argv[2]).resolve())
     events = Events(Path(argv[2]))
     stacks = Path(argv[3]) if len(argv) > 3 else None
     watchdog = Watchdog(stacks, {k: float(v) for k, v in (spec.get("watchdog") or {}).items()})
@@ -373,3 +502,5 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+elif __name__ == "__mp_main__" and os.environ.get(WORKER_ENV) and os.environ.get(WORKER_EVENTS_ENV):
+    worker_setup(os.environ[WORKER_ENV], os.environ[WORKER_EVENTS_ENV])

@@ -63,6 +63,13 @@ INDEX_TOPK = 512
 MAX_POSITION = 65536
 DSPARK_BLOCK_SIZE = 5
 MARKOV_RANK = 64
+# Topologies the tiny model shards for (``tensor_parallel_size`` x ``pipeline_parallel_size``, vLLM 0.26.0's rules:
+# :func:`shard_problems`): 64 attention and indexer heads, 8 o-groups, 8 experts and a MoE intermediate of
+# 1024 (one 128-wide FP8 block per rank at TP 8), a vocabulary of 1024 (128 rows a rank), 4 layers (1 a rank at
+# PP 4).
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+MAX_PIPELINE_PARALLEL_SIZE = 4
+FP8_BLOCK = 128
 BOS, EOS = 0, 1
 NOISE_TOKEN = VOCAB_SIZE - 1
 
@@ -151,6 +158,9 @@ DESIGN = Design.make()
 def tiny_config() -> dict[str, Any]:
     """config.json: DeepSeek-V4-Flash's attention shapes with 4 layers and 8 experts.
 
+    Its shapes shard for every topology of ``TENSOR_PARALLEL_SIZES`` x
+    ``1..MAX_PIPELINE_PARALLEL_SIZE`` (:func:`shard_problems`).
+
     The values and the vLLM 0.26.0 constraints behind them are the old
     harness's (its ``make_tiny_dsv4.py``, at commit 270cbd89fb01, documents
     each one):
@@ -194,7 +204,7 @@ def tiny_config() -> dict[str, Any]:
         "n_routed_experts": 8,
         "n_shared_experts": 1,
         "num_experts_per_tok": 2,
-        "moe_intermediate_size": 512,
+        "moe_intermediate_size": 1024,
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.5,
         "scoring_func": "sqrtsoftplus",
@@ -210,6 +220,48 @@ def tiny_config() -> dict[str, Any]:
         "dspark_noise_token_id": NOISE_TOKEN,
         "dspark_block_size": DSPARK_BLOCK_SIZE,
     }
+
+
+def shard_problems(tensor_parallel_size: int, pipeline_parallel_size: int,
+                   config: dict[str, Any] | None = None) -> list[str]:
+    """Why CONFIG (the tiny model's by default) does not shard for this topology under vLLM 0.26.0 (empty: it does).
+
+    The rules are the ones vLLM 0.26.0's DeepSeek-V4 applies when it builds a
+    rank's modules (paths under ``vllm/``): attention heads split evenly
+    (``models/deepseek_v4/attention.py:174``) and so do the o-projection groups
+    (``:181-182``, a floor division); the column/row-parallel FP8 linears
+    ``wq_b``, ``wo_a`` and ``wo_b`` split in whole 128-wide blocks; the routed
+    experts split evenly over the TP ranks (``models/deepseek_v4/nvidia/model.py:662``)
+    and each expert's intermediate in whole FP8 blocks
+    (``model_executor/layers/quantization/fp8.py:562``; the shared experts are
+    padded by vLLM itself, ``nvidia/model.py:104-108``); the vocabulary rows
+    of the embeddings, heads and the Markov head split evenly; the layers
+    split over the PP ranks by ``distributed/utils.py:get_pp_indices``, each
+    rank at least one.
+    """
+    cfg = tiny_config() if config is None else config
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    out: list[str] = []
+    if tp < 1 or pp < 1:
+        return [f"tensor x pipeline parallel {tp} x {pp}: both must be at least 1"]
+
+    def split(what: str, n: int, by: int, block: int = 1) -> None:
+        if n % by or (n // by) % block:
+            unit = f" in whole {block}-wide FP8 blocks" if block > 1 else ""
+            out.append(f"{what} ({n}) does not split over {by} rank(s){unit}")
+
+    heads, groups = int(cfg["num_attention_heads"]), int(cfg["o_groups"])
+    split("attention heads", heads, tp)
+    split("o-projection groups", groups, tp)
+    split("wq_b's output (heads x head_dim)", heads * int(cfg["head_dim"]), tp, FP8_BLOCK)
+    split("wo_a's output / wo_b's input (groups x o_lora_rank)", groups * int(cfg["o_lora_rank"]), tp, FP8_BLOCK)
+    split("routed experts", int(cfg["n_routed_experts"]), tp)
+    split("the experts' intermediate size", int(cfg["moe_intermediate_size"]), tp, FP8_BLOCK)
+    split("vocabulary rows", int(cfg["vocab_size"]), tp)
+    layers = int(cfg["num_hidden_layers"])
+    if layers < pp:
+        out.append(f"{layers} layer(s) cannot give each of {pp} pipeline rank(s) one")
+    return out
 
 
 def write_model(outdir: Path) -> Path:
@@ -332,6 +384,27 @@ def _set_fp8_linear(module: Any, entries: list[tuple[int, int, float]]) -> None:
         scale.data.fill_(1.0)
 
 
+def vocab_shard(module: Any) -> tuple[int, int] | None:
+    """The vocabulary rows [start, end) this rank holds of a vocab-parallel MODULE, None for any other module.
+
+    vLLM's ``VocabParallelEmbedding`` and ``ParallelLMHead`` (the embeddings,
+    ``lm_head``, the MTP head, DSpark's ``markov_w1``/``markov_w2``) keep the
+    rank's slice in ``shard_indices`` (its rows start at 0 in the local weight).
+    """
+    idx = getattr(module, "shard_indices", None)
+    if idx is None:
+        return None
+    return int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+
+
+def shard_entries(entries: list[tuple[int, int, float]], rows: tuple[int, int] | None) -> list[tuple[int, int, float]]:
+    """ENTRIES of a whole matrix as the rank holding ROWS [start, end) sees them (all of them when None)."""
+    if rows is None:
+        return entries
+    start, end = rows
+    return [(r - start, c, v) for r, c, v in entries if start <= r < end]
+
+
 def apply_oracle_weights(model: Any, design: Design = DESIGN) -> dict[str, int]:
     """Set MODEL's weights to the design (see the module docstring); returns what was set, by kind.
 
@@ -340,6 +413,13 @@ def apply_oracle_weights(model: Any, design: Design = DESIGN) -> dict[str, int]:
     DSpark draft (``DSparkDeepseekV4ForCausalLM``).  Runs in the loader,
     after vLLM's dummy initialisation and before ``process_weights_after_loading``
     and the classes' finalize steps, so every kernel layout is vLLM's own.
+
+    Under tensor parallelism MODEL is one rank's shard: a vocab-parallel
+    module gets the rows of the design it holds (:func:`vocab_shard`), the
+    replicated ones (``e_proj``, ``h_proj``, the hc parameters) the whole
+    design, so the ranks together hold exactly the TP 1 matrices.  Under
+    pipeline parallelism a rank lacks what another rank holds (``PPMissingLayer``
+    has no weight): :func:`missing_parts` takes the rank's place.
     """
     torch = importlib.import_module("torch")  # the environment under test has it; this one need not
 
@@ -356,16 +436,16 @@ def apply_oracle_weights(model: Any, design: Design = DESIGN) -> dict[str, int]:
             leaf = name.rsplit(".", 1)[-1]
             weight = getattr(mod, "weight", None)
             if leaf == "embed_tokens" and weight is not None:
-                _fill_sparse(weight.data, one_hot)
+                _fill_sparse(weight.data, shard_entries(one_hot, vocab_shard(mod)))
                 mark("embed_tokens")
             elif leaf in ("lm_head", "head") and weight is not None:
-                _fill_sparse(weight.data, lm_head_entries(design))
+                _fill_sparse(weight.data, shard_entries(lm_head_entries(design), vocab_shard(mod)))
                 mark("lm_head")
             elif leaf == "markov_w1" and weight is not None:
-                _fill_sparse(weight.data, w1)
+                _fill_sparse(weight.data, shard_entries(w1, vocab_shard(mod)))
                 mark("markov_w1")
             elif leaf == "markov_w2" and weight is not None:
-                _fill_sparse(weight.data, w2)
+                _fill_sparse(weight.data, shard_entries(w2, vocab_shard(mod)))
                 mark("markov_w2")
             elif leaf == "e_proj" and weight is not None:
                 _set_fp8_linear(mod, e_proj_entries(design))
@@ -407,6 +487,21 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
-def missing_parts(model_class: str, done: dict[str, int]) -> list[str]:
-    """The parts REQUIRED for MODEL_CLASS that :func:`apply_oracle_weights` did not find."""
-    return [k for k in REQUIRED.get(model_class, ()) if not done.get(k)]
+# What a pipeline rank other than the first (the embeddings) or the last (the LM head) does not hold of the target.
+FIRST_RANK_ONLY = frozenset({"embed_tokens"})
+LAST_RANK_ONLY = frozenset({"lm_head"})
+
+
+def missing_parts(model_class: str, done: dict[str, int], *, first_pp_rank: bool = True,
+                  last_pp_rank: bool = True) -> list[str]:
+    """The parts REQUIRED for MODEL_CLASS that :func:`apply_oracle_weights` did not find on this pipeline rank.
+
+    The drafts (MTP, DSpark) live whole on the last rank; the target's
+    embeddings on the first and its LM head on the last, its decoder layers
+    and hc head on every rank.
+    """
+    skip: set[str] = set()
+    if model_class == "DeepseekV4ForCausalLM":
+        skip |= set() if first_pp_rank else FIRST_RANK_ONLY
+        skip |= set() if last_pp_rank else LAST_RANK_ONLY
+    return [k for k in REQUIRED.get(model_class, ()) if k not in skip and not done.get(k)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import shutil
 import sys
 import tempfile
@@ -59,12 +60,18 @@ if TYPE_CHECKING:
     from dsv4patch.store import Store
 
 CHILD = Path(__file__).resolve().parent / "child.py"
-# needs-gpu: the case needs a CUDA device and this node has none (not a failure; the summary says so)
-VERDICTS = ("pass", "differs", "hang", "crash", "refused", "inconclusive", "not-run", "needs-gpu")
-FAILING = ("differs", "hang", "crash", "inconclusive")
+# needs-gpu: the case needs a CUDA device and this node has none (not a failure; the summary says so);
+# null-block: the tokens are right but the draft wrote KV into the KV pool's null block (fix 3b's debug check)
+VERDICTS = ("pass", "differs", "null-block", "hang", "crash", "refused", "inconclusive", "not-run", "needs-gpu")
+FAILING = ("differs", "null-block", "hang", "crash", "inconclusive")
 # Engine-start errors that are a platform's documented refusal, not a crash (fix 5's SM120 gate names
 # flashinfer#4380; vLLM's config refuses DSpark where it cannot run).
-REFUSALS = ("flashinfer-ai/flashinfer#4380", "DSpark is not supported", "dspark is not supported")
+# vLLM 0.26.0-0.29.0 refuse every DeepSeek-V4 draft (MTP, DSpark) with pipeline parallelism when they build the
+# engine config: the draft's parallel config takes the target's PP size (config/speculative.py:1195-1196 in
+# 0.26.0) and its model classes do not implement SupportsPP (config/model.py:1240-1247); behind that, the V2
+# runner refuses DSpark/DFlash with PP (v1/worker/gpu/model_runner.py:197-204).  docs/selftest.md, fix 3b.
+REFUSALS = ("flashinfer-ai/flashinfer#4380", "DSpark is not supported", "dspark is not supported",
+            "Pipeline parallelism is not supported for this model", "with pipeline parallel is not supported")
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class CaseResult:
     expected_acceptance: Acceptance | None = None
     not_top: int = 0  # positions whose emitted token was not the top logprob
     seconds: float | None = None
+    null_block: dict[str, Any] | None = None  # fix 3b's debug check (DSpark): block 0 bytes the draft changed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,7 +111,7 @@ class CaseResult:
             "min_gap": self.min_gap,
             "acceptance": None if self.acceptance is None else self.acceptance.to_json(),
             "expected_acceptance": None if self.expected_acceptance is None else self.expected_acceptance.to_json(),
-            "not_top": self.not_top, "seconds": self.seconds,
+            "not_top": self.not_top, "seconds": self.seconds, "null_block": self.null_block,
         }
 
 
@@ -126,6 +134,9 @@ class EngineRun:
     gpu_reserved_bytes: int | None = None  # torch's reserved memory when the engine was ready
     launched_at: float | None = None  # seconds after the engines' phase began that its child was started
     exit: str = ""  # how the child ended: "exit 0", "killed by SIGKILL" (ours, at a deadline), ...
+    topology: dict[str, int] | None = None  # what vLLM built: its parallel config's TP and PP sizes (engine_ready)
+    devices: tuple[int, ...] | None = None  # the GPUs it was given (CUDA_VISIBLE_DEVICES), None: all visible
+    workers: list[dict[str, Any]] = field(default_factory=list)  # spawned vLLM workers: pid, what each installed
 
     def to_json(self) -> dict[str, Any]:
         return {"engine": self.engine.to_json(), "outcome": self.outcome, "detail": self.detail or None,
@@ -134,12 +145,13 @@ class EngineRun:
                 "stacks": self.stacks or None, "hang_evidence": None if self.evidence is None
                 else self.evidence.to_json(), "gpu_reserved_bytes": self.gpu_reserved_bytes,
                 "launched_at": None if self.launched_at is None else round(self.launched_at, 1),
-                "exit": self.exit or None}
+                "exit": self.exit or None, "topology": self.topology,
+                "devices": None if self.devices is None else list(self.devices), "workers": self.workers}
 
 
 EVENTS_LIMIT = 64 << 20  # bytes of a child's events file read in all (a flood is a crash, never our memory)
 _EVENT_KINDS = frozenset({"fingerprint", "loaded", "engine_ready", "case_start", "case_done", "step", "error",
-                          "child_done"})
+                          "child_done", "worker"})
 
 
 class EventError(ValueError):
@@ -156,6 +168,10 @@ def _check_event(ev: Any) -> dict[str, Any]:
     if ev["event"] == "step" and not all(isinstance(ev.get(k), int) and not isinstance(ev.get(k), bool)
                                          for k in ("running", "waiting", "tokens")):
         raise EventError("event 'step': running, waiting and tokens must be integers")
+    if ev["event"] == "engine_ready" and not all(
+            ev.get(k) is None or (isinstance(ev.get(k), int) and not isinstance(ev.get(k), bool) and 1 <= ev[k] <= 64)
+            for k in ("tensor_parallel_size", "pipeline_parallel_size")):
+        raise EventError("event 'engine_ready': the parallel sizes must be integers of 1 to 64")
     if ev["event"] in ("case_start", "case_done") and not isinstance(ev.get("case"), str):
         raise EventError(f"event {ev['event']!r}: no prompt set name")
     if ev["event"] == "case_done":
@@ -173,6 +189,12 @@ def _check_event(ev: Any) -> dict[str, Any]:
         seconds = ev.get("seconds")
         if seconds is not None and (not isinstance(seconds, (int, float)) or not math.isfinite(seconds)):
             raise EventError(f"event case_done {ev['case']!r}: seconds is not a number")
+        meter = ev.get("null_block")
+        written = meter.get("written", {}) if isinstance(meter, dict) else {}
+        if meter is not None and (not isinstance(meter, dict) or not isinstance(written, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in written.items())):
+            raise EventError(f"event case_done {ev['case']!r}: the null-block check is not bytes per layer")
     return ev
 
 
@@ -252,9 +274,18 @@ def judge(engine: Engine, pset: PromptSet, ev: dict[str, Any]) -> CaseResult:
         spec = ev.get("spec") or {}
         res.acceptance = Acceptance(int(spec.get("num_draft_tokens", 0)), int(spec.get("num_accepted_tokens", 0)))
         res.expected_acceptance = expected_acceptance(engine.method, engine.k, want)
+    meter = ev.get("null_block")
+    if isinstance(meter, dict):
+        res.null_block = meter
+    written = res.null_block.get("written") if res.null_block is not None else None
     if diff is not None:
         res.verdict = "differs"
         res.error = diff.describe()
+    elif isinstance(written, dict) and written:
+        res.verdict = "null-block"
+        res.error = ("the draft wrote KV into the null block (block 0): "
+                     + ", ".join(f"{k} ({v} bytes)" for k, v in sorted(written.items())[:4])
+                     + (f" and {len(written) - 4} more layer(s)" if len(written) > 4 else "") + " (fix 3b)")
     elif res.acceptance is not None and not res.acceptance.partial:
         res.verdict = "inconclusive"
         res.error = (f"drafts: {res.acceptance.accepted} of {res.acceptance.drafted} accepted; both accepted "
@@ -347,7 +378,8 @@ def run_engine(
     events = reader.read()
     log_text = probe.read_tail(log_path, 256 << 10)
     fingerprint = next((e.get("data") for e in events if e["event"] == "fingerprint"), None)
-    loaded = [{"model": e.get("model"), "set": e.get("set"), "finalize": e.get("finalize")}
+    loaded = [{"model": e.get("model"), "set": e.get("set"), "finalize": e.get("finalize"),
+               **{k: e[k] for k in ("tp_rank", "pp_rank") if isinstance(e.get(k), int)}}
               for e in events if e["event"] == "loaded"]
     ready = next((e for e in events if e["event"] == "engine_ready"), None)
     start_seconds = round(float(ready["t"]) - float(events[0]["t"]), 1) if ready is not None and events else None
@@ -391,13 +423,20 @@ def run_engine(
             cases.append(CaseResult(name, engine.name, pset.name, "not-run", why))
     reserved = int(ready.get("torch_reserved_bytes", 0)) if ready is not None and isinstance(
         ready.get("torch_reserved_bytes"), int) else None
+    ran = None if ready is None or ready.get("tensor_parallel_size") is None else {
+        "tensor_parallel_size": int(ready["tensor_parallel_size"]),
+        "pipeline_parallel_size": int(ready.get("pipeline_parallel_size") or 1)}
     return EngineRun(engine, outcome, detail, start_seconds, fingerprint, loaded, cases, str(log_path),
                      stage=stage_label if hung else "", start_deadline=deadlines.start,
-                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved, exit=fin.status())
+                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved, exit=fin.status(),
+                     topology=ran,
+                     workers=[{"pid": e.get("pid"), "installed": e.get("installed")} for e in events
+                              if e["event"] == "worker"])
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The engine child's environment: offline, unbuffered; NVLink multicast stays off."""
+    """The engine child's environment: offline, unbuffered; NVLink multicast stays off (NCCL's NVLS, torch's
+    symmetric memory and NVSHMEM: a multi-GPU engine's collectives must not depend on it)."""
     env = dict(os.environ if base is None else base)
     env.pop("PYTHONSAFEPATH", None)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
@@ -416,22 +455,33 @@ def run_cases(
     kv_cache_gib: float = 6.0,
     gpu_memory_utilization: float = 0.25,
     env: dict[str, str] | None = None,
+    topology: plan.Topology | None = None,
+    groups: tuple[tuple[int, ...], ...] | None = None,
 ) -> list[EngineRun]:
     """Every engine the cases need, in :func:`.plan.engine_order`: the first alone until it is ready, then
     the rest PARALLEL at once, each with a warm start deadline from the first one's measured start.
 
     The first engine fills the JIT caches (TileLang, DeepGEMM, Triton) the
-    others then find; its readiness (or its end) releases them.
+    others then find; its readiness (or its end) releases them.  Each engine
+    is spread as TOPOLOGY (one GPU by default); with GROUPS (the probe's device
+    indices, :func:`.plan.size_topology`) each engine running at once holds
+    one group alone, given to it as ``CUDA_VISIBLE_DEVICES``.
     """
+    topology = topology or plan.Topology()
     model_dir = tiny.write_model(work / "tiny-dsv4")
     spec = {"model": str(model_dir), "max_model_len": max_model_len,
-            "kv_cache_bytes": int(kv_cache_gib * 2**30), "gpu_memory_utilization": gpu_memory_utilization}
+            "kv_cache_bytes": int(kv_cache_gib * 2**30), "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": topology.tensor_parallel_size,
+            "pipeline_parallel_size": topology.pipeline_parallel_size}
     by_engine: dict[str, tuple[Engine, list[PromptSet]]] = {}
     for c in cases:
         by_engine.setdefault(c.engine.name, (c.engine, []))[1].append(c.prompts)
     t0 = time.monotonic()
     stop_at = t0 + deadlines.total
     env = child_env(env)
+    free_groups: queue.Queue[tuple[int, ...]] = queue.Queue()
+    for g in groups or ():
+        free_groups.put(g)
     order = [by_engine[e.name] for e in plan.engine_order([e for e, _ in by_engine.values()])]
     runs: dict[str, EngineRun] = {}
     first_ready = threading.Event()
@@ -452,17 +502,32 @@ def run_cases(
             return
         start = deadlines.start if first else plan.warm_start_deadline(deadlines.start, first_start[0])
         ed = EngineDeadlines(start=start, first_case=deadlines.first_case, case=deadlines.case)
-        launched = time.monotonic() - t0
-        run = run_engine(engine, psets, child=child, spec=spec, work=work, deadlines=ed, stop_at=stop_at, env=env,
-                         on_ready=released if first else None)
+        group = free_groups.get() if groups else None  # as many threads as groups: never waits long
+        try:
+            launched = time.monotonic() - t0
+            run = run_engine(engine, psets, child=child, spec=spec, work=work, deadlines=ed, stop_at=stop_at,
+                             env=env if group is None else {**env, "CUDA_VISIBLE_DEVICES": visible(group, env)},
+                             on_ready=released if first else None)
+        finally:
+            if group is not None:
+                free_groups.put(group)
         run.launched_at = launched
+        run.devices = group
         runs[engine.name] = run
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(groups)) if groups else parallel)) as pool:
         futures = [pool.submit(one, item, i == 0) for i, item in enumerate(order)]
         for f in futures:
             f.result()
     return [runs[name] for name in by_engine]  # reported in the cases' order; ``launched_at`` says when each ran
+
+
+def visible(group: tuple[int, ...], env: dict[str, str]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for GROUP: the probe's indices count the devices ENV already makes visible."""
+    given = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if "CUDA_VISIBLE_DEVICES" in env and len(given) > max(group):
+        return ",".join(given[i] for i in group)
+    return ",".join(str(i) for i in group)
 
 
 # ---------------------------------------------------------------------------
@@ -633,6 +698,7 @@ class Report:
     seconds: float
     node: Node | None = None
     sizing: plan.Sizing | None = None
+    topology: plan.Topology = field(default_factory=plan.Topology)
 
     @property
     def cases(self) -> list[CaseResult]:
@@ -667,6 +733,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "python": self.python, "gpu": self.gpu, "force_sm120_topk": self.force_sm120_topk,
+            "topology": self.topology.to_json(),
             "design": {"vocab": tiny.VOCAB_SIZE, "cycle_len": tiny.CYCLE_LEN, "accept": len(tiny.DESIGN.accept),
                        "gain_nats": tiny.GAIN, "post_mix": round(2.0 / (1.0 + 2.718281828459045 ** -tiny.POST_LOGIT), 8)},
             "node": None if self.node is None else self.node.to_json(),
@@ -707,6 +774,7 @@ def run_selftest(
     child: list[str] | None = None,
     kv_cache_gib: float = 6.0,
     gpu: bool | None = None,
+    topology: plan.Topology | None = None,
 ) -> Report:
     """The environment probed, then the selected checks beside the engine cases; the report.
 
@@ -717,10 +785,17 @@ def run_selftest(
     while the engines start: they share nothing with the engines but the GPU,
     and on a node whose engines need minutes to compile kernels they cost no
     time.
+
+    TOPOLOGY spreads every engine over tensor x pipeline parallel GPUs; a node
+    that sees fewer GPUs than one engine needs is refused before anything
+    starts (:func:`.plan.check_gpus`, exit 2).
     """
     t0 = time.monotonic()
+    topology = (topology or plan.Topology()).validated()
     child = child or default_child(python)
     node = probe_node(child)
+    if cases:
+        plan.check_gpus(topology, node)
     on_gpu = node.gpu is not None if gpu is None else gpu
     results: list[CheckResult] = []
 
@@ -782,15 +857,17 @@ def run_selftest(
     elif cases and node.vllm is None:
         runs = _unrun(cases, "not-run", f"vLLM is not installed in {python}")
     elif cases:
-        device = node.gpu
-        if device is not None:
-            sizing = plan.size_engines(device, kv_cache_bytes=int(kv_cache_gib * 2**30), most=parallel)
+        if node.devices:
+            sizing = plan.size_topology(node.devices, topology, kv_cache_bytes=int(kv_cache_gib * 2**30),
+                                        most=parallel)
         if sizing is not None and sizing.parallel == 0:
             runs = _unrun(cases, "not-run", f"not enough GPU memory: {sizing.describe()}")
         else:
             runs = run_cases(cases, child=child, work=work, deadlines=deadlines,
                              parallel=sizing.parallel if sizing is not None else parallel, kv_cache_gib=kv_cache_gib,
-                             gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25)
+                             gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25,
+                             topology=topology,
+                             groups=sizing.groups if sizing is not None and topology.gpus > 1 else None)
     thread.join()
     results.sort(key=lambda c: CHECK_NAMES.index(c.name))
-    return Report(python, on_gpu, force_sm120_topk, results, runs, time.monotonic() - t0, node, sizing)
+    return Report(python, on_gpu, force_sm120_topk, results, runs, time.monotonic() - t0, node, sizing, topology)

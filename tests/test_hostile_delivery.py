@@ -281,11 +281,12 @@ def _read_crafted_kernel_wheel(tmp_path: Path, members: dict[str | zipfile.ZipIn
     """``vllm_wheel.read_kernels`` on a ``--kernels`` wheel of ``members`` (names under the pin's kernel
     distribution ``{dist}``) for the small sdist pin; what it raises is the test's."""
     from dsv4patch.delivery import vllm_wheel
+    from dsv4patch.kernels import kernel_dist_name
     from dsv4patch.pins.lock import load
 
     lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
     pin = load(lock).pin("s")
-    dist = vllm_wheel.dist_name(pin.name)
+    dist = kernel_dist_name(pin.name)
     kw = tmp_path / f"{dist}-0.1-py3-none-linux_x86_64.whl"
     with zipfile.ZipFile(kw, "w") as zf:
         for name, data in members.items():

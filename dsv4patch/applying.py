@@ -95,7 +95,8 @@ def apply_pin(
     out_notes = list(notes)
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
-    with transaction.open_tree(path, pinrepo) as (co, created):
+    with progress.step(f"apply pin {pin.name} to {path}"), \
+            transaction.open_tree(path, pinrepo, progress=progress) as (co, created):
         if created:
             out_notes.append(created)
         gitdir = co.gitdir
@@ -145,7 +146,8 @@ def apply_pin(
                    if pin.source.kind in forks.FORK_KINDS else "")
                 + "; use a new directory for --tree"
             )
-        with writing(TreeError, str(path), advice):
+        with writing(TreeError, str(path), advice), \
+                progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) against {path}"):
             result = engine.run_series(path, pinrepo.base_commit, series)
         rep = pincheck.pin_report(pin, pinrepo, result, lock.path)
 
@@ -175,7 +177,7 @@ def apply_pin(
                 f"{name}: {v.status} (expected {v.expected}): {v.result.message}\n  next: {v.next}"
                 for name, v in rep.patches.items() if not v.ok
             ] + rep.notes + [f"{path} was left unchanged"])
-        with writing(TreeError, str(path), advice):
+        with writing(TreeError, str(path), advice), progress.step(f"make the {len(series.patches)} patch commit(s)"):
             commits = transaction.plan_commits(path, pinrepo.base_commit, series, result)
         final = commits[-1] if commits else pinrepo.base_commit
         if head == final:
@@ -185,7 +187,8 @@ def apply_pin(
                 co.refuse_in_the_way(final, "the apply")  # before a branch is made for it
                 if branch is not None:
                     out_notes.append(forks.start_branch(co, branch, head))
-                transaction.move_tree(co, head, final)
+                with progress.step(f"commit {len(commits)} patch(es) into {path}"):
+                    transaction.move_tree(co, head, final)
             out_notes.append(
                 f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "
                 f"tree {result.final_tree}"

@@ -16,20 +16,21 @@ from dsv4patch.errors import UsageError
 from dsv4patch.resolving import Invocation
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
-DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: ./vllm-src/<pin> under the current directory
+DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, default=None,
-                   help=f"the vLLM source tree to patch (default: ./{DEFAULT_TREE_DIR}/<pin>)")
+                   help=f"the vLLM source tree to patch (default: {DEFAULT_TREE_DIR}/<pin> in the lock's project: the "
+                        "directory that holds its locks/, wherever you run from)")
     p.add_argument(
         "--no-build", dest="build", action="store_false",
         help="do not rebuild the CUDA kernels the patches touch (then run `dsv4patch build` "
         "before shipping: without it the kernel fixes are not in effect)",
     )
-    p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
+    p.add_argument("--out", type=Path, default=None, help=f"where the kernel wheel goes (default: {_common.DEFAULT_OUT_DIR}/ in the lock's project)")
     _common.add_toolchain_options(p, prefix="kernel build: ")
     p.add_argument(
         "--3way", dest="three_way", action="store_true",
@@ -53,11 +54,15 @@ def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     default_tree = args.tree is None
-    path = _common.checked_tree(Path(DEFAULT_TREE_DIR) / pin.name if default_tree else args.tree)
+    root = _common.project_dir(lock.path)
+    path = _common.checked_tree(root / DEFAULT_TREE_DIR / pin.name if default_tree else args.tree)
     notes = []
     if default_tree:
-        notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
-                     f"{pin.name}; --tree to choose)")
+        notes.append(f"tree: {path} (the default for pin {pin.name}: {DEFAULT_TREE_DIR}/{pin.name} in the "
+                     f"project {root}, found from the lock; --tree to choose)")
+    out, out_note = _common.default_out(args.out, lock.path)
+    if out_note is not None and args.build:
+        notes.append(out_note)
     store = _common.open_store(args)
     shown: list[applying.ApplyResult] = []
 
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     result = applying.apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
         three_way=args.three_way,
-        build=_common.kernel_build(store, out=args.out, python=args.python, nvcc=args.nvcc,
+        build=_common.kernel_build(store, out=out, python=args.python, nvcc=args.nvcc,
                                    allow_torch=args.allow_torch, fmt=args.format) if args.build else None,
         before_build=before_build,
         notes=notes,

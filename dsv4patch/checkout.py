@@ -196,6 +196,51 @@ def _small_file(path: Path, what: str, problems: list[str]) -> bool:
     return True
 
 
+_WALK_LIMIT = 2_000_000  # entries under one git directory; more is not a repository a person keeps
+
+
+def _special_files(root: Path, what: str, problems: list[str]) -> None:
+    """Name every FIFO, socket or device under ``root`` (a git directory), links followed to files only.
+
+    git opens the files of its own directory without asking what they are, and ``open`` of a FIFO
+    blocks until a writer comes: a planted FIFO at ``HEAD``, ``index``, ``packed-refs``, a loose ref
+    or ``info/exclude`` would hang every git call on the checkout.  The walk never enters a linked
+    directory (``os.walk`` does not follow links) and stops at ``_WALK_LIMIT`` entries.
+    """
+    seen = 0
+    for top, dirs, files in os.walk(root):
+        for name in files + dirs:
+            seen += 1
+            if seen > _WALK_LIMIT:
+                problems.append(f"{what} has more than {_WALK_LIMIT} entries; not vetted")
+                return
+            full = os.path.join(top, name)
+            try:
+                st = os.stat(full)  # a link is judged by what git would open through it
+            except OSError:
+                continue  # a dangling link: git finds nothing there either
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+                problems.append(f"{what}: {full} is {kind} (git would block or read without end on it); "
+                                "remove it")
+
+
+def _ignore_files(path: Path, problems: list[str]) -> None:
+    """Check every ``.gitignore`` in the work tree like an attributes file: ``git status`` opens one in each
+    directory it walks, and ``ls-files`` never lists a FIFO, so the tree is walked here (no ``.git``
+    directory, no linked directory entered, at most ``_WALK_LIMIT`` entries)."""
+    seen = 0
+    for top, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        seen += len(dirs) + len(files)
+        if seen > _WALK_LIMIT:
+            problems.append(f"the work tree {path} has more than {_WALK_LIMIT} entries; its ignore files "
+                            "were not all vetted")
+            return
+        if ".gitignore" in files:
+            _small_file(Path(top) / ".gitignore", "the repository: ignore file", problems)
+
+
 def _git_dirs(path: Path, role: str) -> tuple[Path, Path]:
     """(git directory, common directory) of the checkout at ``path``, read from its files."""
     dotgit = path / ".git"
@@ -327,6 +372,11 @@ def _vet(path: Path, role: str) -> Checkout:
     # Each read as a file of its own first (never the repository's config as git assembles it), so
     # an include that is a FIFO is found before any git would open it.
     _config_problems(configs, None, "the repository", problems)
+    # Every file git may open in its own directories (HEAD, index, packed-refs, refs, shallow,
+    # info/exclude, info/grafts, objects/info/alternates, loose objects, ...): a FIFO, socket or
+    # device there would block git on open, before any git call.
+    for d in sorted({gitdir, common}):
+        _special_files(d, f"the repository's git directory {d}", problems)
     if problems:
         raise _refused(path, role, problems)
     with git.guarding(path, gitdir):
@@ -351,11 +401,13 @@ def _vet(path: Path, role: str) -> Checkout:
         attributes += [path / n for n in git.ls_files(path, "--cached", "--others", "--",
                                                       ":(glob)**/.gitattributes")]
         _attribute_problems(sorted(set(attributes)), problems, "the repository")
+        _ignore_files(path, problems)
         entries = git.ls_files(path, "-s")
         submodules = tuple(sorted({e.split("\t", 1)[1] for e in entries if e.startswith("160000 ")}))
         sub_configs = sorted(p / "config" for p in _submodule_gitdirs(common, path, submodules))
         for cfg in sub_configs:
             _config_problems([cfg], None, f"submodule {cfg.parent}", problems)
+            _special_files(cfg.parent, f"submodule {cfg.parent}", problems)
         worktrees = _worktrees(path)
     if problems:
         raise _refused(path, role, problems)

@@ -213,6 +213,10 @@ class _Required(enum.Enum):
     KEY = 0
 
 
+MAX_BUILD_JOBS = 256  # parallel compiles a lock may ask for (a node's cores, not a fork bomb)
+MAX_NVCC_THREADS = 64
+
+
 class _Table:
     """Typed access to one TOML table with the error context for messages."""
 
@@ -243,6 +247,13 @@ class _Table:
             raise LockFileError(
                 f"{self.lock_path}: {self.where}.{key} must be {typ.__name__}, got {value!r}"
             )
+        return value
+
+    def count(self, key: str, default: int, most: int) -> int:
+        """An optional whole number in ``1..most`` (a job or thread count: 0, negative or huge is refused)."""
+        value = self.get(key, int, default)
+        if not 1 <= value <= most:
+            raise LockFileError(f"{self.lock_path}: {self.where}.{key} must be between 1 and {most}, got {value}")
         return value
 
     @overload
@@ -435,7 +446,7 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
         base_tree=t.hexid("base_tree", HEX40, "a 40-hex tree id", None),
         patched_tree=t.hexid("patched_tree", HEX40, "a 40-hex tree id", None),
         build=BuildSettings(
-            max_jobs=bt.get("max_jobs", int, 2), nvcc_threads=bt.get("nvcc_threads", int, 1)
+            max_jobs=bt.count("max_jobs", 2, MAX_BUILD_JOBS), nvcc_threads=bt.count("nvcc_threads", 1, MAX_NVCC_THREADS)
         ),
         wheels=_parse_wheels(path, f"{where}.wheels", t.get("wheels", dict, {})),
         toolchain=(toolchains or {})[tc_name] if tc_name is not None else None,

@@ -47,7 +47,8 @@ exit codes:
   1    a result differs from the lock (unexpected patch status, tree id, failed proof;
        status --installed: a file that is not the patched one, a link, FIFO or too large)
   2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT,
-       DSV4PATCH_DOWNLOAD_TIMEOUT, DSV4PATCH_DOWNLOAD_MIN_RATE: finite and in range), or a
+       DSV4PATCH_DOWNLOAD_TIMEOUT, DSV4PATCH_DOWNLOAD_MIN_RATE, DSV4PATCH_GIT_TIMEOUT:
+       finite and in range), or a
        --python that cannot be started or whose answers are not a Python's
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content; a --resolutions entry that is a link)
@@ -64,7 +65,7 @@ exit codes:
        writes, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
   7    kernel build or test environment failed (or a --kernels wheel of the wrong shape)
-  8    a program dsv4patch ran (nvcc, a --python, pip, pytest) did not finish within its
+  8    a program dsv4patch ran (nvcc, a --python, pip, pytest, git) did not finish within its
        deadline, printed far more than it may, or could not be started; it was ended
        with every process it started (docs/trust.md#bounds)
   70   internal error (a bug, or git failing unexpectedly): please report it with the

@@ -42,7 +42,7 @@ from dsv4patch import checkout, engine, forks, git, index, portspace, resolving,
 from dsv4patch.errors import FetchError, LockFileError, PatchFileError, TreeError, UsageError
 from dsv4patch.lock import Lock, Pin, Source, git_url_problem, load, valid_pin_name
 from dsv4patch.progress import Progress
-from dsv4patch.series import Patch, Series, load_patch, series_for_pin
+from dsv4patch.series import Patch, Series, load_patch, read_series_file, series_for_pin
 from dsv4patch.store import Store
 
 
@@ -369,11 +369,16 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: tree.PinRepo, 
     stage.mkdir(parents=True)
     written: list[Path] = []
     variants = {}
+    own = {f.resolve() for sname in pin.series for f in read_series_file(lock.series[sname].path)}
     for p in ported:
         if p.text:
             (stage / p.patch.name).write_text(p.text)
             variants[p.patch.name] = os.path.relpath(vdir / p.patch.name, lock.path.parent)
             written.append(vdir / p.patch.name)
+        elif p.action == "keep" and p.patch.path.resolve() not in own:
+            # The source pin's variant, applying exactly here: the new pin takes the same file (the
+            # series' own one is not what was checked, and may not apply).
+            variants[p.patch.name] = os.path.relpath(p.patch.path, lock.path.parent)
     (stage / "PORT.md").write_text(port_report(lock, pin, ported))
     written.append(vdir / "PORT.md")
     doc = tomlkit.parse(lock.path.read_text())

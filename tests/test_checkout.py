@@ -171,6 +171,43 @@ def test_a_fifo_in_the_config_includes_is_refused_not_read(tmp_path, upstream):
     assert proc.returncode == EXIT_TREE and str(fifo) in err and "not a regular file" in err, err
 
 
+def _apply_within(tmp_path: Path, lock: Path, fork: Fork, what: str) -> tuple[int, str]:
+    """``apply --tree FORK`` that must end by itself (a git blocked on a FIFO would not)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(lock), "--pin", "up",
+                             "--tree", str(fork.path), "--no-build", "--cache-dir", str(tmp_path / "c")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # dsv4patch and the git blocked on the FIFO
+        proc.communicate()
+        raise AssertionError(f"apply blocked on {what}") from None
+    return proc.returncode, err
+
+
+# Files git opens in its own directory or in the work tree without asking what they are: each
+# hung `git status` (or every git call) when it was a FIFO (git 2.39, checked before the guard).
+FIFO_PATHS = (".git/HEAD", ".git/index", ".git/packed-refs", ".git/shallow", ".git/info/grafts",
+              ".git/info/exclude", ".git/objects/info/alternates", ".git/refs/heads/acme-topic",
+              ".gitignore", "vllm/.gitignore")
+
+
+@pytest.mark.parametrize("name", FIFO_PATHS)
+def test_a_fifo_where_git_reads_is_refused_by_name_not_opened(tmp_path, upstream, name):
+    """issue 35 (left open): a FIFO planted at a file git opens is named and refused, exit 5, never opened."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    fifo = fork.path / name
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo)
+    code, err = _apply_within(tmp_path, lock, fork, f"a FIFO at {name}")
+    assert code == EXIT_TREE, err
+    assert str(fifo) in err and ("FIFO" in err or "not a regular file" in err), err
+
+
 def test_an_ignored_file_where_the_series_writes_is_refused_by_name(tmp_path, upstream, cli, lived_in):
     """issue 35: an ignored, untracked vllm/new.py (a patch creates it) was overwritten by apply
     with exit 0 and no word.  Refused (exit 5) by name, in apply, apply --3way and port --workspace."""

@@ -147,3 +147,28 @@ def test_format_patch_is_the_same_bytes_whatever_the_repositorys_config(tmp_path
 ])
 def test_branch_names(name: str, ok: bool) -> None:
     assert git.valid_branch_name(name) is ok
+
+
+def test_a_git_call_that_blocks_ends_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO planted where git opens a file after the guard looked (here: the work tree's .gitignore, which
+    `git status` opens) blocks git on open: the call ends at DSV4PATCH_GIT_TIMEOUT as a ChildError (exit 8)
+    naming git's verb and the directory, and no git is left behind."""
+    import os
+    import time
+
+    from dsv4patch.errors import EXIT_CHILD, ChildError
+
+    repo, _head = _repo(tmp_path)
+    os.mkfifo(repo / ".gitignore")
+    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(ChildError) as err:
+        git.dirty_paths(repo)
+    assert time.monotonic() - start < 30
+    assert err.value.exit_code == EXIT_CHILD
+    assert "git status" in str(err.value) and str(repo) in str(err.value) and "DSV4PATCH_GIT_TIMEOUT" in str(err.value)
+    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "inf")
+    from dsv4patch.errors import UsageError
+
+    with pytest.raises(UsageError):
+        git.dirty_paths(repo)

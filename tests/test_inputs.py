@@ -39,8 +39,13 @@ def lock_text(tmp_path: Path, body: str) -> Path:
          "kind = 'ftp'"),
         ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\nseries = ["nope"]\n'
          '[pins."a".source]\nkind = "git"\nurl = "/x"\n', "names 'nope'"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "git"\nurl = "/x"\n'
+         '[pins."a".build]\nmax_jobs = 0\n', "[pins.\"a\"].build.max_jobs must be between 1 and 256, got 0"),
+        ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "git"\nurl = "/x"\n'
+         '[pins."a".build]\nnvcc_threads = 100000\n', "build.nvcc_threads must be between 1 and 64, got 100000"),
     ],
-    ids=["toml", "unknown-key", "missing-key", "short-commit", "bad-kind", "unknown-series"],
+    ids=["toml", "unknown-key", "missing-key", "short-commit", "bad-kind", "unknown-series", "zero-jobs",
+         "thread-bomb"],
 )
 def test_bad_lock(tmp_path, cli, body, needle):
     lock = lock_text(tmp_path, body)

@@ -130,6 +130,41 @@ def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstr
     assert json.loads(res.out)["patches"]["0002-merge.patch"]["action"] == "resolved"
 
 
+def test_a_source_variant_that_applies_exactly_is_kept_as_the_new_pins_variant(tmp_path, upstream, cli):
+    """A patch the source pin takes as a variant, kept unchanged by the port (it applies exactly on the new
+    pin), stays that pin's variant: the new pin's entry names it (it named none, so the new pin took the
+    series' own file, which does not apply there, and its first check failed)."""
+    root = tmp_path / "proj"
+    (root / "locks").mkdir(parents=True)
+    (root / "patches/variants/old").mkdir(parents=True)
+    worker = MINI_FILES["vllm/worker.py"]
+    variant = upstream.patch(root / "patches/variants/old/0001-z.patch", "v",
+                             {"vllm/worker.py": worker.replace("z = y * 2", "z = y * 3")}, "z")
+    # The series' own file is written for a later upstream (y = x + 10): it does not apply at the pins.
+    (upstream.path / "vllm/worker.py").write_text(worker.replace("y = x + 1", "y = x + 10"))
+    sh(upstream.path, "commit", "-qam", "later")
+    upstream.patch(root / "patches/0001-z.patch", "m",
+                   {"vllm/worker.py": worker.replace("y = x + 1", "y = x + 10").replace("z = y * 2", "z = y * 3")},
+                   "z")
+    sh(upstream.path, "reset", "-q", "--hard", upstream.commit)
+    (upstream.path / "vllm/envs.py").write_text(MINI_FILES["vllm/envs.py"].replace("VAR_30 = 30", "VAR_30 = 31"))
+    sh(upstream.path, "commit", "-qam", "drift elsewhere")
+    new_commit = sh(upstream.path, "rev-parse", "HEAD")
+    rel = "../patches/variants/old/0001-z.patch"
+    lock = write_lock(root / "locks/vllm.toml",
+                      {"old": git_pin("old", upstream, extra=f'variants = {{ "0001-z.patch" = "{rel}" }}')},
+                      {"main": ["../patches/0001-z.patch"]})
+    assert cli("check", "--lock", lock, "--pin", "old", "--cache-dir", tmp_path / "c").rc == 0
+    res = cli("port", "--lock", lock, "--from", "old", "--to", new_commit, "--git", upstream.path,
+              "--name", "new", "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    assert json.loads(res.out)["patches"]["0001-z.patch"]["action"] == "keep"
+    pin = load(lock).pins["new"]
+    assert pin.variants == {"0001-z.patch": variant.resolve()}, pin.variants
+    res = cli("check", "--lock", lock, "--pin", "new", "--cache-dir", tmp_path / "c")
+    assert res.rc == 0, res.out + res.err
+
+
 def test_port_numbers_each_series_on_its_own(tmp_path, upstream, cli):
     """Refreshed variants are numbered within their series: [PATCH n/2] for the
     two of "main", [PATCH 1/1] for the one of "extra" (not n/3 across both)."""

@@ -95,8 +95,7 @@ def apply_pin(
     out_notes = list(notes)
     advice = (f"free space or fix permissions under {path}, then run apply again "
               "(it finishes or refuses an interrupted move)")
-    with progress.step(f"apply pin {pin.name} to {path}"), \
-            transaction.open_tree(path, pinrepo, progress=progress) as (co, created):
+    with transaction.open_tree(path, pinrepo, progress=progress) as (co, created):
         if created:
             out_notes.append(created)
         gitdir = co.gitdir

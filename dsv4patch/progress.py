@@ -102,6 +102,20 @@ class Progress:
         """A step of unknown length (``task(description, None)``)."""
         return self.task(description, None)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Take the live display off the screen while a command prints its result (a table shown
+        before a long build), then bring it back below."""
+        bar = self._bar
+        if bar is None:
+            yield
+            return
+        bar.stop()
+        try:
+            yield
+        finally:
+            bar.start()
+
     def _start(self) -> Any:
         if self._bar is not None:
             return self._bar

@@ -308,7 +308,7 @@ def folded(status: str, pins: dict[str, list[str]]) -> str:
             + " (evidence: --format json)")
 
 
-def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
+def matrix_table(report: dict[str, Any], title: str | None = None) -> tuple[Table, str]:
     """pin x patch matrix for check and apply (terminal and Markdown).
 
     On the terminal a cell is one short word (legend under the table) so that the
@@ -320,7 +320,7 @@ def matrix_table(report: dict[str, Any]) -> tuple[Table, str]:
             if name not in patch_names:
                 patch_names.append(name)
     short = [n.split("-", 1)[0] if n[:4].isdigit() else n[:12] for n in patch_names]
-    table = Table(f"dsv4patch check: {report['lock']}")
+    table = Table(title or f"dsv4patch check: {report['lock']}")
     table.add_column("pin")
     for s in short:
         table.add_column(s)

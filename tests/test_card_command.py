@@ -157,5 +157,5 @@ def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(projec
     steps = piped.stderr.splitlines()
     assert "\x1b[" not in piped.stderr + piped.stdout and steps, piped.stderr
     assert all(line.startswith("dsv4patch: ") for line in steps), steps
-    assert any(line.startswith("dsv4patch: apply pin 0.27.1 to ") for line in steps), steps
+    assert any(line.startswith("dsv4patch: apply pin 0.27.1 into ") for line in steps), steps
     assert "dsv4patch: " not in piped.stdout

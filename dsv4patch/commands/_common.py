@@ -144,7 +144,7 @@ def checked_tree(given: Path) -> Path:
 def render_apply(fmt: str, result: applying.ApplyResult) -> int:
     """Print an apply's result (``apply``, ``resolve --continue``); its exit code."""
     out = result.to_json()
-    table, md = report.matrix_table(out)
+    table, md = report.matrix_table(out, title=f"dsv4patch apply: {result.tree}")
     report.emit(fmt, out, table, md)
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
@@ -156,11 +156,11 @@ def render_notes(fmt: str, notes: list[str], result: applying.ApplyResult) -> in
 
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 allow_torch: str | None = None, fmt: str = "text") -> applying.KernelBuild:
+                 allow_torch: str | None = None, progress: Progress) -> applying.KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
-        return building.build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
+        return building.build_tree(tree=path, pin=pin, store=store, progress=progress,
                                    python=python, nvcc=nvcc, allow_torch=allow_torch,
                                    out=out or building.DEFAULT_OUT).to_json()  # apply passes its default
 

@@ -8,12 +8,16 @@ this command reads its options, passes them on and renders the result.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from dsv4patch import applying, forks
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
+from dsv4patch.lock import Lock, Pin
+from dsv4patch.progress import Progress
 from dsv4patch.resolving import Invocation
+from dsv4patch.store import Store
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project
@@ -66,23 +70,33 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     shown: list[applying.ApplyResult] = []
 
+    prog = _common.progress(args)
+
     def before_build(done: applying.ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
         if args.format == "text":
-            _common.render_apply(args.format, done)
+            with prog.paused():
+                _common.render_apply(args.format, done)
             shown.append(done)
 
-    result = applying.apply_pin(
-        lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
+    # One line on the terminal for the whole command, the steps below it: the screen never stands still.
+    with prog.step(f"apply pin {pin.name} into {path}"):
+        result = _apply(args, lock, pin, path, store, prog, before_build, notes, out)
+    if shown:  # the table is out: only what the kernel step added
+        return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
+    return _common.render_apply(args.format, result)
+
+
+def _apply(args: argparse.Namespace, lock: Lock, pin: Pin, path: Path, store: Store, prog: Progress,
+           before_build: Callable[[applying.ApplyResult], None], notes: list[str], out: Path) -> applying.ApplyResult:
+    return applying.apply_pin(
+        lock=lock, pin=pin, store=store, tree_path=path, progress=prog,
         three_way=args.three_way,
         build=_common.kernel_build(store, out=out, python=args.python, nvcc=args.nvcc,
-                                   allow_torch=args.allow_torch, fmt=args.format) if args.build else None,
+                                   allow_torch=args.allow_torch, progress=prog) if args.build else None,
         before_build=before_build,
         notes=notes,
         branch=args.branch,
         invocation=Invocation(series=tuple(args.series) if args.series else None,
                               cache_dir=args.cache_dir, build=args.build, out=args.out),
     )
-    if shown:  # the table is out: only what the kernel step added
-        return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
-    return _common.render_apply(args.format, result)

@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
-    outcomes = pincheck.check_pins(lock, lock.select(args.pin), store, prog, use_cache=not args.no_cache)
+    pins = lock.select(args.pin)
+    with prog.step(f"check {len(pins)} pin(s)"):  # the screen never stands still
+        outcomes = pincheck.check_pins(lock, pins, store, prog, use_cache=not args.no_cache)
     not_fetched: list[str] = []
     expected: dict[str, dict[str, list[str]]] = {}  # status -> pin -> patches, as the lock expects
     for o in outcomes:

@@ -48,10 +48,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     out, out_note = _common.default_out(args.out, lock.path)
-    res = vllm_wheel.make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
-                                progress=_common.progress(args), out=out, platform=args.platform,
-                                kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
-                                allow_torch=args.allow_torch, extra_include=args.extra_include)
+    prog = _common.progress(args)
+    with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
+        res = vllm_wheel.make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
+                                    progress=prog, out=out, platform=args.platform,
+                                    kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                                    allow_torch=args.allow_torch, extra_include=args.extra_include)
     rep = res.to_json()
     if out_note is not None:
         rep["notes"] = [out_note, *rep.get("notes", [])]

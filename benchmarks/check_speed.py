@@ -45,10 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_cli import ENV, run_cli, write_report  # noqa: E402
-from dsv4patch import git, tree  # noqa: E402
-from dsv4patch.lock import load  # noqa: E402
+from dsv4patch import git
+from dsv4patch.pins import repository  # noqa: E402
+from dsv4patch.pins.lock import load  # noqa: E402
 from dsv4patch.progress import Progress  # noqa: E402
-from dsv4patch.series import series_for_pin  # noqa: E402
+from dsv4patch.series.patches import series_for_pin  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 ONE = "0.27.1"
@@ -82,7 +83,7 @@ def main() -> int:
     quiet = Progress(False)
     pins = []
     for pin in lock.pins.values():
-        repo = tree.materialize(pin, store, quiet)  # warm the cache (untimed)
+        repo = repository.materialize(pin, store, quiet)  # warm the cache (untimed)
         pins.append((repo.repo, repo.base_commit, [p.path for p in series_for_pin(lock, pin).patches]))
     dsv4patch_check(args.lock, store.root)  # warm-up (fills the check cache)
     dsv4patch_check(args.lock, store.root, "--pin", ONE)
@@ -111,10 +112,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
             fresh = fresh_store(d, [ONE])
             t0 = time.perf_counter()
-            tree.materialize(lock.pin(ONE), fresh, quiet)
+            repository.materialize(lock.pin(ONE), fresh, quiet)
             cold_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            tree.materialize(lock.pin(ONE), fresh, quiet)
+            repository.materialize(lock.pin(ONE), fresh, quiet)
             warm_t.append(time.perf_counter() - t0)
         with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
             fresh = fresh_store(d, [ONE])
@@ -126,7 +127,7 @@ def main() -> int:
         fresh = fresh_store(d, names)
         t0 = time.perf_counter()
         for name in names:
-            tree.materialize(lock.pin(name), fresh, quiet)
+            repository.materialize(lock.pin(name), fresh, quiet)
         all_seq = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix="dsv4-bench-") as d:
         fresh = fresh_store(d, names)

@@ -79,7 +79,7 @@ if str(REPO) not in sys.path:
 from bench_cli import run_cli, write_report  # noqa: E402
 from dsv4patch.kernels import build as kbuild  # noqa: E402
 from dsv4patch.kernels import sources  # noqa: E402
-from dsv4patch.lock import load as load_lock  # noqa: E402
+from dsv4patch.pins.lock import load as load_lock  # noqa: E402
 from dsv4patch.store import Store, default_root  # noqa: E402
 
 # nvcc flags torch's CMake config (share/cmake/Caffe2/public/cuda.cmake) adds to every CUDA

@@ -25,7 +25,7 @@ pinned files, never on whoever runs dsv4patch, so every git process gets:
   we parse has one shape.
 
 A repository with a work tree (a ``.git`` at ``cwd``) is a user's checkout:
-git runs there only while :mod:`dsv4patch.checkout` holds it vetted
+git runs there only while :mod:`dsv4patch.guard` holds it vetted
 (:func:`guarding`), else the call is refused as an internal error.  So a
 command that forgets the guard fails in its first test instead of running a
 fork's filter driver.  Bare repositories are dsv4patch's own (the cache).
@@ -141,7 +141,7 @@ class Result:
 
 
 # The work trees git may run in now: realpath -> (its git directory, how many holders).
-# Only dsv4patch.checkout adds to it (tests/test_architecture.py checks that).
+# Only dsv4patch.guard adds to it (tests/test_architecture.py checks that).
 _GUARDED: dict[str, tuple[Path, int]] = {}
 
 
@@ -149,7 +149,7 @@ _GUARDED: dict[str, tuple[Path, int]] = {}
 def guarding(worktree: Path, gitdir: Path) -> Iterator[None]:
     """Let git run in the work tree ``worktree``, with ``gitdir`` as its git directory, while held.
 
-    Called only by :mod:`dsv4patch.checkout`, once it has vetted the checkout (or for a
+    Called only by :mod:`dsv4patch.guard`, once it has vetted the checkout (or for a
     work tree dsv4patch itself has just made).  Nested holds of one tree are counted."""
     key = os.path.realpath(worktree)
     prev = _GUARDED.get(key)
@@ -184,8 +184,8 @@ def _repo_env(cwd: Path, repo: bool) -> dict[str, str]:
         held = _GUARDED.get(os.path.realpath(cwd))
         if held is None:
             raise UnguardedCheckout(
-                f"internal: git would run in the checkout {cwd}, which dsv4patch.checkout has not "
-                "vetted; every command reaches a user's checkout through dsv4patch.checkout")
+                f"internal: git would run in the checkout {cwd}, which dsv4patch.guard has not "
+                "vetted; every command reaches a user's checkout through dsv4patch.guard")
         env["GIT_DIR"] = str(held[0])
         env["GIT_WORK_TREE"] = str(cwd)
     elif (cwd / "HEAD").is_file() and (cwd / "objects").is_dir():

@@ -24,7 +24,6 @@ import json
 import os
 import select
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -84,7 +83,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``only``, just that subcommand's (so a run imports only its command)."""
+    """The parser; with ``only``, just that subcommand's (so a run imports only its command); with
+    ``only=""``, none (``--version`` imports no command)."""
     parser = _Parser(
         prog="dsv4patch",
         description="Apply the DeepSeek-V4 sparse-MLA fixes to pinned vLLM trees.",
@@ -95,7 +95,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     debug_help = "on an internal error, print the traceback (also DSV4PATCH_DEBUG=1)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in (only,) if only in COMMANDS else COMMANDS:
+    for name in (only,) if only in COMMANDS else () if only == "" else COMMANDS:
         module = importlib.import_module(f"dsv4patch.commands.{name}")
         module.add_parser(sub)
     for p in sub.choices.values():
@@ -189,6 +189,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
     debug = os.environ.get("DSV4PATCH_DEBUG", "") not in ("", "0")
     try:
         first = next((a for a in argv if not a.startswith("-")), None)
+        if first is None and "--version" in argv and not {"-h", "--help"} & set(argv):
+            first = ""  # only the version: no command module is imported
         args = build_parser(first).parse_args(argv)
         state["args"] = args
         command = state["command"] = args.command
@@ -199,6 +201,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         return code
     except Dsv4Error as exc:
         if debug:
+            import traceback  # only for an error (start-up imports only what the run needs)
+
             traceback.print_exc()
         command = command or next((a for a in argv if a in COMMANDS), "")
         return _report(command, exc.kind, str(exc), exc.exit_code, _wants_json(argv, args))
@@ -214,6 +218,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
 
 
 def _internal(exc: Exception, command: str, debug: bool, argv: list[str], args: argparse.Namespace | None) -> int:
+    import traceback  # only for an error (start-up imports only what the run needs)
+
     if debug:
         traceback.print_exc()
     where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -11,6 +11,7 @@ import re
 import urllib.parse
 
 _HTTP_SCHEMES = ("http", "https")
+_SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 _HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$")
 
 
@@ -22,7 +23,7 @@ def http_url_problem(url: str) -> str | None:
     """
     if not url:
         return "it is empty"
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+    if _SPACE_OR_CONTROL.search(url):
         return "it contains spaces or control characters"
     parts = urllib.parse.urlsplit(url)
     if parts.scheme.lower() not in _HTTP_SCHEMES:

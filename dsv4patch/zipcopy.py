@@ -2,7 +2,7 @@
 
 Both wheels dsv4patch makes are written here: the kernel plugin wheel
 (:func:`write`, from :mod:`dsv4patch.kernels.build`) and the patched vLLM
-wheel (:class:`Writer` fed by the repacker, :mod:`dsv4patch.vllm_wheel`); their
+wheel (:class:`Writer` fed by the repacker, :mod:`dsv4patch.delivery.vllm_wheel`); their
 ``RECORD`` files come from :func:`record`.
 
 The stock vLLM wheel is about 300 MB of compressed shared libraries; the

@@ -1,4 +1,4 @@
-"""A STAND-IN for the self-test's engine child (dsv4patch/selftest/child.py), for machines without a GPU.
+"""A STAND-IN for the self-test's engine child (dsv4patch/proofs/selftest/child.py), for machines without a GPU.
 
 The real child needs vLLM and a CUDA GPU.  This script speaks the same
 protocol (argv: SPEC.json PROGRESS.jsonl; JSON-line events) so the runner's
@@ -12,11 +12,17 @@ predicts; STANDIN_MODE changes that to exercise each verdict:
   crash_case (exits 3 in the first prompt set), refuse (DSpark engines raise
   fix 5's refusal at start), all_accept (reports every draft accepted),
   bad_event (a case_done whose tokens are not integers), flood (prints 40 MiB
-  to its log at start, then passes).
+  to its log at start, then passes), null_block (DSpark's debug check reports
+  bytes written into block 0; otherwise it reports one layer measured, none).
 
 ``--probe`` answers the environment probe as the real child does, for a
 STAND-IN GPU (STANDIN_GPU: "h200" by default, "none" for a machine without one,
-"small" for one with 4 GiB free): the sizing and the no-GPU paths run for real.
+"small" for one with 4 GiB free; STANDIN_GPUS=N: N such devices): the sizing and the no-GPU paths run for real.
+Like vLLM 0.26.0's engine config, a speculative engine (MTP, DSpark) asked for pipeline parallelism is refused
+at start with vLLM's own message (``config/model.py:1240-1247``, for the draft); ``engine_ready`` reports the
+spec's TP and PP sizes
+(what the real child reads back from vLLM's parallel config) and the fingerprint the CUDA_VISIBLE_DEVICES it
+was given.
 The third argument (the stacks file) is accepted and written by the hang modes
 the way faulthandler's watchdog would (a dump of this process's stacks).
 """
@@ -34,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"standin_{name}", ROOT / "dsv4patch" / "selftest" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"standin_{name}", ROOT / "dsv4patch" / "proofs" / "selftest" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -47,8 +53,9 @@ def probe() -> dict:
     if gpu != "none":
         total = 150_106_341_376
         free = 4 * 2**30 if gpu == "small" else total - 600 * 2**20
-        devices.append({"index": 0, "name": "STAND-IN H200", "capability": "9.0", "free_bytes": free,
-                        "total_bytes": total})
+        for i in range(int(os.environ.get("STANDIN_GPUS", "1"))):
+            devices.append({"index": i, "name": "STAND-IN H200", "capability": "9.0", "free_bytes": free,
+                            "total_bytes": total})
     return {"python": sys.executable, "vllm": "0.26.0", "torch": "2.11.0", "torch_cuda": "13.0",
             "pytest": "9.0.0", "triton": "3.6.0", "devices": devices}
 
@@ -69,7 +76,8 @@ def main() -> int:
         out.flush()
 
     model = _load("model")
-    emit("fingerprint", data={"standin": True, "python": sys.executable})
+    emit("fingerprint", data={"standin": True, "python": sys.executable,
+                              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
     stacks = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     if mode == "flood":
         chunk = "x" * 1023 + "\n"
@@ -89,7 +97,16 @@ def main() -> int:
               "needs flashinfer-ai/flashinfer#4380", file=sys.stderr)
         emit("error", error="RuntimeError: FlashInfer lacks (64, 192): flashinfer-ai/flashinfer#4380")
         return 1
-    emit("engine_ready")
+    tp, pp = int(spec.get("tensor_parallel_size", 1)), int(spec.get("pipeline_parallel_size", 1))
+    if engine["method"] != "plain" and pp > 1:
+        refusal = ("NotImplementedError: Pipeline parallelism is not supported for this model. Supported models "
+                   "implement the `SupportsPP` interface.")
+        print(refusal, file=sys.stderr)
+        emit("error", error=refusal)
+        return 1
+    if os.environ.get("STANDIN_READY_DELAY"):
+        time.sleep(float(os.environ["STANDIN_READY_DELAY"]))
+    emit("engine_ready", tensor_parallel_size=tp, pipeline_parallel_size=pp)
     for i, pset in enumerate(spec["prompt_sets"]):
         emit("case_start", case=pset["name"])
         if mode == "hang_case" and i == 1:
@@ -128,8 +145,12 @@ def main() -> int:
         gaps = [[round(model.GAIN - 0.04 * (j % 3), 4) for j in range(len(seq))] for seq in tokens]
         if mode == "bad_event":
             tokens = [["abc"] for _ in tokens]
+        extra = {}
+        if engine["method"] == "dspark":  # fix 3b's debug check, as the real child reports it
+            written = {"worker 0: model.layers.4.attn.swa_cache": 656} if mode == "null_block" else {}
+            extra["null_block"] = {"layers": 1, "written": written, "unmeasured": {}, "skipped": []}
         emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=[[] for _ in tokens], seconds=0.01,
-             spec=counters)
+             spec=counters, **extra)
     emit("child_done")
     return 0
 

@@ -160,8 +160,8 @@ def test_sigkill_mid_apply_is_finished_by_next_run(tmp_path, cli, two_patch_lock
 
 
 def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock, monkeypatch):
+    from dsv4patch.checkout.transaction import tree_lock
     from dsv4patch.errors import EXIT_BUSY
-    from dsv4patch.transaction import tree_lock
 
     tree = tmp_path / "t"
     cache = tmp_path / "c"

@@ -76,7 +76,7 @@ def _where(module: Module, line: int, what: str) -> str:
 
 def test_the_scan_sees_the_package() -> None:
     names = {m.name for m in MODULES}
-    assert {"dsv4patch.main", "dsv4patch.engine", "dsv4patch.commands.apply"} <= names
+    assert {"dsv4patch.main", "dsv4patch.series.engine", "dsv4patch.commands.apply"} <= names
     apply = next(m for m in MODULES if m.name == "dsv4patch.commands.apply")
     assert any(name.startswith("dsv4patch.") for _, name in _imports(apply))
 
@@ -130,6 +130,101 @@ def test_no_hidden_attributes_read_from_args() -> None:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
                     and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "args"):
                 bad.append(_where(m, node.lineno, "getattr(args, ...)"))
+    assert bad == []
+
+
+PIPELINE = ("pins", "series", "kernels", "checkout", "forks", "delivery", "proofs")
+
+
+def _domain(name: str) -> str | None:
+    """The domain package of a dotted module name; None for a foundation (a top-level module)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PIPELINE else None
+
+
+def test_the_page_lists_the_packages_in_pipeline_order() -> None:
+    assert f"Package order: {', '.join(PIPELINE)}." in ARCHITECTURE.read_text()
+    on_disk = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} - {"commands"}
+    assert on_disk == set(PIPELINE)
+
+
+def test_packages_import_only_foundations_and_earlier_packages() -> None:
+    """pins < series < kernels < checkout < forks < delivery < proofs: a package never reaches a later one,
+    and a foundation (a top-level module other than main.py) reaches no package."""
+    bad = []
+    for m in MODULES:
+        if m.is_command or m.name in ("dsv4patch.main", "dsv4patch.__main__"):
+            continue
+        own = _domain(m.name)
+        for line, name in _imports(m):
+            other = _domain(name)
+            if other is None or other == own:
+                continue
+            if own is None or PIPELINE.index(other) > PIPELINE.index(own):
+                bad.append(_where(m, line, f"{own or 'foundation'} imports {name} ({other})"))
+    assert bad == []
+
+
+def _face(package: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """(FACE, {public name: "module:attribute"} of the TYPE_CHECKING imports, __all__) of a package's __init__."""
+    init = next(m for m in MODULES if m.name == f"dsv4patch.{package}" and m.path.name == "__init__.py")
+    table: dict[str, str] = {}
+    typed: dict[str, str] = {}
+    listed: list[str] = []
+    for node in init.tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "FACE":
+                table = ast.literal_eval(node.value)
+            elif node.targets[0].id == "__all__":
+                listed = ast.literal_eval(node.value)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module, ast.dump(imp)
+                assert imp.module.startswith(f"dsv4patch.{package}."), imp.module
+                for alias in imp.names:
+                    typed[alias.asname or alias.name] = f"{imp.module[len(package) + 11:]}:{alias.name}"
+    return table, typed, listed
+
+
+def test_each_package_has_one_face_that_agrees_with_itself() -> None:
+    """FACE (what the interpreter loads), the TYPE_CHECKING imports (what mypy sees) and __all__ name the
+    same things; no public name shadows a module of the package; each name loads for real."""
+    import importlib
+
+    for package in PIPELINE:
+        table, typed, listed = _face(package)
+        assert table, f"dsv4patch/{package}/__init__.py has no FACE"
+        assert table == typed, f"{package}: FACE and the TYPE_CHECKING imports differ"
+        assert sorted(listed) == sorted(table), f"{package}: __all__ and FACE differ"
+        modules = {p.stem for p in (PACKAGE / package).iterdir()}
+        assert not set(table) & modules, f"{package}: a public name shadows a module"
+        loaded = importlib.import_module(f"dsv4patch.{package}")
+        for name, where in table.items():
+            module, _, attr = where.partition(":")
+            assert getattr(loaded, name) is getattr(importlib.import_module(f"dsv4patch.{package}.{module}"), attr)
+
+
+def test_packages_reach_each_other_only_through_their_face() -> None:
+    """Outside a package (other packages, commands/, main.py) only ``from dsv4patch.<package> import <public
+    name>``: never one of its modules, never a name its face does not list."""
+    faces = {package: set(_face(package)[0]) for package in PIPELINE}
+    bad = []
+    for m in MODULES:
+        own = _domain(m.name)
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Import):
+                targets = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [(node.module, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, name in targets:
+                parts = module.split(".")
+                if parts[0] != "dsv4patch" or len(parts) < 2 or parts[1] not in PIPELINE or parts[1] == own:
+                    continue
+                if len(parts) > 2 or name not in faces[parts[1]]:
+                    bad.append(_where(m, node.lineno, f"{module}{'.' + name if name else ''} is not "
+                                                      f"dsv4patch.{parts[1]}'s face"))
     assert bad == []
 
 
@@ -192,23 +287,24 @@ def _calls(module: Module, owner: str, name: str) -> list[int]:
 
 def test_only_the_checkout_guard_lets_git_into_a_work_tree() -> None:
     """issue 35: one guarded way to a user's checkout.  git.py runs in a work tree only while
-    git.guarding holds it, and only checkout.py calls that (after vetting, or checkout.owned for a
+    git.guarding holds it, and only guard.py calls that (after vetting, or guard.owned for a
     tree dsv4patch itself creates: only where trees are created)."""
     bad = []
     for m in MODULES:
         for line in _calls(m, "git", "guarding"):
-            if m.name != "dsv4patch.checkout":
-                bad.append(_where(m, line, "git.guarding outside checkout.py"))
-        for line in _calls(m, "checkout", "owned"):
-            if m.name not in ("dsv4patch.tree", "dsv4patch.transaction", "dsv4patch.provenance"):
-                bad.append(_where(m, line, "checkout.owned outside the modules that create a work tree"))
+            if m.name != "dsv4patch.guard":
+                bad.append(_where(m, line, "git.guarding outside guard.py"))
+        for line in _calls(m, "guard", "owned"):
+            if m.name not in ("dsv4patch.pins.repository", "dsv4patch.checkout.transaction",
+                              "dsv4patch.delivery.provenance"):
+                bad.append(_where(m, line, "guard.owned outside the modules that create a work tree"))
         for node in ast.walk(m.tree):
             if isinstance(node, ast.ImportFrom) and node.module == "dsv4patch.git":
                 names = {a.name for a in node.names}
                 if names & {"guarding", "_GUARDED"}:
                     bad.append(_where(m, node.lineno, "imports git's guard directly"))
     assert bad == []
-    assert _calls(next(m for m in MODULES if m.name == "dsv4patch.checkout"), "git", "guarding")
+    assert _calls(next(m for m in MODULES if m.name == "dsv4patch.guard"), "git", "guarding")
 
 
 def test_git_refuses_a_work_tree_the_guard_does_not_hold() -> None:

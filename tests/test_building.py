@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK
-from dsv4patch import applying, building
-from dsv4patch.kernels import sources
-from dsv4patch.lock import load
+from dsv4patch.checkout import applying
+from dsv4patch.kernels import building, sources
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
 
 PATCHED = load(LOCK).pin("0.27.1").patched_tree
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, git_pin, sh, write_lock
-from dsv4patch import checkcache
+from dsv4patch.series import checkcache
 
 
 def run(cli, lock: Path, cache: Path, *extra: str) -> dict:
@@ -167,9 +167,9 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from conftest import LOCK
-    from dsv4patch import checkcache as cc
-    from dsv4patch.lock import load
-    from dsv4patch.pincheck import CachedCheck
+    from dsv4patch.pins.lock import load
+    from dsv4patch.series import checkcache as cc
+    from dsv4patch.series.pincheck import CachedCheck
     from dsv4patch.store import Store
 
     real = cc.tool_identity

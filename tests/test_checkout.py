@@ -1,4 +1,4 @@
-"""dsv4patch.checkout: the one guarded way to a user's checkout (issue 35).
+"""dsv4patch.guard: the one guarded way to a user's checkout (issue 35).
 
 Every command that touches a fork's checkout (``apply --tree``, ``refresh``, ``status --tree``,
 ``resolve``, ``port --local``, ``port --workspace``, ``build --tree``, and a ``local`` pin's

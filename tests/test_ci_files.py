@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.lock import load
-from dsv4patch.series import series_for_pin
+from dsv4patch.pins.lock import load
+from dsv4patch.series.patches import series_for_pin
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

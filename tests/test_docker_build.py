@@ -65,11 +65,12 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch import buildargs, testenv, toolchain
-from dsv4patch.kernels import stock
+from dsv4patch.delivery import buildargs
+from dsv4patch.kernels import stock, toolchain
 from dsv4patch.kernels.build import dist_name
-from dsv4patch.lock import load
-from dsv4patch.series import series_for_pin
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
+from dsv4patch.series.patches import series_for_pin
 from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

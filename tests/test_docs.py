@@ -280,8 +280,8 @@ def test_the_forks_page_runs_as_typed_on_a_lived_in_fork(tmp_path, shared_cache,
     import sys
     from contextlib import redirect_stderr, redirect_stdout
 
-    from dsv4patch import tree
-    from dsv4patch.lock import load
+    from dsv4patch.pins import repository
+    from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
     from dsv4patch.store import Store
     from forkfixture import IDENT, USER_OVERRIDES, make_fork
@@ -290,7 +290,7 @@ def test_the_forks_page_runs_as_typed_on_a_lived_in_fork(tmp_path, shared_cache,
     for d in ("locks", "patches"):
         shutil.copytree(ROOT / d, proj / d)
     lock = proj / "locks" / "vllm.toml"
-    pr = tree.materialize(load(lock).pin("0.27.1"), Store.open(shared_cache), Progress(False))
+    pr = repository.materialize(load(lock).pin("0.27.1"), Store.open(shared_cache), Progress(False))
     fork = make_fork(tmp_path, pr.repo, pr.base_commit)
     editor = tmp_path / "editor.py"
     editor.write_text(EDITOR)
@@ -343,7 +343,7 @@ def test_the_forks_page_runs_as_typed_on_a_lived_in_fork(tmp_path, shared_cache,
 
 def _journey_check(line: str, fork, proj: Path, lock: Path) -> None:  # type: ignore[no-untyped-def]
     """What the page says a step does, beyond its exit code."""
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
     from forkfixture import run_git
 
     if line == "dsv4patch apply --pin acme --tree ../vllm-acme --branch dsv4 --no-build":
@@ -391,7 +391,7 @@ def test_release_adoption_runs_as_typed(tmp_path, shared_cache, monkeypatch) -> 
     import shutil
     from contextlib import redirect_stdout
 
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
     from dsv4patch.store import Store
     from localindex import serve

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch import fetching
 from dsv4patch.errors import FetchError, IntegrityError, NotFetchedError
-from dsv4patch.lock import load
+from dsv4patch.pins import fetching
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 from test_hostile import Sdist, sdist_lock

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch import testenv
 from dsv4patch.main import main
 from dsv4patch.progress import Progress
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 pytestmark = [

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from conftest import sh
-from dsv4patch import checkout, git
+from dsv4patch import git, guard
 
 
 @pytest.fixture(autouse=True)
 def _held(tmp_path: Path) -> Iterator[None]:
     """The repositories of these tests are work trees: git runs in them only while held."""
-    with checkout.owned(tmp_path / "r"):
+    with guard.owned(tmp_path / "r"):
         yield
 
 
@@ -87,7 +87,7 @@ def test_git_refuses_a_work_tree_nobody_vetted(tmp_path: Path) -> None:
     sh(other, "init", "-q")
     with pytest.raises(git.UnguardedCheckout, match="not\n?.*vetted"):
         git.head(other)
-    with checkout.guarded(other) as co:
+    with guard.guarded(other) as co:
         assert git.head(other) is None and co.gitdir == other / ".git"
     with pytest.raises(git.UnguardedCheckout):
         git.dirty_paths(other)

@@ -306,7 +306,7 @@ def test_hostile_git_url_is_refused(tmp_path, upstream, cli, url):
     "vllm-src",
 ])
 def test_ordinary_git_urls_are_accepted(tmp_path, url):
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
 
     lock = write_lock(tmp_path / "l.toml", {"p": pin_table("p", COMMIT, {"kind": "git", "url": url})})
     assert load(lock).pin("p").source.url
@@ -535,7 +535,7 @@ def test_apply_on_a_tree_copied_with_cp_a_refreshes_stale_stat_data(shared_cache
     import subprocess
 
     from conftest import LOCK
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
 
     tree = tmp_path / "vllm-src"
     args = ("apply", "--lock", LOCK, "--pin", "0.27.1", "--cache-dir", shared_cache, "--no-build")

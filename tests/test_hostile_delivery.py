@@ -280,8 +280,8 @@ def _wheel_lock(tmp_path: Path, wheel: bytes) -> tuple[Path, Path]:
 def _read_crafted_kernel_wheel(tmp_path: Path, members: dict[str | zipfile.ZipInfo, bytes | str]) -> None:
     """``vllm_wheel.read_kernels`` on a ``--kernels`` wheel of ``members`` (names under the pin's kernel
     distribution ``{dist}``) for the small sdist pin; what it raises is the test's."""
-    from dsv4patch import vllm_wheel
-    from dsv4patch.lock import load
+    from dsv4patch.delivery import vllm_wheel
+    from dsv4patch.pins.lock import load
 
     lock, _cache = _wheel_lock(tmp_path, _crafted_wheel({}))
     pin = load(lock).pin("s")
@@ -411,7 +411,7 @@ def test_lock_update_records_the_sdist_url_without_index_credentials(monkeypatch
 
 def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
     """build_info.json naming ../../x (a file that exists) does not make the library 'present'."""
-    from dsv4patch import installed
+    from dsv4patch.delivery import installed
 
     pkg = tmp_path / "site" / "dsv4patch_kernels_x"
     pkg.mkdir(parents=True)
@@ -679,7 +679,7 @@ def test_stock_wheel_that_tells_the_truth_still_repacks(tmp_path, cli, no_index_
     lock, cache = _wheel_lock(tmp_path, _lying_wheel("none"))
     res = _wheel(cli, lock, cache, tmp_path / "out")
     assert res.rc == EXIT_OK, res.err
-    from dsv4patch import vllm_wheel
+    from dsv4patch.delivery import vllm_wheel
 
     assert vllm_wheel.check_record(Path(json.loads(res.out)["wheel"])) == []
 

@@ -20,7 +20,7 @@ from conftest import LOCK, ROOT
 from dsv4patch import index
 from dsv4patch.errors import IntegrityError
 from dsv4patch.kernels import stock
-from dsv4patch.lock import WheelFile, load
+from dsv4patch.pins.lock import WheelFile, load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 from localindex import LocalIndex, serve

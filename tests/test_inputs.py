@@ -59,7 +59,7 @@ def test_commit_abbrev_only_for_sdist_pins(tmp_path, cli):
                      '[pins."a".source]\nkind = "git"\nurl = "/x"\n')
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_INPUT and "missing key 'commit'" in res.err
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
 
     ok = lock_text(tmp_path, '[pins."a"]\nvllm_version = "1"\ncommit_abbrev = "4ba787ec9"\n'
                    '[pins."a".source]\nkind = "pypi-sdist"\nname = "vllm"\nversion = "1"\n'
@@ -218,8 +218,8 @@ def test_second_run_waits_then_fails_clearly(tmp_path, upstream, cli, monkeypatc
     d.mkdir()
     lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": []})
     cache = tmp_path / "c"
-    from dsv4patch.lock import load
-    from dsv4patch.tree import cache_key
+    from dsv4patch.pins.lock import load
+    from dsv4patch.pins.repository import cache_key
 
     key = cache_key(load(lock).pin("p"))
     monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")

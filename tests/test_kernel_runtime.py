@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK
-from dsv4patch import testenv
 from dsv4patch.kernels import runtime, stock
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(
@@ -66,8 +66,9 @@ def cpu_install(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) ->
                  str(shared_cache), "--no-build", "--format", "json"]) == 0
     store = Store.open(shared_cache)
     env = testenv.ensure(tree, store)
+    # Built as the card's apply builds (the lock's toolchain, no --python): its kernel objects.
     assert main(["build", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(tree), "--out", str(dist),
-                 "--python", str(env.python), "--cache-dir", str(shared_cache), "--format", "json"]) == 0
+                 "--cache-dir", str(shared_cache), "--format", "json"]) == 0
     plugin = next(dist.glob("*.whl"))
     pin = load(LOCK).pin("0.27.1")
     wheel = stock.wheel_for(pin, "x86_64")

@@ -1,8 +1,8 @@
 """Kernel rebuild: source -> unit mapping, arch lists, packaging, CI compile and coverage.
 
 The compile tests build the patched 0.27.1 units for the default (derived)
-arch list against the torch of the CPU test venv (testenv.py, cached in the
-store), and compare the library's cubins and PTX (cuobjdump) with the stock
+arch list with the lock's toolchain, as the card's ``apply`` does (so they find
+the objects it compiled in the shared cache), and compare the library's cubins and PTX (cuobjdump) with the stock
 0.27.1 wheel's ``_C_stable_libtorch`` (downloaded once by sha256 into the store).
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, validate_json
-from dsv4patch import testenv
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import fatbin, sources, stock
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 # vLLM 0.27.1's release wheels (.buildkite/release-pipeline.yaml, CUDA 13.0) and what its
@@ -42,14 +42,14 @@ OP_KERNELS = {"persistent_topk": r"^_ZN4vllm10persistent", "cooperative_topk": r
 
 @pytest.fixture(scope="module")
 def patched_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Iterator[Path]:
-    from dsv4patch import checkout
+    from dsv4patch import guard
     from dsv4patch.main import main
 
     tree = tmp_path_factory.mktemp("kt") / "vllm"
     rc = main(["apply", "--lock", str(LOCK), "--pin", "0.27.1", "--tree", str(tree),
                "--cache-dir", str(shared_cache), "--format", "json", "--no-build"])
     assert rc == 0
-    with checkout.guarded(tree):  # a work tree: git runs in it only while held (dsv4patch/checkout.py)
+    with guard.guarded(tree):  # a work tree: git runs in it only while held (dsv4patch/guard.py)
         yield tree
 
 
@@ -217,12 +217,16 @@ needs_nvcc = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def built(patched_tree: Path, shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The CI kernel compile: the patched units for the default arch list, against the torch
-    of the CPU test venv (built by testenv, cached in the store; test_verify uses the same)."""
+    """The CI kernel compile: the patched units for the default arch list, with the toolchain
+    the card's ``apply`` builds with (the lock's torch and nvcc, cached in the store): the
+    objects it compiled are found, so a run after the README's first command compiles nothing
+    here (one compile per unit and arch per cache)."""
+    from dsv4patch.kernels import toolchain
+    from dsv4patch.progress import Progress
+
     store = Store.open(shared_cache)
     pin = load(LOCK).pin("0.27.1")
-    env = testenv.ensure(patched_tree, store)
-    tc = kbuild.detect_toolchain(store, python=str(env.python))
+    tc = toolchain.resolve(store=store, pin=pin, tree=patched_tree, progress=Progress(False))
     rel = sources.release_arch_list(patched_tree, tc.cuda_version, platform.machine())
     plan = sources.plan(patched_tree)
     out = tmp_path_factory.mktemp("dist")

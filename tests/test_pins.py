@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, sh
-from dsv4patch.lock import load
-from dsv4patch.series import series_for_pin
+from dsv4patch.pins.lock import load
+from dsv4patch.series.patches import series_for_pin
 
 pytestmark = pytest.mark.network
 
@@ -190,7 +190,7 @@ def test_apply_rebuilds_kernels_by_default_or_fails_loudly(shared_cache, tmp_pat
 def test_a_variant_recorded_makes_its_patch_expected_clean(tmp_path, expect, before, after):
     """lock.set_variant (refresh --as-variant, resolve): the variant applies, so the patch is expected clean;
     a pin that expects upstream keeps that expectation for its other patches."""
-    from dsv4patch.lock import set_variant
+    from dsv4patch.pins.lock import set_variant
 
     lock = tmp_path / "vllm.toml"
     entries = "".join(f'"{k}" = "{v}"\n' for k, v in (before or {}).items())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, MINI_FILES, ROOT, git_pin, sh, validate_json, write_lock
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
 
 
 def project_copy(tmp_path: Path) -> Path:
@@ -270,9 +270,9 @@ def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(t
 
 def test_port_workspace_state_is_checked_before_use(tmp_path, upstream, cli):
     """The state lives in a tree the user edits: commits must be commit ids, paths inside the tree."""
-    from dsv4patch import portspace
+    from dsv4patch.checkout.states import PortState
     from dsv4patch.errors import TreeError
-    from dsv4patch.states import PortState
+    from dsv4patch.forks import portspace
 
     ws = tmp_path / "ws"
     ws.mkdir()

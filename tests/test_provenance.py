@@ -1,4 +1,4 @@
-"""dsv4patch.provenance: an installed patched vLLM checked against its own SBOM, without the lock or sdist.
+"""dsv4patch.delivery.provenance: an installed patched vLLM checked against its own SBOM, without the lock or sdist.
 
 The real patched vLLM 0.27.1 wheel (vLLM's stock wheel, the lock's series, a
 kernel library built here: tests/test_sbom.py's fixtures) is installed with
@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch import installed, provenance, vllm_wheel
+from dsv4patch.delivery import installed, provenance
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.progress import Progress
-from dsv4patch.selftest import runner
+from dsv4patch.proofs.selftest import runner
+from dsv4patch.series.patchedtree import patched_tree
 from dsv4patch.store import Store
 from localindex import serve
 from test_sbom import PIN, kernel_wheel, make_patched, needs_nvcc  # noqa: F401  (module fixture: the kernel wheel)
@@ -66,7 +67,7 @@ def test_every_patch_of_the_sbom_is_present_in_the_installed_files(site):
 def test_a_file_put_back_to_stock_and_a_local_edit_are_named(site, shared_cache):
     rel = "vllm/v1/attention/backends/mla/indexer.py"  # fix 6's only shipped file
     fix6 = "0006-DSV4-fix-6-Clamp-indexer-MTP-decode-context-lengths-.patch"
-    stock = vllm_wheel.patched_tree(site["lock"], site["pin"], Store.open(shared_cache), Progress(False)) \
+    stock = patched_tree(site["lock"], site["pin"], Store.open(shared_cache), Progress(False)) \
         .by_path()[rel].base
     target = site["site"] / rel
     saved = target.read_bytes()

@@ -1,4 +1,4 @@
-"""dsv4patch.releases and ``dsv4patch releases``: the release watcher against real index servers.
+"""dsv4patch.series.releases and ``dsv4patch releases``: the release watcher against real index servers.
 
 A copy of the real lock without pin 0.28.0 (its patches and variants copied
 beside it) is watched through a PEP 691 index on 127.0.0.1 (tests/localindex.py)
@@ -26,10 +26,11 @@ import pytest
 import tomlkit
 
 from conftest import LOCK, ROOT
-from dsv4patch import engine, releases, tree
-from dsv4patch.lock import load
+from dsv4patch.pins import repository
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.series import series_for_pin
+from dsv4patch.series import engine, releases
+from dsv4patch.series.patches import series_for_pin
 from dsv4patch.store import Store
 from localindex import serve
 
@@ -139,7 +140,7 @@ def test_lists_a_removed_pin_with_each_patch_classified_and_flags_the_others(
     # `check` finds it on the tree without variants, which then stops at extra 3: it depends on
     # extra 2); extra 3, on top of extra 2's variant, applies only at an offset.
     store = Store.open(shared_cache)
-    repo = tree.materialize(P28, store, Progress(False))
+    repo = repository.materialize(P28, store, Progress(False))
     plain = engine.run_series(repo.repo, repo.base_commit, series_for_pin(REAL, replace(P28, variants={})))
     assert [p.status.value for p in plain.patches] == ["upstream"] * 8 + ["conflict", "not-checked"]
     assert [p.patch for p in plain.patches] == list(patches)

@@ -1,4 +1,4 @@
-"""The CycloneDX SBOM in the patched vLLM 0.27.1 wheel (dsv4patch/sbom.py), on the real wheel.
+"""The CycloneDX SBOM in the patched vLLM 0.27.1 wheel (dsv4patch/delivery/sbom.py), on the real wheel.
 
 The patched wheel is made from vLLM's real stock wheel (sha256 from the lock,
 cached in the shared store) with a kernel library that ``dsv4patch build``
@@ -28,9 +28,9 @@ from urllib.parse import quote
 import pytest
 
 from conftest import LOCK
-from dsv4patch import sbom, testenv, vllm_wheel
-from dsv4patch.lock import load
+from dsv4patch.delivery import sbom, vllm_wheel
 from dsv4patch.main import main
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
@@ -57,9 +57,8 @@ def kernel_wheel(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -
     tree = base / "tree"
     assert main(["apply", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree), "--cache-dir",
                  str(shared_cache), "--no-build", "--format", "json"]) == 0
-    python = str(testenv.ensure(tree, Store.open(shared_cache)).python)
     res = subprocess.run([sys.executable, "-m", "dsv4patch", "build", "--lock", str(LOCK), "--pin", PIN,
-                          "--tree", str(tree), "--python", python, "--out", str(base / "dist"),
+                          "--tree", str(tree), "--out", str(base / "dist"),
                           "--cache-dir", str(shared_cache), "--format", "json"],
                          capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-3000:]

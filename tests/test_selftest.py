@@ -35,6 +35,7 @@ def test_help_works_without_torch_or_vllm():
     assert res.returncode == 0, res.stderr
     assert "--force-sm120-topk" in res.stdout and "DIAGNOSTIC" in res.stdout and "exit codes:" in res.stdout
     assert "differs (first request" in res.stdout
+    assert "--tensor-parallel-size N" in res.stdout and "--pipeline-parallel-size M" in res.stdout
 
 
 def test_list_names_checks_and_cases(cli):
@@ -170,3 +171,46 @@ def test_without_a_lock_the_checks_take_the_installed_sbom_and_say_when_there_is
     assert res.rc == 1 and checks["installed"]["ok"] is False and "vLLM is not installed" in checks["installed"]["note"]
     assert checks["regression"]["ok"] is None and "no lock and no installed dsv4patch SBOM" in \
         checks["regression"]["note"]
+
+
+def test_tensor_and_pipeline_parallel_sizes_reach_every_engine_and_the_report(cli, tmp_path, monkeypatch):
+    """A (stand-in) node of four GPUs, TP 2: two engines at once on disjoint pairs; the JSON and the text say
+    the topology asked and the one each engine built."""
+    monkeypatch.setenv("STANDIN_GPUS", "4")
+    args = ["selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1,mtp1/short_b1,mtp2/short_b1",
+            "--tensor-parallel-size", "2"]
+    res = cli(*args, "--work", tmp_path / "w", "--format", "json")
+    data = validate_json("selftest", res.out)
+    assert res.rc == 0 and data["counts"]["pass"] == 3
+    assert data["topology"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "gpus_per_engine": 2}
+    assert data["sizing"]["gpus_per_engine"] == 2 and data["sizing"]["groups"] == [[0, 1], [2, 3]]
+    assert {tuple(e["devices"]) for e in data["engines"]} <= {(0, 1), (2, 3)}
+    assert all(e["topology"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1} for e in data["engines"])
+    assert "topology: tensor parallel 2 x pipeline parallel 1 (2 GPUs per engine)" in data["notes"]
+    text = cli(*args, "--work", tmp_path / "w2")
+    assert text.rc == 0 and "topology: tensor parallel 2 x pipeline parallel 1 (2 GPUs per engine)" in text.out
+    one = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--work", tmp_path / "w3",
+              "--format", "json")
+    assert validate_json("selftest", one.out)["topology"] == {
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpus_per_engine": 1}
+
+
+def test_too_few_gpus_for_the_topology_exits_2_before_anything_starts(cli, tmp_path, monkeypatch):
+    """The real probe under this interpreter (no GPU here), then a stand-in node of two GPUs asked for four."""
+    res = cli("selftest", "--python", sys.executable, "--cases", "plain/short_b1", "--pipeline-parallel-size", "2",
+              "--work", tmp_path / "w", "--format", "json")
+    err = json.loads(res.out)["error"]
+    assert res.rc == 2 and err["exit_code"] == 2 and err["kind"] == "environment"
+    assert "tensor parallel 1 x pipeline parallel 2 (2 GPUs per engine) needs 2 CUDA devices" in err["message"]
+    assert "sees 0 (none); nothing was started" in err["message"]
+    monkeypatch.setenv("STANDIN_GPUS", "2")
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1",
+              "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--work", tmp_path / "w2")
+    assert res.rc == 2 and not list((tmp_path / "w2").glob("*.events"))
+
+
+@pytest.mark.parametrize("option,value", [("--tensor-parallel-size", "3"), ("--tensor-parallel-size", "16"),
+                                          ("--tensor-parallel-size", "0"), ("--pipeline-parallel-size", "5"),
+                                          ("--pipeline-parallel-size", "0"), ("--pipeline-parallel-size", "x")])
+def test_a_topology_the_tiny_model_cannot_shard_is_a_usage_error(cli, option, value):
+    assert cli("selftest", option, value, "--list").rc == 2

@@ -1,11 +1,11 @@
-"""dsv4patch.selftest.cases: the engines, prompt sets and --cases selection."""
+"""dsv4patch.proofs.selftest.cases: the engines, prompt sets and --cases selection."""
 
 from __future__ import annotations
 
 import pytest
 
 from dsv4patch.errors import UsageError
-from dsv4patch.selftest import cases, model
+from dsv4patch.proofs.selftest import cases, model
 
 
 def test_prompt_sets_cross_the_window_and_a_kv_block():

@@ -135,6 +135,12 @@ def test_the_device_script_stages_verifies_installs_and_runs_selftest(tmp_path, 
     # a second call finds everything installed
     again = _run(repo, tmp_path, "stock", SELFTEST_ARGS="--list")
     assert "stock wheel installed earlier on this machine" in again.stdout
+    # the topology rides beside the cases (nvidia-h200-x2's command): no GPU here, so the verb refuses it, exit 2
+    tp2 = _run(repo, tmp_path, "stock", ST_RUN="stock-tp2", SELFTEST_ARGS="--cases plain/short_b1",
+               SELFTEST_TOPOLOGY="--tensor-parallel-size 2")
+    assert "--cases plain/short_b1 --tensor-parallel-size 2" in tp2.stdout and "selftest stock-tp2: exit 2" in \
+        tp2.stdout, tp2.stdout
+    assert "needs 2 CUDA devices" in json.loads((out / "selftest-stock-tp2.json").read_text())["error"]["message"]
     # a run in its own session (ST_SPAN): this call waits on it and hands back its files
     bg = _run(repo, tmp_path, "stock", ST_SPAN="200", ST_RUN="stock-bg", SELFTEST_ARGS="--cases plain/short_b1")
     assert "run stock-bg started in the background" in bg.stdout and "run stock-bg finished" in bg.stdout, bg.stdout

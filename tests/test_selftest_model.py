@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.model: the successor design, its margin, and the weights it sets.
+"""dsv4patch.proofs.selftest.model: the successor design, its margin, and the weights it sets.
 
 The margin is checked twice: in pure Python on the designed matrices
 (``reference_logits``), and in torch (CPU) by applying ``apply_oracle_weights`` to
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import model as m
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import model as m
+from dsv4patch.proofs.selftest.model import DESIGN
 
 
 def test_the_successor_map_is_one_cycle_that_every_token_enters():
@@ -115,29 +115,79 @@ def test_the_config_meets_vllm_0_26_0s_constraints(tmp_path):
     assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == m.EOS
 
 
+def test_the_tiny_model_shards_for_tp_up_to_8_and_pp_up_to_4():
+    for tp in m.TENSOR_PARALLEL_SIZES:
+        for pp in range(1, m.MAX_PIPELINE_PARALLEL_SIZE + 1):
+            assert m.shard_problems(tp, pp) == [], (tp, pp)
+    # the rules can fail: what the model had before (an expert intermediate of 512: 64 columns a rank at TP 8,
+    # half an FP8 block, which vLLM 0.26.0's Fp8MoEMethod refuses) and shapes past the limits
+    old = {**m.tiny_config(), "moe_intermediate_size": 512}
+    assert m.shard_problems(4, 1, old) == []
+    assert m.shard_problems(8, 1, old) == [
+        "the experts' intermediate size (512) does not split over 8 rank(s) in whole 128-wide FP8 blocks"]
+    assert "o-projection groups (8) does not split over 16 rank(s)" in m.shard_problems(16, 1)
+    assert m.shard_problems(1, 5) == ["4 layer(s) cannot give each of 5 pipeline rank(s) one"]
+    assert "routed experts (8) does not split over 16 rank(s)" in m.shard_problems(16, 1)
+
+
+def test_the_vocab_parallel_shards_put_together_are_the_whole_design():
+    whole = {"embed": [(t, t, m.EMBED_VALUE) for t in range(m.VOCAB_SIZE)], "lm_head": m.lm_head_entries(),
+             "markov_w1": m.markov_entries()[0], "markov_w2": m.markov_entries()[1]}
+    for tp in m.TENSOR_PARALLEL_SIZES:
+        rows = m.VOCAB_SIZE // tp
+        for name, entries in whole.items():
+            parts = [m.shard_entries(entries, (r * rows, (r + 1) * rows)) for r in range(tp)]
+            assert all(0 <= e[0] < rows for part in parts for e in part)
+            back = sorted((e[0] + r * rows, e[1], e[2]) for r, part in enumerate(parts) for e in part)
+            assert back == sorted(entries), (name, tp)
+    assert m.shard_entries(whole["lm_head"], None) is whole["lm_head"]
+
+
+def test_a_pipeline_rank_is_not_missing_what_another_rank_holds():
+    body = {"decoder_layer_hc": 1, "hc_head": 1}
+    assert m.missing_parts("DeepseekV4ForCausalLM", body) == ["embed_tokens", "lm_head"]
+    assert m.missing_parts("DeepseekV4ForCausalLM", body, first_pp_rank=False, last_pp_rank=False) == []
+    assert m.missing_parts("DeepseekV4ForCausalLM", {**body, "embed_tokens": 1}, last_pp_rank=False) == []
+    assert m.missing_parts("DeepseekV4ForCausalLM", {"embed_tokens": 1}, last_pp_rank=False) == [
+        "decoder_layer_hc", "hc_head"]
+    # the drafts live whole on the last rank
+    assert m.missing_parts("DeepSeekV4MTP", {}, first_pp_rank=False) == list(m.REQUIRED["DeepSeekV4MTP"])
+
+
 # ---------------------------------------------------------------------------
 # torch: the weights on vLLM-shaped modules, through a reference forward
 
 
-@pytest.fixture
-def torch_run(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], None]:
-    """Runs a torch check (a function of this module): here when torch imports, else in the
-    CPU test venv's python, where its failure (or a torch that will not import) fails the test."""
-    def run(check: Callable[[], None]) -> None:
-        if importlib.util.find_spec("torch") is not None:
-            check()
-            return
-        env = request.getfixturevalue("cpu_testenv")
-        here = Path(__file__).resolve()
-        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        e.update(PYTHONPATH=os.pathsep.join([str(here.parent.parent), str(here.parent)]),
-                 CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-        code = f"import {here.stem} as t; t.{check.__name__}(); print('checked')"
-        res = subprocess.run([str(env.python), "-c", code], env=e, capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, f"{check.__name__} in {env.python}:\n{res.stdout[-2000:]}{res.stderr[-6000:]}"
-        assert res.stdout.strip().splitlines()[-1:] == ["checked"], res.stdout[-2000:]
+def _outcome(check: Callable[[], None]) -> str:
+    try:
+        check()
+    except BaseException:  # noqa: BLE001 (the failure is the result, reported by the test that owns it)
+        import traceback
 
-    return run
+        return traceback.format_exc()
+    return "ok"
+
+
+@pytest.fixture(scope="module")
+def torch_checks(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Every torch check of this module (TORCH_CHECKS), run once: here when torch imports, else in
+    one process of the CPU test venv's python (one torch import for all of them instead of one
+    each); check name -> "ok" or its traceback, which fails the test that owns the check."""
+    names = [c.__name__ for c in TORCH_CHECKS]
+    if importlib.util.find_spec("torch") is not None:
+        return {c.__name__: _outcome(c) for c in TORCH_CHECKS}
+    env = request.getfixturevalue("cpu_testenv")
+    here = Path(__file__).resolve()
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    e.update(PYTHONPATH=os.pathsep.join([str(here.parent.parent), str(here.parent)]),
+             CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    code = (f"import json, {here.stem} as t\n"
+            f"print(json.dumps({{n: t._outcome(getattr(t, n)) for n in {names!r}}}))")
+    res = subprocess.run([str(env.python), "-c", code], env=e, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"torch checks in {env.python}:\n{res.stdout[-2000:]}{res.stderr[-6000:]}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert sorted(out) == sorted(names), res.stdout[-2000:]
+    return dict(out)
 
 
 def _modules():
@@ -352,15 +402,19 @@ def _check_missing_parts_names_what_a_changed_layout_lacks():
     assert m.missing_parts("DeepSeekV4MTP", m.apply_oracle_weights(mtp)) == ["e_proj"]
 
 
-@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
-@pytest.mark.parametrize("check", [
+TORCH_CHECKS: list[Callable[[], None]] = [
     _check_the_target_follows_the_successor_map,  # apply_oracle_weights makes the target follow the map
     _check_the_mtp_draft_agrees_on_accept_only,  # ... the MTP draft agree on the accept set only
     _check_dspark_has_its_markov_bias,  # ... gives DSpark its Markov bias
     _check_missing_parts_names_what_a_changed_layout_lacks,
-], ids=lambda check: check.__name__.removeprefix("_check_"))
-def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
-    torch_run(check)
+]
+
+
+@pytest.mark.slow  # the CPU test venv, where torch does not import here (shared cache)
+@pytest.mark.parametrize("check", TORCH_CHECKS, ids=lambda check: check.__name__.removeprefix("_check_"))
+def test_oracle_weights_on_vllm_shaped_modules(torch_checks, check):
+    outcome = torch_checks[check.__name__]
+    assert outcome == "ok", f"{check.__name__}:\n{outcome[-6000:]}"
 
 
 # ---------------------------------------------------------------------------
@@ -371,7 +425,7 @@ def test_oracle_weights_on_vllm_shaped_modules(torch_run, check):
 def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, vllm026):
     root = Path(__file__).resolve().parent.parent
     res = subprocess.run([str(vllm026.python), str(root / "tests" / "selftest_vllm026_probe.py"),
-                          str(root / "dsv4patch" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
+                          str(root / "dsv4patch" / "proofs" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny"))],
                          env=vllm026.env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -381,3 +435,54 @@ def test_apply_oracle_weights_on_vllm_026s_own_deepseek_v4_classes(tmp_path, vll
     assert out["target"]["set"]["decoder_layer_hc"] == m.NUM_LAYERS
     assert out["mtp"]["weight"] == ["torch.float8_e4m3fn", [m.HIDDEN_SIZE, m.HIDDEN_SIZE]]
     assert out["mtp"]["weight_scale_inv"] == ["torch.float32", [32, 32]] and out["mtp"]["e_proj_columns_one_hot"]
+
+
+# Each rank of these topologies, built as one worker of vLLM 0.26.0 builds it (the probe's RANKS mode): TP 2 and
+# TP 2 x PP 2 whole (the shards put together), PP 4 whole (one layer a rank), TP 8's first and last rank; the
+# drafts (MTP, DSpark) with TP only: vLLM 0.26.0's config refuses them with PP (tests/test_selftest_child.py).
+RANKS = ([[2, 1, r, 0] for r in range(2)] + [[1, 4, 0, r] for r in range(4)]
+         + [[2, 2, t, p] for p in range(2) for t in range(2)] + [[8, 1, 0, 0], [8, 1, 7, 0]])
+
+
+@pytest.mark.slow  # the pin's tree and CPU test venv (shared cache), the stock wheel; one build per rank
+def test_every_rank_of_tp_and_pp_topologies_gets_its_share_of_the_oracle_on_vllm_026s_classes(tmp_path, vllm026):
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([str(vllm026.python), str(root / "tests" / "selftest_vllm026_probe.py"),
+                          str(root / "dsv4patch" / "proofs" / "selftest" / "model.py"), str(m.write_model(tmp_path / "tiny")),
+                          json.dumps(RANKS)],
+                         env=vllm026.env(), capture_output=True, text=True, timeout=1500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    by: dict[tuple[int, int], list[dict]] = {}
+    for entry in out:
+        tp, pp, tp_rank, pp_rank = entry["topology"]
+        assert entry["missing"] == [], entry  # every part this stage holds was set
+        if entry["which"] == "target":
+            by.setdefault((tp, pp), []).append(entry)
+            # a stage holds the layers get_pp_indices gives it (4 layers: PP 4 one each, PP 2 two each)
+            per = m.NUM_LAYERS // pp
+            assert entry["layers"] == list(range(pp_rank * per, (pp_rank + 1) * per)), entry["layers"]
+            assert entry["set"]["decoder_layer_hc"] == per and entry["set"]["hc_head"] == 1
+            assert ("embed_tokens" in entry["set"]) == (pp_rank == 0)
+            assert ("lm_head" in entry["set"]) == (pp_rank == pp - 1)
+            if pp > 1 and 0 < pp_rank < pp - 1:
+                assert entry["missing_as_tp1"] == ["embed_tokens", "lm_head"]  # what a middle stage lacks
+        for name, shard in entry["shards"].items():  # a rank holds vocab rows [start, end) of the TP split
+            start, end = shard["rows"]
+            assert end - start == m.VOCAB_SIZE // tp and start == tp_rank * (m.VOCAB_SIZE // tp), (name, shard["rows"])
+    assert {e["which"] for e in out} == {"target", "mtp", "dspark"}
+    assert not [e for e in out if e["which"] != "target" and e["topology"][1] != 1]  # no draft with PP in 0.26.0
+    # the ranks of a topology put together hold exactly the design's matrices, as TP 1 does
+    design = {"model.embed_tokens": [[t, t, m.EMBED_VALUE] for t in range(m.VOCAB_SIZE)],
+              "lm_head": [list(e) for e in m.lm_head_entries()]}
+    for key in ((2, 1), (2, 2)):
+        for name, want in design.items():
+            got = sorted(e for entry in by[key] for e in entry["shards"].get(name, {"entries": []})["entries"])
+            assert got == sorted(want), (key, name, len(got))
+    drafts = {(e["which"], tuple(e["topology"])): e for e in out if e["which"] != "target"}
+    mtp_head = sorted(e for (w, t), d in drafts.items() if w == "mtp" and t[:2] == (2, 1)
+                      for n, s in d["shards"].items() if n.endswith("shared_head.head") for e in s["entries"])
+    assert mtp_head == sorted(list(e) for e in m.lm_head_entries())
+    w2 = sorted(e for (w, t), d in drafts.items() if w == "dspark" and t[:2] == (2, 1)
+                for n, s in d["shards"].items() if n.endswith("markov_w2") for e in s["entries"])
+    assert w2 == sorted(list(e) for e in m.markov_entries()[1])

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.node: the environment probe (``child.py --probe``) and its answer, validated.
+"""dsv4patch.proofs.selftest.node: the environment probe (``child.py --probe``) and its answer, validated.
 
 The probe runs for real under this interpreter (no torch here: no device) and
 under the CPU test venv's interpreter (torch on CPU: still no device); the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import node, runner
+from dsv4patch.proofs.selftest import node, plan, runner
 
 CHILD = Path(node.__file__).resolve().parent / "child.py"
 H200 = {"python": "/opt/py", "vllm": "0.26.0", "torch": "2.11.0", "torch_cuda": "13.0", "pytest": "9.0",
@@ -60,3 +60,24 @@ def test_a_gpu_nodes_answer_is_read_after_library_chatter():
 def test_a_bad_answer_is_a_probe_error_never_a_crash(answer):
     with pytest.raises(node.ProbeError):
         node.parse_probe(answer)
+
+
+def test_the_real_probe_here_sees_no_gpu_so_a_two_gpu_topology_is_refused():
+    """This machine has no GPU: the real probe counts 0 devices and an engine of TP 2 (or PP 2) is refused."""
+    got = runner.probe_node([sys.executable, str(CHILD)])
+    assert len(got.devices) == 0
+    for topology in (plan.Topology(2, 1), plan.Topology(1, 2)):
+        with pytest.raises(plan.NotEnoughGpus, match=r"needs 2 CUDA devices; .* sees 0 \(none\); nothing was "
+                                                     "started") as err:
+            plan.check_gpus(topology, got)
+        assert err.value.exit_code == 2
+    plan.check_gpus(plan.Topology(), got)  # one GPU: the engine cases are needs-gpu, the checks run
+
+
+def test_a_gpu_nodes_answer_counts_its_devices():
+    eight = {**H200, "devices": [{**H200["devices"][0], "index": i} for i in range(8)]}
+    got = node.parse_probe(json.dumps(eight))
+    assert [d.index for d in got.devices] == list(range(8)) and got.gpu == got.devices[0]
+    plan.check_gpus(plan.Topology(4, 2), got)
+    with pytest.raises(plan.NotEnoughGpus, match="needs 16 CUDA devices"):
+        plan.check_gpus(plan.Topology(8, 2), got)

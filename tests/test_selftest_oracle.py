@@ -1,9 +1,9 @@
-"""dsv4patch.selftest.oracle: the designed chain, the first difference, the acceptance the design implies."""
+"""dsv4patch.proofs.selftest.oracle: the designed chain, the first difference, the acceptance the design implies."""
 
 from __future__ import annotations
 
-from dsv4patch.selftest import oracle
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import oracle
+from dsv4patch.proofs.selftest.model import DESIGN
 
 
 def test_expected_tokens_follow_the_prompts_last_token():

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.probe: a hung engine's evidence, read from a real sleeping child.
+"""dsv4patch.proofs.selftest.probe: a hung engine's evidence, read from a real sleeping child.
 
 faulthandler's dump comes from a real Python child (SIGUSR1 into its stacks
 file); py-spy, nvidia-smi and cuda-gdb are not installed here, so the probe
@@ -14,7 +14,7 @@ import sys
 import time
 
 from dsv4patch import childproc
-from dsv4patch.selftest import probe
+from dsv4patch.proofs.selftest import probe
 
 SLEEPER = '''
 import faulthandler, signal, sys, time

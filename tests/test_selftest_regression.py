@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.regression: each series test file in its own pytest process, everything kept.
+"""dsv4patch.proofs.selftest.regression: each series test file in its own pytest process, everything kept.
 
 Real pytest sessions (this interpreter's pytest) on small test files made
 here: a pass, a failure whose own error reaches the report, a skip, a file
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.selftest import regression
+from dsv4patch.proofs.selftest import regression
 
 GOOD = b'''
 import os

@@ -1,4 +1,4 @@
-"""dsv4patch.selftest.runner: children, deadlines, verdicts; the installed and regression checks.
+"""dsv4patch.proofs.selftest.runner: children, deadlines, verdicts; the installed and regression checks.
 
 The engine cases run a STAND-IN engine (tests/selftest_standin_engine.py),
 because the real child needs vLLM on a CUDA GPU and this machine has none:
@@ -11,6 +11,7 @@ cache) and an interpreter with no vLLM.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.selftest import cases, runner
-from dsv4patch.selftest.model import DESIGN
+from dsv4patch.proofs.selftest import cases, plan, runner
+from dsv4patch.proofs.selftest.model import DESIGN
 from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +141,66 @@ def test_dsparks_platform_refusal_is_refused_not_crash(tmp_path):
     got, _ = _run(tmp_path, ["dspark5/short_b1", "plain/short_b1"], mode="refuse")
     assert got["dspark5/short_b1"].verdict == "refused" and "flashinfer#4380" in got["dspark5/short_b1"].error
     assert got["plain/short_b1"].verdict == "pass"
+
+
+def test_multi_gpu_engines_run_on_disjoint_device_groups_and_report_their_topology(tmp_path):
+    """TP 2 engines on two groups of two GPUs: each engine holds one group alone (CUDA_VISIBLE_DEVICES, mapped
+    through the one the node already had), the spec carries the sizes and the report what the engine built."""
+    chosen = cases.select(cases.all_cases(), ["plain/short_b1", "mtp1/short_b1", "mtp2/short_b1", "mtp3/short_b1"])
+    (tmp_path / "work").mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "4,5,6,7", "STANDIN_READY_DELAY": "0.5"}
+    runs = runner.run_cases(chosen, child=STANDIN, work=tmp_path / "work", deadlines=FAST, parallel=6, env=env,
+                            topology=plan.Topology(2, 1), groups=((0, 1), (2, 3)))
+    assert all(c.verdict == "pass" for r in runs for c in r.cases)
+    assert {r.devices for r in runs} == {(0, 1), (2, 3)} and all(r.devices for r in runs)
+    for r in runs:
+        assert r.fingerprint["cuda_visible_devices"] == ("4,5" if r.devices == (0, 1) else "6,7")
+        assert r.topology == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1}
+        assert r.to_json()["topology"] == r.topology and r.to_json()["devices"] == list(r.devices)
+        spec = json.loads((tmp_path / "work" / f"{r.engine.name}.spec.json").read_text())
+        assert (spec["tensor_parallel_size"], spec["pipeline_parallel_size"]) == (2, 1)
+    # one engine at a time on a group: the spans (first event to the child's end) of a group never overlap
+    spans: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    for r in runs:
+        ts = [e["t"] for e in runner.read_events(tmp_path / "work" / f"{r.engine.name}.events")]
+        spans.setdefault(r.devices, []).append((min(ts), max(ts)))
+    for group in spans.values():
+        group.sort()
+        assert all(a[1] <= b[0] for a, b in zip(group, group[1:], strict=False)), spans
+    assert runner.visible((1,), {}) == "1" and runner.visible((0, 1), {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}) == \
+        "GPU-a,GPU-b"
+
+
+def test_drafts_with_pipeline_parallelism_are_refused_as_vllm_0_26_0s_config_refuses_them(tmp_path):
+    """vLLM 0.26.0 refuses MTP and DSpark drafts with PP > 1 when it builds the engine config (the draft classes
+    lack SupportsPP; tests/test_selftest_child.py shows it on vLLM's own code): ``refused``, not a failure; the
+    plain engine runs."""
+    chosen = cases.select(cases.all_cases(), ["dspark5/short_b1", "mtp1/short_b1", "plain/short_b1"])
+    (tmp_path / "work").mkdir()
+    runs = runner.run_cases(chosen, child=STANDIN, work=tmp_path / "work", deadlines=FAST, parallel=1,
+                            env={**os.environ, "STANDIN_GPUS": "2"}, topology=plan.Topology(1, 2), groups=((0, 1),))
+    got = {c.case: c for r in runs for c in r.cases}
+    assert got["plain/short_b1"].verdict == "pass"
+    for name in ("dspark5/short_b1", "mtp1/short_b1"):
+        assert got[name].verdict == "refused", got[name].error
+        assert "Pipeline parallelism is not supported for this model" in got[name].error
+
+
+def test_a_draft_write_into_the_null_block_fails_dspark_even_with_every_token_right(tmp_path):
+    """Fix 3b's debug check: the child measures block 0 of the draft's KV cache (null_block_meter; needs a GPU,
+    so the stand-in reports it); any byte written there is ``null-block``, a failure, naming the layer."""
+    got, _ = _run(tmp_path, ["dspark5/short_b1"], mode="null_block")
+    bad = got["dspark5/short_b1"]
+    assert bad.verdict == "null-block" and bad.difference is None and "null-block" in runner.FAILING
+    assert bad.error == ("the draft wrote KV into the null block (block 0): worker 0: model.layers.4.attn.swa_cache "
+                         "(656 bytes) (fix 3b)")
+    assert bad.to_json()["null_block"]["written"] == {"worker 0: model.layers.4.attn.swa_cache": 656}
+    (tmp_path / "again").mkdir()
+    good, _ = _run(tmp_path / "again", ["dspark5/short_b1"])
+    assert good["dspark5/short_b1"].verdict == "pass"
+    assert good["dspark5/short_b1"].null_block == {"layers": 1, "written": {}, "unmeasured": {}, "skipped": []}
+    with pytest.raises(runner.EventError, match="null-block check"):
+        runner._check_event({"event": "case_done", "t": 1.0, "case": "x", "null_block": {"written": {"l": -1}}})
 
 
 def test_drafts_all_accepted_are_inconclusive(tmp_path):

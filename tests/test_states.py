@@ -1,4 +1,4 @@
-"""The state files in a tree's git directory are read only as what dsv4patch writes (dsv4patch.states)."""
+"""The state files in a tree's git directory are read only as what dsv4patch writes (dsv4patch.checkout.states)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import sh
-from dsv4patch import states, transaction
+from dsv4patch.checkout import states, transaction
+from dsv4patch.checkout.states import ApplyJournal, PortState, ResolveState
 from dsv4patch.errors import TreeError
-from dsv4patch.states import ApplyJournal, PortState, ResolveState
 
 A, B = "a" * 40, "b" * 40
 RESOLVE = {"lock": "/l/vllm.toml", "pin": "p", "patch": "0001-x.patch", "orig_head": A, "at": B,

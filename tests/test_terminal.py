@@ -91,7 +91,7 @@ def test_progress_for_git_import_and_fork_sources(tmp_path, fork_lock):
 
 
 def test_extraction_progress_counts_files(tmp_path, shared_cache):
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
 
     pin = load(LOCK).pin("0.27.1")
     blobs = tmp_path / "c" / "blobs" / "sha256"

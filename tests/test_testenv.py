@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pin_requirements
-from dsv4patch import testenv
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import sh
-from dsv4patch import testenv, testrun, verifying
+from dsv4patch.pins.repository import PinRepo
+from dsv4patch.proofs import testenv, testrun, verifying
 from dsv4patch.store import Store
-from dsv4patch.tree import PinRepo
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""dsv4patch.toolchain: the kernel build's torch and nvcc come from the pin.
+"""dsv4patch.kernels.toolchain: the kernel build's torch and nvcc come from the pin.
 
 Real pip against this machine's package sources (here a wheel mirror serves
 torch 2.13.0+cpu, which the lock's hashes include), the lock's hashed
@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK
-from dsv4patch import installed, toolchain
+from dsv4patch.delivery import installed
 from dsv4patch.errors import BuildError, LockFileError
-from dsv4patch.lock import load
+from dsv4patch.kernels import toolchain
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

@@ -1,4 +1,4 @@
-"""dsv4patch.transaction on a real git tree: the journaled move, recovery, the tree lock.
+"""dsv4patch.checkout.transaction on a real git tree: the journaled move, recovery, the tree lock.
 
 tests/test_recovery.py kills real ``apply`` runs at each step; these call the
 module directly with the states such a kill leaves.
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import sh
-from dsv4patch import git, states, transaction
+from dsv4patch import git
+from dsv4patch.checkout import states, transaction
+from dsv4patch.checkout.states import ApplyJournal
 from dsv4patch.errors import TreeError
-from dsv4patch.states import ApplyJournal
 
 
 def _tree(tmp_path: Path) -> tuple[Path, str, str]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch import upstream_tests
 from dsv4patch.errors import PatchFileError
-from dsv4patch.series import load_patch
+from dsv4patch.proofs import upstream_tests
+from dsv4patch.series.patches import load_patch
 
 
 @pytest.mark.network

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, sh, validate_json
-from dsv4patch import testenv
+from dsv4patch.proofs import testenv
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

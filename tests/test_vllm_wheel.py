@@ -25,12 +25,14 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCK, ROOT
-from dsv4patch import hashing, testenv, vllm_wheel, zipcopy
+from dsv4patch import hashing, zipcopy
+from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
-from dsv4patch.lock import load
-from dsv4patch.main import main
+from dsv4patch.kernels.build import hook_line
+from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
+from dsv4patch.series.patchedtree import patched_tree
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(
@@ -55,16 +57,9 @@ def _sha(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def torch_python(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> str:
-    tree = tmp_path_factory.mktemp("wt") / "tree"
-    assert main(["apply", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree), "--cache-dir",
-                 str(shared_cache), "--no-build", "--format", "json"]) == 0
-    return str(testenv.ensure(tree, Store.open(shared_cache)).python)
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_python: str) -> dict:
-    """The patched wheel, built twice into two directories."""
+def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict:
+    """The patched wheel, built twice into two directories, with the lock's toolchain as the
+    card's ``apply`` builds (no --python): the kernel objects are the ones it compiled."""
     base = tmp_path_factory.mktemp("wheel")
     reports = []
     for d in ("a", "b"):
@@ -72,7 +67,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_p
         with open(out, "w") as fh:
             res = subprocess.run(
                 [sys.executable, "-m", "dsv4patch", "wheel", "--lock", str(LOCK), "--pin", PIN,
-                 "--out", str(base / d), "--python", torch_python, "--cache-dir", str(shared_cache),
+                 "--out", str(base / d), "--cache-dir", str(shared_cache),
                  "--format", "json"], stdout=fh, stderr=subprocess.PIPE, text=True, timeout=1800)
         assert res.returncode == 0, res.stderr[-3000:]
         reports.append(json.loads(out.read_text()))
@@ -80,7 +75,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, torch_p
     store = Store.open(shared_cache)
     lock = load(LOCK)
     pin = lock.pin(PIN)
-    tree = vllm_wheel.patched_tree(lock, pin, store, Progress(False))
+    tree = patched_tree(lock, pin, store, Progress(False))
     stock_path = stock.wheel_path(store, stock.wheel_for(pin, "x86_64"))
     return {"a": Path(reports[0]["wheel"]), "b": Path(reports[1]["wheel"]), "report": reports[0],
             "tree": tree, "stock": stock_path, "pin": pin, "base": base}
@@ -139,7 +134,7 @@ def test_differs_from_stock_only_in_patched_files_kernels_and_metadata(wheels: d
         assert differing == set(patched) | {"vllm/__init__.py", new_info + "METADATA", new_info + "RECORD"}
         init = zipcopy.inflate(zipcopy.read_raw(nfh, n_infos["vllm/__init__.py"]))
         stock_init = zipcopy.inflate(zipcopy.read_raw(sfh, s_infos["vllm/__init__.py"]))
-        assert init == stock_init + vllm_wheel.hook_line(KDIST).encode()
+        assert init == stock_init + hook_line(KDIST).encode()
 
 
 def _clean_env() -> dict[str, str]:

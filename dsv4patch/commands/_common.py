@@ -9,15 +9,18 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dsv4patch import applying, building, report
-from dsv4patch import lock as lockmod
+from dsv4patch import report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 from dsv4patch.limits import parse_number
-from dsv4patch.lock import DEFAULT_LOCK, Lock, Pin
+from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin, project_root
+from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
+    from dsv4patch.checkout import ApplyResult, KernelBuild
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
@@ -74,7 +77,7 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 def open_lock(args: argparse.Namespace) -> Lock:
     """The lock named by ``--lock`` (or found), with ``--series`` applied; ``args`` is not changed."""
-    return lockmod.open_lock(args.lock if "lock" in args else None, args.series if "series" in args else None)
+    return open_lock_file(args.lock if "lock" in args else None, args.series if "series" in args else None)
 
 
 def open_store(args: argparse.Namespace) -> Store:
@@ -97,7 +100,7 @@ DEFAULT_OUT_DIR = "dist"  # kernel and vLLM wheels without --out: dist/ in the l
 def project_dir(lock: Path | None) -> Path:
     """Where relative defaults go: the lock's project (:func:`dsv4patch.lock.project_root`), else,
     with no lock, the current directory."""
-    return lockmod.project_root(lock) if lock is not None else Path(os.path.abspath("."))
+    return project_root(lock) if lock is not None else Path(os.path.abspath("."))
 
 
 def default_out(out: Path | None, lock: Path | None) -> tuple[Path, str | None]:
@@ -141,7 +144,7 @@ def checked_tree(given: Path) -> Path:
     return path
 
 
-def render_apply(fmt: str, result: applying.ApplyResult) -> int:
+def render_apply(fmt: str, result: ApplyResult) -> int:
     """Print an apply's result (``apply``, ``resolve --continue``); its exit code."""
     out = result.to_json()
     table, md = report.matrix_table(out, title=f"dsv4patch apply: {result.tree}")
@@ -149,20 +152,22 @@ def render_apply(fmt: str, result: applying.ApplyResult) -> int:
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
-def render_notes(fmt: str, notes: list[str], result: applying.ApplyResult) -> int:
+def render_notes(fmt: str, notes: list[str], result: ApplyResult) -> int:
     """The notes an apply added after its table was shown (text); its exit code."""
     report.emit(fmt, {"notes": notes}, None, None)
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 allow_torch: str | None = None, progress: Progress) -> applying.KernelBuild:
+                 allow_torch: str | None = None, progress: Progress) -> KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
-        return building.build_tree(tree=path, pin=pin, store=store, progress=progress,
-                                   python=python, nvcc=nvcc, allow_torch=allow_torch,
-                                   out=out or building.DEFAULT_OUT).to_json()  # apply passes its default
+        from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds
+
+        return build_tree(tree=path, pin=pin, store=store, progress=progress,
+                          python=python, nvcc=nvcc, allow_torch=allow_torch,
+                          out=out or DEFAULT_BUILD_OUT).to_json()  # apply passes its default
 
     return build
 

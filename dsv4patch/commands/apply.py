@@ -1,7 +1,7 @@
 """``dsv4patch apply``: check, then commit each patch into the tree, atomically.
 
-The work is :func:`dsv4patch.applying.apply_pin` (the tree transaction is
-:mod:`dsv4patch.transaction`, the ``--3way`` workspace :mod:`dsv4patch.resolving`);
+The work is :func:`dsv4patch.checkout.applying.apply_pin` (the tree transaction is
+:mod:`dsv4patch.checkout.transaction`, the ``--3way`` workspace :mod:`dsv4patch.checkout.resolving`);
 this command reads its options, passes them on and renders the result.
 """
 
@@ -11,12 +11,11 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from dsv4patch import applying, forks
+from dsv4patch.checkout import ApplyResult, Invocation, apply_pin, branch_name_problem
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
-from dsv4patch.lock import Lock, Pin
+from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
-from dsv4patch.resolving import Invocation
 from dsv4patch.store import Store
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
@@ -52,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.branch is not None:
-        problem = forks.branch_name_problem(args.branch)
+        problem = branch_name_problem(args.branch)
         if problem:
             raise UsageError(f"--branch {problem}")
     lock = _common.open_lock(args)
@@ -68,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if out_note is not None and args.build:
         notes.append(out_note)
     store = _common.open_store(args)
-    shown: list[applying.ApplyResult] = []
+    shown: list[ApplyResult] = []
 
     prog = _common.progress(args)
 
-    def before_build(done: applying.ApplyResult) -> None:
+    def before_build(done: ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
         if args.format == "text":
             with prog.paused():
@@ -88,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace, lock: Lock, pin: Pin, path: Path, store: Store, prog: Progress,
-           before_build: Callable[[applying.ApplyResult], None], notes: list[str], out: Path) -> applying.ApplyResult:
-    return applying.apply_pin(
+           before_build: Callable[[ApplyResult], None], notes: list[str], out: Path) -> ApplyResult:
+    return apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=prog,
         three_way=args.three_way,
         build=_common.kernel_build(store, out=out, python=args.python, nvcc=args.nvcc,

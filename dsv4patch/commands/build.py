@@ -10,7 +10,7 @@ gives it from that list, so the plugin covers what the stock wheel covers.  ``--
 to vLLM's own build instead (``pip install .``, or ``docker build`` with
 ``--docker``) with ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``
 from the lock.  ``--dry-run`` prints what would run, as JSON with
-``--format json``, and runs nothing.  The work is :mod:`dsv4patch.building`.
+``--format json``, and runs nothing.  The work is :mod:`dsv4patch.kernels.building`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import building, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
+from dsv4patch.kernels import build_tree, full_build
 
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 
@@ -60,16 +61,16 @@ def run(args: argparse.Namespace) -> int:
     pin = lock.pin(args.pin)
     store = _common.open_store(args)
     if args.full:
-        full = building.full_build(tree=path, pin=pin, archs=args.arch, python=args.python, nvcc=args.nvcc,
-                                   docker=args.docker, dry_run=args.dry_run)
+        full = full_build(tree=path, pin=pin, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                          docker=args.docker, dry_run=args.dry_run)
         report.emit(args.format, full.to_json(), None, None)
         return EXIT_OK
     out, out_note = _common.default_out(args.out, lock.path)
-    built = building.build_tree(tree=path, pin=pin, store=store, progress=_common.progress(args),
-                                archs=args.arch, python=args.python, nvcc=args.nvcc,
-                                allow_torch=args.allow_torch, extra_include=args.extra_include,
-                                out=out, base=args.base,
-                                dry_run=args.dry_run)
+    built = build_tree(tree=path, pin=pin, store=store, progress=_common.progress(args),
+                       archs=args.arch, python=args.python, nvcc=args.nvcc,
+                       allow_torch=args.allow_torch, extra_include=args.extra_include,
+                       out=out, base=args.base,
+                       dry_run=args.dry_run)
     rep = built.to_json()
     if out_note is not None:
         rep["notes"] = [out_note, *rep.get("notes", [])]

@@ -1,6 +1,6 @@
 """``dsv4patch check``: every pin x every patch, compared with what the lock expects.
 
-The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.pincheck`;
+The check itself (the check cache, pins in parallel) is :mod:`dsv4patch.series.pincheck`;
 this command renders it, per pin and patch.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import engine, pincheck, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.series import Status, check_pins
 
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
     pins = lock.select(args.pin)
     with prog.step(f"check {len(pins)} pin(s)"):  # the screen never stands still
-        outcomes = pincheck.check_pins(lock, pins, store, prog, use_cache=not args.no_cache)
+        outcomes = check_pins(lock, pins, store, prog, use_cache=not args.no_cache)
     not_fetched: list[str] = []
     expected: dict[str, dict[str, list[str]]] = {}  # status -> pin -> patches, as the lock expects
     for o in outcomes:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         out["ok"] &= rep.ok
         for r in rep.result.patches:
             verdict = rep.patches[r.patch]
-            if verdict.ok and r.status is not engine.Status.CLEAN:
+            if verdict.ok and r.status is not Status.CLEAN:
                 expected.setdefault(r.status.value, {}).setdefault(pin.name, []).append(r.patch)
             elif not verdict.ok:
                 out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}"

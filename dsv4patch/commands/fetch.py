@@ -3,7 +3,7 @@
 ``--sdist FILE`` (and ``--wheel FILE``, a stock vLLM wheel) seeds the cache
 from a file obtained elsewhere (an offline build, a Docker context); it
 enters the cache only if its sha256 is one the lock pins.  The work is
-:func:`dsv4patch.fetching.fetch`.
+:func:`dsv4patch.pins.fetching.fetch`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import fetching, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
+from dsv4patch.pins import fetch
 
 HELP = "download, verify and materialize pins into the cache (or seed it from a file)"
 
@@ -31,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    res = fetching.fetch(lock=_common.open_lock(args), store=_common.open_store(args),
-                         progress=_common.progress(args), pins=args.pin, sdists=args.sdist, wheels=args.wheel)
+    res = fetch(lock=_common.open_lock(args), store=_common.open_store(args),
+                progress=_common.progress(args), pins=args.pin, sdists=args.sdist, wheels=args.wheel)
     report.emit(args.format, res.to_json(), *res.table())
     return EXIT_OK

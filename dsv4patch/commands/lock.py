@@ -1,7 +1,7 @@
 """``dsv4patch lock``: ``--update`` recomputes the lock's derived fields, ``--build-args`` prints the image's.
 
-The update is :func:`dsv4patch.lockupdate.update`, the build args
-:mod:`dsv4patch.buildargs`; this command reads the options and renders.
+The update is :func:`dsv4patch.series.lockupdate.update`, the build args
+:mod:`dsv4patch.delivery.buildargs`; this command reads the options and renders.
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from dsv4patch import buildargs, lockupdate, report
+from dsv4patch import report
 from dsv4patch.commands import _common
+from dsv4patch.delivery import BUILD_ARGS, build_arg_mismatches, compute_build_args
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.series import update_lock
 
 HELP = ("recompute derived lock fields (sdist url/size, base and patched tree ids); "
         "print or check the Docker image's build args")
@@ -39,9 +41,9 @@ def _build_args(args: argparse.Namespace) -> int:
         raise UsageError("--build-args / --check-build-args take one --pin")
     name = (args.pin or [None])[0] or (os.environ.get("VLLM_PIN") if args.check_build_args else None)
     pin = lock.pin(name)
-    want = buildargs.compute(lock, pin)
+    want = compute_build_args(lock, pin)
     if args.check_build_args:
-        bad = buildargs.mismatches(want)
+        bad = build_arg_mismatches(want)
         out = {"pin": pin.name, "lock": str(lock.path), "build_args": want, "ok": not bad,
                "notes": (["build args do not match the lock:", *bad,
                           f"pass them with: docker build $(dsv4patch lock --build-args --pin "
@@ -51,7 +53,7 @@ def _build_args(args: argparse.Namespace) -> int:
     if args.format == "json":
         report.emit("json", want, None, None)
     else:
-        print("\n".join(f"--build-arg {k}={want[k]}" for k in buildargs.BUILD_ARGS))
+        print("\n".join(f"--build-arg {k}={want[k]}" for k in BUILD_ARGS))
     return EXIT_OK
 
 
@@ -59,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.build_args or args.check_build_args:
         return _build_args(args)
     lock = _common.open_lock(args)
-    res = lockupdate.update(lock=lock, pins=args.pin, store=_common.open_store(args),
-                            progress=_common.progress(args))
+    res = update_lock(lock=lock, pins=args.pin, store=_common.open_store(args),
+                      progress=_common.progress(args))
     rows = [[p.pin, p.base_tree[:12], (p.patched_tree or "-")[:12], p.state] for p in res.pins]
     table, md = report.simple_table(
         f"dsv4patch lock --update: {lock.path}", ["pin", "base tree", "patched tree", "lock"], rows

@@ -1,9 +1,9 @@
 """``dsv4patch port``: carry a pin's series to a new vLLM pin, as one reviewable change.
 
-The port itself is :mod:`dsv4patch.porting` (its conflict workspace
-:mod:`dsv4patch.portspace`); this command reads the options, calls
+The port itself is :mod:`dsv4patch.forks.porting` (its conflict workspace
+:mod:`dsv4patch.forks.portspace`); this command reads the options, calls
 :func:`porting.port` and renders the result.  ``--verify`` then proves the
-new pin as ``dsv4patch verify`` does (:func:`dsv4patch.verifying.verify`).
+new pin as ``dsv4patch verify`` does (:func:`dsv4patch.proofs.verifying.verify`).
 ``--abort --workspace DIR`` gives a conflict workspace up (:func:`porting.abort`).
 """
 
@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import lock as lockmod
-from dsv4patch import porting, report, verifying
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
+from dsv4patch.forks import abort_port, port
+from dsv4patch.pins import open_lock
+from dsv4patch.proofs import verify
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
 
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.abort:
         if args.workspace is None:
             raise UsageError("--abort needs --workspace DIR (the workspace to give up)")
-        gone = porting.abort(workspace=args.workspace)
+        gone = abort_port(workspace=args.workspace)
         table, md = report.simple_table(f"dsv4patch port --abort ({gone.src} -> {gone.dst})",
                                         ["workspace", "head"],
                                         [[str(gone.workspace), (gone.head or "")[:12]]])
@@ -67,18 +69,18 @@ def run(args: argparse.Namespace) -> int:
     src = lock.pin(args.from_pin)
     store = _common.open_store(args)
     prog = _common.progress(args)
-    res = porting.port(lock=lock, src=src, store=store, progress=prog, to=args.to, git_url=args.git,
-                       local=args.local, name=args.name, resolutions=args.resolutions,
-                       workspace=args.workspace, dry_run=args.dry_run)
+    res = port(lock=lock, src=src, store=store, progress=prog, to=args.to, git_url=args.git,
+               local=args.local, name=args.name, resolutions=args.resolutions,
+               workspace=args.workspace, dry_run=args.dry_run)
     out = res.to_json()
     rows = [[n, v["action"], v["detail"]] for n, v in out["patches"].items()]
     table, md = report.simple_table(f"dsv4patch port {src.name} -> {res.pin.name}",
                                     ["patch", "action", "detail"], rows)
     report.emit(args.format, out, table, md)
     if res.ok and args.verify and not args.dry_run:
-        written = lockmod.open_lock(lock.path)  # with the new pin, as `dsv4patch verify` reads it
-        proof = verifying.verify(lock=written, pin=written.pin(res.pin.name), store=store, progress=prog,
-                                 torch=args.torch)
+        written = open_lock(lock.path)  # with the new pin, as `dsv4patch verify` reads it
+        proof = verify(lock=written, pin=written.pin(res.pin.name), store=store, progress=prog,
+                       torch=args.torch)
         report.emit(args.format, proof.to_json(), *proof.table())
         return EXIT_OK if proof.ok else EXIT_UNEXPECTED
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

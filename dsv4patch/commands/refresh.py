@@ -1,6 +1,6 @@
 """``dsv4patch refresh``: the commits of a tree on top of its pin's base become the series.
 
-The quilt-refresh step itself is :func:`dsv4patch.refreshing.refresh`; this
+The quilt-refresh step itself is :func:`dsv4patch.forks.refreshing.refresh`; this
 command reads the options, calls it and renders what was written.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import refreshing, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.forks import refresh
 
 HELP = "write a tree's commits on top of its pin's base back as the patch series (quilt refresh)"
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
-    res = refreshing.refresh(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args), tree_path=path,
-                             progress=_common.progress(args), as_variant=args.as_variant, chosen_series=args.series)
+    res = refresh(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args), tree_path=path,
+                  progress=_common.progress(args), as_variant=args.as_variant, chosen_series=args.series)
     rows = [[name, v["action"], v["file"]] for name, v in res.patches.items()]
     table, md = report.simple_table(f"dsv4patch refresh {path}", ["patch", "action", "file"], rows)
     report.emit(args.format, res.to_json(), table, md)

@@ -5,7 +5,7 @@ the pins the lock has, works offline from the cache and never writes; this
 one asks the index what exists, downloads releases nobody pinned, may write
 the lock (``--write``), and exits 1 when a release needs a maintainer's
 decision, which is what a scheduled job wants to fail on.  The work is
-:func:`dsv4patch.releases.watch`; this command renders it and the next steps.
+:func:`dsv4patch.series.releases.watch`; this command renders it and the next steps.
 """
 
 from __future__ import annotations
@@ -13,9 +13,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dsv4patch import releases, report
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.series import (
+    RELEASE_ADOPT,
+    RELEASE_INVESTIGATE,
+    RELEASE_PORT,
+    RELEASE_TOOLCHAIN,
+    ReleaseReport,
+    watch_releases,
+    write_release_entry,
+)
 
 HELP = ("list the vLLM releases on the package index that the lock does not pin, check the series "
         "against each and print the lock entry it would add")
@@ -38,19 +47,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "left to `dsv4patch port --to VERSION`")
 
 
-def _next(r: releases.ReleaseReport, lock: str) -> str | None:
+def _next(r: ReleaseReport, lock: str) -> str | None:
     v = r.version
-    if r.decision == releases.ADOPT:
+    if r.decision == RELEASE_ADOPT:
         return (f"adopt it: `dsv4patch releases --lock {lock} --release {v} --write`, then "
                 f"`dsv4patch check --lock {lock} --pin {v}` and `dsv4patch verify --lock {lock} --pin {v}`"
                 f" (or record why not in [watch].ignore)")
-    if r.decision == releases.PORT:
+    if r.decision == RELEASE_PORT:
         return (f"carry the series over: `dsv4patch port --lock {lock} --to {v}` (add --workspace DIR to "
                 f"resolve a conflict by hand), or record why not in [watch].ignore")
-    if r.decision == releases.TOOLCHAIN:
+    if r.decision == RELEASE_TOOLCHAIN:
         return (f"add a [toolchains.*] table of torch {r.torch} with its hashed requirements file "
                 f"(docs/kernels.md, \"The toolchain\"), then run this again")
-    if r.decision == releases.INVESTIGATE:
+    if r.decision == RELEASE_INVESTIGATE:
         return "look at the index before pinning or keeping it; do not edit a lock sha256 to match"
     return None
 
@@ -66,7 +75,7 @@ def _numbers(nums: list[int]) -> str:
     return ",".join(out)
 
 
-def _summary(r: releases.ReleaseReport) -> str:
+def _summary(r: ReleaseReport) -> str:
     """Each status with the patch numbers that have it: ``up 1-8; clean* 9,10`` (fits 80 columns)."""
     groups: dict[str, list[int]] = {}
     for p in r.patches:
@@ -80,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     store = _common.open_store(args)
     prog = _common.progress(args)
-    result = releases.watch(lock=lock, store=store, progress=prog, pre=args.pre, only=args.release)
+    result = watch_releases(lock=lock, store=store, progress=prog, pre=args.pre, only=args.release)
     reports = list(result.releases)
     if args.write:
-        reports = [releases.write_entry(lock.path, r) if r.decision == releases.ADOPT and r.entry else r
+        reports = [write_release_entry(lock.path, r) if r.decision == RELEASE_ADOPT and r.entry else r
                    for r in reports]
     out: dict[str, Any] = {**result.to_json(), "releases": {r.version: r.to_json() for r in reports}}
     shown = str(args.lock) if args.lock else str(lock.path)

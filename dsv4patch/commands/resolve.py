@@ -1,6 +1,6 @@
 """``dsv4patch resolve``: finish or undo the conflict workspace that ``apply --3way`` opens.
 
-The workspace and its state are :mod:`dsv4patch.resolving`.  ``--continue``
+The workspace and its state are :mod:`dsv4patch.checkout.resolving`.  ``--continue``
 writes the resolution as the pin's variant (:func:`resolving.continue_workspace`)
 and applies the rest with ``--3way`` (:func:`applying.apply_pin`): the next
 conflict opens the next workspace, or the series completes.  ``--abort`` puts
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import applying, report, resolving
+from dsv4patch import report
+from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.resolving import Invocation
 
 HELP = "finish (--continue) or undo (--abort) the conflict workspace `apply --3way` left in a tree"
 
@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
-        done = resolving.continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
-                                            out=args.out)
+        done = continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
+                                  out=args.out)
         state = done.state
-        result = applying.apply_pin(
+        result = apply_pin(
             lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,
             build=_common.kernel_build(store, out=args.out, progress=prog) if state.build else None,
             notes=done.notes, orig_head=state.orig_head,
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                   cache_dir=args.cache_dir, build=state.build, out=args.out),
         )
         return _common.render_apply(args.format, result)
-    state = resolving.abort_workspace(path)
+    state = abort_workspace(path)
     out = {"tree": str(path), "ok": True, "head": state.orig_head, "notes": [
         f"aborted the conflict workspace of {state.patch} (pin {state.pin}): {path} is back "
         f"at {state.orig_head[:12]}"]}

@@ -1,8 +1,8 @@
 """``dsv4patch selftest``: prove the vLLM installed here, on this node's GPU, offline.
 
-Parses the options, calls :func:`dsv4patch.selftest.runner.run_selftest` and
+Parses the options, calls :func:`dsv4patch.proofs.selftest.runner.run_selftest` and
 renders its report (a table, or ``--format json``).  What is checked and why
-the oracle is exact: :mod:`dsv4patch.selftest` and docs/selftest.md.
+the oracle is exact: :mod:`dsv4patch.proofs.selftest` and docs/selftest.md.
 """
 
 from __future__ import annotations
@@ -29,16 +29,22 @@ when there is one, else on CPU under Triton's interpreter), and one case
 per engine and prompt set, ENGINE/SET, with engines plain, mtp1, mtp2, mtp3,
 dspark5 (and mtp1-sm120topk with --force-sm120-topk) and prompt sets short_b5,
 mid_b24, long_b3, short_b1, long_b1.  Verdicts: pass, differs (first request,
-position, expected and generated token), hang, crash (the error), refused
-(DSpark refused by the platform, with vLLM's message), inconclusive (drafts all
+position, expected and generated token), null-block (DSpark's draft wrote KV
+into the KV pool's null block: fix 3b's debug check), hang, crash (the error), refused
+(DSpark refused by the platform, or a draft under pipeline parallelism, with
+vLLM's message), inconclusive (drafts all
 accepted or all rejected), not-run, needs-gpu (no CUDA device here: the engine
 cases are listed at once, the checks still run).  Engines are sized from the
 GPU's free memory and started one first (it fills the JIT caches), then the
-rest at once; a hang is probed (Python stacks, py-spy, nvidia-smi, cuda-gdb when
+rest at once; --tensor-parallel-size N and --pipeline-parallel-size M spread
+every engine over N x M GPUs as a node serves (the report says the topology
+each engine ran; a node that sees fewer GPUs is refused with exit 2, nothing
+started); a hang is probed (Python stacks, py-spy, nvidia-smi, cuda-gdb when
 present) before its engine is killed.  Exit 0 when nothing failed (a case
 refused by the platform, or needing a GPU this node lacks, is not a failure: the
 summary line says what was not proven here); 1 when any check or case failed or
-did not run; 2 for a bad command line or an --python that cannot be run."""
+did not run; 2 for a bad command line, an --python that cannot be run, or
+fewer GPUs than the topology asks for."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +71,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="engines at once at most; fewer when the GPU's free memory holds fewer "
                         "(default: %(default)s)")
     p.add_argument("--kv-cache-gib", type=_gib, default=6.0,
-                   help="KV cache per engine, GiB (default: %(default)s)")
+                   help="KV cache per engine (per GPU of an engine), GiB (default: %(default)s)")
+    p.add_argument("--tensor-parallel-size", type=_tensor_parallel, default=1, metavar="N",
+                   help="spread every engine over N GPUs by tensor parallelism, as vLLM's --tensor-parallel-size: "
+                        "1, 2, 4 or 8 (what the tiny model's heads, experts and vocabulary split into; "
+                        "default: %(default)s)")
+    p.add_argument("--pipeline-parallel-size", type=_pipeline_parallel, default=1, metavar="M",
+                   help="and over M pipeline stages, as vLLM's --pipeline-parallel-size: 1 to 4 (the tiny model "
+                        "has 4 layers; default: %(default)s). Each engine takes N x M GPUs, engines of more than "
+                        "one GPU run on disjoint groups of them; a node that sees fewer GPUs is refused (exit 2)")
     p.add_argument("--work", type=Path, default=None,
                    help="directory for the tiny model, the engines' logs, stacks and events and the tests' output "
                         "(a new private directory is made inside it, or it is made if absent; default: a new "
@@ -94,6 +108,32 @@ def _gib(text: str) -> float:
     return _number(text, 0, 4096, "GiB")
 
 
+def _tensor_parallel(text: str) -> int:
+    from dsv4patch.proofs import TENSOR_PARALLEL_SIZES
+
+    value = _whole(text)
+    if value not in TENSOR_PARALLEL_SIZES:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(str(n) for n in TENSOR_PARALLEL_SIZES)}, not {text!r}")
+    return value
+
+
+def _pipeline_parallel(text: str) -> int:
+    from dsv4patch.proofs import MAX_PIPELINE_PARALLEL_SIZE
+
+    value = _whole(text)
+    if not 1 <= value <= MAX_PIPELINE_PARALLEL_SIZE:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_PIPELINE_PARALLEL_SIZE}, not {text!r}")
+    return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -106,9 +146,9 @@ def _count(text: str) -> int:
 
 def _interpreter(given: str | None) -> str:
     """--python as given: it must name an executable file (a missing one, a directory: a usage error)."""
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs import python_of
 
-    python = runner.python_of(given)
+    python = python_of(given)
     try:
         st = os.stat(python)
     except OSError as exc:
@@ -121,10 +161,10 @@ def _interpreter(given: str | None) -> str:
 def _lock_here() -> bool:
     """Is there a lock to use ($DSV4PATCH_LOCK, or locks/vllm.toml here or above)?  Without one the checks
     take the installed wheel's own SBOM (a serving node with only ``pip install dsv4patch``)."""
-    from dsv4patch import lock as lockmod
+    from dsv4patch.pins import find_lock
 
     try:
-        lockmod.find_lock(None)
+        find_lock(None)
     except UsageError:
         return False
     return True
@@ -181,39 +221,39 @@ def _check_rows(rep: Any) -> list[list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.selftest import cases as casemod
-    from dsv4patch.selftest import runner
+    from dsv4patch.proofs import CHECK_NAMES, FAILING, Deadlines, Topology, all_cases, run_selftest, select_cases
 
     patterns = _patterns(args.cases)
-    every = casemod.all_cases(force_sm120_topk=args.force_sm120_topk)
+    every = all_cases(force_sm120_topk=args.force_sm120_topk)
     if args.list:
-        names = list(runner.CHECK_NAMES) + [c.name for c in every]
+        names = list(CHECK_NAMES) + [c.name for c in every]
         if args.format == "json":
             report.emit(args.format, {"cases": names, "notes": []}, None, None)
         else:
             print("\n".join(names))
         return EXIT_OK
-    checks = tuple(runner.CHECK_NAMES) if patterns is None else tuple(n for n in runner.CHECK_NAMES if n in patterns)
-    engine_patterns = None if patterns is None else [p for p in patterns if p not in runner.CHECK_NAMES]
-    chosen = every if engine_patterns is None else (casemod.select(every, engine_patterns) if engine_patterns else [])
+    checks = tuple(CHECK_NAMES) if patterns is None else tuple(n for n in CHECK_NAMES if n in patterns)
+    engine_patterns = None if patterns is None else [p for p in patterns if p not in CHECK_NAMES]
+    chosen = every if engine_patterns is None else (select_cases(every, engine_patterns) if engine_patterns else [])
     python = _interpreter(args.python)
     lock = store = None
     if checks and args.lock is not None and args.lock.startswith(("https://", "http://")):
-        from dsv4patch import provenance
+        from dsv4patch.delivery import lock_from_url
 
-        lock = provenance.lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
+        lock = lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
     elif checks and (args.lock is not None or _lock_here()):
-        from dsv4patch import lock as lockmod
+        from dsv4patch.pins import open_lock
 
-        lock = lockmod.open_lock(Path(args.lock) if args.lock is not None else None)
+        lock = open_lock(Path(args.lock) if args.lock is not None else None)
         store = _common.open_store(args)
     work = work_dir(args.work)
-    deadlines = runner.Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
-                                 case=args.case_deadline, total=args.deadline)
-    rep = runner.run_selftest(lock=lock, pin=args.pin, python=python, store=store,
-                              progress=_common.progress(args), checks=checks, cases=chosen, work=work,
-                              deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
-                              kv_cache_gib=args.kv_cache_gib)
+    deadlines = Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
+                          case=args.case_deadline, total=args.deadline)
+    topology = Topology(args.tensor_parallel_size, args.pipeline_parallel_size)
+    rep = run_selftest(lock=lock, pin=args.pin, python=python, store=store,
+                       progress=_common.progress(args), checks=checks, cases=chosen, work=work,
+                       deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
+                       kv_cache_gib=args.kv_cache_gib, topology=topology)
     out = rep.to_json()
     out["work"] = str(work)
     rows = _check_rows(rep)
@@ -235,10 +275,11 @@ def run(args: argparse.Namespace) -> int:
     gap = rep.min_gap()
     proven = [c.name for c in rep.checks if c.ok] + [f"{counts['pass']} engine case(s)"] * bool(counts["pass"])
     failed = [c.name for c in rep.checks if c.ok is False] + [
-        f"{n} {v}" for v, n in counts.items() if n and v in runner.FAILING + ("not-run",)]
+        f"{n} {v}" for v, n in counts.items() if n and v in FAILING + ("not-run",)]
     out["notes"] = [
         f"python {rep.python}: " + (rep.node.describe() if rep.node is not None else "not probed")
         + ("; DIAGNOSTIC: SM120 top-k route forced (mtp1-sm120topk)" if rep.force_sm120_topk else ""),
+        f"topology: {rep.topology.describe()}",
         *([f"engines: {rep.sizing.describe()}"] if rep.sizing is not None else []),
         "cases: " + (", ".join(f"{v} {n}" for v, n in counts.items() if n) or "none selected"),
         "smallest top-1/top-2 logit gap: " + ("none measured" if gap is None else f"{gap:.3f} nats"),

@@ -1,6 +1,6 @@
 """``dsv4patch status``: which patches a tree carries (``--tree``), or an installed vLLM (``--installed``).
 
-The tree's status is :func:`dsv4patch.treestatus.tree_status` (decided by the
+The tree's status is :func:`dsv4patch.checkout.treestatus.tree_status` (decided by the
 tree's content, not by commit trailers); this command reads the options, calls
 it and renders the table.
 """
@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dsv4patch import report, treestatus
+from dsv4patch import report
+from dsv4patch.checkout import tree_status
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
 
 if TYPE_CHECKING:
-    from dsv4patch.installed import InstalledReport
+    from dsv4patch.delivery import InstalledReport
 
 HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, and whether "
         "they match the lock's series")
@@ -53,27 +54,27 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _installed(args: argparse.Namespace) -> InstalledReport:
     """The full check against a lock and its patches; or, from a URL or with no lock here, the SBOM's."""
-    from dsv4patch import installed, provenance
-    from dsv4patch import lock as lockmod
+    from dsv4patch.delivery import check_from_sbom, check_installed, lock_from_url
+    from dsv4patch.pins import find_lock, open_lock
 
     given: str | None = args.lock
     if given is not None and given.startswith(("https://", "http://")):
-        return installed.check_from_sbom(python=args.python, lock=provenance.lock_from_url(given),
-                                         pin_name=args.pin)
+        return check_from_sbom(python=args.python, lock=lock_from_url(given),
+                               pin_name=args.pin)
     try:
-        path = lockmod.find_lock(Path(given) if given is not None else None)
+        path = find_lock(Path(given) if given is not None else None)
     except UsageError:  # no lock anywhere: a serving node with only dsv4patch installed
-        return installed.check_from_sbom(python=args.python)
-    return installed.check(lock=lockmod.open_lock(path), store=_common.open_store(args),
+        return check_from_sbom(python=args.python)
+    return check_installed(lock=open_lock(path), store=_common.open_store(args),
                            progress=_common.progress(args), pin_name=args.pin, python=args.python)
 
 
 def _found_lock(args: argparse.Namespace) -> Path | None:
     """The lock whose project holds the default tree: --lock, else the one found; None: none."""
-    from dsv4patch import lock as lockmod
+    from dsv4patch.pins import find_lock
 
     try:
-        return lockmod.find_lock(Path(args.lock) if args.lock is not None else None)
+        return find_lock(Path(args.lock) if args.lock is not None else None)
     except UsageError:
         return None
 
@@ -82,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
-        from dsv4patch import installed
+        from dsv4patch.delivery import SbomError
 
         inst = _installed(args)
         if args.format == "cyclonedx":
             if inst.sbom_document is None:
                 reason = "; ".join((inst.sbom or {}).get("problems") or ["vLLM is not installed"])
-                raise installed.SbomError(f"status --installed --format cyclonedx: no SBOM to print ({reason}); "
+                raise SbomError(f"status --installed --format cyclonedx: no SBOM to print ({reason}); "
                                        "run `dsv4patch status --installed` for the whole report")
             # As installed (byte for byte) into a file or a pipe; on a terminal its control characters
             # (an SBOM is input: U+009B is a CSI) are shown escaped (docs/trust.md).
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "cyclonedx":
         raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
     path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin, _found_lock(args))
-    res = treestatus.tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin)
+    res = tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())
     out = res.to_json()
     if args.tree is None:

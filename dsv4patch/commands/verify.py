@@ -1,7 +1,7 @@
 """``dsv4patch verify``: prove each patch's tests fail before and pass after.
 
-The proof is :func:`dsv4patch.verifying.verify` (``--upstream-tests``:
-:func:`dsv4patch.upstream_tests.run`); this module parses the options and
+The proof is :func:`dsv4patch.proofs.verifying.verify` (``--upstream-tests``:
+:func:`dsv4patch.proofs.upstream_tests.run`); this module parses the options and
 renders the result.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from dsv4patch import report, upstream_tests, verifying
+from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.proofs import UPSTREAM_DEFAULT_FROM, run_upstream_tests, upstream_source_pin, verify
 
 HELP = "prove each patch's regression tests fail on the unpatched pin and pass once patched"
 
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--from", dest="upstream_from", metavar="PIN", default=None,
         help="with --upstream-tests: the lock's pin whose tests are run "
-             f"(default: {upstream_tests.DEFAULT_FROM})",
+             f"(default: {UPSTREAM_DEFAULT_FROM})",
     )
     _common.add_output(p, markdown=True)
     _common.add_cache(p)
@@ -43,16 +44,16 @@ def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     if args.upstream_tests:
-        source = upstream_tests.source_pin(lock, args.upstream_from)
+        source = upstream_source_pin(lock, args.upstream_from)
         prog = _common.progress(args)
         with prog.step(f"verify --upstream-tests: pin {pin.name}, tests of {source.name}"):
-            up = upstream_tests.run(lock=lock, pin=pin, source=source, store=_common.open_store(args),
+            up = run_upstream_tests(lock=lock, pin=pin, source=source, store=_common.open_store(args),
                                     progress=prog, patches=args.patch, torch=args.torch)
         report.emit(args.format, up.to_json(), *up.table())
         return EXIT_OK if up.ok else EXIT_UNEXPECTED
     prog = _common.progress(args)
     with prog.step(f"verify pin {pin.name}"):  # the screen never stands still
-        res = verifying.verify(lock=lock, pin=pin, store=_common.open_store(args), progress=prog,
-                               patches=args.patch, torch=args.torch, keep=args.keep, use_cache=not args.no_cache)
+        res = verify(lock=lock, pin=pin, store=_common.open_store(args), progress=prog,
+                     patches=args.patch, torch=args.torch, keep=args.keep, use_cache=not args.no_cache)
     report.emit(args.format, res.to_json(), *res.table())
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

@@ -2,14 +2,14 @@
 
 The output installs like any vLLM wheel (``pip install --no-deps``, ``uv pip
 install``, an index) and is what the Docker image installs; see
-:mod:`dsv4patch.vllm_wheel` for what changes and why the wheel is repacked
+:mod:`dsv4patch.delivery.vllm_wheel` for what changes and why the wheel is repacked
 rather than rebuilt with vLLM's ``VLLM_USE_PRECOMPILED`` route.
 
 The kernel library comes from ``--kernels WHEEL`` (a ``dsv4patch build`` wheel
 of the same pin and patched tree, e.g. from a CUDA machine) or, without it,
 is built here: the patched tree is created in the cache (as ``apply`` does)
 and its kernels are built (needs nvcc and a torch, ``--python``).  The work is
-:func:`dsv4patch.vllm_wheel.make_wheel`.
+:func:`dsv4patch.delivery.vllm_wheel.make_wheel`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4patch import report, vllm_wheel
+from dsv4patch import report
 from dsv4patch.commands import _common
+from dsv4patch.delivery import make_wheel
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.lock import WHEEL_PLATFORMS
+from dsv4patch.pins import WHEEL_PLATFORMS
 
 HELP = "make the patched vLLM wheel from the pin's stock wheel (patched files + rebuilt kernels)"
 
@@ -50,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     out, out_note = _common.default_out(args.out, lock.path)
     prog = _common.progress(args)
     with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
-        res = vllm_wheel.make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
-                                    progress=prog, out=out, platform=args.platform,
-                                    kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
-                                    allow_torch=args.allow_torch, extra_include=args.extra_include)
+        res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
+                         progress=prog, out=out, platform=args.platform,
+                         kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                         allow_torch=args.allow_torch, extra_include=args.extra_include)
     rep = res.to_json()
     if out_note is not None:
         rep["notes"] = [out_note, *rep.get("notes", [])]

@@ -48,6 +48,7 @@ from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
+from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -111,14 +112,14 @@ class Toolchain:
     torch_lib: Path
     include_dirs: tuple[Path, ...]  # extra dirs for cublas_v2.h etc.
     machine: str = platform.machine()  # the host nvcc compiles for (the wheel's platform)
-    # What dsv4patch.toolchain chose and why (empty for a Toolchain made by detect_toolchain):
+    # What dsv4patch.kernels.toolchain chose and why (empty for a Toolchain made by detect_toolchain):
     torch_required: str = ""  # the torch version the pin's vLLM requires
     torch_required_origin: str = ""  # where that was read
     torch_origin: str = ""  # "--python X" or "provisioned <cache dir>"
     nvcc_origin: str = ""  # "--nvcc", "CUDA_HOME", "PATH", "NVIDIA wheels (...)"
     torch_cuda_expected: str | None = None  # CUDA the runtime torch has (a CPU torch: the lock's)
     notes: tuple[str, ...] = ()
-    # What the torch's headers need (dsv4patch.toolchain, from the lock's toolchain): the
+    # What the torch's headers need (dsv4patch.kernels.toolchain, from the lock's toolchain): the
     # lowest C++ standard (None: no requirement known) and -D defines passed to every unit.
     cxx_standard: int | None = None
     cxx_standard_origin: str = ""
@@ -790,3 +791,11 @@ def full_build_command(tree: Path, arch_list: Sequence[str], max_jobs: int, nvcc
         ]
         return cmd, {}
     return [python, "-m", "pip", "install", "-v", "."], env
+
+
+KERNEL_MEMBER_LIMIT = 1 << 30  # the most one member of a --kernels wheel may declare (docs/trust.md)
+
+
+def hook_line(dist: str) -> str:
+    """The line ``python -m <dist> install-hook`` appends (kernels/runtime.py's ``hook_line``)."""
+    return f"__import__({dist!r}).activate('vllm-hook')  {HOOK_MARK}\n"

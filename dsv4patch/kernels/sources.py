@@ -349,11 +349,12 @@ def includes_of(root: Path, rel: str) -> list[str]:
     except OSError:
         return []
     found = []
+    real_root = root.resolve()
     for name in _INCLUDE.findall(text):
         for base in (path.parent, *(root / r for r in INCLUDE_ROOTS)):
             cand = (base / name).resolve()
             try:
-                relc = cand.relative_to(root.resolve()).as_posix()
+                relc = cand.relative_to(real_root).as_posix()
             except ValueError:
                 continue
             if cand.is_file():
@@ -362,13 +363,20 @@ def includes_of(root: Path, rel: str) -> list[str]:
     return found
 
 
-def include_closure(root: Path, rel: str) -> tuple[str, ...]:
-    """Every local header ``rel`` includes, transitively (sorted, without ``rel``)."""
+def include_closure(root: Path, rel: str, memo: dict[str, list[str]] | None = None) -> tuple[str, ...]:
+    """Every local header ``rel`` includes, transitively (sorted, without ``rel``).
+
+    ``memo``: each file's direct includes, shared by the calls of one scan of a tree (the
+    units of a tree include the same headers; each is read once).
+    """
+    memo = {} if memo is None else memo
     seen: set[str] = set()
     todo = [rel]
     while todo:
         cur = todo.pop()
-        for inc in includes_of(root, cur):
+        if cur not in memo:
+            memo[cur] = includes_of(root, cur)
+        for inc in memo[cur]:
             if inc not in seen and inc != rel:
                 seen.add(inc)
                 todo.append(inc)
@@ -450,10 +458,11 @@ def plan(tree: Path, base: str | None = None) -> KernelPlan:
         raise BuildError(f"{cmake_file}: found no literal sources in {SRC_VAR}")
     units: list[TranslationUnit] = []
     covered: set[str] = set()
+    memo: dict[str, list[str]] = {}
     for src in cmake.sources:
         if not src.endswith(".cu") or not (tree / src).is_file():
             continue
-        headers = include_closure(tree, src)
+        headers = include_closure(tree, src, memo)
         hit = tuple(p for p in (src, *headers) if p in changed)
         if hit:
             covered.update(hit)

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from dsv4patch import safeio
 from dsv4patch.errors import BuildError, LockFileError
-from dsv4patch.lock import Pin, WheelFile
+from dsv4patch.pins import Pin, WheelFile
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from dsv4patch.hashing import hash_file  # noqa: E402
 from dsv4patch.kernels import stock  # noqa: E402
-from dsv4patch.lock import load  # noqa: E402
+from dsv4patch.pins.lock import load  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 

@@ -38,11 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from dsv4patch import testenv
 from dsv4patch.hashing import hash_file
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources
-from dsv4patch.lock import load
+from dsv4patch.pins.lock import load
+from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
 
 LIB = "libdsv4patch_topk_standalone.so"

@@ -19,7 +19,8 @@
 # selftest-NAME.txt (its table), selftest-NAME.env.txt (machine, versions, timings), selftest-NAME-work.tgz
 # (engine logs, stacks, hang probes, events, each regression file's log and JUnit XML); and wheel-patched.json.
 # Environment: ST_DIR (default /tmp/selftest; kept while the machine is held), OUT, ST_CALL_LIMIT,
-# ST_RUN (run name; default the mode), SELFTEST_ARGS (replaces the mode's default cases and deadlines).
+# ST_RUN (run name; default the mode), SELFTEST_ARGS (replaces the mode's default cases and deadlines),
+# SELFTEST_TOPOLOGY (added to either: e.g. "--tensor-parallel-size 2" on nvidia-h200-x2; docs/selftest.md).
 set -euo pipefail
 T_CALL=$(date +%s)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -186,8 +187,9 @@ run_selftest() {  # $1 = run name; the cases: SELFTEST_ARGS, else the mode's def
   elif [[ "$MODE" == *stock ]]; then  # what stock must fail: the files, the series' tests, fixes 6/7 on SM120's route
     args="--cases installed,regression,mtp1-sm120topk --force-sm120-topk --start-deadline 400 --case-deadline 60"
   else args="--force-sm120-topk --start-deadline 400 --case-deadline 90"; fi
+  args="$args ${SELFTEST_TOPOLOGY:-}"
   echo "== selftest $name: $left s left in this call; $args"
-  { date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.used,memory.total --format=csv,noheader 2>&1 || true
+  { date -u +"%F %T UTC"; nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.used,memory.total --format=csv,noheader 2>&1 || true
     "$ST/python-vllm" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>&1 | tail -1 || true
     command -v py-spy cuda-gdb 2>&1 || true
   } > "$RESULTS/selftest-$name.env.txt"
@@ -213,11 +215,13 @@ for c in d.get("checks", []):
             print(f"      {t['outcome']}: {t['test']}: {(t['message'] or '')[:300]}")
 for e in d.get("engines", []):
     print(f"engine {e['engine']['name']:<16} {e['outcome']:<8} start {e['start_seconds']}s of {e.get('start_deadline')} "
-          f"launched +{e.get('launched_at')}s reserved {e.get('gpu_reserved_bytes')} {(e.get('detail') or '')[:400]}")
+          f"launched +{e.get('launched_at')}s reserved {e.get('gpu_reserved_bytes')} topology {e.get('topology')} "
+          f"devices {e.get('devices')} {(e.get('detail') or '')[:400]}")
 for c in d.get("cases", []):
     acc, exp = c.get("acceptance") or {}, c.get("expected_acceptance") or {}
     print(f"{c['case']:<28} {c['verdict']:<12} gap={c.get('min_gap')} acc={acc.get('accepted')}/{acc.get('drafted')} "
-          f"exp={exp.get('accepted')}/{exp.get('drafted')} {c.get('seconds')}s {(c.get('error') or '')[:200]}")
+          f"exp={exp.get('accepted')}/{exp.get('drafted')} {c.get('seconds')}s {(c.get('error') or '')[:200]}"
+          + (f" null-block {c['null_block']}"[:300] if c.get("null_block") else ""))
 print("min_gap", d.get("min_gap"), "counts", d.get("counts"), "ok", d.get("ok"), "seconds", d.get("seconds"))
 EOF
   cat "$RESULTS/selftest-$name.txt" || true

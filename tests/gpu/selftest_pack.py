@@ -88,8 +88,8 @@ def check_cli(wheels: list[Path], work: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--target", str(site), *map(str, wheels)], check=True)
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-            "import dsv4patch.main, dsv4patch.sbom, dsv4patch.vllm_wheel, dsv4patch.installed, "
-            "dsv4patch.selftest.runner, dsv4patch.commands.wheel, dsv4patch.commands.selftest\n"
+            "import dsv4patch.main, dsv4patch.delivery.sbom, dsv4patch.delivery.vllm_wheel, dsv4patch.delivery.installed, "
+            "dsv4patch.proofs.selftest.runner, dsv4patch.commands.wheel, dsv4patch.commands.selftest\n"
             "print('cli ok')")
     res = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(site), str(ROOT)], capture_output=True,
                          text=True)
@@ -156,7 +156,7 @@ def xz(src: Path, preset: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from dsv4patch.kernels import stock
-    from dsv4patch.lock import load
+    from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
     from dsv4patch.store import Store
 

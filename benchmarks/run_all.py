@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Every speed goal in one run, quiet and under a load it makes; writes docs/benchmarks.md's table.
+
+Two phases, the same measurements in each: **quiet** (no load of ours; the machine's own
+load average is recorded) and **loaded** (``--load`` busy processes on the cores, default 6,
+started by this script and ended after the phase).  In each phase, alternating rounds,
+medians, every ratio against its baseline measured in the same phase:
+
+* start-up: ``python -X importtime -m dsv4patch --version`` and warm ``check --pin 0.27.1
+  --format json``, the sum of the top-level imports minus ``python -X importtime -c pass``'s
+  (the interpreter's own), the least disturbed of the rounds of each: goal <= 80 ms;
+* warm ``check --pin 0.27.1`` (the CLI as a subprocess, start-up included) against a bare
+  ``git apply --cached --check`` loop over the same patches on the same tree
+  (benchmarks/check_speed.py's baseline): goal <= 0.7 quiet, <= 1.0 loaded;
+* warm ``check`` of the whole lock against the bare loop over every pin: goal <= 0.5;
+* warm ``wheel --pin 0.27.1`` against copying the stock wheel (313 MB) it starts from:
+  goal <= 12 (every stock member still checked against RECORD);
+* with ``--ci-log LOG``: the test suite's time and counts from a ``.ci/run`` log (pytest's
+  last line) and its 15 slowest tests: goal <= 12 min.
+
+Bytecode is compiled as after ``pip install`` (PYTHONDONTWRITEBYTECODE is dropped).  Writes
+``benchmarks/results/run_all.{json,md}`` and the block between the markers in
+``docs/benchmarks.md``.  Usage::
+
+    python benchmarks/run_all.py [--rounds 7] [--load 6] [--ci-log ci.log]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_cli import ENV, run_cli, write_report  # noqa: E402
+from check_speed import baseline  # noqa: E402
+from dsv4patch.kernels import stock  # noqa: E402
+from dsv4patch.pins import repository  # noqa: E402
+from dsv4patch.pins.lock import load  # noqa: E402
+from dsv4patch.progress import Progress  # noqa: E402
+from dsv4patch.series.patches import series_for_pin  # noqa: E402
+from dsv4patch.store import Store  # noqa: E402
+
+ONE = "0.27.1"
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- benchmarks/run_all.py: begin -->", "<!-- benchmarks/run_all.py: end -->"
+GOALS = {"startup_ms": 80.0, "check_one_quiet": 0.7, "check_one_loaded": 1.0, "check_lock": 0.5,
+         "wheel_over_copy": 12.0, "suite_s": 12 * 60.0}
+
+
+def load_avg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+@contextmanager
+def busy(n: int) -> Iterator[None]:
+    """``n`` busy-looping processes of our own for the duration (ended by their pid after)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(2.0 if n else 0.0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def import_ms(args: list[str]) -> float:
+    """Milliseconds of top-level imports of ``python -X importtime ARGS`` (its stderr)."""
+    res = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True,
+                         cwd=ROOT, env=ENV)
+    if res.returncode != 0:
+        raise SystemExit(f"python -X importtime {' '.join(args)} failed:\n{res.stderr[-3000:]}")
+    total = 0
+    for line in res.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            _, cumulative, name = line[len("import time:"):].split("|", 2)
+            if cumulative.strip().isdigit() and not name.startswith("  "):  # top level: one space
+                total += int(cumulative)
+    return total / 1000.0
+
+
+def cpu() -> float:
+    """CPU seconds (user + system) of this process and its finished children: unlike wall time, what
+    a run costs whatever else the machine runs (our own busy processes are not waited for until the
+    phase ends)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[], object], cpu_log: list[float] | None = None) -> float:
+    t0, c0 = time.perf_counter(), cpu()
+    fn()
+    if cpu_log is not None:
+        cpu_log.append(cpu() - c0)
+    return time.perf_counter() - t0
+
+
+def ratio(entry: dict[str, Any], ours: str, base: str) -> None:
+    """The wall and CPU ratios (medians) of ``entry[ours]`` over ``entry[base]``."""
+    entry["ratio"] = statistics.median(entry[ours]) / statistics.median(entry[base])
+    entry["cpu_ratio"] = statistics.median(entry[ours + "_cpu"]) / statistics.median(entry[base + "_cpu"])
+
+
+def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[str, Any]:
+    lock_path, store = ctx["lock"], ctx["store"]
+    cache = str(store.root)
+    with busy(load_procs):
+        out: dict[str, Any] = {"phase": name, "load_processes": load_procs, "loadavg_start": load_avg()}
+        # Start-up (imports only; the interpreter's own subtracted).
+        version_args = ["-m", "dsv4patch", "--version"]
+        check_args = ["-m", "dsv4patch", "check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache,
+                      "--format", "json"]
+        interp, ver, chk = [], [], []
+        for _ in range(rounds):
+            interp.append(import_ms(["-c", "pass"]))
+            ver.append(import_ms(version_args))
+            chk.append(import_ms(check_args))
+        # The least disturbed run of each (the minimum): on a shared machine the others' load only adds.
+        out["startup"] = {"interpreter_ms": interp, "version_ms": ver, "check_ms": chk,
+                          "version_over_interpreter_ms": min(ver) - min(interp),
+                          "check_over_interpreter_ms": min(chk) - min(interp),
+                          "loadavg": load_avg()}
+        # check vs the bare loop (one pin, the whole lock).
+        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
+        lock: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
+        check_one = ["check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache]
+        check_lock = ["check", "--lock", str(lock_path), "--cache-dir", cache]
+        for _ in range(rounds):
+            one["bare_s"].append(timed(lambda: baseline(ctx["one"]), one["bare_s_cpu"]))
+            one["check_s"].append(timed(lambda: run_cli(check_one, env=ENV), one["check_s_cpu"]))
+            lock["bare_s"].append(timed(lambda: baseline(ctx["pins"]), lock["bare_s_cpu"]))
+            lock["check_s"].append(timed(lambda: run_cli(check_lock, env=ENV), lock["check_s_cpu"]))
+        for entry in (one, lock):
+            ratio(entry, "check_s", "bare_s")
+            entry["loadavg"] = load_avg()
+        out["check_one"], out["check_lock"] = one, lock
+        # wheel vs copying the stock wheel.
+        wheel: dict[str, Any] = {k: [] for k in ("copy_s", "wheel_s", "copy_s_cpu", "wheel_s_cpu")}
+        with tempfile.TemporaryDirectory(prefix="dsv4-bench-wheel-") as d:
+            for i in range(max(1, rounds // 2)):
+                dest, wout = Path(d) / f"copy-{i}.whl", Path(d) / f"w-{i}"
+                wheel["copy_s"].append(timed(lambda dest=dest: shutil.copyfile(ctx["stock_wheel"], dest),
+                                             wheel["copy_s_cpu"]))
+                dest.unlink()
+                wheel["wheel_s"].append(timed(lambda wout=wout: run_cli(
+                    ["wheel", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache, "--out", str(wout)],
+                    env=ENV), wheel["wheel_s_cpu"]))
+                shutil.rmtree(wout)
+        ratio(wheel, "wheel_s", "copy_s")
+        wheel["loadavg"] = load_avg()
+        out["wheel"] = wheel
+        out["loadavg_end"] = load_avg()
+    return out
+
+
+_PYTEST_LAST = re.compile(r"^=+ (?P<counts>.*?) in (?P<secs>[\d.]+)s(?: \((?P<hms>[\d:]+)\))? =+$")
+
+
+def suite(log: Path) -> dict[str, Any]:
+    """The suite's counts, seconds and 15 slowest tests from a ``.ci/run`` (pytest) log."""
+    lines = log.read_text(errors="replace").splitlines()
+    last = next((m for m in (_PYTEST_LAST.match(line.strip()) for line in reversed(lines)) if m), None)
+    if last is None:
+        raise SystemExit(f"{log}: no pytest summary line ('=== N passed ... in S s ===')")
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)",
+                                               last["counts"])}
+    slow: list[str] = []
+    if any("slowest 15 durations" in line for line in lines):
+        start = next(i for i, line in enumerate(lines) if "slowest 15 durations" in line)
+        slow = [line.strip() for line in lines[start + 1:start + 16] if re.match(r"^\s*[\d.]+s ", line)]
+    return {"log": str(log), "counts": counts, "seconds": float(last["secs"]), "slowest": slow,
+            "log_mtime": datetime.datetime.fromtimestamp(log.stat().st_mtime, datetime.timezone.utc).isoformat()}
+
+
+def table(res: dict[str, Any]) -> str:
+    q, ld = res["phases"]["quiet"], res["phases"]["loaded"]
+
+    def ok(value: float, goal: float) -> str:
+        return f"**{value:.2f}** (goal <= {goal:g}: {'met' if value <= goal else 'NOT met'})"
+
+    def cell(entry: dict[str, Any], ours: str, base: str, goal: float, digits: int = 3) -> str:
+        m = statistics.median
+        return (f"{m(entry[ours]):.{digits}f} s / {m(entry[base]):.{digits}f} s = {ok(entry['ratio'], goal)}; "
+                f"CPU {m(entry[ours + '_cpu']):.{digits}f} s / {m(entry[base + '_cpu']):.{digits}f} s = "
+                f"{entry['cpu_ratio']:.2f}")
+
+    rows = [
+        f"Measured {res['date']} by `python benchmarks/run_all.py --rounds {res['rounds']} --load {res['load']}` "
+        f"on {res['cpus']} CPUs, Python {res['python']}, on a machine shared with other work: "
+        "**quiet** adds no load of ours (the load average shown is the machine's own), **loaded** adds "
+        f"{res['load']} busy processes; each ratio's baseline ran in the same phase, alternating. "
+        "Wall-time ratios are the goals; the CPU seconds (user + system, children included) show what "
+        "each run costs whatever else the machine runs.",
+        "",
+        "| what | quiet | loaded |", "|---|---|---|",
+        "| load average (1 min) at the start / end of the phase | "
+        f"{q['loadavg_start']} / {q['loadavg_end']} | {ld['loadavg_start']} / {ld['loadavg_end']} |",
+    ]
+    for key, label in (("version_over_interpreter_ms", "`--version`"),
+                       ("check_over_interpreter_ms", f"warm `check --pin {ONE}`")):
+        rows.append(f"| start-up of {label}: imports beyond the interpreter's own, ms (goal <= 80) | "
+                    f"{ok(q['startup'][key], GOALS['startup_ms'])} | {ok(ld['startup'][key], GOALS['startup_ms'])} |")
+    rows.append(f"| warm `check --pin {ONE}` / bare `git apply --cached --check` loop ({res['one_patches']} patches) | "
+                f"{cell(q['check_one'], 'check_s', 'bare_s', GOALS['check_one_quiet'])} | "
+                f"{cell(ld['check_one'], 'check_s', 'bare_s', GOALS['check_one_loaded'])} |")
+    rows.append(f"| warm `check`, whole lock ({res['pins']} pins, {res['patch_checks']} patch checks) / bare loop | "
+                f"{cell(q['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} | "
+                f"{cell(ld['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} |")
+    rows.append(f"| warm `wheel --pin {ONE}` / copy of the stock wheel ({res['stock_mb']:.0f} MB) | "
+                f"{cell(q['wheel'], 'wheel_s', 'copy_s', GOALS['wheel_over_copy'], 2)} | "
+                f"{cell(ld['wheel'], 'wheel_s', 'copy_s', GOALS['wheel_over_copy'], 2)} |")
+    s = res.get("suite")
+    if s:
+        counts = ", ".join(f"{v} {k}" for k, v in s["counts"].items())
+        minutes = s["seconds"] / 60
+        rows += ["", f"The README's test command in `{s['log']}` (written {s['log_mtime'][:16]} UTC): {counts} in "
+                 f"{minutes:.1f} min (goal <= 12 min: {'met' if s['seconds'] <= GOALS['suite_s'] else 'NOT met'}); "
+                 "its 15 slowest:", "", "```", *s["slowest"], "```"]
+    else:
+        rows += ["", "The test suite's time is not in this run (pass `--ci-log` with a `.ci/run` log)."]
+    return "\n".join(rows) + "\n"
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lock", type=Path, default=ROOT / "locks" / "vllm.toml")
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--load", type=int, default=6, help="busy processes in the loaded phase (default 6)")
+    ap.add_argument("--ci-log", type=Path, default=None, help="a .ci/run log: the suite's time and slowest tests")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md's table")
+    args = ap.parse_args()
+    store = Store.open(args.cache_dir)
+    lock = load(args.lock)
+    quiet = Progress(False)
+    pins = []
+    for pin in lock.pins.values():  # warm the cache (untimed)
+        repo = repository.materialize(pin, store, quiet)
+        pins.append((repo.repo, repo.base_commit, [p.path for p in series_for_pin(lock, pin).patches]))
+    one = [p for p, name in zip(pins, lock.pins, strict=True) if name == ONE]
+    stock_wheel = stock.wheel_path(store, stock.wheel_for(lock.pin(ONE), "x86_64"), quiet)
+    for extra in (["--pin", ONE], []):  # warm-up: the check cache
+        run_cli(["check", "--lock", str(args.lock), "--cache-dir", str(store.root), *extra], env=ENV)
+    with tempfile.TemporaryDirectory(prefix="dsv4-bench-wheel-") as d:  # warm-up: the wheel's tree, kernels
+        run_cli(["wheel", "--lock", str(args.lock), "--pin", ONE, "--cache-dir", str(store.root), "--out", d], env=ENV)
+    ctx = {"lock": args.lock, "store": store, "pins": pins, "one": one, "stock_wheel": stock_wheel}
+    res: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "rounds": args.rounds, "load": args.load, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "pins": len(pins), "patch_checks": sum(len(p[2]) for p in pins), "one_patches": len(one[0][2]),
+        "stock_mb": stock_wheel.stat().st_size / 1e6, "goals": GOALS,
+        "phases": {"quiet": phase("quiet", 0, ctx, args.rounds),
+                   "loaded": phase("loaded", args.load, ctx, args.rounds)},
+    }
+    if args.ci_log is not None:
+        res["suite"] = suite(args.ci_log)
+    text = table(res)
+    write_report(args.out, "run_all", res, "# All benchmarks (benchmarks/run_all.py)\n\n" + text)
+    if not args.no_doc:
+        write_doc(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

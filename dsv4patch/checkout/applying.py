@@ -1,0 +1,247 @@
+"""Applying a pin's series to a user's tree as commits: check first, then one atomic move.
+
+The series is first run through :func:`engine.run_series` in a scratch index
+of the target repository (exactly what ``check`` does).  Only when every patch
+has its expected status and the final tree id is the lock's does the work
+tree move, in one step (:func:`transaction.move_tree`: the new commits are
+created as objects, a journal records (from, to), the work tree and HEAD are
+switched, the journal is removed).  With ``three_way`` a conflict opens the
+conflict workspace instead (:mod:`dsv4patch.checkout.resolving`).  Last, the CUDA
+kernels the patches change are rebuilt by the ``build`` the caller passes,
+or the call fails (a patched tree with stale kernels is half-patched).
+
+``dsv4patch apply``, ``resolve --continue`` and ``wheel`` call
+:func:`apply_pin`; it prints nothing and returns an :class:`ApplyResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import git, guard
+from dsv4patch.checkout import forkcheckout, resolving, transaction
+from dsv4patch.checkout.resolving import Invocation, Workspace
+from dsv4patch.errors import BuildError, TreeError, writing
+from dsv4patch.pins import Lock, Pin, PinRepo, kind_of, materialize
+from dsv4patch.progress import Progress
+from dsv4patch.series import PinReport, carried, pin_report, run_series, series_for_pin
+from dsv4patch.store import Store
+
+# Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
+KernelBuild = Callable[[Path, Pin], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What :func:`apply_pin` did to the tree (``ok`` False: nothing moved, or a workspace opened)."""
+
+    lock: Path
+    tree: Path
+    pin: str
+    report: PinReport
+    ok: bool
+    notes: list[str]
+    head: str | None = None  # the tree's HEAD afterwards (None: left unchanged)
+    workspace: Workspace | None = None
+    build: dict[str, Any] | None = None  # the kernel build's report, when one ran
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"lock": str(self.lock), "tree": str(self.tree),
+                               "pins": {self.pin: self.report.to_json()}, "ok": self.ok}
+        if self.workspace is not None:
+            out["workspace"] = self.workspace.to_json()
+        if self.head is not None:
+            out["head"] = self.head
+        out["notes"] = list(self.notes)
+        if self.build is not None:
+            out["build"] = self.build
+        return out
+
+
+def apply_pin(
+    *,
+    lock: Lock,
+    pin: Pin,
+    store: Store,
+    tree_path: Path,
+    progress: Progress,
+    three_way: bool = False,
+    build: KernelBuild | None = None,
+    before_build: Callable[[ApplyResult], None] | None = None,
+    notes: Sequence[str] = (),
+    orig_head: str | None = None,
+    invocation: Invocation | None = None,
+    branch: str | None = None,
+) -> ApplyResult:
+    """Commit ``pin``'s series (of ``lock``) into the tree at ``tree_path`` (created from the pin if absent).
+
+    ``three_way``: a conflict opens the conflict workspace, and a patch that
+    applies with an offset is committed too.  ``build``: rebuild the kernels
+    the patches change (None: do not), after ``before_build`` got the applied result.  ``notes`` come first in the result;
+    ``orig_head`` and ``invocation`` are recorded in a workspace this opens
+    (``resolve --continue`` passes the first apply's).  A ``git``/``local`` pin's tree may be
+    the user's own checkout (HEAD at the pin's commit or a descendant, :mod:`dsv4patch.checkout.forkcheckout`):
+    the series is checked against HEAD's content and committed on the current branch, or on
+    a new ``branch`` made at HEAD.  Raises TreeError (exit
+    5) for a tree it must not touch, BuildError when the kernels cannot be built.
+    """
+    path = tree_path
+    pinrepo = materialize(pin, store, progress, checkout=tree_path)
+    series = series_for_pin(lock, pin)
+    out_notes = list(notes)
+    advice = (f"free space or fix permissions under {path}, then run apply again "
+              "(it finishes or refuses an interrupted move)")
+    with transaction.open_tree(path, pinrepo, progress=progress) as (co, created):
+        if created:
+            out_notes.append(created)
+        gitdir = co.gitdir
+        transaction.clean_scratch(gitdir)
+        done = transaction.recover(co)
+        if done:
+            out_notes.append(done)
+        elif (gitdir / "index.lock").exists():
+            raise TreeError(
+                f"{gitdir / 'index.lock'} exists and no dsv4patch apply was interrupted in {path}: "
+                "another git command is running there, or one was killed. Wait for it; if no git "
+                "process is running, delete the file"
+            )
+        if resolving.has_workspace(gitdir):
+            st = resolving.read_state(gitdir, path)
+            raise TreeError(
+                f"{path} holds the conflict workspace of {st.patch} (pin {st.pin}); finish it "
+                f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
+                f"`dsv4patch resolve --abort --tree {path}`"
+            )
+        dirty = git.dirty_paths(path)
+        if dirty:
+            raise TreeError(
+                f"{path} has uncommitted changes ({', '.join(dirty[:5])}"
+                f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first"
+            )
+        head = git.head(path)
+        fork = forkcheckout.is_fork_checkout(path, pinrepo, head)
+        if fork and head is not None:
+            checked = forkcheckout.checkout_pinrepo(path, pinrepo, head)
+            if checked.base_tree != pinrepo.base_tree:
+                # The fork's own commits change the content: the lock's tree ids do not apply.
+                out_notes.append(f"{path}: the series is checked against {checked.base_commit[:12]} "
+                                 f"(the fork's content on top of pin {pin.name}'s commit "
+                                 f"{pin.commit[:12]}); the lock's tree ids are not compared")
+                pin = dataclasses.replace(pin, base_tree=None, patched_tree=None)
+                checked = dataclasses.replace(checked, pin=pin)
+            pinrepo = checked
+        elif branch is not None:
+            raise TreeError(f"--branch goes with a checkout of a git or local pin (a fork); {path} "
+                            f"is a tree dsv4patch made for pin {pin.name}")
+        elif not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
+            raise TreeError(
+                f"{path} is not a tree of pin {pin.name}: its history lacks the pin's base "
+                f"commit {pinrepo.base_commit[:12]}"
+                + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
+                   if kind_of(pin).fork else "")
+                + "; use a new directory for --tree"
+            )
+        with writing(TreeError, str(path), advice), \
+                progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) against {path}"):
+            result = run_series(path, pinrepo.base_commit, series)
+        rep = pin_report(pin, pinrepo, result, lock.path)
+
+        def refused(notes_: list[str], workspace: Workspace | None = None) -> ApplyResult:
+            return ApplyResult(lock.path, path, pin.name, rep, False, notes_,
+                               head=workspace.head if workspace else None, workspace=workspace)
+
+        if three_way and result.final_tree is None:
+            with writing(TreeError, str(path), advice):
+                ws = resolving.open_workspace(
+                    co=co, lock=lock, pin=pin, pinrepo=pinrepo, series=series,
+                    result=result, head=head, store=store, progress=progress,
+                    invocation=invocation or Invocation(build=build is not None), orig_head=orig_head,
+                    branch=branch)
+            if ws is not None:
+                return refused(out_notes + ws.notes + rep.notes, ws)
+        # With --3way a patch that applies with an offset is committed too (the tree is the
+        # same); `refresh --as-variant` then writes the exact variant.
+        offsets = [n for n, v in rep.patches.items() if not v.ok and v.status == "offset"]
+        accept_offsets = (three_way and result.final_tree is not None and not rep.notes
+                          and all(v.ok or n in offsets for n, v in rep.patches.items()))
+        if accept_offsets and offsets:
+            out_notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
+                             f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
+        if (not rep.ok and not accept_offsets) or result.final_tree is None:
+            return refused(out_notes + [
+                f"{name}: {v.status} (expected {v.expected}): {v.result.message}\n  next: {v.next}"
+                for name, v in rep.patches.items() if not v.ok
+            ] + rep.notes + [f"{path} was left unchanged"])
+        with writing(TreeError, str(path), advice), progress.step(f"make the {len(series.patches)} patch commit(s)"):
+            commits = transaction.plan_commits(path, pinrepo.base_commit, series, result)
+        final = commits[-1] if commits else pinrepo.base_commit
+        if head == final:
+            out_notes.append(f"{path} already has all patches of pin {pin.name}; nothing to do")
+        elif head is not None and (head == pinrepo.base_commit or head in commits):
+            with writing(TreeError, str(path), advice):
+                co.refuse_in_the_way(final, "the apply")  # before a branch is made for it
+                if branch is not None:
+                    out_notes.append(forkcheckout.start_branch(co, branch, head))
+                with progress.step(f"commit {len(commits)} patch(es) into {path}"):
+                    transaction.move_tree(co, head, final)
+            out_notes.append(
+                f"applied {len(commits)} patch(es) to {path}: HEAD {final[:12]}, "
+                f"tree {result.final_tree}"
+            )
+        elif head is not None and git.is_ancestor(path, final, head):
+            # Commits of the user's own above the series dsv4patch made: apply agrees with
+            # `status` (the series, looked for in HEAD's content).
+            above = git.rev_list(path, f"{final}..{head}")
+            applied = [r.patch for r in result.patches if r.status.applies]
+            with git.scratch_index(path, head) as env:
+                found = carried(path, env, series)
+            lost = [n for n in applied if found.get(n) is None]
+            if lost:
+                return refused(out_notes + [
+                    f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "
+                    f"{len(above)} commit(s) of yours above it, and they take out what "
+                    f"{', '.join(lost)} changed; nothing was changed. `dsv4patch status --tree {path}` "
+                    "shows each patch; revert or fix those commits (or check out the series' last "
+                    "commit) to carry the whole series"])
+            out_notes.append(
+                f"{path} has all patches of pin {pin.name} (the series ends at {final[:12]}) and "
+                f"{len(above)} commit(s) of yours above them, left as they are; nothing to do")
+            final = head
+        else:
+            raise TreeError(
+                f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
+                f"{pinrepo.base_commit[:12]} nor a state dsv4patch made, nor a commit above the "
+                "series; check out the base commit or use a new directory"
+            )
+    built: dict[str, Any] | None = None
+    if build is not None:
+        if before_build is not None:  # e.g. show the tree's result before a minutes-long build
+            before_build(ApplyResult(lock.path, path, pin.name, rep, True, list(out_notes), head=final))
+        built, build_notes = _build(path, pin, pinrepo, final, build)
+        out_notes += build_notes
+    return ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final, build=built)
+
+
+def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
+           build: KernelBuild) -> tuple[dict[str, Any] | None, list[str]]:
+    """The last step of apply: kernels the patches touch are rebuilt, or the call fails."""
+    from dsv4patch.kernels import is_kernel_source, plan_kernels
+
+    with guard.guarded(path):
+        changed = git.changed_paths(path, pinrepo.base_commit)
+        if not (any(is_kernel_source(p) for p in changed) and plan_kernels(path).units):
+            return None, ["no kernel sources changed: nothing to build"]
+    try:
+        report = build(path, pin)
+    except BuildError as exc:
+        raise BuildError(
+            f"{path} is patched (HEAD {head[:12]}), but the CUDA kernels the "
+            f"patches change were not rebuilt: {exc}\nRun `dsv4patch build --tree {path}` "
+            "on a machine with nvcc and torch, or pass --no-build to apply without it "
+            "(the kernel fixes are then not in effect)"
+        ) from None
+    return report, list(report.get("notes", []))

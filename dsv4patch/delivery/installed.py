@@ -1,0 +1,641 @@
+"""``dsv4patch status --installed``: does the vLLM installed in an environment carry the fixes?
+
+Operators run vLLM on many nodes and in images; what matters there is the
+installed package, not a source tree.  This module asks an interpreter
+(``--python``, default this one) where its vLLM is, without importing vLLM
+(no torch, no CUDA initialisation: it works in a health check), and compares
+every shipped file each patch changes with the lock's patched tree, which is
+recomputed from the cache (the lock's hashes are the trust anchor; the
+``dsv4patch.json`` the patched wheel carries is reported, never trusted).
+
+Per patch: ``present`` (every file it changes has the patched content),
+``stock`` (a file has the pin's unpatched content), ``missing`` (a file is
+absent), or ``other`` (anything else; a diff summary against the patched file
+is given); the worst file decides (missing, other, stock) and each file's
+state is listed.
+A patch that changes only kernel sources is ``present`` when the rebuilt
+kernel library of this patched tree is installed.  The kernel library is
+reported with its archs and activation routes (the ``vllm/__init__.py`` hook
+line or the ``vllm.general_plugins`` entry point); on a machine with a GPU,
+``python -m <kernel package> check`` says whether its kernels are the ones
+torch's dispatcher runs.  ``ok`` only when everything matches.
+
+:func:`check` is the whole inspection (``dsv4patch status --installed`` renders
+its :class:`InstalledReport`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import childproc, report, safeio
+from dsv4patch.delivery import sbom
+from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, UsageError
+from dsv4patch.hashing import sha256
+from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
+from dsv4patch.pins import Lock, Pin
+from dsv4patch.progress import Progress
+from dsv4patch.safeio import loads_json
+from dsv4patch.series import PatchedTree, patched_tree
+from dsv4patch.store import Store
+
+# Runs in the target interpreter: standard library only, vLLM is located, not imported.
+_PROBE = r"""
+import importlib.util, json, os, sys
+out = {"python": sys.executable, "vllm": None}
+spec = importlib.util.find_spec("vllm")
+if spec is not None and spec.submodule_search_locations:
+    pkg = list(spec.submodule_search_locations)[0]
+    out["vllm"] = {"package": pkg, "root": os.path.dirname(pkg)}
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("vllm")
+        out["vllm"]["version"] = dist.version
+        out["vllm"]["provenance"] = dist.read_text("dsv4patch.json")
+        # PEP 770 SBOMs: <dist-info>/sboms/*, as the installed RECORD lists them (located, not read)
+        out["vllm"]["sboms"] = sorted(str(dist.locate_file(f)) for f in (dist.files or [])
+                                      if f.parent.name == "sboms" and f.parent.parent.name.endswith(".dist-info"))
+    except Exception as exc:
+        out["vllm"]["version"] = None
+        out["vllm"]["error"] = repr(exc)
+try:
+    from importlib import metadata as _md
+    out["torch"] = _md.version("torch")
+except Exception:
+    out["torch"] = None
+kdist = sys.argv[1]
+kspec = importlib.util.find_spec(kdist)
+out["kernels"] = None
+if kspec is not None and kspec.submodule_search_locations:
+    d = list(kspec.submodule_search_locations)[0]
+    info = None
+    try:  # no link, no FIFO, at most 1 MiB (the installed package is not trusted)
+        fd = os.open(os.path.join(d, "build_info.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            import stat
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                raw = os.read(fd, (1 << 20) + 1)
+                info = json.loads(raw) if len(raw) <= 1 << 20 else None
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, RecursionError):
+        pass
+    eps = []
+    try:
+        from importlib.metadata import entry_points
+        eps = [e.value for e in entry_points(group="vllm.general_plugins") if e.value.startswith(kdist)]
+    except Exception:
+        pass
+    out["kernels"] = {"dir": d, "build_info": info, "entry_points": eps}
+print("DSV4PATCH-PROBE " + json.dumps(out))
+"""
+
+STATES = ("present", "stock", "missing", "other")
+
+
+class SbomError(Dsv4Error):
+    """The installed vLLM has no readable SBOM to show (exit 1: it is not what the lock makes)."""
+
+    exit_code = EXIT_UNEXPECTED
+    kind = "integrity"
+
+# Bounds (docs/trust.md): what the target interpreter and its installed files may make dsv4patch read.
+OUTPUT_LIMIT = 16 << 20  # bytes of a child's stdout + stderr kept (the probe, the kernel check)
+INIT_LIMIT = 16 << 20  # bytes of vllm/__init__.py read to look for the hook line
+EDIT_SLACK = 1 << 20  # an installed file may be this much larger than the pin's copy and still be read
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+                cwd: str | None = None) -> tuple[int | None, str, str]:
+    """(exit code or None when a signal ended it, stdout, stderr) of ``cmd``, through :mod:`dsv4patch.childproc`.
+
+    Past ``timeout`` s or :data:`OUTPUT_LIMIT` bytes of output the child and every
+    process it started are ended (:class:`~dsv4patch.errors.ChildError`, exit 8); an
+    interpreter named by ``--python`` is not trusted to answer, nor to print little.
+    """
+    fin = childproc.run(cmd, deadline=timeout, what=f"{cmd[0]}", env=env, cwd=cwd, flood=OUTPUT_LIMIT,
+                        keep=OUTPUT_LIMIT)
+    return fin.returncode, fin.stdout, fin.stderr
+
+
+def _probe_problem(data: Any) -> str | None:
+    """Why the probe's answer is not the shape _PROBE prints, or None."""
+    if not isinstance(data, dict) or not isinstance(data.get("python"), str):
+        return "the answer is not an object with a \"python\" string"
+    v = data.get("vllm")
+    if v is not None:
+        if not isinstance(v, dict) or not all(isinstance(v.get(k), str) for k in ("package", "root")):
+            return "\"vllm\" has no string \"package\" and \"root\""
+        if any(v.get(k) is not None and not isinstance(v.get(k), str) for k in ("version", "provenance")):
+            return "\"vllm\" has a version or provenance that is not a string"
+        sboms = v.get("sboms", [])
+        if not isinstance(sboms, list) or not all(isinstance(x, str) for x in sboms):
+            return "\"vllm\".sboms is not a list of strings"
+    if data.get("torch") is not None and not isinstance(data.get("torch"), str):
+        return "\"torch\" is not a version string"
+    k = data.get("kernels")
+    if k is not None:
+        if not isinstance(k, dict) or not isinstance(k.get("dir"), str):
+            return "\"kernels\" has no string \"dir\""
+        eps = k.get("entry_points", [])
+        if not isinstance(eps, list) or not all(isinstance(e, str) for e in eps):
+            return "\"kernels\".entry_points is not a list of strings"
+    return None
+
+
+def probe(python: str, kernel_dist: str) -> dict[str, Any]:
+    """What ``python`` has installed (vLLM, torch, the kernel package), located, not imported.
+
+    Cannot run, not a Python, an answer that is not JSON or not the probe's shape: UsageError (2);
+    hangs or floods: ChildError (8).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"--python {python}",
+                                     env=env, cwd="/")
+    if fin.returncode != 0 or data is None:
+        raise UsageError(f"--python {python}: not a working Python interpreter ({fin.status()}: "
+                         f"{fin.last_line()})")
+    problem = _probe_problem(data)
+    if problem:
+        raise UsageError(f"--python {python}: the probe's answer is not what it prints ({problem}); "
+                         "is this a Python interpreter?")
+    return dict(data)
+
+
+def _diff_summary(have: bytes, want: bytes) -> str:
+    a = want.decode("utf-8", "replace").splitlines()
+    b = have.decode("utf-8", "replace").splitlines()
+    added = removed = 0
+    first = None
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        first = first or i1 + 1
+        removed += i2 - i1
+        added += j2 - j1
+    return f"+{added} -{removed} lines against the patched file (first difference at line {first})"
+
+
+def pick_pin(lock: Lock, name: str | None, version: str | None) -> Pin:
+    if name:
+        return lock.pin(name)
+    public = (version or "").split("+", 1)[0]
+    matches = [p for p in lock.pins.values() if p.vllm_version == public]
+    if lock.default_pin and any(p.name == lock.default_pin for p in matches):
+        return lock.pin(lock.default_pin)
+    return matches[0] if matches else lock.pin(None)
+
+
+# Why a patch is in each state (the ``status --installed`` note of that state).
+_STATE_WHY = {
+    "stock": "the installed files are the pin's own, unpatched",
+    "missing": "a file it changes is not installed",
+    "other": "a file it changes has content neither stock nor patched: changed after install",
+}
+
+
+def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progress: Progress) -> dict[str, Any]:
+    """The report (``ok`` and per-patch states) for the vLLM ``python`` sees."""
+    first = probe(python, "")
+    version = (first.get("vllm") or {}).get("version")
+    pin = pick_pin(lock, pin_name, version)
+    kdist = kernel_dist_name(pin.name)
+    found = probe(python, kdist)
+    vllm = found.get("vllm")
+    out: dict[str, Any] = {"python": found["python"], "pin": pin.name, "vllm_version": pin.vllm_version,
+                           "installed": None, "patches": {}, "kernels": None, "ok": False, "notes": []}
+    if vllm is None:
+        out["notes"].append(f"vLLM is not installed in {found['python']}")
+        return out
+    out["installed"] = {"package": vllm["package"], "version": vllm.get("version")}
+    version_ok = (vllm.get("version") or "").split("+", 1)[0] == pin.vllm_version
+    if not version_ok:
+        out["notes"].append(f"installed vLLM {vllm.get('version')} is not pin {pin.name}'s "
+                            f"{pin.vllm_version}")
+    if vllm.get("provenance"):
+        try:
+            prov = loads_json(vllm["provenance"], label="dsv4patch.json")
+        except safeio.UnsafeFileError:
+            prov = None
+        out["installed"]["provenance"] = ({k: prov.get(k) for k in
+                                           ("pin", "version", "patch_set_sha256", "patched_tree")}
+                                          if isinstance(prov, dict) else "unreadable")
+    tree = patched_tree(lock, pin, store, progress)
+    out["patch_set_sha256"] = tree.series.hash()
+    out["patched_tree"] = tree.patched_tree
+    root = Path(vllm["root"])
+    changes = tree.by_path()
+    top = Path(vllm["package"]).name
+    kernel = _kernels(found.get("kernels"), tree.patched_tree, root / top / "__init__.py", kdist,
+                      found.get("torch"))
+    out["kernels"] = kernel
+    ok = version_ok
+    for patch in tree.series.patches:
+        paths = tree.patch_files.get(patch.name)
+        if paths is None:  # not applied: the lock expects it upstream already
+            out["patches"][patch.name] = {"state": "upstream", "files": {}}
+            continue
+        files: dict[str, Any] = {}
+        for rel in paths:
+            change = changes.get(rel)
+            if change is None or not rel.startswith(top + "/"):
+                continue  # tests, kernel sources, files another patch restores: not shipped
+            target = root / rel
+            if change.patched is None:
+                files[rel] = {"state": "present" if not os.path.lexists(target) else "stock"}
+                continue
+            # Bounded: the larger of the two contents it may rightly have, plus room for a local edit
+            # (reported with its diff summary); anything larger is reported as too large, never read whole.
+            limit = max(len(change.patched), len(change.base or b"")) + EDIT_SLACK
+            try:
+                have = safeio.read_bytes(target, limit, what=str(target))
+            except FileNotFoundError:
+                files[rel] = {"state": "missing"}
+                continue
+            except (safeio.UnsafeFileError, OSError) as exc:
+                files[rel] = {"state": "other", "problem": str(exc) if isinstance(exc, safeio.UnsafeFileError)
+                              else f"{target}: {exc.strerror or exc}"}
+                continue
+            if have == change.patched:
+                files[rel] = {"state": "present"}
+            elif change.base is not None and have == change.base:
+                files[rel] = {"state": "stock"}
+            else:
+                files[rel] = {"state": "other", "sha256": sha256(have),
+                              "diff": _diff_summary(have, change.patched)}
+        kernel_only = not files and any(p.startswith("csrc/") for p in paths)
+        if kernel_only:
+            state = "present" if kernel["ok"] else "missing"
+            files["<kernel library>"] = {"state": state}
+        states = {f["state"] for f in files.values()}
+        # The worst file decides: missing, then other, then stock (the files say which).
+        state = next((s for s in ("missing", "other", "stock") if s in states), "present")
+        out["patches"][patch.name] = {"state": state, "files": files}
+        ok &= state == "present"
+    ok &= kernel["ok"] or not any(p.startswith("csrc/") for p in changes)
+    out["sbom"], out["sbom_document"] = check_sbom(vllm, tree, kernel)
+    ok &= out["sbom"]["state"] != "mismatch"  # an SBOM that contradicts the installed files fails
+    out["ok"] = bool(ok)
+    return out
+
+
+def _library_sha256(path: Path) -> str | None:
+    """sha256 of the installed kernel library (no link, no FIFO, at most 1 GiB), or None."""
+    import hashlib
+
+    try:
+        fd = safeio.open_regular(path)
+    except (OSError, safeio.UnsafeFileError):
+        return None
+    h = hashlib.sha256()
+    got = 0
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            got += len(chunk)
+            if got > KERNEL_MEMBER_LIMIT:
+                return None
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
+               kernel: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The installed SBOM (``<dist-info>/sboms/dsv4patch.cdx.json``) against what is installed.
+
+    (report, the document's text or None).  ``state``: ``ok``, ``mismatch`` (it
+    contradicts the installed version, the lock's patch set or the installed
+    kernel library: each ``problems`` line says which), ``unreadable`` (a link,
+    too large, not JSON) or ``absent`` (vLLM installed another way: the
+    patched tree plus a kernel wheel, or a stock wheel).
+    """
+    listed = list(vllm.get("sboms") or [])
+    # Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
+    # `../../../outside/evil-1.0.dist-info/sboms/...` is never read (nor shown as vLLM's SBOM).
+    outside = [p for p in listed if _outside_site(p, vllm["root"])]
+    paths = [p for p in listed if p not in outside]
+    mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
+    if outside and not mine:
+        return ({"state": "unreadable", "path": None, "others": paths,
+                 "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
+                              "not read" for p in outside[:5]]}, None)
+    if not mine:
+        return ({"state": "absent", "path": None, "others": paths,
+                 "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
+                              "(not installed from a `dsv4patch wheel` wheel)"]}, None)
+    path = mine[0]
+    rep: dict[str, Any] = {"state": "unreadable", "path": path, "problems": []}
+    try:
+        raw = safeio.read_bytes(path, sbom.SBOM_LIMIT, what=path)
+        doc = loads_json(raw, label=path, limit=sbom.SBOM_LIMIT)
+    except FileNotFoundError:
+        rep["problems"].append(f"{path}: listed in RECORD but missing")
+        return rep, None
+    except (OSError, safeio.UnsafeFileError) as exc:
+        rep["problems"].append(str(exc) if isinstance(exc, safeio.UnsafeFileError) else f"{path}: {exc}")
+        return rep, None
+    facts = sbom.read(doc)
+    problems = list(facts.problems)
+    version = vllm.get("version")
+    if facts.version != version:
+        problems.append(f"the SBOM describes vLLM {facts.version}, the installed vLLM is {version}")
+    if version and facts.purl != sbom.purl(version):
+        problems.append(f"the SBOM's purl is {facts.purl}, not {sbom.purl(version)}")
+    applied = {p.name: p.sha256 for p in tree.series.patches if p.name in tree.patch_files}
+    if facts.patch_set_sha256 != tree.series.hash():
+        problems.append(f"the SBOM's patch set is {str(facts.patch_set_sha256)[:12]}, the lock's is "
+                        f"{tree.series.hash()[:12]}")
+    if facts.patches != applied:
+        diff = sorted(set(facts.patches.items()) ^ set(applied.items()))
+        problems.append("the SBOM's patches are not the lock's applied patches (differ: "
+                        + ", ".join(n for n, _ in diff[:5]) + ")")
+    if sorted(facts.diff_sha256) != sorted(applied.values()):
+        problems.append("the SBOM's pedigree patch texts do not hash to the lock's patches")
+    if kernel.get("installed"):
+        have = _library_sha256(Path(kernel["library"]))
+        if facts.kernel_library_sha256 is None:
+            problems.append("the SBOM names no kernel library, one is installed")
+        elif have != facts.kernel_library_sha256:
+            problems.append(f"the installed kernel library {kernel['library']} has sha256 "
+                            f"{str(have)[:16]}, the SBOM says {facts.kernel_library_sha256[:16]}")
+    elif facts.kernel_library_sha256 is not None:
+        problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
+    rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
+    return rep, raw.decode("utf-8", "replace")
+
+
+def _outside_site(path: str, root: str) -> bool:
+    """Does ``path`` (a file an installed RECORD row names) leave the site directory ``root``?
+
+    It must be ``<root>/<name>.dist-info/sboms/<file>`` as written (no ``..``, nothing
+    absolute elsewhere) and stay there once links are resolved.
+    """
+    site = os.path.normpath(root)
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm, site) if os.path.isabs(norm) == os.path.isabs(site) else ".."
+    parts = Path(rel).parts
+    if rel.startswith("..") or len(parts) != 3 or not parts[0].endswith(".dist-info") or parts[1] != "sboms":
+        return True
+    if os.path.normpath(os.path.join(site, rel)) != norm or ".." in Path(path).parts:
+        return True
+    real_site = os.path.realpath(site)
+    return os.path.commonpath([real_site, os.path.realpath(norm)]) != real_site
+
+
+def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:
+    """Why the kernel library does not fit this environment's torch, or None.
+
+    The library is compiled and linked against one torch (``build_info.json``
+    ``torch_version``); ``torch_mismatch`` says it was not the pin's on purpose
+    (``--allow-torch``).  Either way the library is reported as built for
+    another torch when it differs from the pin's or from the torch installed here.
+    """
+    built = str(info.get("torch_version") or "").split("+", 1)[0]
+    required = str(info.get("torch_required") or "").split("+", 1)[0]
+    if info.get("torch_mismatch") or (required and built and built != required):
+        return (f"the kernel library was built for torch {built or '?'}, not torch {required or '?'} "
+                "that the pin's vLLM requires (--allow-torch); rebuild it without --allow-torch")
+    have = (installed_torch or "").split("+", 1)[0]
+    if built and have and built != have:
+        return (f"the kernel library was built for torch {built}, this environment has torch {have}; "
+                "install the pin's torch or rebuild the library against this one")
+    return None
+
+
+def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
+             installed_torch: str | None = None) -> dict[str, Any]:
+    if found is None:
+        return {"package": kdist, "installed": False, "ok": False,
+                "note": f"{kdist} is not installed: the kernel fixes are not in effect"}
+    info = found.get("build_info") or {}
+    shape = None
+    if not isinstance(info, dict):
+        shape, info = f"build_info.json is a {type(info).__name__}, not an object", {}
+    # build_info.json is the installed package's word: its library must be a file in the package.
+    name = info.get("library", "")
+    name = name if isinstance(name, str) else ""
+    lib = Path(found["dir"]) / name
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        lib = Path(found["dir"]) / "<no library named>"
+    try:  # bytes, not text: a vllm/__init__.py that is not UTF-8 simply has no hook line
+        hooked = hook_line(kdist).encode() in safeio.read_bytes(init, INIT_LIMIT)
+    except (OSError, safeio.UnsafeFileError):
+        hooked = False
+    units = info.get("units", [])
+    tree = info.get("tree_id")
+    res: dict[str, Any] = {
+        "package": kdist, "installed": True, "dir": found["dir"],
+        "tree_id": tree if isinstance(tree, str) else None, "library": str(lib),
+        "library_present": safeio.is_regular(lib),
+        "units": [{"unit": u.get("unit"), "sass": u.get("sass"), "ptx": u.get("ptx")}
+                  for u in (units if isinstance(units, list) else []) if isinstance(u, dict)],
+        "routes": {"vllm-hook": hooked, "entry-point": bool(found.get("entry_points"))},
+    }
+    res["torch"] = {"built": info.get("torch_version"), "required": info.get("torch_required"),
+                    "installed": installed_torch}
+    problem = torch_problem(info, installed_torch)
+    res["ok"] = bool(res["tree_id"] == tree_id and res["library_present"] and (hooked or res["routes"]["entry-point"])
+                     and problem is None)
+    if res["tree_id"] != tree_id:
+        res["note"] = f"built from tree {res['tree_id']}, the pin's patched tree is {tree_id}"
+    elif problem is not None:
+        res["note"] = problem
+    if shape:
+        res["note"] = shape
+    return res
+
+
+def _gpu_present() -> bool:
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def active_check(python: str, kdist: str) -> dict[str, Any]:
+    """On a GPU machine: the kernel package's own dispatcher check."""
+    try:
+        rc, stdout, stderr = run_bounded([python, "-m", kdist, "check", "--json"], 600)
+    except ChildError as exc:
+        return {"checked": True, "exit_code": None, "report": {"output": str(exc)}, "active": False}
+    data: Any
+    try:
+        data = loads_json(stdout[stdout.index("{"):], label=f"{kdist} check --json")
+    except (ValueError, safeio.UnsafeFileError):
+        data = {"output": stdout[-2000:] + stderr[-2000:]}
+    return {"checked": True, "exit_code": rc, "report": data, "active": rc == 0}
+
+
+@dataclass
+class InstalledReport:
+    """Does the vLLM an interpreter sees carry the lock's patched files and kernels?"""
+
+    python: str
+    pin: str
+    vllm_version: str
+    installed: dict[str, Any] | None  # package, version, provenance (the wheel's word)
+    patches: dict[str, dict[str, Any]]  # patch -> state and per-file states
+    kernels: dict[str, Any] | None
+    ok: bool
+    notes: list[str] = field(default_factory=list)
+    patch_set_sha256: str | None = None  # None: vLLM is not installed (nothing compared)
+    patched_tree: str | None = None
+    sbom: dict[str, Any] | None = None  # the installed SBOM checked (check_sbom); None: no vLLM
+    sbom_document: str | None = None  # its text, as installed (``status --installed --format cyclonedx``)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
+                               "installed": self.installed, "patches": self.patches,
+                               "kernels": self.kernels, "ok": self.ok, "notes": self.notes}
+        if self.patch_set_sha256 is not None:
+            out["patch_set_sha256"] = self.patch_set_sha256
+            out["patched_tree"] = self.patched_tree
+        if self.sbom is not None:
+            out["sbom"] = self.sbom
+        return out
+
+    def table(self) -> tuple[report.Table, str]:
+        """The terminal table (one row per patch) and its markdown."""
+        rows = []
+        for name, p in self.patches.items():
+            detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
+                               for f, v in p["files"].items() if v["state"] != "present")
+            rows.append([name, p["state"], detail])
+        return report.simple_table(f"dsv4patch status --installed: {self.python}",
+                                   ["patch", "state", "files not present"], rows)
+
+
+def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
+                    pin_name: str | None = None) -> InstalledReport:
+    """Without the lock's patch files (a node with only ``pip install dsv4patch``): the installed vLLM
+    against its own SBOM (:mod:`dsv4patch.delivery.provenance`), and against ``lock``'s pin (``pin_name``, else
+    the SBOM's) when a lock was given without its patches (a URL)."""
+    from dsv4patch.delivery import provenance
+
+    python = python or default_python()
+    first = probe(python, "")
+    vllm = first.get("vllm")
+    if vllm is None:
+        return InstalledReport(first["python"], "?", "?", None, {}, None, False,
+                               notes=[f"vLLM is not installed in {first['python']}"])
+    prov = provenance.read(list(vllm.get("sboms") or []))
+    lock_pin = None
+    if lock is not None:
+        lock_pin = lock.pin(pin_name) if pin_name else lock.pins.get(prov.pin or "")
+        if lock_pin is None:
+            raise LockFileError(f"the lock given has no pin {prov.pin} (the installed vLLM's); name the pin to "
+                                "compare with")
+    kdist = kernel_dist_name(prov.pin or "")
+    found = probe(python, kdist)
+    top = Path(vllm["package"]).name
+    kernel = _kernels(found.get("kernels"), str(prov.patched_tree), Path(vllm["root"]) / top / "__init__.py", kdist,
+                      found.get("torch"))
+    rep = provenance.inspect(vllm, {"library": kernel["library"]} if kernel.get("installed") else None, lock_pin)
+    ok = bool(rep["ok"]) and (kernel["ok"] or not kernel.get("installed") and prov.kernel_library_sha256 is None)
+    if kernel.get("installed"):
+        if _gpu_present():
+            kernel["active"] = active_check(python, kdist)
+            ok &= bool(kernel["active"]["active"])
+        else:
+            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
+    names = ", ".join(p["name"] for p in rep["provenance"]["patches"])
+    notes = [f"python {first['python']}: vLLM {vllm.get('version')} at {vllm.get('package')}",
+             f"checked against the installed wheel's own SBOM ({prov.path}): pin {prov.pin}, patched tree "
+             f"{str(prov.patched_tree)[:12]}, patches {names}"]
+    if lock_pin is None:
+        notes.append("no lock here: the SBOM's own patches are the reference; give a lock (a path or a URL) to "
+                     "check them against the series you expect")
+    elif not provenance.lock_problems(prov, lock_pin):
+        notes.append(f"the lock's pin {lock_pin.name} describes the same patched tree, sdist and stock wheel")
+    notes += rep["problems"]
+    return InstalledReport(first["python"], str(prov.pin), (prov.version or "").split("+", 1)[0],
+                           {"package": vllm["package"], "version": vllm.get("version"), "provenance": rep["provenance"]},
+                           rep["patches"], kernel, ok, notes, patched_tree=prov.patched_tree)
+
+
+def default_python() -> str:
+    """The interpreter checked without ``--python``: $DSV4PATCH_VLLM_PYTHON, else this one."""
+    return os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+
+
+def check(
+    *,
+    lock: Lock,
+    store: Store,
+    progress: Progress,
+    pin_name: str | None = None,
+    python: str | None = None,
+) -> InstalledReport:
+    """Inspect the vLLM ``python`` (default :func:`default_python`) sees against pin
+    ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
+    the kernel package whether its kernels are the ones torch runs."""
+    python = python or default_python()
+    out = inspect(lock, pin_name, python, store, progress)
+    kernel = out.get("kernels") or {}
+    if kernel.get("installed"):
+        if _gpu_present():
+            kernel["active"] = active_check(python, kernel["package"])
+            out["ok"] &= kernel["active"]["active"]
+        else:
+            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
+    inst = out.get("installed")
+    out["notes"] = list(out["notes"]) + [
+        f"python {out['python']}: " + (f"vLLM {inst.get('version')} at {inst.get('package')}" if inst
+                                        else "no vLLM installed"),
+        f"pin {out['pin']} (vLLM {out['vllm_version']}), patched tree {out.get('patched_tree', '?')[:12]}",
+    ]
+    if kernel:
+        if kernel.get("installed"):
+            routes = ", ".join(k for k, v in kernel["routes"].items() if v) or "none"
+            archs = "; ".join(f"{Path(str(u['unit'])).name}: {' '.join(u['sass'] or [])}"
+                              for u in kernel["units"])
+            out["notes"].append(f"kernel library {kernel['package']}: "
+                                f"{'ok' if kernel['ok'] else 'NOT OK'} (tree {str(kernel['tree_id'])[:12]}, "
+                                f"routes: {routes}; archs {archs}); active: "
+                                + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
+                                   else f"not checked ({kernel['active']['reason']})"))
+            if kernel.get("note"):
+                out["notes"].append(f"kernel library {kernel['package']}: {kernel['note']}")
+        else:
+            out["notes"].append(kernel["note"])
+    # One line per cause (the patches it touches by number; the table has their files), and one
+    # next step: installing the patched wheel, "again" only where one was installed.
+    by_state: dict[str, list[str]] = {}
+    for name, p in out["patches"].items():
+        if p["state"] not in ("present", "upstream"):
+            by_state.setdefault(p["state"], []).append(name)
+    ours = isinstance(inst, dict) and bool(inst.get("provenance"))
+    for state, names in by_state.items():
+        files = ["; ".join(f"{f}: {v['state']}" for f, v in out["patches"][n]["files"].items()
+                           if v["state"] != "present") for n in names]
+        out["notes"].append(f"{state} ({_STATE_WHY.get(state, state)}): "
+                            + ", ".join(f"{report.patch_key(n)} ({f or 'its kernels: see the kernel library line'})"
+                                        for n, f in zip(names, files, strict=True)))
+    if by_state:
+        out["notes"].append("  next: " + ("install the patched wheel again" if ours else
+                                          "install the patched wheel (this vLLM is not one dsv4patch made)")
+                            + f" (`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
+                            "--no-deps <wheel>`)")
+    rep = out.get("sbom")
+    if rep is not None:
+        if rep["state"] == "ok":
+            out["notes"].append(f"SBOM {rep['path']}: matches the installed vLLM, patch set and kernel library")
+        else:
+            out["notes"].append(f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
+                                + "".join(f"\n  {line}" for line in rep["problems"])
+                                + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
+                                   if rep["state"] == "mismatch" and not by_state else ""))
+    if inst:
+        # Files and kernels only: nothing here runs the engine (the selftest does, on a GPU).
+        out["notes"].append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "
+                            "this vLLM on this node's GPU (docs/selftest.md)")
+    out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
+    return InstalledReport(
+        python=out["python"], pin=out["pin"], vllm_version=out["vllm_version"], installed=out["installed"],
+        patches=out["patches"], kernels=out["kernels"], ok=bool(out["ok"]), notes=out["notes"],
+        patch_set_sha256=out.get("patch_set_sha256"), patched_tree=out.get("patched_tree"),
+        sbom=out.get("sbom"), sbom_document=out.get("sbom_document"),
+    )

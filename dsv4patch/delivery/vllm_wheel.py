@@ -1,0 +1,717 @@
+"""A patched vLLM wheel made from the pin's stock wheel: what people install.
+
+vLLM is deployed with ``pip``/``uv`` from an index, in images and on many
+nodes; a patched source tree is not something they can install.  This module
+turns the pin's stock PyPI wheel (sha256 from the lock) into
+``vllm-<version>+dsv4.<patch-set hash>-<same tags>.whl``:
+
+* every file under the wheel's top-level packages (``vllm/``) that the
+  series changes is replaced by its patched content (the lock's patched tree,
+  recomputed from the cache), after checking that the stock wheel's copy is
+  byte-for-byte the pin's unpatched file: a wheel that does not match its
+  source tree is refused, never patched;
+* the rebuilt kernel library and its runtime (the plugin package
+  ``dsv4patch_kernels_<pin>/`` of ``dsv4patch build``) are added, and
+  ``vllm/__init__.py`` gets the activation hook line (the ``install-hook``
+  route), so every process that imports vLLM loads the rebuilt kernels;
+* ``METADATA`` carries the local version, ``RECORD`` is rewritten (hash and
+  size of every member), ``<dist-info>/dsv4patch.json`` names the pin,
+  the patch-set hash, the patched tree and each replaced file, and
+  ``<dist-info>/sboms/dsv4patch.cdx.json`` says the same in CycloneDX 1.6
+  (:mod:`dsv4patch.delivery.sbom`; PEP 770's place for SBOMs).
+
+Why repack rather than vLLM's ``VLLM_USE_PRECOMPILED=1`` route: that route
+runs ``setup.py`` on the source tree, which needs ``setuptools-scm``
+(the pin tree has no git tags, so the version would be wrong unless forced),
+``setuptools-rust`` and the Rust frontend, CMake and the build requirements
+(``torch==<pin>``) in the environment, regenerates ``vllm/_version.py`` and
+every metadata file, and zips the whole package again with the build
+machine's timestamps.  The result would differ from the stock wheel in far
+more than the patched files and would not be byte-reproducible.  Tried here
+offline (``pip wheel --no-build-isolation --no-index`` of the patched 0.27.1
+tree with the cached stock wheel, the CPU test venv's torch and the build
+requirements installed, 82 s): the result is
+``vllm-0.1.dev10+gefb9855dd.d20261201.cpu-cp311-cp311-linux_x86_64.whl``
+(version from the tree's git and today's date, ``.cpu`` from the CPU torch,
+not the stock ``cp38-abi3-manylinux_2_28`` tags), which pip rejects as
+invalid.  Repacking copies every unchanged member's compressed bytes as they
+are (:mod:`zipcopy`), so the diff against the stock wheel is exactly the
+patched files, the kernel package and the metadata, and two builds are
+identical.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import platform as platform_module
+import re
+import shutil
+import stat
+import zipfile
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from dsv4patch import report, safeio, zipcopy
+from dsv4patch.checkout import apply_pin
+from dsv4patch.delivery import sbom
+from dsv4patch.errors import BuildError, IntegrityError, TreeError, UsageError
+from dsv4patch.hashing import record_b64, record_hash, sha256
+from dsv4patch.kernels import (
+    KERNEL_MEMBER_LIMIT,
+    build_tree,
+    hook_line,
+    kernel_dist_name,
+    stock_wheel_for,
+    stock_wheel_path,
+)
+from dsv4patch.pins import Lock, Pin, WheelFile
+from dsv4patch.progress import Progress
+from dsv4patch.safeio import loads_json, read_stream
+from dsv4patch.series import PatchedTree, Series, patched_tree
+from dsv4patch.store import Store
+
+PROVENANCE = "dsv4patch.json"
+LOCAL_PREFIX = "dsv4"
+
+
+def kernels_hash(members: dict[str, bytes]) -> str:
+    """sha256 over the kernel package's members (names and contents): library, build info, runtime."""
+    h = hashlib.sha256()
+    for name in sorted(members):
+        h.update(name.encode() + b"\0" + hashlib.sha256(members[name]).digest())
+    return h.hexdigest()
+
+
+def local_version(pin: Pin, series: Series, kernels: dict[str, bytes] | None = None) -> str:
+    """``<vllm>+dsv4.<patch set 12 hex>[.k<kernel package 12 hex>]``.
+
+    The stock wheel is fixed by the pin (lock sha256); what dsv4patch adds is the
+    patch set and, when the patches change kernels, the kernel package: both are
+    in the label, so two wheels with different contents never share a file name.
+    """
+    label = f"{pin.vllm_version}+{LOCAL_PREFIX}.{series.hash()[:12]}"
+    return label + (f".k{kernels_hash(kernels)[:12]}" if kernels else "")
+
+
+@dataclass
+class KernelPackage:
+    dist: str
+    members: dict[str, bytes]  # path in the wheel -> content
+    info: dict[str, Any]
+    source: Path
+    # path -> the member as the kernel wheel stores it (compressed; its content is ``members``'s,
+    # CRC-checked): copied into the vLLM wheel as is instead of compressed a second time
+    raws: dict[str, zipcopy.Raw] = field(default_factory=dict)
+
+
+_MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
+
+
+def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPackage:
+    """The plugin package of a ``dsv4patch build`` wheel, checked against pin, tree and platform."""
+    dist = kernel_dist_name(pin.name)
+    if not path.name.startswith(dist + "-"):
+        raise BuildError(f"--kernels {path}: not a kernel wheel of pin {pin.name} (expected {dist}-*.whl "
+                         f"from `dsv4patch build --pin {pin.name}`)")
+    m = _MACHINE.search(path.name)
+    if not m or m.group(1) != platform:
+        raise BuildError(f"--kernels {path}: built for {m.group(1) if m else 'an unknown platform'}, "
+                         f"the wheel is for {platform}; build the kernels on a {platform} machine")
+    members: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for zi in zf.infolist():
+                name = zi.filename
+                if name.startswith(dist + "/") and not name.endswith("/"):
+                    problem = member_problem(name)
+                    if problem:
+                        raise BuildError(f"--kernels {path}: member {name!r} {problem}")
+                    if stat.S_IFMT(zi.external_attr >> 16) not in (0, stat.S_IFREG):
+                        raise BuildError(f"--kernels {path}: member {name!r} is not a regular file "
+                                         "(a symbolic link?); refused")
+                    if zi.file_size > KERNEL_MEMBER_LIMIT:
+                        raise BuildError(f"--kernels {path}: member {name!r} declares {zi.file_size} bytes, "
+                                         f"more than {KERNEL_MEMBER_LIMIT}; refused")
+                    with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
+                        members[name] = read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}",
+                                                    error=BuildError)
+            with open(path, "rb") as wfh:
+                raws = {zi.filename: zipcopy.read_raw(wfh, zi) for zi in zf.infolist() if zi.filename in members}
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
+    raw = members.get(f"{dist}/build_info.json")
+    if raw is None:
+        raise BuildError(f"--kernels {path}: no {dist}/build_info.json")
+    info = loads_json(raw, label=f"--kernels {path}: {dist}/build_info.json", error=BuildError)
+    bad = ("it is not a JSON object" if not isinstance(info, dict) else next(
+        (f'"{k}" is not a string' for k in ("tree_id", "vllm_version", "library")
+         if not isinstance(info.get(k), str)), None))
+    if bad:
+        raise BuildError(f"--kernels {path}: {dist}/build_info.json is not what `dsv4patch build` writes "
+                         f"({bad}); rebuild it with `dsv4patch build --pin {pin.name}`")
+    if info.get("tree_id") != tree_id or info.get("vllm_version") != pin.vllm_version:
+        raise BuildError(
+            f"--kernels {path}: built from tree {info.get('tree_id')} for vLLM "
+            f"{info.get('vllm_version')}, pin {pin.name} is tree {tree_id}, vLLM {pin.vllm_version}; "
+            f"rebuild it with `dsv4patch build --pin {pin.name}` on a tree made by `dsv4patch apply`"
+        )
+    if f"{dist}/{info.get('library')}" not in members:
+        raise BuildError(f"--kernels {path}: the library {info.get('library')} is missing")
+    return KernelPackage(dist, members, info, path, raws)
+
+
+@dataclass
+class WheelBuild:
+    path: Path
+    version: str
+    replaced: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    not_shipped: list[str] = field(default_factory=list)
+    hooked: str | None = None  # the file that got the kernels' activation line
+    provenance: dict[str, Any] = field(default_factory=dict)
+    sbom: str | None = None  # the CycloneDX SBOM's member (<dist-info>/sboms/...)
+    sbom_size: int = 0
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def member_problem(name: str) -> str | None:
+    """Why a wheel member ``name`` is not a plain path inside the wheel, or None.
+
+    The stock wheel is pinned by sha256, the ``--kernels`` wheel is not; either
+    way, what goes into the patched wheel must install under site-packages.
+    """
+    if not name or _CONTROL.search(name):
+        return "is empty or has control characters"
+    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute or Windows path"
+    parts = name.rstrip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "has an empty, '.' or '..' path component"
+    if any(p.lower() == ".git" for p in parts):
+        return "is under a .git directory"
+    return None
+
+
+_LEGACY_TMP = re.compile(r"^\.(.+\.whl)\.tmp(\d+)$")
+
+
+def sweep_out(out_dir: Path) -> list[Path]:
+    """Remove the partial wheels killed runs left in ``out_dir``; the removed paths.
+
+    Owned partial files (:func:`dsv4patch.safeio.sweep_owned`), and the
+    ``.<wheel>.tmp<pid>`` files of older dsv4patch versions whose process is gone.
+    """
+    removed = safeio.sweep_owned(out_dir)
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return removed
+    for name in names:
+        m = _LEGACY_TMP.match(name)
+        if m is None or not safeio.is_regular(out_dir / name):
+            continue
+        try:
+            os.kill(int(m.group(2)), 0)
+            continue  # its process may still be writing it
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, ValueError):
+            continue
+        safeio.remove_file(out_dir / name)
+        removed.append(out_dir / name)
+    return removed
+
+
+VERIFY_WINDOW = 64 << 20  # compressed bytes of stock members whose RECORD check may be pending at once
+
+
+class _Checks:
+    """The stock members' RECORD checks, run on every core while the copy goes on.
+
+    Inflating and hashing a member (zlib and hashlib release the GIL) is most of a
+    warm ``wheel``'s time; the copy itself only moves compressed bytes.  Checks are
+    awaited in member order, so the first member that fails is the one reported, as
+    if they ran one after the other; at most ``VERIFY_WINDOW`` compressed bytes wait
+    at once (bounded memory).
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.pending: deque[tuple[Future[None], int]] = deque()
+        self.size = 0
+
+    def submit(self, check: Callable[[], None], size: int) -> None:
+        self.pending.append((self.pool.submit(check), size))
+        self.size += size
+        while self.size > VERIFY_WINDOW:
+            self._next()
+
+    def _next(self) -> None:
+        fut, size = self.pending.popleft()
+        self.size -= size
+        fut.result()  # a failed check raises its IntegrityError here
+
+    def drain(self) -> None:
+        """Wait for every pending check; the first failure (in member order) raises."""
+        while self.pending:
+            self._next()
+
+
+def _workers() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
+          out_dir: Path) -> WheelBuild:
+    """Write the patched wheel into ``out_dir`` (atomically) and return what it contains.
+
+    Every unchanged stock member is checked against the stock RECORD on a pool of
+    threads (:class:`_Checks`); the wheel is published only when all checks passed.
+    """
+    pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="dsv4patch-record")
+    checks = _Checks(pool)
+    try:
+        return _build(tree, stock_path, stock, kernels, out_dir, checks)
+    except (IntegrityError, BuildError):
+        checks.drain()  # a member before this one that failed its check is the one to report
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
+           out_dir: Path, checks: _Checks) -> WheelBuild:
+    pin, series = tree.pin, tree.series
+    stock_name = PurePosixPath(stock.url).name
+    m = re.fullmatch(r"([A-Za-z0-9_.]+)-([^-]+)-(.+)\.whl", stock_name)
+    if not m or m.group(2) != pin.vllm_version:
+        raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
+    name, old_version, tags = m.groups()
+    version = local_version(pin, series, kernels.members if kernels else None)
+    old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
+    infos = zipcopy.open_members(stock_path)
+    names = [i.filename for i in infos]
+    for n in names:
+        problem = member_problem(n)
+        if problem:
+            raise IntegrityError(f"stock wheel {stock_name}: member {n!r} {problem}; refusing to repack "
+                                 "it (an installer would write it outside site-packages)")
+    if f"{old_info}/RECORD" not in names:
+        raise BuildError(f"stock wheel {stock_name} has no {old_info}/RECORD")
+    top = {n.split("/", 1)[0] for n in names if "/" in n and not n.startswith(old_info + "/")}
+    result = WheelBuild(out_dir / f"{name}-{version}-{tags}.whl", version)
+    changes = tree.by_path()
+    shipped = {p: f for p, f in changes.items() if p.split("/", 1)[0] in top}
+    result.not_shipped = sorted(set(changes) - set(shipped))
+    kmembers = kernels.members if kernels else {}
+    clash = [n for n in kmembers if n in names or n.split("/", 1)[0] in top]
+    if clash:
+        raise BuildError(f"the kernel package would overwrite {clash[0]} of the stock wheel")
+    hook = hook_line(kernels.dist).encode() if kernels else b""
+    files: list[dict[str, Any]] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sweep_out(out_dir)  # partial wheels of runs that were killed
+    # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
+    with safeio.replacing(result.path) as dst:
+        with open(stock_path, "rb") as src:
+            # The stock RECORD: hashes of every unchanged member (checked while copying:
+            # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
+            rec_info = infos[names.index(f"{old_info}/RECORD")]
+            stock_record = read_record(zipcopy.read_raw(src, rec_info), f"stock wheel {stock_name}")
+            record: list[tuple[str, str, str]] = []
+            writer = zipcopy.Writer(dst)
+            seen: set[str] = set()
+            dist_info: list[zipcopy.Raw] = []
+            for info in infos:
+                raw = zipcopy.read_raw(src, info)
+                seen.add(info.filename)
+                if info.filename != rec_info.filename and info.filename not in shipped:
+                    checks.submit(_check(raw, stock_record, f"stock wheel {stock_name}"), len(raw.data))
+                if info.filename.startswith(old_info + "/"):
+                    dist_info.append(raw)
+                    continue
+                change = shipped.get(info.filename)
+                new_data: bytes | None = None
+                if change is not None:
+                    have = zipcopy.inflate(raw)
+                    if change.base is None or have != change.base:
+                        raise IntegrityError(
+                            f"stock wheel {stock_name}: {info.filename} is not pin {pin.name}'s "
+                            f"unpatched file (sha256 {sha256(have)[:16]}, the pin's source tree has "
+                            f"{sha256(change.base)[:16] if change.base else 'no such file'}); refusing "
+                            "to patch a wheel that does not match its source tree"
+                        )
+                    verify_member(raw, stock_record, f"stock wheel {stock_name}")
+                    if change.patched is None:
+                        result.removed.append(info.filename)
+                        files.append({"path": info.filename, "patches": list(change.patches),
+                                      "base_sha256": sha256(change.base), "patched_sha256": None})
+                        continue
+                    new_data = change.patched
+                    result.replaced.append(info.filename)
+                    files.append({"path": info.filename, "patches": list(change.patches),
+                                  "base_sha256": sha256(change.base),
+                                  "patched_sha256": sha256(change.patched)})
+                if kernels and info.filename == f"{top_package(top)}/__init__.py":
+                    base = new_data if new_data is not None else zipcopy.inflate(raw)
+                    text = base if base.endswith(b"\n") else base + b"\n"
+                    new_data = text + hook
+                    result.hooked = info.filename
+                if new_data is None:
+                    writer.add(raw)
+                    if not info.filename.endswith("/"):  # verify_member checked it is in RECORD
+                        h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
+                        record.append((info.filename, h, size))
+                else:
+                    mode = (info.external_attr >> 16) & 0o777 or 0o644
+                    writer.add(zipcopy.deflate(info.filename, new_data, mode, info.date_time))
+                    record.append(zipcopy.record_row(info.filename, new_data))
+            added = {p: f for p, f in shipped.items() if p not in seen}
+            for path, change in sorted(added.items()):
+                if change.base is not None:
+                    raise IntegrityError(
+                        f"stock wheel {stock_name} lacks {path}, which pin {pin.name}'s source "
+                        "tree has and the patches change; refusing to patch it")
+                if change.patched is None:
+                    continue
+                writer.add(zipcopy.deflate(path, change.patched))
+                record.append(zipcopy.record_row(path, change.patched))
+                result.added.append(path)
+                files.append({"path": path, "patches": list(change.patches), "base_sha256": None,
+                              "patched_sha256": sha256(change.patched)})
+            for path, data in sorted(kmembers.items()):
+                mode = 0o755 if path.endswith(".so") else 0o644
+                writer.add(_kernel_member(path, data, mode, kernels.raws.get(path) if kernels else None))
+                record.append(zipcopy.record_row(path, data))
+                result.added.append(path)
+            provenance = {
+                "pin": pin.name, "vllm_version": pin.vllm_version, "version": version,
+                "vllm_commit": pin.commit, "series": list(pin.series),
+                "patch_set_sha256": series.hash(),
+                "patches": {p.name: {"sha256": p.sha256, "series": p.series,
+                                     "files": tree.patch_files.get(p.name, [])}
+                            for p in series.patches},
+                "base_tree": tree.base_tree, "patched_tree": tree.patched_tree,
+                "stock_wheel": {"filename": stock_name, "sha256": stock.sha256},
+                "files": sorted(files, key=lambda f: f["path"]),
+                "not_shipped": result.not_shipped,
+                "kernels": None if kernels is None else {
+                    "package": kernels.dist, "library": kernels.info.get("library"),
+                    "tree_id": kernels.info.get("tree_id"), "ops": kernels.info.get("ops"),
+                    "units": kernels.info.get("units"), "hook": f"{top_package(top)}/__init__.py"},
+            }
+            result.provenance = provenance
+            prov = (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode()
+            record_raw: zipcopy.Raw | None = None
+            for raw in dist_info:
+                new = raw.name.replace(old_info + "/", new_info + "/", 1)
+                rel = raw.name[len(old_info) + 1:]
+                if rel == "RECORD":
+                    record_raw = raw
+                    continue
+                if rel == "METADATA":
+                    data = _set_version(zipcopy.inflate(raw), version, stock_name)
+                    writer.add(zipcopy.deflate(new, data, 0o644, raw.date_time))
+                    record.append(zipcopy.record_row(new, data))
+                    continue
+                writer.add(zipcopy.Raw(new, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
+                                       raw.external_attr))
+                h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
+                record.append((new, h, size))
+            writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
+            record.append(zipcopy.record_row(f"{new_info}/{PROVENANCE}", prov))
+            doc = sbom.build(wheel_sbom(tree, stock, stock_name, version, kernels))
+            writer.add(zipcopy.deflate(sbom.sbom_path(new_info), doc))
+            record.append(zipcopy.record_row(sbom.sbom_path(new_info), doc))
+            result.sbom = sbom.sbom_path(new_info)
+            result.sbom_size = len(doc)
+            assert record_raw is not None
+            writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
+                                       0o644, record_raw.date_time))
+            checks.drain()  # every stock member matched RECORD, or the partial wheel goes
+            writer.close()
+    missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
+    if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
+        result.not_shipped += sorted(missing)
+    return result
+
+
+def kernel_library(kernels: KernelPackage) -> sbom.KernelLibrary:
+    """The kernel package as the SBOM describes it (its library's sha256, the package's hash)."""
+    lib = str(kernels.info.get("library"))
+    parts = kernels.source.name.split("-")
+    return sbom.KernelLibrary(
+        package=kernels.dist, version=parts[1] if len(parts) > 2 else "unknown", library=lib,
+        library_sha256=sha256(kernels.members[f"{kernels.dist}/{lib}"]),
+        package_sha256=kernels_hash(kernels.members), info=dict(kernels.info))
+
+
+def wheel_sbom(tree: PatchedTree, stock: WheelFile, stock_name: str, version: str,
+               kernels: KernelPackage | None) -> sbom.WheelSbom:
+    """What the patched wheel's SBOM says: the applied patches, the ancestors, the kernel library."""
+    return sbom.WheelSbom(
+        pin=tree.pin, version=version, stock=stock, stock_filename=stock_name,
+        patches=[p for p in tree.series.patches if p.name in tree.patch_files],
+        patch_set_sha256=tree.series.hash(), base_tree=tree.base_tree, patched_tree=tree.patched_tree,
+        kernels=kernel_library(kernels) if kernels is not None else None)
+
+
+def top_package(top: set[str]) -> str:
+    return "vllm" if "vllm" in top else sorted(top)[0]
+
+
+def _set_version(metadata: bytes, version: str, stock_name: str = "") -> bytes:
+    try:
+        text = metadata.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"stock wheel {stock_name}: METADATA is not UTF-8 (byte {exc.start}); "
+                             "refusing to repack it") from None
+    new, n = re.subn(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
+    if n != 1:
+        raise BuildError("the stock wheel's METADATA has no Version field")
+    return new.encode("utf-8")
+
+
+_RECORD_HASHES = ("sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b", "blake2s")
+
+
+def read_record(raw: zipcopy.Raw, what: str) -> dict[str, tuple[str, str]]:
+    """A wheel's RECORD: member -> (hash, size), every row checked (three columns, UTF-8)."""
+    data = zipcopy.inflate(raw)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"{what}: {raw.name} is not UTF-8 (byte {exc.start}); refusing the wheel") from None
+    record: dict[str, tuple[str, str]] = {}
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise IntegrityError(f"{what}: {raw.name} is not a CSV file ({exc}); refusing the wheel") from None
+    for i, row in enumerate(rows, 1):
+        if not row:
+            continue
+        if len(row) != 3:
+            raise IntegrityError(f"{what}: {raw.name} row {i} has {len(row)} columns, not 3 (path, hash, "
+                                 "size); refusing the wheel")
+        record[row[0]] = (row[1], row[2])
+    return record
+
+
+def _row(record: dict[str, tuple[str, str]], raw: zipcopy.Raw, what: str, checks: _Checks) -> tuple[str, str]:
+    """RECORD's (hash, size) of an unchanged member; one RECORD does not list fails its check, which
+    may still be pending: the checks before it are awaited first, then its own refusal raised."""
+    row = record.get(raw.name)
+    if row is None:
+        checks.drain()
+        verify_member(raw, record, what)  # raises: not in RECORD
+        raise IntegrityError(f"{what}: {raw.name} is not in RECORD")
+    return row
+
+
+def _check(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: str) -> Callable[[], None]:
+    return lambda: verify_member(raw, record, what)
+
+
+def _kernel_member(path: str, data: bytes, mode: int, stored: zipcopy.Raw | None) -> zipcopy.Raw:
+    """The kernel package's member ``path``: the kernel wheel's compressed bytes when they hold
+    ``data`` (same size and CRC, deflated), else ``data`` deflated; the same bytes either way for
+    a wheel of ``dsv4patch build``, which deflates with the same settings."""
+    if (stored is not None and stored.method == zipfile.ZIP_DEFLATED and stored.size == len(data)
+            and stored.crc == zlib.crc32(data) & 0xFFFFFFFF):
+        return zipcopy.Raw(path, stored.data, stored.method, stored.crc, stored.size, zipcopy.FIXED_DATE,
+                           (0o100000 | mode) << 16)
+    return zipcopy.deflate(path, data, mode)
+
+
+def verify_member(raw: zipcopy.Raw, record: dict[str, tuple[str, str]], what: str) -> None:
+    """Refuse a member that RECORD does not list, or whose content is not RECORD's hash and size.
+
+    The lock's sha256 covers the wheel file, not the truth of its RECORD: a
+    member whose bytes differ from what RECORD says would carry the lie into
+    the patched wheel.  Inflated piece by piece (bounded memory).
+    """
+    if raw.name.endswith("/"):
+        return  # a directory entry: RECORD lists files only
+    row = record.get(raw.name)
+    if row is None:
+        raise IntegrityError(f"{what}: {raw.name} is not in RECORD; refusing to repack a wheel whose RECORD "
+                             "does not list every member")
+    algo, _, want = row[0].partition("=")
+    if algo not in _RECORD_HASHES or not want:
+        raise IntegrityError(f"{what}: RECORD gives {raw.name} the hash {row[0][:40]!r}, not sha256=... "
+                             "(or a stronger hashlib algorithm); refusing the wheel")
+    got, size = zipcopy.digest(raw, algo)
+    if record_b64(got) != want.rstrip("="):
+        raise IntegrityError(f"{what}: {raw.name}'s {algo} is not the one its RECORD lists; refusing to "
+                             "repack a wheel whose RECORD lies about its members")
+    if row[1] and row[1] != str(size):
+        raise IntegrityError(f"{what}: {raw.name} is {size} bytes, its RECORD says {row[1][:20]!r}; "
+                             "refusing the wheel")
+
+
+def check_record(path: Path) -> list[str]:
+    """Problems with a wheel's RECORD (empty list: every member listed with its hash and size)."""
+    problems: list[str] = []
+    with zipfile.ZipFile(path) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        rec_name = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
+        if rec_name is None:
+            return ["no RECORD"]
+        rows = {r[0]: r for r in csv.reader(io.StringIO(zf.read(rec_name).decode())) if r}
+        for n in names:
+            row = rows.pop(n, None)
+            if row is None:
+                problems.append(f"{n}: not in RECORD")
+            elif n != rec_name:
+                data = zf.read(n)
+                if row[1] != record_hash(data) or row[2] != str(len(data)):
+                    problems.append(f"{n}: RECORD says {row[1]},{row[2]}")
+        problems += [f"{n}: in RECORD, not in the wheel" for n in rows]
+    return problems
+
+
+def host_platform() -> str:
+    """This machine as a wheel platform of the lock (``x86_64``, ``aarch64``)."""
+    m = platform_module.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+@dataclass
+class PatchedWheel:
+    """What :func:`make_wheel` wrote: the wheel and what it changed against the stock one."""
+
+    pin: Pin
+    platform: str
+    stock: WheelFile
+    tree: PatchedTree
+    built: WheelBuild
+    kernels: KernelPackage | None
+    kernels_given: bool  # from a --kernels wheel (else built here)
+    kernel_sources: list[str]  # the kernel sources the patches change
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        built, tree, k = self.built, self.tree, self.kernels
+        return {
+            "pin": self.pin.name, "platform": self.platform, "wheel": str(built.path), "version": built.version,
+            "patch_set_sha256": tree.series.hash(), "patched_tree": tree.patched_tree,
+            "stock_wheel": {"url": self.stock.url, "sha256": self.stock.sha256},
+            "replaced": built.replaced, "added": built.added, "removed": built.removed,
+            "not_shipped": built.not_shipped, "hooked": built.hooked,
+            "kernels": None if k is None else {"package": k.dist, "from": str(k.source)
+                                               if self.kernels_given else "built here",
+                                               "ops": k.info.get("ops")},
+            "notes": self.notes + [
+                f"wheel: {built.path}",
+                f"version {built.version} (patch set {tree.series.hash()[:12]}, tree {tree.patched_tree[:12]})",
+                f"SBOM (CycloneDX 1.6): {built.sbom} ({built.sbom_size} bytes)",
+                f"not in the wheel (not shipped by vLLM's wheel): {len(built.not_shipped)} file(s)"
+                + (" (kernel sources: in the kernel library)" if self.kernel_sources else ""),
+            ],
+        }
+
+    def table(self) -> tuple[report.Table, str]:
+        built = self.built
+        rows = [[p, "replaced"] for p in built.replaced] + [[p, "added"] for p in built.added] + \
+               [[p, "removed"] for p in built.removed] + \
+               ([[built.hooked, "kernels hook line appended"]] if built.hooked else [])
+        return report.simple_table(f"dsv4patch wheel: {self.pin.name} ({self.platform})", ["file", "change"], rows)
+
+
+def make_wheel(
+    *,
+    lock: Lock,
+    pin: Pin,
+    store: Store,
+    progress: Progress,
+    out: Path,
+    platform: str | None = None,
+    kernels: Path | None = None,
+    archs: Sequence[str] | None = None,
+    python: str | None = None,
+    nvcc: str | None = None,
+    allow_torch: str | None = None,
+    extra_include: Sequence[Path] = (),
+) -> PatchedWheel:
+    """The patched wheel of ``pin`` for ``platform`` (default: this machine's), written into ``out``.
+
+    The kernel library comes from ``kernels`` (a ``dsv4patch build`` wheel of this pin and
+    patched tree) or, when the patches change kernel sources, is built here: the patched
+    tree is created in the cache and its kernels built (``archs``, ``python``, ``nvcc``,
+    ``allow_torch``, ``extra_include`` as for :func:`dsv4patch.kernels.building.build_tree`).
+    """
+    plat = platform or host_platform()
+    wheel = stock_wheel_for(pin, plat)
+    tree = patched_tree(lock, pin, store, progress)
+    kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
+    notes: list[str] = []
+    kpkg = None
+    tmp_kernels: Path | None = None
+    if kernels is not None:
+        kpkg = read_kernels(kernels, pin, tree.patched_tree, plat)
+    elif kernel_sources:
+        if plat != host_platform():
+            raise UsageError(
+                f"--platform {plat}: the kernel library is built for this machine "
+                f"({host_platform()}); build it on a {plat} machine with `dsv4patch build --pin "
+                f"{pin.name}` and pass the wheel with --kernels")
+        kwheel = _build_kernels(lock, pin, store, progress, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}",
+                                archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
+                                extra_include=extra_include)
+        if kwheel is None:
+            raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
+                             "`dsv4patch build` produced no kernel library")
+        tmp_kernels = kwheel.parent
+        kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
+        notes.append(f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
+                     f"CUDA {kpkg.info.get('cuda_version')}")
+    else:
+        notes.append("the patches change no kernel source: no kernel library added")
+    try:
+        blob = stock_wheel_path(store, wheel, progress)
+        built = build(tree, blob, wheel, kpkg, out)
+    finally:
+        if tmp_kernels is not None:
+            store.remove_tmp(tmp_kernels)
+    return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
+
+
+def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,
+                   archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
+                   extra_include: Sequence[Path]) -> Path | None:
+    """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
+
+    The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that an
+    older dsv4patch or other patch texts left in a state ``apply`` does not take is made again.
+    """
+    path = store.root / "wheel-trees" / f"{pin.name}-{key}"
+    try:
+        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+    except TreeError:
+        shutil.rmtree(path, ignore_errors=True)
+        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+    if not applied.ok:
+        raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
+    out_dir = store.tmpdir("kernels-wheel-")
+    try:
+        built = build_tree(tree=path, pin=pin, store=store, progress=progress, archs=archs,
+                           python=python,
+                           nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
+    except BaseException:
+        store.remove_tmp(out_dir)  # a failed build leaves nothing in the cache
+        raise
+    if built.wheel is None:
+        store.remove_tmp(out_dir)
+    return built.wheel

@@ -1,0 +1,382 @@
+"""Refresh: the commits of a tree on top of its pin's base become the series (``dsv4patch refresh``).
+
+This is the patch-package / ``quilt refresh`` step: edit a tree made by
+``apply`` (amend a patch's commit, add commits with ``git commit``), then
+``refresh`` writes each commit back as a ``git format-patch`` file:
+
+* a commit that still is what its patch makes (the patch file, applied
+  exactly to the commit's parent, gives the commit's tree, and the message is
+  the one ``apply`` writes) is left alone, so an untouched patch gives no
+  churn even when an earlier commit was amended and the later ones rebased;
+* a changed commit of a known patch (its ``Dsv4patch-Patch`` trailer) is
+  written where the pin reads that patch from (its variant, else the series
+  file), or as the pin's variant with ``--as-variant``; the header fields
+  (author, date, subject, trailers) are the commit's, which ``apply`` took
+  from the patch file; dsv4patch's own ``Dsv4patch-*`` trailers are dropped;
+* a new commit becomes a new patch ``NNNN-subject.patch`` beside the pin's
+  last series file, listed after the patch before it, with a header
+  template (``Fix:``, ``Origin:``) to fill in.  Where that series is shared
+  with other pins and the commit is a fork's (the tree is the fork's own
+  checkout) or ``--as-variant`` was asked, the commit never enters the shared
+  series: it goes to a series of the pin's own (``[series."PIN"]``, the file
+  ``variants/PIN/series``, added to the pin's ``series`` in the lock), so no
+  other pin's check changes; otherwise the note names the pins that now read it.
+
+Written patches are numbered within their own series (``[PATCH n/7]`` for
+the seven fixes, the extra series on its own), as ``port`` numbers them.
+
+The lock's derived fields (``base_tree``, ``patched_tree``) are then
+recomputed from the written series, exactly as ``lock --update`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import git, guard
+from dsv4patch.checkout import (
+    checkout_pinrepo,
+    commit_message,
+    has_workspace,
+    is_fork_checkout,
+    plan_commits,
+    tree_lock,
+    variants_dir,
+)
+from dsv4patch.errors import TreeError
+from dsv4patch.pins import Lock, Pin, materialize, open_lock, set_variant, update_derived
+from dsv4patch.progress import Progress
+from dsv4patch.series import Patch, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
+from dsv4patch.store import Store
+
+TEMPLATE = (
+    "Fix: TODO one line naming the bug this fixes\n"
+    "Origin: TODO the upstream PR or commit it comes from, or local\n"
+)
+_NUMBER = re.compile(r"^(\d{4})-")
+
+
+def _strip_ours(message: str) -> tuple[str, str | None]:
+    """The message without dsv4patch's trailers, and the patch name they named."""
+    name = None
+    kept = []
+    for line in message.rstrip("\n").split("\n"):
+        if line.startswith("Dsv4patch-"):
+            if line.startswith("Dsv4patch-Patch:"):
+                name = line.split(":", 1)[1].strip()
+            continue
+        kept.append(line)
+    return "\n".join(kept).rstrip("\n") + "\n", name
+
+
+def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Patch) -> bool:
+    """Whether ``commit`` is still what ``patch`` makes: the patch applied exactly (no offset)
+    to the commit's parent gives the commit's tree, and the message is the one apply writes."""
+    if message != commit_message(patch):
+        return False
+    return _same_tree(path, commit, tree_id, patch)
+
+
+def _same_tree(path: Path, commit: str, tree_id: str, patch: Patch) -> bool:
+    """Whether ``patch`` applied exactly (no offset) to ``commit``'s parent gives ``tree_id``."""
+    with git.scratch_index(path, f"{commit}^") as env:
+        res = git.apply(path, patch.path, env=env)
+        if not res.ok or has_offsets(res.stdout + res.stderr):
+            return False
+        return git.write_tree(path, env) == tree_id
+
+
+def _with_template(message: str) -> str:
+    paras = message.rstrip("\n").split("\n\n")
+    if len(paras) > 1 and re.search(r"^Fix:", paras[-1], re.M):
+        return message
+    return message.rstrip("\n") + "\n\n" + TEMPLATE
+
+
+def _slug(subject: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "-", subject).strip("-")[:52] or "patch"
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    """What :func:`refresh` wrote: per patch its action and file, the series' tree next to the tree's."""
+
+    lock: Path
+    tree: Path
+    pin: str
+    ok: bool  # the written series gives the tree's HEAD tree
+    patched_tree: str | None
+    patches: dict[str, dict[str, str]]  # name -> {"action": unchanged | refreshed | new, "file": path}
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lock": str(self.lock), "tree": str(self.tree), "pin": self.pin, "ok": self.ok,
+                "patched_tree": self.patched_tree, "patches": self.patches, "notes": list(self.notes)}
+
+
+def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Progress,
+            as_variant: bool = False, chosen_series: Sequence[str] | None = None) -> RefreshResult:
+    """Write the commits of ``tree_path`` on top of ``pin``'s base back as its series.
+
+    ``lock`` was opened with ``chosen_series`` (``--series``, if any: then
+    the lock's derived tree ids are not rewritten); ``as_variant``: changed
+    patches become the pin's variants instead of overwriting shared series files.
+    The tree is vetted and held through :func:`guard.guarded` for the whole refresh.
+    """
+    with guard.guarded(tree_path):
+        return _refresh(lock=lock, pin=pin, store=store, path=Path(os.path.abspath(tree_path)),
+                        progress=progress, as_variant=as_variant, chosen_series=chosen_series)
+
+
+def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progress,
+             as_variant: bool, chosen_series: Sequence[str] | None) -> RefreshResult:
+    tree_path = path
+    pinrepo = materialize(pin, store, progress, checkout=tree_path)
+    series = series_for_pin(lock, pin)
+    by_name = {p.name: p for p in series.patches}
+    base = pinrepo.base_commit
+    notes: list[str] = []
+    done: dict[str, dict[str, str]] = {}
+    with tree_lock(path) as co:
+        gitdir = co.gitdir
+        if has_workspace(gitdir):
+            raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
+                            f"resolve --continue --tree {path}` (or --abort) before refresh")
+        dirty = git.dirty_paths(path)
+        if dirty:
+            raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
+                            "writes commits: `git commit` (or `git commit --amend`) them first")
+        head = git.head(path)
+        fork = is_fork_checkout(path, pinrepo, head) and head is not None
+        if fork and head is not None:
+            base = checkout_pinrepo(path, pinrepo, head).base_commit  # the fork's own checkout
+        if head is None or not git.has_object(path, f"{base}^{{commit}}") or not git.is_ancestor(path, base, head):
+            raise TreeError(f"{path} is not a tree of pin {pin.name}: its HEAD does not descend from "
+                            f"the pin's base commit {base[:12]}; pass the pin the tree was made from")
+        commits = git.rev_list(path, f"{base}..{head}")
+        merges = [c[:12] for c in commits if len(git.parents(path, c)) != 1]
+        if merges:
+            raise TreeError(f"{path}: commits {', '.join(merges)} are merges; a series is a line of "
+                            "commits (rebase them onto the base first)")
+        result = run_series(path, base, series)
+        planned = plan_commits(path, base, series, result) if result.final_tree else []
+        statuses = {r.patch: r.status for r in result.patches}  # an offset patch is rewritten
+        numbers = [int(m.group(1)) for n in by_name if (m := _NUMBER.match(n))]
+        next_number = max(numbers, default=0) + 1
+        # Where a new commit goes: the pin's last series, unless other pins share it and the
+        # commit must stay the pin's (a fork's own commit, or --as-variant): its own series.
+        last = pin.series[-1]
+        sharing = sorted(p.name for p in lock.pins.values() if p.name != pin.name and last in p.series)
+        own_series = _own_series_name(lock, pin) if sharing and (as_variant or fork) else None
+        new_series = own_series or last
+        # Each commit's series (its patch's; a new commit joins the pin's last one), for
+        # numbering within a series.
+        commit_series = []
+        for c in commits:
+            cname = _strip_ours(git.commit_info(path, c).message)[1]
+            commit_series.append(by_name[cname].series if cname in by_name else new_series)
+        parent = base
+        seen: list[str] = []
+        writes: list[tuple[Path, str]] = []
+        new_entries: list[tuple[str, str | None, str]] = []  # (series, after, name)
+        variants: list[tuple[str, Path]] = []
+        for i, c in enumerate(commits):
+            info = git.commit_info(path, c)
+            full_message, author, tree_id = info.message, info.author, info.tree
+            message = full_message
+            if tree_id == git.out(path, "rev-parse", f"{c}^^{{tree}}"):
+                raise TreeError(f"commit {c[:12]} in {path} changes nothing (an empty patch); drop "
+                                "it (`git rebase -i`) or amend a change into it, then refresh again")
+            message, name = _strip_ours(message)
+            if name is not None and name not in by_name:
+                raise TreeError(f"commit {c[:12]} in {path} carries patch {name}, which is not in "
+                                f"pin {pin.name}'s series; remove its Dsv4patch-Patch trailer to "
+                                "make it a new patch")
+            exact = name is not None and statuses.get(name) is not Status.OFFSET
+            if name and exact and (planned[: i + 1] == commits[: i + 1]
+                                   or _same_change(path, c, tree_id, full_message, by_name[name])):
+                done[name] = {"action": "unchanged", "file": str(by_name[name].path)}
+                parent = c
+                seen.append(name)
+                continue
+            if name is None:
+                subject = message.split("\n", 1)[0]
+                # A commit of yours refreshed before: its patch is in the series now (the commit
+                # has no trailer of ours), found by subject and change, and left alone.
+                known = next((p for p in series.patches if p.name not in seen and p.subject == subject
+                              and _same_tree(path, c, tree_id, p)), None)
+                if known is not None:
+                    done[known.name] = {"action": "unchanged", "file": str(known.path)}
+                    parent = c
+                    seen.append(known.name)
+                    continue
+                name = f"{next_number:04d}-{_slug(subject)}.patch"
+                next_number += 1
+                message = _with_template(message)
+                sname = new_series
+                after = next((s for s in reversed(seen)
+                              if s in by_name and by_name[s].series == sname), None)
+                new_entries.append((sname, after, name))
+                if own_series is not None:
+                    dest = variants_dir(lock, pin) / name
+                    why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
+                    notes.append(f"{name}: in pin {pin.name}'s own series {own_series!r} "
+                                 f"({dest.parent / 'series'}, added to the lock): series {last!r} is also "
+                                 f"read by {', '.join(sharing)} ({why}); to give it to them, move its "
+                                 f"line into {lock.series[last].path}")
+                else:
+                    dest = lock.series[sname].path.parent / name
+                    if sharing:
+                        notes.append(f"{name}: added to series {sname!r}, which pins {', '.join(sharing)} "
+                                     "also read: their check includes it from now on")
+                action = "new"
+                notes.append(f"{name}: new patch; fill in its header (Fix, Origin, and `Test: "
+                             "<node id>` / `Upstream-Marker: <path>: <text>` where they apply)")
+            elif as_variant or name in pin.variants:
+                dest = variants_dir(lock, pin) / name
+                variants.append((name, dest))
+                action = "refreshed"
+            else:
+                dest = by_name[name].path
+                action = "refreshed"
+            parent = git.commit_tree(path, tree_id, parent, message, author)
+            same = [j for j, sn in enumerate(commit_series) if sn == commit_series[i]]
+            writes.append((dest, git.format_patch(path, parent, same.index(i) + 1, len(same))))
+            done[name] = {"action": action, "file": str(dest)}
+            seen.append(name)
+        for name in by_name:
+            if name not in seen:
+                notes.append(f"{name} is in the series but not among {path}'s commits; remove it "
+                             f"from {lock.series[by_name[name].series].path} if you dropped it")
+    for dest, text in writes:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, dest)
+    if own_series is not None and new_entries:
+        _add_own_series(lock.path, pin, own_series, variants_dir(lock, pin) / "series")
+        lock = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
+    for sname, after, name in new_entries:
+        sfile = lock.series[sname].path
+        lines = sfile.read_text(encoding="utf-8").splitlines() if sfile.exists() else []
+        at = len(lines)
+        if after is not None:
+            listed = [p.name for p in read_series_file(sfile)]
+            if after in listed:
+                idx = listed.index(after)
+                count = -1
+                for j, line in enumerate(lines):
+                    if line.split("#", 1)[0].strip():
+                        count += 1
+                        if count == idx:
+                            at = j + 1
+                            break
+        rel = os.path.relpath((variants_dir(lock, pin) if sname == own_series
+                               else lock.series[sname].path.parent) / name, sfile.parent)
+        lines.insert(at, rel)
+        sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for name, dest in variants:
+        set_variant(lock.path, pin.name, name, dest)
+    ok = True
+    fresh = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
+    fpin = fresh.pin(pin.name)
+    keep_ids = bool(chosen_series)  # the lock's derived tree ids stay as they are
+    if fork:
+        # The fork's own checkout: the written series is run on the commit it sits on there; the
+        # lock's tree ids are the pin's, rewritten only when that commit has the pin's content.
+        res = run_series(path, base, series_for_pin(fresh, fpin))
+        if git.out(path, "rev-parse", f"{base}^{{tree}}") != pinrepo.base_tree:
+            keep_ids = True
+            notes.append(f"{path}: the series sits on {base[:12]}, the fork's content on top of pin "
+                         f"{pin.name}'s commit; the lock's tree ids were left as they are")
+        elif not keep_ids:
+            update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
+    else:
+        checked = check_pin(fresh, fpin, store, progress)
+        repo, res = checked.repo, checked.result
+        if not chosen_series:
+            update_derived(fresh.path, pin.name,
+                           {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {})
+    head_tree = git.out(path, "rev-parse", "HEAD^{tree}")
+    if res.final_tree != head_tree:
+        ok = False
+        notes.append(f"the written series gives tree {res.final_tree}, {path} has {head_tree}; "
+                     "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
+    else:
+        notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
+                     + ("" if keep_ids else f" (patched_tree in {fresh.path})"))
+    if writes and not keep_ids:
+        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in writes}, store, progress)
+    if writes:
+        notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
+                     "the refreshed series' commits on a new --tree")
+    return RefreshResult(fresh.path, path, pin.name, ok, res.final_tree, done, notes)
+
+
+def _own_series_name(lock: Lock, pin: Pin) -> str:
+    """The name of the series of ``pin``'s own (its name, else ``NAME-own``, ``NAME-own2``...)."""
+    for candidate in (pin.name, f"{pin.name}-own", *(f"{pin.name}-own{i}" for i in range(2, 100))):
+        if candidate not in lock.series or candidate in pin.series:
+            return candidate
+    raise TreeError(f"pin {pin.name}: no free series name for its own series in {lock.path}")
+
+
+def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
+    """``[series.NAME]`` (``default = false``: no other pin takes it) at ``sfile``, appended to
+    ``pin``'s ``series`` in the lock (layout and comments kept); an empty series file."""
+    import tomlkit
+
+    sfile.parent.mkdir(parents=True, exist_ok=True)
+    if not sfile.exists():
+        sfile.write_text(f"# pin {pin.name}'s own patches (dsv4patch refresh)\n", encoding="utf-8")
+    doc = tomlkit.parse(lock_path.read_text(encoding="utf-8"))
+    series = doc["series"]
+    if name not in series:
+        table = tomlkit.table()
+        table["path"] = os.path.relpath(sfile.resolve(), lock_path.resolve().parent)
+        table["description"] = f"Pin {pin.name}'s own patches (refresh: its commits no other pin takes)"
+        table["default"] = False
+        series[name] = table
+    entry = doc["pins"][pin.name]
+    if name not in list(entry.get("series", [])):
+        entry["series"] = [*pin.series, name]
+    tmp = lock_path.with_name(f".{lock_path.name}.tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, lock_path)
+
+
+def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Store,
+                       progress: Progress) -> list[str]:
+    """The other pins that read a rewritten patch file get their derived tree ids
+    recomputed too (as ``lock --update`` would), so the lock stays true for all of them."""
+    notes = []
+    for other in lock.pins.values():
+        if other.name == done_pin:
+            continue
+        try:
+            files = {p.path.resolve() for p in series_for_pin(lock, other).patches}
+        except Exception:
+            continue
+        if not files & written:
+            continue
+        try:
+            checked = check_pin(lock, other, store, progress)
+            repo, res = checked.repo, checked.result
+        except Exception as exc:
+            notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
+                         f"recomputed ({exc}): run `dsv4patch lock --update --pin {other.name}`")
+            continue
+        if res.final_tree is None:
+            notes.append(f"pin {other.name} also reads a rewritten patch and its series no longer "
+                         f"applies: `dsv4patch check --pin {other.name}`")
+            continue
+        if update_derived(lock.path, other.name,
+                          {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):
+            notes.append(f"pin {other.name} also reads a rewritten patch: its patched_tree is now "
+                         f"{res.final_tree}")
+    return notes

@@ -1,0 +1,192 @@
+"""Building a patched tree: its changed CUDA kernels as a plugin wheel, or the whole tree.
+
+``dsv4patch build``, ``apply`` (its last step) and ``wheel`` (the kernel
+library it adds) call :func:`build_tree`; ``build --full`` calls
+:func:`full_build`.  The compile and packaging steps are
+:mod:`dsv4patch.kernels.build`; this module chooses the arch list (``archs``
+given, else the pin's ``cuda_arch_list``, else the list vLLM's release wheels
+for this machine use, read from the tree) and the toolchain, and returns what
+was built as a typed result.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import childproc, guard, report
+from dsv4patch.errors import BuildError, ChildError
+from dsv4patch.kernels import build as kbuild
+from dsv4patch.kernels import sources, toolchain
+from dsv4patch.pins import Pin
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+DEFAULT_OUT = Path("dist")
+FULL_BUILD_DEADLINE = 12 * 3600.0  # seconds vLLM's own build (pip install . / docker build) may take
+
+
+def resolve_archs(
+    tree: Path, pin: Pin, archs: Sequence[str] | None, cuda_version: str | None
+) -> tuple[tuple[str, ...], str]:
+    """(TORCH_CUDA_ARCH_LIST to build for, where it came from)."""
+    if archs:
+        return tuple(archs), "--arch"
+    if pin.cuda_arch_list:
+        return pin.cuda_arch_list, f'lock: pins."{pin.name}".cuda_arch_list'
+    rel = sources.release_arch_list(tree, cuda_version, platform.machine())
+    return rel.archs, f"vLLM release list for {platform.machine()} ({rel.origin})"
+
+
+@dataclass
+class TreeBuild:
+    """The kernels of one patched tree: what was (or, dry, would be) compiled and packaged."""
+
+    pin: str
+    dry_run: bool
+    toolchain: kbuild.Toolchain
+    result: kbuild.BuildResult
+
+    @property
+    def wheel(self) -> Path | None:
+        return self.result.wheel
+
+    @property
+    def notes(self) -> list[str]:
+        r = self.result
+        return [self.toolchain.describe(), *r.notes] + [
+            f"archs: {' '.join(r.archs)} (from {r.arch_origin})",
+            f"ops: {', '.join(r.ops) or 'none'}",
+            *([f"wheel: {r.wheel}"] if r.wheel else []),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        tc = self.toolchain
+        out: dict[str, Any] = {
+            "mode": "kernels", "pin": self.pin, "dry_run": self.dry_run,
+            "toolchain": {"nvcc": str(tc.nvcc), "cuda": tc.cuda_version, "torch": tc.torch_version,
+                          "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
+                          "torch_required": tc.torch_required, "torch_origin": tc.torch_origin,
+                          "nvcc_origin": tc.nvcc_origin, "torch_mismatch": tc.torch_mismatch,
+                          "include_dirs": [str(d) for d in tc.include_dirs],
+                          "cxx_standard": kbuild.cxx_standard(tc, self.result.plan.cuda_standard)[1]},
+            **self.result.to_dict(),
+        }
+        if self.dry_run:
+            out["commands"] = [u.command for u in self.result.units]
+        out["notes"] = self.notes
+        return out
+
+    def table(self) -> tuple[report.Table, str]:
+        rows = [[u.source, " ".join(u.archs) or "-", "cached" if u.cached else
+                 ("would compile" if self.dry_run else f"compiled {u.seconds:.0f}s")]
+                for u in self.result.units]
+        return report.simple_table(f"dsv4patch build: {self.result.plan.tree}", ["unit", "archs", "result"], rows)
+
+
+def build_tree(
+    *,
+    tree: Path,
+    pin: Pin,
+    store: Store,
+    progress: Progress,
+    archs: Sequence[str] | None = None,
+    python: str | None = None,
+    nvcc: str | None = None,
+    allow_torch: str | None = None,
+    extra_include: Sequence[Path] = (),
+    out: Path = DEFAULT_OUT,
+    base: str | None = None,
+    dry_run: bool = False,
+) -> TreeBuild:
+    """Compile the kernel units the patches of ``tree`` change (since ``base``, default the
+    tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only.
+
+    The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` (or
+    $DSV4PATCH_TORCH_PYTHON) builds against that interpreter's torch, which must be the pin's
+    unless ``allow_torch`` names its version (else the lock's toolchain torch is installed
+    into the cache); ``nvcc`` is the compiler to use, or fail.
+    """
+    with guard.guarded(tree):  # the user's checkout: vetted before git reads it
+        plan = sources.plan(tree, base)
+    with progress.step(f"kernels of pin {pin.name}: toolchain, {len(plan.units)} unit(s), link, wheel"):
+        tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
+                               allow_torch=allow_torch, extra_includes=extra_include)
+        chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)
+        result = kbuild.build(
+            plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=chosen, store=store,
+            toolchain=tc, out_dir=out, max_jobs=pin.build.max_jobs,
+            nvcc_threads=pin.build.nvcc_threads, progress=progress, dry_run=dry_run, arch_origin=origin,
+        )
+    return TreeBuild(pin.name, dry_run, tc, result)
+
+
+@dataclass
+class FullBuild:
+    """vLLM's own build of the whole tree (``pip install .`` or ``docker build``)."""
+
+    pin: str
+    tree: Path
+    command: list[str]
+    env: dict[str, str]
+    archs: tuple[str, ...]
+    arch_origin: str
+    dry_run: bool
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": "full", "pin": self.pin, "tree": str(self.tree), "cwd": str(self.tree),
+                "command": self.command, "env": self.env, "archs": list(self.archs),
+                "arch_origin": self.arch_origin, "dry_run": self.dry_run, "notes": self.notes}
+
+
+def _nvcc_version(nvcc: str | None) -> str | None:
+    try:
+        return kbuild.nvcc_version(kbuild.find_nvcc(nvcc))[1]
+    except BuildError:
+        return None
+    except ChildError:
+        if nvcc:  # the nvcc the user named hangs, floods or cannot start: say so
+            raise
+        return None
+
+
+def full_build(
+    *,
+    tree: Path,
+    pin: Pin,
+    archs: Sequence[str] | None = None,
+    python: str | None = None,
+    nvcc: str | None = None,
+    docker: bool = False,
+    dry_run: bool = False,
+    log: Path | None = None,
+) -> FullBuild:
+    """Run vLLM's own build of ``tree`` (``docker``: ``docker build``) with the lock's
+    ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``; ``dry_run``: only say what.
+
+    The build runs through :mod:`dsv4patch.childproc` within :data:`FULL_BUILD_DEADLINE`,
+    its output streamed to ``log`` (default ``<tree>/../.<tree name>.dsv4patch-build.log``,
+    a new file: a link planted there is replaced), capped at ``childproc.OUTPUT_CAP``."""
+    chosen, origin = resolve_archs(tree, pin, archs, _nvcc_version(nvcc))
+    python = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or "python3"
+    cmd, env = kbuild.full_build_command(
+        tree, chosen, pin.build.max_jobs, pin.build.nvcc_threads,
+        docker=docker, python=python, image=f"vllm-dsv4patch:{pin.name}",
+    )
+    res = FullBuild(pin.name, tree, cmd, env, chosen, origin, dry_run)
+    if dry_run:
+        res.notes = [" ".join(f"{k}={v!r}" for k, v in env.items()) + " " + " ".join(cmd)]
+        return res
+    log = log or tree.parent / f".{tree.name}.dsv4patch-build.log"
+    proc = childproc.run(cmd, cwd=tree, env={**os.environ, **env}, deadline=FULL_BUILD_DEADLINE,
+                         what=f"the full build of {tree}", output=log, merge=True)
+    if proc.returncode != 0:
+        raise BuildError(f"`{' '.join(cmd)}` failed in {tree} ({proc.status()}); the end of its output:\n"
+                         f"{proc.stdout[-3000:]}\nall of it: {log}")
+    res.notes = [f"built {tree} with {' '.join(cmd)}; its output: {log}"]
+    return res

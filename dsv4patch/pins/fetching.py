@@ -1,0 +1,102 @@
+"""Filling the cache ahead of time: seed pinned files, download and materialize pins.
+
+``dsv4patch fetch`` calls :func:`fetch`.  A seeded file (an sdist or a stock
+vLLM wheel obtained elsewhere: an offline build, a Docker context) enters the
+cache only if its sha256 is one the selected pins lock; then every selected
+pin is downloaded (unless cached) and materialized as a git repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import report
+from dsv4patch.errors import FetchError, IntegrityError
+from dsv4patch.hashing import hash_file
+from dsv4patch.pins import repository
+from dsv4patch.pins.lock import Lock
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """A file copied (or found already) in the cache."""
+
+    path: Path
+    kind: str  # "sdist" | "wheel"
+    sha256: str
+    pins: tuple[str, ...]  # what the lock calls it: pin names (a wheel: "NAME (PLATFORM wheel)")
+    added: bool  # False: the cache had it already
+
+    def note(self) -> str:
+        where = "copied into the cache" if self.added else "already in the cache"
+        if self.kind == "wheel":
+            return f"{self.path}: pin {self.pins[0]}; {where}"
+        return (f"{self.path}: the sdist of pin{'s' if len(self.pins) > 1 else ''} {', '.join(self.pins)} "
+                f"(sha256 {self.sha256[:12]}...); {where}")
+
+
+@dataclass(frozen=True)
+class Materialized:
+    pin: str
+    repo: Path
+    base_commit: str
+    base_tree: str
+
+
+@dataclass
+class FetchResult:
+    pins: list[Materialized] = field(default_factory=list)
+    seeded: list[Seeded] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pins": {m.pin: {"repo": str(m.repo), "base_commit": m.base_commit, "base_tree": m.base_tree}
+                         for m in self.pins},
+                "ok": True, "seeded": {str(s.path): list(s.pins) for s in self.seeded},
+                "notes": [s.note() for s in self.seeded]}
+
+    def table(self) -> tuple[report.Table, str]:
+        return report.simple_table("dsv4patch fetch", ["pin", "base tree", "cache"],
+                                   [[m.pin, m.base_tree[:12], str(m.repo)] for m in self.pins])
+
+
+def fetch(
+    *,
+    lock: Lock,
+    store: Store,
+    progress: Progress,
+    pins: Sequence[str] | None = None,
+    sdists: Sequence[Path] = (),
+    wheels: Sequence[Path] = (),
+) -> FetchResult:
+    """Seed ``wheels`` then ``sdists`` (refused unless a selected pin locks their sha256),
+    then materialize the pins named (default: all)."""
+    selected = lock.select(list(pins) if pins else None)
+    sdist_pins: dict[str, list[str]] = {}
+    for p in selected:
+        if p.source.kind == "pypi-sdist":
+            sdist_pins.setdefault(p.source.sha256, []).append(p.name)
+    wheel_pins = {w.sha256: [f"{p.name} ({w.platform} wheel)"] for p in selected for w in p.wheels.values()}
+    result = FetchResult()
+
+    def seed(f: Path, kind: str, known: dict[str, list[str]], unknown: str) -> None:
+        try:
+            digest = hash_file(f)
+        except OSError as exc:
+            raise FetchError(f"{f}: cannot read the {kind} ({exc.strerror})") from None
+        if digest not in known:
+            raise IntegrityError(f"{f}: sha256 {digest} is not {unknown}")
+        result.seeded.append(Seeded(f, kind, digest, tuple(known[digest]), store.seed_blob(f, digest)))
+
+    for f in wheels:
+        seed(f, "wheel", wheel_pins, "a stock wheel any selected pin locks")
+    for f in sdists:
+        seed(f, "sdist", sdist_pins, "pinned by any selected pin")
+    for pin in selected:
+        repo = repository.materialize(pin, store, progress)
+        result.pins.append(Materialized(pin.name, repo.repo, repo.base_commit, repo.base_tree))
+    return result

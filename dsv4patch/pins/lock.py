@@ -1,0 +1,581 @@
+"""The lock file: pinned vLLM trees, where each comes from, and what is expected.
+
+``locks/vllm.toml`` is the single source of truth for a build.  This module
+turns it into frozen dataclasses and refuses anything it does not understand
+(unknown keys, wrong types, a commit that is not 40 hex digits...), naming the
+file, the pin and the key.  Derived fields (download URL and size, base and
+patched tree ids) are written back only by ``dsv4patch lock --update``
+through :func:`update_derived`, which keeps comments and layout.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from dsv4patch.errors import LockFileError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+HEXABBREV = re.compile(r"^[0-9a-f]{7,39}$")
+PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# What a lock may expect of a patch on a pin (see engine.Status).
+EXPECTABLE = ("clean", "offset", "upstream", "already-applied", "conflict", "missing-file")
+ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
+WHEEL_PLATFORMS = ("x86_64", "aarch64")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    # pypi-sdist
+    name: str = ""
+    version: str = ""
+    sha256: str = ""
+    size: int | None = None
+    url: str = ""
+    # git / local
+    path: Path | None = None
+
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """The pin's stock vLLM wheel on PyPI for one platform (verified by sha256)."""
+
+    platform: str  # "x86_64" / "aarch64"
+    url: str
+    sha256: str
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    max_jobs: int = 2
+    nvcc_threads: int = 1
+
+
+@dataclass(frozen=True)
+class ToolchainDef:
+    """A ``[toolchains.NAME]`` table: the kernel build toolchain a pin's torch needs.
+
+    ``requirements`` is a pip requirements file beside the lock with every
+    package pinned and hashed (torch, nvidia-cublas for its headers, the CUDA
+    toolkit wheels); :mod:`dsv4patch.kernels.toolchain` installs from it with
+    ``--require-hashes``.
+    """
+
+    name: str
+    torch: str  # the torch version, as the pin's requirements/cuda.txt pins it
+    cuda: str  # CUDA major.minor of that torch's PyPI build; nvcc's major must match
+    requirements: Path
+    # The lowest C++ standard that torch's headers compile with (torch 2.14: 20); None: the
+    # one dsv4patch.kernels.toolchain knows for that torch.  The build uses the higher of it and the
+    # tree's CMAKE_CUDA_STANDARD.
+    cxx_standard: int | None = None
+    defines: tuple[str, ...] = ()  # -D macros torch's headers need, as NAME or NAME=VALUE
+
+
+@dataclass(frozen=True)
+class SeriesDef:
+    name: str
+    path: Path  # the series file
+    description: str = ""
+    default: bool = True  # enabled on a pin unless the pin lists its series explicitly
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    vllm_version: str
+    commit: str  # 40 hex, or a prefix for sdist pins locked with commit_abbrev
+    source: Source
+    # TORCH_CUDA_ARCH_LIST for the kernel build; None: the tree's release list (kernels/sources.py)
+    cuda_arch_list: tuple[str, ...] | None
+    series: tuple[str, ...]
+    expect: str
+    expect_patches: dict[str, str] = field(default_factory=dict)
+    variants: dict[str, Path] = field(default_factory=dict)
+    base_tree: str | None = None
+    patched_tree: str | None = None
+    build: BuildSettings = BuildSettings()
+    wheels: dict[str, WheelFile] = field(default_factory=dict)  # platform -> stock wheel
+    toolchain: ToolchainDef | None = None  # the kernel build toolchain ([toolchains.*])
+
+    def expected_status(self, patch_name: str) -> str:
+        return self.expect_patches.get(patch_name, self.expect)
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """``[watch]``: which releases on the index the release watcher (``dsv4patch releases``) reports.
+
+    ``since``: releases before it are not looked at (default: the oldest pinned
+    release); ``ignore``: version -> why it is not pinned (a decision taken).
+    """
+
+    since: str | None = None
+    ignore: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    default_pin: str
+    series: dict[str, SeriesDef]
+    pins: dict[str, Pin]
+    toolchains: dict[str, ToolchainDef] = field(default_factory=dict)
+    watch: WatchSettings = WatchSettings()
+
+    def pin(self, name: str | None) -> Pin:
+        name = name or self.default_pin
+        if name not in self.pins:
+            raise LockFileError(
+                f"{self.path}: no pin named {name!r}; pins are: {', '.join(self.pins)}"
+            )
+        return self.pins[name]
+
+    def select(self, names: list[str] | None) -> list[Pin]:
+        if not names:
+            return list(self.pins.values())
+        return [self.pin(n) for n in names]
+
+    def with_series(self, chosen: list[str] | tuple[str, ...] | None) -> Lock:
+        """This lock with every pin running ``chosen`` series instead of its own.
+
+        The lock's patched_tree is then not compared (it was recorded for the
+        pin's own series)."""
+        if not chosen:
+            return self
+        unknown = [s for s in chosen if s not in self.series]
+        if unknown:
+            raise LockFileError(f"--series {', '.join(unknown)}: {self.path} has no such [series.*] table "
+                                f"(it has {', '.join(self.series)})")
+        pins = {n: replace(p, series=tuple(chosen), patched_tree=None) for n, p in self.pins.items()}
+        return replace(self, pins=pins)
+
+
+DEFAULT_LOCK = Path("locks/vllm.toml")
+
+
+def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
+    """``given``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
+
+    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
+    if given is not None:
+        return given
+    env = os.environ.get("DSV4PATCH_LOCK")
+    if env:
+        return Path(env)
+    start = Path(os.path.abspath(cwd or Path.cwd()))
+    for d in (start, *start.parents):
+        if (d / DEFAULT_LOCK).is_file():
+            return d / DEFAULT_LOCK
+    raise UsageError(
+        f"no lock file: {DEFAULT_LOCK} is not in {start} or any parent directory; pass --lock FILE "
+        "or set DSV4PATCH_LOCK"
+    )
+
+
+def project_root(lock_path: Path) -> Path:
+    """The project a lock belongs to, where relative defaults (a tree under ``vllm-src/``, wheels in
+    ``dist/``) go, wherever the command runs from, as git puts things in the repository it found:
+    the directory holding the lock's ``locks/`` directory (``<root>/locks/vllm.toml``), else the
+    lock's own directory."""
+    parent = Path(os.path.abspath(lock_path)).parent
+    return parent.parent if parent.name == DEFAULT_LOCK.parent.name else parent
+
+
+def open_lock(given: Path | None, series: list[str] | tuple[str, ...] | None = None) -> Lock:
+    """Find (:func:`find_lock`) and load the lock, with ``series`` chosen instead of each pin's own."""
+    return load(find_lock(given)).with_series(series)
+
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
+
+class _Required(enum.Enum):
+    """The default of a key that must be present (a value None cannot stand for)."""
+
+    KEY = 0
+
+
+MAX_BUILD_JOBS = 256  # parallel compiles a lock may ask for (a node's cores, not a fork bomb)
+MAX_NVCC_THREADS = 64
+
+
+class LockTable:
+    """Typed access to one TOML table with the error context for messages."""
+
+    def __init__(self, lock_path: Path, where: str, data: object, allowed: set[str]) -> None:
+        if not isinstance(data, dict):
+            raise LockFileError(f"{lock_path}: {where} must be a table")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise LockFileError(
+                f"{lock_path}: unknown key(s) {', '.join(unknown)} in {where}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
+        self.lock_path, self.where = lock_path, where
+        self.data: dict[str, object] = data
+
+    @overload
+    def get(self, key: str, typ: type[_T]) -> _T: ...
+    @overload
+    def get(self, key: str, typ: type[_T], default: _D) -> _T | _D: ...
+
+    def get(self, key: str, typ: type[_T], default: object = _Required.KEY) -> object:
+        if key not in self.data:
+            if default is _Required.KEY:
+                raise LockFileError(f"{self.lock_path}: missing key {key!r} in {self.where}")
+            return default
+        value = self.data[key]
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise LockFileError(
+                f"{self.lock_path}: {self.where}.{key} must be {typ.__name__}, got {value!r}"
+            )
+        return value
+
+    def count(self, key: str, default: int, most: int) -> int:
+        """An optional whole number in ``1..most`` (a job or thread count: 0, negative or huge is refused)."""
+        value = self.get(key, int, default)
+        if not 1 <= value <= most:
+            raise LockFileError(f"{self.lock_path}: {self.where}.{key} must be between 1 and {most}, got {value}")
+        return value
+
+    @overload
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str) -> str: ...
+    @overload
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str, default: None) -> str | None: ...
+
+    def hexid(self, key: str, pattern: re.Pattern[str], what: str,
+              default: None | _Required = _Required.KEY) -> str | None:
+        if key not in self.data:
+            # optional and absent: the default; required: get names the missing key
+            return self.get(key, str) if default is _Required.KEY else default
+        value = self.get(key, str)
+        if not pattern.match(value):
+            raise LockFileError(
+                f"{self.lock_path}: {self.where}.{key} = {value!r} is not {what} "
+                "(lowercase hex); copy the full value, or run `dsv4patch lock --update` "
+                "for derived fields"
+            )
+        return value
+
+
+def load(path: Path) -> Lock:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LockFileError(f"{path}: lock file not found (pass --lock PATH)") from None
+    except UnicodeDecodeError as exc:
+        raise LockFileError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a lock file is TOML in UTF-8"
+        ) from None
+    except OSError as exc:
+        raise LockFileError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # The message carries "(at line L, column C)".
+        raise LockFileError(f"{path}: malformed TOML: {exc}") from None
+    return parse(path, data)
+
+
+def parse(path: Path, data: dict[str, Any]) -> Lock:
+    base = path.parent
+    top = LockTable(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains", "watch"})
+    schema = top.get("schema", int)
+    if schema != 1:
+        raise LockFileError(f"{path}: schema = {schema} is not supported (this dsv4patch reads 1)")
+    series_tab = top.get("series", dict)
+    series: dict[str, SeriesDef] = {}
+    for name, raw in series_tab.items():
+        t = LockTable(path, f"[series.{name}]", raw, {"path", "description", "default"})
+        series[name] = SeriesDef(
+            name=name,
+            path=(base / t.get("path", str)).resolve(),
+            description=t.get("description", str, ""),
+            default=t.get("default", bool, True),
+        )
+    toolchains = {name: _parse_toolchain(path, name, raw)
+                  for name, raw in top.get("toolchains", dict, {}).items()}
+    pins_tab = top.get("pins", dict)
+    if not pins_tab:
+        raise LockFileError(f"{path}: [pins] is empty; add at least one pin")
+    pins = {name: _parse_pin(path, name, raw, series, toolchains) for name, raw in pins_tab.items()}
+    default_pin = top.get("default_pin", str, next(iter(pins)))
+    if default_pin not in pins:
+        raise LockFileError(f"{path}: default_pin = {default_pin!r} is not a pin of this lock")
+    return Lock(path=path.resolve(), default_pin=default_pin, series=series, pins=pins, toolchains=toolchains,
+                watch=_parse_watch(path, top.get("watch", dict, {})))
+
+
+def _parse_watch(path: Path, raw: object) -> WatchSettings:
+    t = LockTable(path, "[watch]", raw, {"since", "ignore"})
+    since = t.get("since", str, None)
+    if since is not None and not VERSION.match(since):
+        raise LockFileError(f"{path}: [watch].since = {since!r} is not a release such as \"0.26.0\"")
+    ignore = t.get("ignore", dict, {})
+    for version, why in ignore.items():
+        if not isinstance(why, str) or not why.strip():
+            raise LockFileError(f"{path}: [watch].ignore.\"{version}\" must say why the release is not "
+                                f"pinned (a string), got {why!r}")
+    return WatchSettings(since=since, ignore=dict(ignore))
+
+
+def valid_pin_name(name: str) -> bool:
+    """Pin names become parts of file names and branches: no '/', spaces or '..'."""
+    return bool(PIN_NAME.match(name)) and ".." not in name
+
+
+VERSION = re.compile(r"^\d+(\.\d+)+$")
+CXX_STANDARDS = (17, 20, 23)
+DEFINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.]*)?$")
+
+
+def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
+    where = f'[toolchains."{name}"]'
+    t = LockTable(path, where, raw, {"torch", "cuda", "requirements", "cxx_standard", "defines"})
+    torch, cuda = t.get("torch", str), t.get("cuda", str)
+    for key, value in (("torch", torch), ("cuda", cuda)):
+        if not VERSION.match(value):
+            raise LockFileError(f"{path}: {where}.{key} = {value!r} is not a version such as \"2.13.0\"")
+    req = (path.parent / t.get("requirements", str)).resolve()
+    std = t.get("cxx_standard", int, None)
+    if std is not None and std not in CXX_STANDARDS:
+        raise LockFileError(f"{path}: {where}.cxx_standard = {std!r}; one of "
+                            f"{', '.join(map(str, CXX_STANDARDS))} (the N of -std=c++N)")
+    defines = t.get("defines", list, [])
+    for d in defines:
+        # Only macros reach nvcc from the lock: never an option that names a program or a path.
+        if not (isinstance(d, str) and DEFINE.match(d)):
+            raise LockFileError(f"{path}: {where}.defines has {d!r}; each entry is a macro NAME or "
+                                "NAME=VALUE (letters, digits, '_', '.'), passed to nvcc as -DNAME")
+    return ToolchainDef(name=name, torch=torch, cuda=cuda, requirements=req, cxx_standard=std,
+                        defines=tuple(defines))
+
+
+def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
+               toolchains: dict[str, ToolchainDef] | None = None) -> Pin:
+    where = f'[pins."{name}"]'
+    if not valid_pin_name(name):
+        # Pin names become parts of file names (cache, variants, branches).
+        raise LockFileError(
+            f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "
+            "and '-' (no '/', spaces or '..'), e.g. \"0.27.1\""
+        )
+    t = LockTable(
+        path,
+        where,
+        raw,
+        {
+            "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
+            "expect_patches", "variants", "base_tree", "patched_tree", "build", "wheels",
+            "toolchain",
+        },
+    )
+    src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
+    if "commit" not in t.data and "commit_abbrev" in t.data and src.kind == "pypi-sdist":
+        # Only the sdist's 9-hex prefix is known (no access to the git host to
+        # resolve it); the sdist sha256 stays the trust anchor.
+        commit = t.hexid("commit_abbrev", HEXABBREV, "a 7..39-hex commit prefix")
+    else:
+        commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
+    arch = t.get("cuda_arch_list", list, None)
+    if arch is not None and (not arch or not all(isinstance(a, str) and ARCH.match(a) for a in arch)):
+        raise LockFileError(
+            f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"10.0f\", \"12.0+PTX\"]; "
+            "leave it out to build for the archs vLLM's release wheels use"
+        )
+    default_series = [s.name for s in series.values() if s.default]
+    series_names = t.get("series", list, default_series)
+    for s in series_names:
+        if not isinstance(s, str):
+            raise LockFileError(f"{path}: {where}.series must be a list of series names, got {s!r}")
+        if s not in series:
+            raise LockFileError(
+                f"{path}: {where}.series names {s!r}, which is not a [series.*] table"
+            )
+    expect = t.get("expect", str, "clean")
+    if expect not in EXPECTABLE:
+        raise LockFileError(f"{path}: {where}.expect = {expect!r}; one of {', '.join(EXPECTABLE)}")
+    expect_patches = dict(t.get("expect_patches", dict, {}))
+    for patch, status in expect_patches.items():
+        if status not in EXPECTABLE:
+            raise LockFileError(
+                f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
+            )
+    raw_variants = t.get("variants", dict, {})
+    for k, v in raw_variants.items():
+        if not isinstance(v, str) or not v:
+            raise LockFileError(
+                f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
+                f"file, relative to the lock, got {v!r}"
+            )
+    variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
+    bt = LockTable(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
+    tc_name = t.get("toolchain", str, None)
+    if tc_name is not None and tc_name not in (toolchains or {}):
+        raise LockFileError(f"{path}: {where}.toolchain = {tc_name!r} is not a [toolchains.*] table "
+                            f"(the lock has {', '.join(toolchains or {}) or 'none'})")
+    return Pin(
+        name=name,
+        vllm_version=t.get("vllm_version", str),
+        commit=commit,
+        source=src,
+        cuda_arch_list=tuple(arch) if arch is not None else None,
+        series=tuple(series_names),
+        expect=expect,
+        expect_patches=expect_patches,
+        variants=variants,
+        base_tree=t.hexid("base_tree", HEX40, "a 40-hex tree id", None),
+        patched_tree=t.hexid("patched_tree", HEX40, "a 40-hex tree id", None),
+        build=BuildSettings(
+            max_jobs=bt.count("max_jobs", 2, MAX_BUILD_JOBS), nvcc_threads=bt.count("nvcc_threads", 1, MAX_NVCC_THREADS)
+        ),
+        wheels=_parse_wheels(path, f"{where}.wheels", t.get("wheels", dict, {})),
+        toolchain=(toolchains or {})[tc_name] if tc_name is not None else None,
+    )
+
+
+def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, WheelFile]:
+    unknown = sorted(set(raw) - set(WHEEL_PLATFORMS))
+    if unknown:
+        raise LockFileError(
+            f"{path}: {where} has platform(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(WHEEL_PLATFORMS)}"
+        )
+    wheels = {}
+    for plat, entry in raw.items():
+        t = LockTable(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
+        wheels[plat] = WheelFile(
+            platform=plat, url=download_url(path, f"{where}.{plat}", t.get("url", str)),
+            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.get("size", int, None),
+        )
+    return wheels
+
+
+def download_url(path: Path, where: str, url: str) -> str:
+    """A lock URL dsv4patch downloads from: http(s) to a host only (urllib also opens file:, ftp:)."""
+    from dsv4patch.urls import http_url_problem, redact
+
+    problem = http_url_problem(url) if url else None
+    if problem:
+        raise LockFileError(f"{path}: {where}.url = {redact(url)!r} is refused: {problem}; use the "
+                            "https:// URL of the file on the package index")
+    return url
+
+
+def _parse_source(path: Path, where: str, raw: object) -> Source:
+    """The source table, read by its kind (:mod:`dsv4patch.pins.source`)."""
+    from dsv4patch.pins.source import kinds, source_kind  # the kinds import this module's types
+
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in kinds():
+        raise LockFileError(f"{path}: {where}.kind = {kind!r}; one of {', '.join(kinds())}")
+    impl = source_kind(kind)
+    return impl.parse(LockTable(path, where, raw, {"kind", *impl.keys}))
+
+
+_URL_SCHEMES = ("https", "ssh", "git+ssh", "ssh+git", "file")
+_SCP_HOST = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*$")
+_URL_HOST = re.compile(r"^(?:[A-Za-z0-9._~%-]+@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+
+
+def git_url_problem(url: str) -> str | None:
+    """Why ``url`` may not be handed to git as a remote, or None if it may.
+
+    git reads a URL that starts with ``-`` as an option (``--upload-pack=CMD``
+    runs CMD) and ``<transport>::<address>`` as a remote helper (``ext::CMD``
+    runs CMD), so only plain https/ssh/file URLs, scp-like ``host:path`` and
+    local paths pass.
+    """
+    if not url:
+        return "it is empty"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        return "it contains control characters"
+    if url.startswith("-"):
+        return "it starts with '-', which git would read as an option"
+    if "::" in url:
+        return "'<transport>::' remote helpers (ext::, fd::, ...) can run commands"
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        if scheme.lower() not in _URL_SCHEMES:
+            return f"scheme {scheme!r} is not one of {', '.join(_URL_SCHEMES)}"
+        if scheme.lower() != "file":
+            host = rest.split("/", 1)[0]
+            if not _URL_HOST.match(host):
+                return f"host {host!r} is not a host name"
+        return None
+    if url.startswith("/") or url.startswith("."):
+        return None
+    head, colon, _ = url.partition(":")
+    if colon and "/" not in head:
+        # scp-like [user@]host:path (git reads it so when no '/' comes before ':')
+        if not _SCP_HOST.match(head):
+            return f"host {head!r} is not a host name"
+    return None
+
+
+def update_derived(path: Path, pin: str, values: Mapping[str, object], source_values: Mapping[str, object]) -> bool:
+    """Write derived fields of one pin back into the lock, keeping its layout."""
+    import tomlkit  # only lock --update writes TOML (keeps comments and layout)
+
+    doc = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
+    table = doc["pins"][pin]
+    changed = False
+    for key, value in values.items():
+        if value is not None and table.get(key) != value:
+            table[key] = value
+            changed = True
+    src = table["source"]
+    for key, value in source_values.items():
+        if value is not None and src.get(key) != value:
+            src[key] = value
+            changed = True
+    if changed:
+        Path(path).write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return changed
+
+
+def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
+    """Record ``variant`` as pin's variant of ``patch`` (path relative to the lock), keeping layout.
+
+    The variant is made to apply, so the patch is expected ``clean``: its
+    ``expect_patches`` entry is removed where the pin's ``expect`` is ``clean``
+    already, and set to ``clean`` otherwise (a pin that expects ``upstream``
+    keeps a variant of a fix it still needs, e.g. extra 2 on 0.28.0).
+    """
+    import tomlkit  # writing TOML only (keeps comments and layout); not loaded by read-only commands
+
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    table = doc["pins"][pin]
+    if "variants" not in table:
+        table["variants"] = tomlkit.table()
+    table["variants"][patch] = os.path.relpath(Path(variant).resolve(), path.resolve().parent)
+    expect = table.get("expect_patches")
+    if str(table.get("expect", "clean")) == "clean":
+        if expect is not None and patch in expect:
+            del expect[patch]
+    else:
+        if expect is None:
+            table["expect_patches"] = expect = tomlkit.table()
+        expect[patch] = "clean"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,142 @@
+"""Cache of ``check`` results: a pin's series result is a pure function of its inputs.
+
+``check`` runs on every PR and in every image build, mostly on inputs that did
+not change.  What ``engine.run_series`` decides for a pin depends only on:
+
+* the pin's base tree (and the deterministic base commit made from it);
+* the ordered patches: each one's series, name, and the sha256 of the file
+  actually used (a pin's variant replaces the series' file);
+* the git that applies them (``git --version``);
+* dsv4patch itself: its version and the source of every module that decides a
+  result (engine, git with its pinned settings and environment allow-list,
+  series, tree, lock, this module), so a local edit invalidates too.
+
+The result is stored under ``checks/<sha256 of all that>.json`` in the store,
+written atomically, and reused only when every input matches; anything else
+(a new patch byte, another git, an edited engine) recomputes.  The lock's
+expectations (``expect``, tree ids) are not inputs: they are compared with the
+result afterwards, every run.
+
+On a hit nothing parses a patch and nothing imports unidiff, rich or tomlkit:
+the key needs the series files, the patch bytes and one ``git --version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from dsv4patch import __version__, git
+from dsv4patch.pins import Lock, Pin
+from dsv4patch.series import engine
+from dsv4patch.series.patches import read_series_file
+from dsv4patch.store import Store
+
+SCHEMA = "check-v1"
+# Modules (relative to the package) whose code decides a check result.
+DECIDING = ("series/engine.py", "git.py", "series/patches.py", "pins/repository.py", "pins/lock.py",
+            "pins/source.py", "pins/sdist.py", "pins/gitsource.py", "pins/localsource.py",
+            "series/checkcache.py")  # relative to dsv4patch/
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Everything a pin's check result depends on (see the module docstring)."""
+
+    base_tree: str
+    base_commit: str
+    patches: tuple[tuple[str, str, str], ...]  # (series, patch name, sha256 of the file used)
+    git_version: str
+    tool: str
+
+    def key(self) -> str:
+        src = json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(src.encode()).hexdigest()
+
+
+def tool_identity() -> str:
+    """dsv4patch's version and the sha256 of the modules that decide a result."""
+    h = hashlib.sha256(__version__.encode())
+    pkg = Path(__file__).resolve().parent.parent
+    for name in DECIDING:
+        h.update(b"\0" + name.encode() + b"\0" + (pkg / name).read_bytes())
+    return h.hexdigest()
+
+
+def git_version(cwd: Path) -> str:
+    return git.run(cwd, ["--version"], repo=False).stdout.strip()
+
+
+def patch_files(lock: Lock, pin: Pin) -> list[tuple[str, str, Path]] | None:
+    """(series, name, file) in series order, variants substituted, as ``series_for_pin``
+    resolves them; None when that would fail (it then reports why on the slow path)."""
+    out = []
+    try:
+        for sname in pin.series:
+            for ppath in read_series_file(lock.series[sname].path):
+                out.append((sname, ppath.name, pin.variants.get(ppath.name, ppath)))
+    except Exception:
+        return None
+    if set(pin.variants) - {name for _s, name, _p in out}:
+        return None
+    return out
+
+
+def inputs(lock: Lock, pin: Pin, base_tree: str, base_commit: str, git_ver: str,
+           tool: str) -> Inputs | None:
+    files = patch_files(lock, pin)
+    if files is None:
+        return None
+    try:
+        hashed = tuple((s, n, hashlib.sha256(Path(p).read_bytes()).hexdigest()) for s, n, p in files)
+    except OSError:
+        return None
+    return Inputs(base_tree, base_commit, hashed, git_ver, tool)
+
+
+def _entry(store: Store, key: str) -> Path:
+    return store.root / "checks" / f"{key}.json"
+
+
+def load(store: Store, key: str) -> engine.SeriesResult | None:
+    path = _entry(store, key)
+    if not path.exists():
+        return None
+    try:
+        return from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError):
+        return None  # damaged or from another layout: recomputed and replaced
+
+
+def save(store: Store, key: str, result: engine.SeriesResult) -> None:
+    """Write atomically (a reader sees the whole entry or none); a full or read-only
+    cache only loses the entry, never the check."""
+    path = _entry(store, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(to_json(result)), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def to_json(result: engine.SeriesResult) -> dict[str, Any]:
+    d = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    d["patches"] = [p.to_json() for p in result.patches]
+    return d
+
+
+def from_json(d: dict[str, Any]) -> engine.SeriesResult:
+    patches = []
+    for p in d["patches"]:
+        p = dict(p)
+        p["status"] = engine.Status(p["status"])
+        p["hunks"] = [engine.HunkNote(**h) for h in p.get("hunks", [])]
+        patches.append(engine.PatchResult(**p))
+    return engine.SeriesResult(**{**d, "patches": patches})

@@ -1,0 +1,88 @@
+"""The pin's patched tree as the lock fixes it, file by file: what every delivery ships.
+
+Why its own module: the wheel builder, ``status --installed`` and the self-test all
+compare against it; it is the series' result on the pin (the pin check run in the
+cache, refused unless every patch has the status the lock expects), so it lives with
+the series and not with any one of its readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4patch import git
+from dsv4patch.errors import EXIT_UNEXPECTED, BuildError
+from dsv4patch.pins import Lock, Pin
+from dsv4patch.progress import Progress
+from dsv4patch.series import pincheck
+from dsv4patch.series.patches import Series
+from dsv4patch.store import Store
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    path: str
+    base: bytes | None  # None: the patches add it
+    patched: bytes | None  # None: the patches delete it
+    patches: tuple[str, ...]  # patches of the series that touch it
+
+
+@dataclass
+class PatchedTree:
+    """The pin's patched tree as the lock fixes it, file by file."""
+
+    pin: Pin
+    series: Series
+    base_tree: str
+    patched_tree: str
+    files: list[ChangedFile]
+    patch_files: dict[str, list[str]]  # patch -> paths it touches (applied patches only)
+
+    def by_path(self) -> dict[str, ChangedFile]:
+        return {f.path: f for f in self.files}
+
+
+def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
+    """Run the series in the cache (what ``check`` does) and read every changed file.
+
+    Refuses (exit 1: a result differs from the lock) unless every patch has the
+    status the lock expects and the result is the lock's patched_tree.
+    """
+    checked = pincheck.check_pin(lock, pin, store, progress)
+    repo, series, result = checked.repo, checked.series, checked.result
+    rep = pincheck.pin_report(pin, repo, result)
+    final = result.final_tree
+    if not rep.ok or final is None:
+        bad = rep.failures()
+        raise PatchSetError(
+            f"pin {pin.name}: the series does not give the locked patched tree "
+            f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"
+        )
+    touched: dict[str, list[str]] = {}
+    patch_files: dict[str, list[str]] = {}
+    applied = {r.patch for r in result.patches if r.status.applies}
+    for p in series.patches:
+        if p.name in applied:
+            patch_files[p.name] = list(p.touched)
+            for path in p.touched:
+                touched.setdefault(path, []).append(p.name)
+    files = []
+    for path in git.changed_paths(repo.repo, repo.base_tree, final):
+        files.append(ChangedFile(path, _blob(repo.repo, repo.base_tree, path),
+                                 _blob(repo.repo, final, path), tuple(touched.get(path, ()))))
+    return PatchedTree(pin, series, repo.base_tree, final, files, patch_files)
+
+
+class PatchSetError(BuildError):
+    """The series does not reach the lock's patched tree (a result differs from the lock)."""
+
+    exit_code = EXIT_UNEXPECTED
+    kind = "build"
+
+
+def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
+    entry = git.ls_tree_entry(repo, treeish, path)
+    if entry is None or not entry.is_blob:
+        return None
+    return git.cat_blob(repo, entry.oid)

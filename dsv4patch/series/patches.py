@@ -1,0 +1,499 @@
+"""Patch files and series: reading, headers, hunks, and path safety.
+
+A series file lists patch files (one per line, ``#`` comments), relative to
+the series file.  Each patch is a ``git format-patch`` file whose commit
+message ends in trailers (``Fix:``, ``Origin:``, ``Applied-Upstream:``,
+``Test:``, ``Upstream-Marker:``) that the rest of the tool reads: ``verify``
+runs the ``Test:`` node ids, upstream detection looks for the markers.
+
+Before git ever sees a patch, :func:`check_paths` refuses one that would
+write outside the tree: absolute paths, ``..`` components, or a path that
+goes through a symlink in the tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from dsv4patch.errors import PatchFileError
+from dsv4patch.pins import Lock, Pin
+
+
+@dataclass(frozen=True)
+class Hunk:
+    index: int  # 1-based within its file
+    source_start: int
+    source_lines: tuple[str, ...]  # context and removed lines, without newline
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str  # path in the tree after the patch (or before, for deletions)
+    source_path: str | None  # None for added files
+    is_added: bool
+    is_removed: bool
+    hunks: tuple[Hunk, ...]
+
+
+@dataclass(frozen=True)
+class GitHeader:
+    """One ``diff --git`` section as git apply reads it (names unquoted, -p1)."""
+
+    paths: tuple[str, ...]  # every name git may use: diff --git, ---/+++, rename/copy from/to
+    path: str  # the name after the patch
+    new_mode: str | None  # from "new file mode" / "new mode"
+    added: tuple[str, ...]  # "+" lines of its hunks, without the "+"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str  # file name, e.g. 0001-...patch; the key used in the lock
+    path: Path
+    sha256: str
+    series: str
+    subject: str
+    message: str
+    author: dict[str, str]
+    trailers: dict[str, list[str]]
+    files: tuple[FileDiff, ...]
+    adds_symlink: bool = False
+    headers: tuple[GitHeader, ...] = ()  # the same diff as git apply reads it
+
+    @property
+    def tests(self) -> list[str]:
+        return self.trailers.get("Test", [])
+
+    @property
+    def markers(self) -> list[tuple[str, str]]:
+        out = []
+        for m in self.trailers.get("Upstream-Marker", []):
+            path, _, text = m.partition(":")
+            text = text.strip().strip('"')
+            if path and text:
+                out.append((path.strip(), text))
+        return out
+
+    @property
+    def touched(self) -> list[str]:
+        return [f.path for f in self.files]
+
+
+@dataclass(frozen=True)
+class Series:
+    pin: str
+    patches: tuple[Patch, ...] = field(default_factory=tuple)
+
+    def hash(self) -> str:
+        h = hashlib.sha256()
+        for p in self.patches:
+            h.update(f"{p.name} {p.sha256}\n".encode())
+        return h.hexdigest()
+
+
+def series_for_pin(lock: Lock, pin: Pin) -> Series:
+    """The pin's patches in order: its series concatenated, variants substituted."""
+    patches: list[Patch] = []
+    relative = (f"paths in a lock are relative to the lock file's directory ({lock.path.parent}); "
+                "a copied lock needs them adjusted")
+    for sname in pin.series:
+        sdef = lock.series[sname]
+        if not sdef.path.exists():
+            raise PatchFileError(
+                f"{lock.path}: [series.{sname}] path names {sdef.path}, which does not exist; {relative}"
+            )
+        for ppath in read_series_file(sdef.path):
+            path = pin.variants.get(ppath.name, ppath)
+            if ppath.name in pin.variants and not path.exists():
+                raise PatchFileError(
+                    f"{lock.path}: pin {pin.name}'s variant of {ppath.name} names {path}, which does "
+                    f"not exist; {relative}"
+                )
+            patches.append(load_patch(path, sname, name=ppath.name))
+    unused = set(pin.variants) - {p.name for p in patches}
+    if unused:
+        raise PatchFileError(
+            f"{lock.path}: pin {pin.name} has variants for {', '.join(sorted(unused))}, "
+            "which no series of that pin contains"
+        )
+    return Series(pin=pin.name, patches=tuple(patches))
+
+
+def read_series_file(path: Path) -> list[Path]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise PatchFileError(f"series file {path} not found") from None
+    except UnicodeDecodeError as exc:
+        raise PatchFileError(
+            f"series file {path} is not UTF-8 text (byte {exc.start}); it lists patch files, "
+            "one per line"
+        ) from None
+    except OSError as exc:
+        raise PatchFileError(
+            f"series file {path} cannot be read ({exc.strerror or exc}); the lock's "
+            "[series.*] path must name a file listing patch files"
+        ) from None
+    out = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(path.parent / line)
+    if not out:
+        raise PatchFileError(f"series file {path} lists no patches")
+    return out
+
+
+_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
+
+
+def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
+    name = name or path.name
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise PatchFileError(
+            f"patch {name}: file {path} not found; restore it or remove it from the series"
+        ) from None
+    except OSError as exc:
+        raise PatchFileError(
+            f"patch {name}: {path} cannot be read ({exc.strerror or exc}); a series lists "
+            "patch files"
+        ) from None
+    if not raw.strip():
+        raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
+    text = raw.decode("utf-8", errors="replace")
+    headers = tuple(git_headers(raw))
+    check_patch_text(name, headers)
+    # unidiff is imported only to parse (check's cache hit never parses a patch).
+    from unidiff.errors import UnidiffParseError
+    from unidiff.patch import PatchSet
+
+    try:
+        ps = PatchSet(text)
+    except UnidiffParseError as exc:
+        raise PatchFileError(f"patch {name}: {path} is not a valid diff: {exc}") from None
+    if not len(ps):
+        raise PatchFileError(f"patch {name}: {path} contains no diff (no 'diff --git' sections)")
+    files = []
+    for pf in ps:
+        if not pf.is_added_file and not pf.is_removed_file and not len(pf) and not pf.is_rename:
+            # Mode-only changes are fine; an empty text diff for a modified file is not.
+            if not pf.is_binary_file and "mode" not in str(pf.patch_info):
+                raise PatchFileError(f"patch {name}: {pf.path} has a header but no hunks")
+        hunks = tuple(
+            Hunk(
+                index=i + 1,
+                source_start=h.source_start,
+                source_lines=tuple(
+                    line.value.rstrip("\n") for line in h if line.is_context or line.is_removed
+                ),
+            )
+            for i, h in enumerate(pf)
+        )
+        src = None if pf.is_added_file else _strip(pf.source_file)
+        files.append(
+            FileDiff(
+                path=_strip(pf.target_file) if not pf.is_removed_file else _strip(pf.source_file),
+                source_path=src,
+                is_added=pf.is_added_file,
+                is_removed=pf.is_removed_file,
+                hunks=hunks,
+            )
+        )
+    message, author = _message(text)
+    return Patch(
+        name=name,
+        path=path,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        series=series,
+        subject=message.splitlines()[0] if message else name,
+        message=message,
+        author=author,
+        trailers=_trailers(message),
+        files=tuple(files),
+        adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
+        headers=headers,
+    )
+
+
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(s: str) -> tuple[str, str]:
+    """A C-quoted name at the start of ``s`` (as git writes it) and the rest of ``s``."""
+    out = bytearray()
+    i = 1
+    while i < len(s):
+        c = s[i]
+        if c == '"':
+            return out.decode("utf-8", errors="surrogateescape"), s[i + 1 :]
+        if c == "\\" and i + 1 < len(s):
+            n = s[i + 1]
+            if n in "0123" and i + 3 < len(s) and all(x in "01234567" for x in s[i + 1 : i + 4]):
+                out.append(int(s[i + 1 : i + 4], 8))
+                i += 4
+                continue
+            out.append(_ESCAPES.get(n, ord(n)) if n in _ESCAPES else ord(n))
+            i += 2
+            continue
+        out += c.encode("utf-8", errors="surrogateescape")
+        i += 1
+    return out.decode("utf-8", errors="surrogateescape"), ""
+
+
+def _name(s: str, strip: bool) -> str | None:
+    """A ---/+++/rename/copy name: unquoted, cut at a tab, prefix removed when ``strip``."""
+    s = s.rstrip("\n")
+    if s.startswith('"'):
+        name, _ = _unquote(s)
+    else:
+        name = s.split("\t", 1)[0]
+    if name == "/dev/null":
+        return None
+    return _strip1(name) if strip else name
+
+
+def _strip1(name: str) -> str:
+    """git apply's default -p1: drop the first path component."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def _diff_git_names(rest: str) -> list[str]:
+    """Every name the ``diff --git`` line may stand for (all splits when ambiguous)."""
+    rest = rest.rstrip("\n")
+    if rest.startswith('"'):
+        first, rest2 = _unquote(rest)
+        rest2 = rest2.strip()
+        second = _unquote(rest2)[0] if rest2.startswith('"') else rest2
+        return [n for n in (_strip1(first), _strip1(second)) if n]
+    names: list[str] = []
+    for i, c in enumerate(rest):
+        if c != " ":
+            continue
+        a, b = rest[:i], rest[i + 1 :]
+        if b.startswith('"'):
+            b = _unquote(b)[0]
+        a, b = _strip1(a), _strip1(b)
+        if a == b:
+            return [a]
+        names += [a, b]
+    return names or [rest]
+
+
+@dataclass
+class _Section:
+    """A ``diff --git`` section while :func:`git_headers` reads it."""
+
+    paths: list[str | None]  # None: a name _name could not read (dropped in done())
+    to: str | None
+    mode: str | None = None
+    added: list[str] = field(default_factory=list)
+    hunks: bool = False  # past the first "@@": only "+" lines matter now
+
+
+def git_headers(raw: bytes) -> list[GitHeader]:
+    """The file sections of a patch as git apply reads them.
+
+    unidiff does not unquote C-quoted names (``"b/\\303\\244"``) and ignores
+    ``rename to``/``copy to``; git uses all of them, so the path checks read
+    them here.
+    """
+    text = raw.decode("utf-8", errors="surrogateescape")
+    out: list[GitHeader] = []
+    cur: _Section | None = None
+
+    def done() -> None:
+        if cur is not None:
+            paths = tuple(dict.fromkeys(p for p in cur.paths if p))
+            target = cur.to or (paths[-1] if paths else "")
+            out.append(GitHeader(paths, target, cur.mode, tuple(cur.added)))
+
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
+            done()
+            names = _diff_git_names(line[len("diff --git "):])
+            cur = _Section(paths=list(names), to=names[-1] if names else "")
+            continue
+        if cur is None:
+            continue
+        if cur.hunks:
+            if line.startswith("+"):
+                cur.added.append(line[1:])
+            continue
+        if line.startswith("@@"):
+            cur.hunks = True
+        elif line.startswith(("new file mode ", "new mode ")):
+            cur.mode = line.split()[-1]
+        elif line.startswith(("--- ", "+++ ")):
+            n = _name(line[4:], strip=True)
+            cur.paths.append(n)
+            if line.startswith("+++ ") and n:
+                cur.to = n
+        elif line.startswith(("rename from ", "copy from ")):
+            cur.paths.append(_name(line.split(" ", 2)[2], strip=False))
+        elif line.startswith(("rename to ", "copy to ")):
+            n = _name(line.split(" ", 2)[2], strip=False)
+            cur.paths.append(n)
+            cur.to = n
+    done()
+    return out
+
+
+def _strip(p: str) -> str:
+    if p.startswith(("a/", "b/")):
+        return p[2:]
+    return p
+
+
+def _message(text: str) -> tuple[str, dict[str, str]]:
+    """Commit message and author of a format-patch file (empty for a plain diff)."""
+    head, sep, _ = text.partition("\n---\n")
+    if not sep or not text.startswith("From "):
+        return "", {}
+    lines = head.splitlines()
+    author: dict[str, str] = {}
+    subject = ""
+    i = 1
+    while i < len(lines) and lines[i].strip():
+        line = lines[i]
+        if line.startswith("From: "):
+            m = re.match(r"From: (.*) <(.*)>", line)
+            if m:
+                author["GIT_AUTHOR_NAME"], author["GIT_AUTHOR_EMAIL"] = m.group(1), m.group(2)
+        elif line.startswith("Date: "):
+            author["GIT_AUTHOR_DATE"] = line[6:].strip()
+        elif line.startswith("Subject: "):
+            subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", line[9:].strip())
+            while i + 1 < len(lines) and lines[i + 1].startswith(" "):
+                i += 1
+                subject += lines[i]
+        i += 1
+    body = "\n".join(lines[i + 1 :]).strip("\n")
+    return (subject + "\n\n" + body).strip() + "\n", author
+
+
+def _trailers(message: str) -> dict[str, list[str]]:
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return {}
+    out: dict[str, list[str]] = {}
+    for line in paragraphs[-1].splitlines():
+        m = _TRAILER.match(line.strip())
+        if m:
+            out.setdefault(m.group(1), []).append(m.group(2).strip())
+    return out
+
+
+# .gitattributes entries that make the bytes git writes on checkout differ
+# from the blobs in the tree (or run a program): refused in patches.
+REWRITING_ATTRIBUTES = ("eol", "ident", "filter", "working-tree-encoding", "text", "crlf")
+
+
+def check_paths(patch: Patch, symlinks: set[str]) -> None:
+    """Refuse a patch that writes outside the tree, before git runs.
+
+    ``symlinks`` holds the paths of symlinks in the tree the patch targets.
+    Paths are read both as unidiff sees them and as git apply will
+    (:func:`git_headers`: quoted names, ``rename to``, ``copy to``).
+    """
+    check_patch_text(patch.name, patch.headers, patch.files)
+    for p in _all_paths(patch.headers, patch.files):
+        _check_path(patch.name, p, symlinks)
+
+
+def _all_paths(headers: Sequence[GitHeader], files: Sequence[FileDiff]) -> list[str]:
+    names: list[str] = []
+    for f in files:
+        names += [p for p in (f.path, f.source_path) if p]
+    for h in headers:
+        names += list(h.paths)
+    return list(dict.fromkeys(names))
+
+
+def check_patch_text(name: str, headers: Sequence[GitHeader], files: Sequence[FileDiff] = ()) -> None:
+    """What can be refused from the patch alone (when it is loaded, before any tree is touched).
+
+    Paths must stay in the tree and out of ``.git``; a created symlink must
+    point inside the tree; a ``.gitattributes`` line may not rewrite files on
+    checkout.
+    """
+    for p in _all_paths(headers, files):
+        _check_path(name, p, set())
+    for h in headers:
+        if h.new_mode == "120000":
+            _check_symlink(name, h)
+        if PurePosixPath(h.path).name == ".gitattributes":
+            _check_attributes(name, h)
+
+
+def _check_path(name: str, p: str, symlinks: set[str]) -> None:
+    pp = PurePosixPath(p)
+    if p.startswith("/") or pp.is_absolute():
+        raise PatchFileError(
+            f"patch {name}: refuses absolute path {p!r}; patches must use "
+            "paths relative to the vLLM tree"
+        )
+    if ".." in pp.parts or p.startswith("~"):
+        raise PatchFileError(
+            f"patch {name}: refuses path {p!r}, which leaves the tree through '..'"
+        )
+    if any(part.casefold() == ".git" for part in pp.parts):
+        raise PatchFileError(f"patch {name}: refuses path {p!r} inside a .git directory")
+    if any(ord(c) < 0x20 for c in p):
+        raise PatchFileError(f"patch {name}: refuses path {p!r} with control characters")
+    for i in range(1, len(pp.parts) + 1):
+        prefix = str(PurePosixPath(*pp.parts[:i]))
+        if prefix in symlinks:
+            raise PatchFileError(
+                f"patch {name}: refuses path {p!r}: {prefix!r} is a symlink in "
+                "the tree, so the write could land outside it"
+            )
+
+
+def _check_symlink(name: str, h: GitHeader) -> None:
+    target = "\n".join(h.added)
+    if not target:
+        raise PatchFileError(
+            f"patch {name}: turns {h.path!r} into a symlink without showing its target; "
+            "only new symlinks with a visible target inside the tree are allowed"
+        )
+    if target.startswith("/") or "\0" in target:
+        raise PatchFileError(
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
+            "outside the tree (absolute); only relative links inside the tree are allowed"
+        )
+    inside = posixpath.normpath(posixpath.join(posixpath.dirname(h.path), target))
+    if inside == ".." or inside.startswith("../") or target.startswith("~"):
+        raise PatchFileError(
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
+            "outside the tree; only relative links inside the tree are allowed"
+        )
+
+
+def rewriting_attribute(line: str) -> str | None:
+    """The first attribute of a gitattributes line that rewrites files on checkout, if any."""
+    fields = line.split()
+    if not fields or fields[0].startswith("#"):
+        return None
+    for attr in fields[1:]:
+        if attr.startswith(("-", "!")):
+            continue  # unsetting an attribute never rewrites anything
+        if attr.split("=", 1)[0] in REWRITING_ATTRIBUTES:
+            return attr
+    return None
+
+
+def _check_attributes(name: str, h: GitHeader) -> None:
+    for line in h.added:
+        attr = rewriting_attribute(line)
+        if attr:
+            raise PatchFileError(
+                    f"patch {name}: {h.path} sets attribute {attr!r} ({line.strip()!r}); "
+                    "git would then write files on checkout that differ from the tree's blobs "
+                    f"(attributes {', '.join(REWRITING_ATTRIBUTES)} are refused in patches)"
+                )

@@ -1,0 +1,77 @@
+"""tests/conftest.py's setup budget, on a real inner pytest run.
+
+A test whose setup takes longer than the budget (a tiny one here: 0.01 s, times the load per
+core, against a fixture that sleeps 1.5 s) fails on a warm cache and is only listed
+(at the end of the run) on a cold one (``DSV4PATCH_TEST_COLD=1``), also under xdist, where
+the reports are made on the workers and summed up on the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+INNER_CONFTEST = f"""\
+import importlib.util
+import sys
+
+_spec = importlib.util.spec_from_file_location("suite_conftest", {str(ROOT / "tests" / "conftest.py")!r})
+_suite = sys.modules["suite_conftest"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite)
+pytest_runtest_makereport = _suite.pytest_runtest_makereport
+pytest_runtest_logreport = _suite.pytest_runtest_logreport
+pytest_terminal_summary = _suite.pytest_terminal_summary
+"""
+
+INNER_TESTS = """\
+import time
+
+import pytest
+
+
+@pytest.fixture
+def slow():
+    time.sleep(1.5)
+
+
+@pytest.fixture
+def quick():
+    pass
+
+
+def test_slow_setup(slow):
+    pass
+
+
+def test_quick_setup(quick):
+    pass
+"""
+
+
+def inner(tmp_path: Path, *args: str, cold: bool) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
+    (tmp_path / "test_inner.py").write_text(INNER_TESTS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4PATCH_TEST_SETUP_BUDGET": "0.01",
+           "DSV4PATCH_TEST_COLD": "1" if cold else "0"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                           str(tmp_path), *args, str(tmp_path)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+
+
+def test_a_slow_setup_fails_on_a_warm_cache(tmp_path: Path) -> None:
+    res = inner(tmp_path, cold=False)
+    assert res.returncode == 1, res.stdout
+    assert "1 passed, 1 error" in res.stdout
+    assert "budget for a warm cache (0.01 s at the load now" in res.stdout and "test_slow_setup" in res.stdout
+
+
+def test_a_slow_setup_is_listed_on_a_cold_cache_also_under_xdist(tmp_path: Path) -> None:
+    res = inner(tmp_path, "-n", "2", cold=True)
+    assert res.returncode == 0, res.stdout
+    assert "2 passed" in res.stdout
+    listed = res.stdout.split("setups over the 0.01 s warm-cache budget (cold run)", 1)[1]
+    assert "test_inner.py::test_slow_setup" in listed and "test_quick_setup" not in listed

@@ -1,0 +1,90 @@
+"""main.py's start-up: each run imports only what its command runs.
+
+``--version`` imports no command; ``check`` (cold and warm) imports neither the
+kernel build, its toolchain, the wheel and delivery machinery nor selftest,
+although ``commands/_common.py`` (which every command imports) offers the
+kernel rebuild that ``apply`` runs.  Read from a real run of the
+CLI in a fresh interpreter (``sys.modules`` when it exits), on a real git pin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MINI_FILES, ROOT, git_pin, write_lock
+
+# What check and --version never run: the kernel build and its toolchain, apply's
+# transaction and conflict machinery, the wheel, image and SBOM delivery, the test
+# environments and selftest, porting and the index client.
+HEAVY = ("dsv4patch.kernels.building", "dsv4patch.kernels.toolchain", "dsv4patch.kernels.build",
+         "dsv4patch.kernels.sources", "dsv4patch.kernels.fatbin", "dsv4patch.kernels.stock",
+         "dsv4patch.checkout.applying", "dsv4patch.checkout.resolving", "dsv4patch.checkout.transaction",
+         "dsv4patch.checkout.conflicts", "dsv4patch.delivery", "dsv4patch.forks.porting",
+         "dsv4patch.forks.refreshing", "dsv4patch.index", "dsv4patch.pins.fetching", "dsv4patch.proofs",
+         "dsv4patch.zipcopy")
+
+
+# Runs the CLI as ``python -m dsv4patch`` does and, when the interpreter exits, writes the
+# names in sys.modules to the file named first on the command line.
+LIST_MODULES = """\
+import atexit, json, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = "dsv4patch"
+runpy.run_module("dsv4patch", run_name="__main__", alter_sys=True)
+"""
+
+
+def imported(*args: str | Path, cwd: Path) -> tuple[set[str], subprocess.CompletedProcess[str]]:
+    """The modules a fresh ``python -m dsv4patch ARGS`` had imported when it exited, and the run."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    listing = cwd / "modules.json"
+    listing.unlink(missing_ok=True)
+    res = subprocess.run([sys.executable, "-c", LIST_MODULES, str(listing), *map(str, args)],
+                         capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    return set(json.loads(listing.read_text())), res
+
+
+def heavy(names: set[str]) -> list[str]:
+    """The modules of ``names`` in HEAVY or inside a package HEAVY names (delivery, proofs)."""
+    return sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in HEAVY))
+
+
+def test_version_imports_no_command(tmp_path: Path) -> None:
+    names, res = imported("--version", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith("dsv4patch "), res.stderr
+    assert "dsv4patch.main" in names  # the scan sees our modules
+    assert sorted(n for n in names if n.startswith("dsv4patch.commands")) == []
+    assert heavy(names) == []
+
+
+def test_help_still_lists_every_command(tmp_path: Path) -> None:
+    from dsv4patch.main import COMMANDS
+
+    names, res = imported("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert all(f"    {c}" in res.stdout for c in COMMANDS)
+    assert {f"dsv4patch.commands.{c}" for c in COMMANDS} <= names
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upstream, fmt: str) -> None:
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
+    args = ("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
+    for run in ("cold", "warm"):  # cold: the pin is fetched, its tree made, the series checked
+        names, res = imported(*args, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert "dsv4patch.series.pincheck" in names, run
+        assert heavy(names) == [], run
+        assert sorted(n for n in names if n.startswith("dsv4patch.commands.")) == [
+            "dsv4patch.commands._common", "dsv4patch.commands.check"], run
+

@@ -1,16 +1,20 @@
 """The card's command as typed: ``dsv4patch apply --lock locks/vllm.toml`` and no other flag.
 
-The tree goes to ``./vllm-src/<pin>`` (printed), the lock is found from the
-current directory upwards or from ``DSV4PATCH_LOCK``, so the tool works from
-any subdirectory of a checkout.  Real git, the real 0.27.1 sdist (cached).
+The tree goes to ``vllm-src/<pin>`` in the lock's project (printed), the lock is
+found from the current directory upwards or from ``DSV4PATCH_LOCK``, so the tool
+works from any subdirectory of a checkout.  Real git, the real 0.27.1 sdist
+(cached).  On a terminal every step shows progress; off one, a line per step.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -46,9 +50,11 @@ def test_apply_without_tree_or_lock_from_a_subdirectory(cli, project: Path, shar
     res = cli("apply", "--no-build", "--format", "json")
     assert res.rc == 0, res.err
     rep = json.loads(res.out)
-    tree = sub / "vllm-src" / "0.27.1"
+    # In the lock's project, as git finds its repository (issue 40), printed; nothing under the cwd.
+    tree = project / "vllm-src" / "0.27.1"
     assert rep["tree"] == str(tree) and rep["lock"] == str(project / "locks" / "vllm.toml")
     assert any(n.startswith(f"tree: {tree} (the default for pin 0.27.1") for n in rep["notes"])
+    assert not (sub / "vllm-src").exists()
     assert _tree_id(tree) == PATCHED
     again = cli("apply", "--no-build", "--python", sys.executable)  # the kernel build's options parse
     assert again.rc == 0 and "already has all patches" in again.out
@@ -91,3 +97,65 @@ def test_the_card_command_as_typed_builds_the_kernels(cli, project: Path, shared
     with zipfile.ZipFile(wheels[0]) as zf:
         info = json.loads(zf.read("dsv4patch_kernels_0_27_1/build_info.json"))
     assert info["torch_version"].split("+")[0] == "2.13.0" and not info["torch_mismatch"]
+
+
+def _pty_times(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[tuple[float, bytes]], float]:
+    """Run ARGS in an 80-column pseudo-terminal: (exit code, (seconds since start, bytes) per read, total)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, cwd=cwd)
+    os.close(slave)
+    reads: list[tuple[float, bytes]] = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        reads.append((time.monotonic() - t0, data))
+    os.close(master)
+    rc = proc.wait()
+    return rc, reads, time.monotonic() - t0
+
+
+def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(project: Path, tmp_path: Path,
+                                                                          shared_cache: Path) -> None:
+    """issue 40: the card command was silent for minutes. From a cache holding only the sdist (so the
+    extraction, the git import, the check, the new tree and its commits all happen), on a terminal
+    the screen changes at least every 5 s from start to end; piped, each step is one plain line.
+    (The kernel build's own steps, the toolchain's pip and nvcc's units, are bars of the same
+    display: tests/test_kernels.py builds; --no-build here keeps this test to the tree.)"""
+    pin = load(LOCK).pin("0.27.1")
+    blobs = tmp_path / "c" / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    shutil.copyfile(shared_cache / "blobs" / "sha256" / pin.source.sha256, blobs / pin.source.sha256)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES", "DSV4PATCH_LOCK")}
+    env.update(TERM="xterm-256color", PYTHONPATH=str(ROOT), DSV4PATCH_CACHE=str(tmp_path / "c"))
+    rc, reads, total = _pty_times(["apply", "--lock", "locks/vllm.toml", "--no-build"], project, env)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(d for _, d in reads).decode("utf-8", "replace"))
+    assert rc == 0, text[-3000:]
+    times = [0.0] + [t for t, _ in reads] + [total]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert total > 10 and max(gaps) <= 5.0, (total, max(gaps), text[-3000:])
+    for step in ("extract vllm-0.27.1.tar.gz", "import 0.27.1 into git", "apply pin 0.27.1",
+                 "check pin 0.27.1", "create "):
+        assert step in text, (step, text[-3000:])
+    assert _tree_id(project / "vllm-src" / "0.27.1") == PATCHED
+    # Off a terminal (a CI log): one plain line per step on stderr, no escape codes, stdout the result.
+    piped = subprocess.run([sys.executable, "-m", "dsv4patch", "apply", "--lock", "locks/vllm.toml", "--no-build",
+                            "--tree", str(tmp_path / "second")], cwd=project, env=env, capture_output=True,
+                           text=True)
+    assert piped.returncode == 0, piped.stderr
+    steps = piped.stderr.splitlines()
+    assert "\x1b[" not in piped.stderr + piped.stdout and steps, piped.stderr
+    assert all(line.startswith("dsv4patch: ") for line in steps), steps
+    assert any(line.startswith("dsv4patch: apply pin 0.27.1 into ") for line in steps), steps
+    assert "dsv4patch: " not in piped.stdout

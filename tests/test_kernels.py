@@ -485,3 +485,26 @@ def test_overflow_cases_exact_check_on_cpu(patched_tree: Path, shared_cache: Pat
     assert len(rep["unwritten"]) == 1 and "1024 never written" in rep["unwritten"][0]
     assert len(rep["subset"]) == 1 and rep["subset"][0].startswith("row 1 ")
     assert "values differ" in rep["subset"][0]
+
+
+def test_kernel_wheel_names_differ_when_their_content_does() -> None:
+    """issue 40: `build --arch 9.0` wrote a wheel of the very name of the 7-arch one (710 KB against
+    3.47 MB), one silently replacing the other in dist/. The version carries the tree and a short
+    hash of the arch set and the toolchain; it stays a version pip takes for vllm==<pin>."""
+    from packaging.version import Version
+
+    info = {"archs": ["9.0a", "10.0f", "12.0"], "torch_version": "2.13.0", "torch_cuda_version": "13.0",
+            "cuda_version": "13.0", "library_sha256": "00" * 32}
+    tree = "ec2fff2214be0bf2a8ef5f42aa983aeebc2f1009"
+    seven = kbuild.wheel_version("0.27.1", tree, info)
+    one = kbuild.wheel_version("0.27.1", tree, {**info, "archs": ["9.0"]})
+    other_cuda = kbuild.wheel_version("0.27.1", tree, {**info, "cuda_version": "13.1"})
+    other_torch = kbuild.wheel_version("0.27.1", tree, {**info, "torch_version": "2.11.0"})
+    assert len({seven, one, other_cuda, other_torch}) == 4
+    # The same build is the same name: order of --arch does not matter, nor the library's bytes.
+    assert kbuild.wheel_version("0.27.1", tree, {**info, "archs": ["12.0", "9.0a", "10.0f"],
+                                                 "library_sha256": "11" * 32}) == seven
+    for v in (seven, one):
+        parsed = Version(v)
+        assert parsed.public == "0.27.1" and parsed.local is not None and parsed.local.startswith("tree" + tree[:12])
+        assert str(parsed) == v and "-" not in v  # the wheel file name splits at "-"

@@ -30,7 +30,7 @@ def test_table_cells_are_never_markup():
     table, md = simple_table("t [bold]x[/]", ["c[/]"], [["params.lengths[row_idx];"], [HOSTILE]])
     con = Console(width=200, color_system="truecolor", force_terminal=True)
     with con.capture() as cap:
-        con.print(table.to_rich())
+        con.print(*table.to_rich())
     text = SGR.sub(b"", cap.get().encode()).decode()
     assert "params.lengths[row_idx];" in text and "t [bold]x[/]" in text and "c[/]" in text
     assert SHOWN in text

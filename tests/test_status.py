@@ -117,7 +117,9 @@ def test_moved_local_checkout_is_reported_as_changed(tmp_path, upstream, cli):
 
 
 def test_status_without_tree_uses_the_only_tree_apply_made(tmp_path, upstream, cli, monkeypatch):
-    """issue 28 item 5: `apply` without --tree puts the tree at ./vllm-src/<pin>; `status` finds it."""
+    """issue 28 item 5: `apply` without --tree puts the tree at vllm-src/<pin>; `status` finds it.
+    issue 40: in the lock's project (here the lock's own directory: it is not in a locks/), not
+    wherever the command runs."""
     d = tmp_path / "lock"
     d.mkdir()
     lock = _lock(d, upstream)
@@ -125,16 +127,17 @@ def test_status_without_tree_uses_the_only_tree_apply_made(tmp_path, upstream, c
     work.mkdir()
     monkeypatch.chdir(work)
     res = cli("status", "--lock", lock)
-    assert res.rc == 2 and "give --tree DIR" in res.err and "no ./vllm-src/<pin>" in res.err
+    assert res.rc == 2 and "give --tree DIR" in res.err and f"no {d / 'vllm-src'}/<pin>" in res.err
     assert cli("apply", "--lock", lock, "--pin", "p", "--cache-dir", tmp_path / "c").rc == 0
-    assert (work / "vllm-src/p/.git").exists()
+    assert (d / "vllm-src/p/.git").exists() and not (work / "vllm-src").exists()
     res = cli("status", "--lock", lock, "--format", "json")
     assert res.rc == 0, res.out + res.err
     rep = json.loads(res.out)
     assert set(_states(rep).values()) == {"applied"}
-    assert rep["notes"][0].startswith(f"tree: {work / 'vllm-src/p'}")
+    assert rep["notes"][0].startswith(f"tree: {d / 'vllm-src/p'}")
     assert cli("status", "--lock", lock, "--pin", "p").rc == 0
-    (work / "vllm-src/other").mkdir()
+    (d / "vllm-src/other").mkdir()
     res = cli("status", "--lock", lock)
-    assert res.rc == 2 and "2 trees under ./vllm-src" in res.err and "--tree vllm-src/other" in res.err
+    assert res.rc == 2 and f"2 trees under {d / 'vllm-src'}" in res.err
+    assert f"--tree {d / 'vllm-src/other'}" in res.err
     assert cli("status", "--lock", lock, "--pin", "p").rc == 0  # --pin chooses

@@ -322,3 +322,48 @@ def test_partial_wheels_of_killed_runs_are_swept_from_out(tmp_path: Path) -> Non
         holder.wait()
     assert vllm_wheel.sweep_out(out) == [partial]
     assert sorted(p.name for p in out.iterdir()) == [alive.name]
+
+
+def test_status_installed_says_each_cause_once_and_the_right_next_step(cli, installed: dict, wheels: dict,
+                                                                       shared_cache: Path) -> None:
+    """issue 40: a stock install repeated the same `next:` line for every patch and said "install the
+    patched wheel again" where none was ever installed. Two patches' files put back to stock: one line
+    for the cause naming both, one next step; without dsv4patch's provenance file (vLLM's own wheel,
+    as far as the files say) the next step is to install the patched wheel, not "again"."""
+    site = installed["site"]
+    paths = ["vllm/v1/worker/workspace.py", "vllm/utils/flashinfer.py"]
+    saved = {p: (site / p).read_bytes() for p in paths}
+    (prov,) = site.glob("vllm-*.dist-info/dsv4patch.json")
+    saved_prov = prov.read_bytes()
+    try:
+        with zipfile.ZipFile(wheels["stock"]) as zf:
+            for p in paths:
+                (site / p).write_bytes(zf.read(p))
+        res = _status(cli, shared_cache, "--python", installed["python"])
+        assert res.rc == 1
+        nexts = [line for line in res.out.splitlines() if line.strip().startswith("next:")]
+        stock = [line for line in res.out.splitlines() if line.startswith("stock (")]
+        assert len(stock) == 1 and "0002 (vllm/v1/worker/workspace.py: stock)" in stock[0] and "0005 (" in stock[0]
+        assert len(nexts) == 1 and "install the patched wheel again" in nexts[0], res.out
+        prov.unlink()
+        res = _status(cli, shared_cache, "--python", installed["python"])
+        nexts = [line for line in res.out.splitlines() if line.strip().startswith("next:")]
+        assert len(nexts) == 1 and "again" not in nexts[0] and "install the patched wheel" in nexts[0], res.out
+    finally:
+        for p, data in saved.items():
+            (site / p).write_bytes(data)
+        prov.write_bytes(saved_prov)
+    assert _status(cli, shared_cache, "--python", installed["python"]).rc == 0
+
+
+def test_wheel_table_keeps_words_whole(cli, wheels: dict, shared_cache: Path, torch_python: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 40: the wheel command's table at 80 columns (the command through its entry point,
+    COLUMNS=80, output piped) and the same table at 100: no cell splits a word."""
+    from test_terminal import assert_no_word_split, run_at
+
+    rc, out, (table,) = run_at(cli, monkeypatch, 80, "wheel", "--lock", LOCK, "--pin", PIN, "--out",
+                               wheels["base"] / "c", "--python", torch_python, "--cache-dir", shared_cache)
+    assert rc == 0, out
+    assert_no_word_split(table, 80, out)
+    assert_no_word_split(table, 100)

@@ -94,12 +94,13 @@ def apply_pin(
     pinrepo = materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     out_notes = list(notes)
-    with transaction.open_tree(path, pinrepo) as (co, created):
+    with transaction.open_tree(path, pinrepo, progress=progress) as (co, created):
         out_notes += [created] if created else []
         _refuse_unfinished(co, path, out_notes)
         head = git.head(path)
         pin, pinrepo = _series_base(path, pin, pinrepo, head, branch, out_notes)
-        with writing(TreeError, str(path), _ADVICE.format(path=path)):
+        with writing(TreeError, str(path), _ADVICE.format(path=path)), \
+                progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) against {path}"):
             result = run_series(path, pinrepo.base_commit, series)
         rep = pin_report(pin, pinrepo, result, lock.path)
         if three_way and result.final_tree is None:  # a conflict: the workspace to resolve it in
@@ -113,7 +114,8 @@ def apply_pin(
                                    head=ws.head, workspace=ws)
         final, problems = pinrepo.base_commit, _unappliable(path, pin, rep, result, three_way, out_notes)
         if problems is None:
-            final, problems = _move(co, path, pin, pinrepo, series, result, head, branch, out_notes)
+            with progress.step(f"commit the {len(series.patches)} patch(es) into {path}"):
+                final, problems = _move(co, path, pin, pinrepo, series, result, head, branch, out_notes)
         if problems is not None:
             return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + problems)  # nothing moved
     applied = ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final)

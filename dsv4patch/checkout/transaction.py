@@ -41,6 +41,7 @@ from dsv4patch.checkout.states import ApplyJournal
 from dsv4patch.errors import TreeError, writing
 from dsv4patch.guard import Checkout
 from dsv4patch.pins import PinRepo
+from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, Series, SeriesResult
 from dsv4patch.store import file_lock
 
@@ -75,7 +76,8 @@ def tree_lock(path: Path, role: str = "--tree") -> Iterator[Checkout]:
 
 
 @contextmanager
-def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree") -> Iterator[tuple[Checkout, str | None]]:
+def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
+              progress: Progress | None = None) -> Iterator[tuple[Checkout, str | None]]:
     """Hold the tree lock of ``path``, creating the tree from the pin first if absent.
 
     Yields the vetted checkout and a note when the tree was created here (else None).
@@ -99,9 +101,11 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree") -> Iterator[tu
         try:
             with writing(TreeError, str(path.parent), advice):
                 tmp.parent.mkdir(parents=True, exist_ok=True)
-                git.clone_local(pinrepo.repo, tmp)
-                with guard.owned(tmp):  # dsv4patch's own clone: nothing of a user's in it yet
-                    git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
+                with (progress or Progress(False)).step(f"create {path}: vLLM {pinrepo.pin.vllm_version} "
+                                                        f"checked out from the cache"):
+                    git.clone_local(pinrepo.repo, tmp)
+                    with guard.owned(tmp):  # dsv4patch's own clone: nothing of a user's in it yet
+                        git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise
@@ -113,7 +117,16 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree") -> Iterator[tu
                 raise TreeError(f"cannot create {path}: {exc.strerror or exc}") from None
             create_lock.unlink(missing_ok=True)
             with guard.guarded(path, role=role) as co:
-                yield co, f"created {path} from pin {pinrepo.pin.name} at {pinrepo.base_commit[:12]}"
+                yield co, _created(path, pinrepo)
+
+
+def _created(path: Path, pinrepo: PinRepo) -> str:
+    """What ``apply`` says of a tree it made: the vLLM commit the lock pins (not the base commit
+    dsv4patch made from the sdist, which no one else knows) and the tree's local branch."""
+    pin = pinrepo.pin
+    source = {"pypi-sdist": "its PyPI sdist", "git": "its git remote", "local": "its local checkout"}
+    return (f"created {path}: vLLM {pin.vllm_version} (pin {pin.name}, vLLM commit {pin.commit[:12]}, "
+            f"from {source.get(pin.source.kind, pin.source.kind)}) on branch vllm-{pin.name}")
 
 
 # --- recovery -----------------------------------------------------------------------------

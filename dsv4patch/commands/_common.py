@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 from dsv4patch.limits import parse_number
-from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin
+from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -93,26 +93,41 @@ def tree_path(args: argparse.Namespace) -> Path:
     return checked_tree(args.tree)
 
 
-DEFAULT_TREE_DIR = "vllm-src"  # apply without --tree: ./vllm-src/<pin> under the current directory
+DEFAULT_TREE_DIR = "vllm-src"  # apply without --tree: vllm-src/<pin> in the lock's project
+DEFAULT_OUT_DIR = "dist"  # kernel and vLLM wheels without --out: dist/ in the lock's project
 
 
-def default_tree(pin: str | None) -> Path:
-    """The tree ``apply`` made without ``--tree``: ``./vllm-src/<pin>`` (``--pin``), else the one
-    directory under ``./vllm-src``; none or several is a usage error naming what to give."""
-    base = Path(DEFAULT_TREE_DIR)
+def project_dir(lock: Path | None) -> Path:
+    """Where relative defaults go: the lock's project (:func:`dsv4patch.lock.project_root`), else,
+    with no lock, the current directory."""
+    return project_root(lock) if lock is not None else Path(os.path.abspath("."))
+
+
+def default_out(out: Path | None, lock: Path | None) -> tuple[Path, str | None]:
+    """``--out``, else ``dist/`` in the lock's project, with the line that says so."""
+    if out is not None:
+        return out, None
+    path = project_dir(lock) / DEFAULT_OUT_DIR
+    return path, f"out: {path} (the default: {DEFAULT_OUT_DIR}/ in the project of {lock}; --out to choose)"
+
+
+def default_tree(pin: str | None, lock: Path | None) -> Path:
+    """The tree ``apply`` made without ``--tree``: ``vllm-src/<pin>`` (``--pin``) in the lock's
+    project, else the one directory under it; none or several is a usage error naming what to give."""
+    base = project_dir(lock) / DEFAULT_TREE_DIR
     if pin is not None:
         if (base / pin).is_dir():
             return checked_tree(base / pin)
-        raise UsageError(f"no ./{DEFAULT_TREE_DIR}/{pin} here (where `dsv4patch apply --pin {pin}` puts "
+        raise UsageError(f"no {base / pin} (where `dsv4patch apply --pin {pin}` puts "
                          f"its tree): give --tree DIR")
     found = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.is_symlink()) if base.is_dir() else []
     if len(found) == 1:
         return checked_tree(base / found[0])
     if not found:
         raise UsageError(f"give --tree DIR (a tree made by dsv4patch apply) or --installed: "
-                         f"there is no ./{DEFAULT_TREE_DIR}/<pin> here")
-    choices = ", ".join(f"--tree {DEFAULT_TREE_DIR}/{n}" for n in found[:20])
-    raise UsageError(f"{len(found)} trees under ./{DEFAULT_TREE_DIR}: choose one ({choices}) or give --pin")
+                         f"there is no {base}/<pin>")
+    choices = ", ".join(f"--tree {base / n}" for n in found[:20])
+    raise UsageError(f"{len(found)} trees under {base}: choose one ({choices}) or give --pin")
 
 
 def checked_tree(given: Path) -> Path:
@@ -132,7 +147,7 @@ def checked_tree(given: Path) -> Path:
 def render_apply(fmt: str, result: ApplyResult) -> int:
     """Print an apply's result (``apply``, ``resolve --continue``); its exit code."""
     out = result.to_json()
-    table, md = report.matrix_table(out)
+    table, md = report.matrix_table(out, title=f"dsv4patch apply: {result.tree}")
     report.emit(fmt, out, table, md)
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
@@ -144,15 +159,15 @@ def render_notes(fmt: str, notes: list[str], result: ApplyResult) -> int:
 
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 allow_torch: str | None = None, fmt: str = "text") -> KernelBuild:
+                 allow_torch: str | None = None, progress: Progress) -> KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
         from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds
 
-        return build_tree(tree=path, pin=pin, store=store, progress=Progress.for_output(fmt),
+        return build_tree(tree=path, pin=pin, store=store, progress=progress,
                           python=python, nvcc=nvcc, allow_torch=allow_torch,
-                          out=out or DEFAULT_BUILD_OUT).to_json()
+                          out=out or DEFAULT_BUILD_OUT).to_json()  # apply passes its default
 
     return build
 

@@ -8,27 +8,32 @@ this command reads its options, passes them on and renders the result.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from dsv4patch.checkout import ApplyResult, Invocation, apply_pin, branch_name_problem
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
+from dsv4patch.pins import Lock, Pin
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
-DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: ./vllm-src/<pin> under the current directory
+DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
     p.add_argument("--tree", type=Path, default=None,
-                   help=f"the vLLM source tree to patch (default: ./{DEFAULT_TREE_DIR}/<pin>)")
+                   help=f"the vLLM source tree to patch (default: {DEFAULT_TREE_DIR}/<pin> in the lock's project: the "
+                        "directory that holds its locks/, wherever you run from)")
     p.add_argument(
         "--no-build", dest="build", action="store_false",
         help="do not rebuild the CUDA kernels the patches touch (then run `dsv4patch build` "
         "before shipping: without it the kernel fixes are not in effect)",
     )
-    p.add_argument("--out", type=Path, default=None, help="where the kernel wheel goes (default: ./dist)")
+    p.add_argument("--out", type=Path, default=None, help=f"where the kernel wheel goes (default: {_common.DEFAULT_OUT_DIR}/ in the lock's project)")
     _common.add_toolchain_options(p, prefix="kernel build: ")
     p.add_argument(
         "--3way", dest="three_way", action="store_true",
@@ -52,31 +57,45 @@ def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     default_tree = args.tree is None
-    path = _common.checked_tree(Path(DEFAULT_TREE_DIR) / pin.name if default_tree else args.tree)
+    root = _common.project_dir(lock.path)
+    path = _common.checked_tree(root / DEFAULT_TREE_DIR / pin.name if default_tree else args.tree)
     notes = []
     if default_tree:
-        notes.append(f"tree: {path} (the default for pin {pin.name}: ./{DEFAULT_TREE_DIR}/"
-                     f"{pin.name}; --tree to choose)")
+        notes.append(f"tree: {path} (the default for pin {pin.name}: {DEFAULT_TREE_DIR}/{pin.name} in the "
+                     f"project {root}, found from the lock; --tree to choose)")
+    out, out_note = _common.default_out(args.out, lock.path)
+    if out_note is not None and args.build:
+        notes.append(out_note)
     store = _common.open_store(args)
     shown: list[ApplyResult] = []
+
+    prog = _common.progress(args)
 
     def before_build(done: ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
         if args.format == "text":
-            _common.render_apply(args.format, done)
+            with prog.paused():
+                _common.render_apply(args.format, done)
             shown.append(done)
 
-    result = apply_pin(
-        lock=lock, pin=pin, store=store, tree_path=path, progress=_common.progress(args),
+    # One line on the terminal for the whole command, the steps below it: the screen never stands still.
+    with prog.step(f"apply pin {pin.name} into {path}"):
+        result = _apply(args, lock, pin, path, store, prog, before_build, notes, out)
+    if shown:  # the table is out: only what the kernel step added
+        return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
+    return _common.render_apply(args.format, result)
+
+
+def _apply(args: argparse.Namespace, lock: Lock, pin: Pin, path: Path, store: Store, prog: Progress,
+           before_build: Callable[[ApplyResult], None], notes: list[str], out: Path) -> ApplyResult:
+    return apply_pin(
+        lock=lock, pin=pin, store=store, tree_path=path, progress=prog,
         three_way=args.three_way,
-        build=_common.kernel_build(store, out=args.out, python=args.python, nvcc=args.nvcc,
-                                   allow_torch=args.allow_torch, fmt=args.format) if args.build else None,
+        build=_common.kernel_build(store, out=out, python=args.python, nvcc=args.nvcc,
+                                   allow_torch=args.allow_torch, progress=prog) if args.build else None,
         before_build=before_build,
         notes=notes,
         branch=args.branch,
         invocation=Invocation(series=tuple(args.series) if args.series else None,
                               cache_dir=args.cache_dir, build=args.build, out=args.out),
     )
-    if shown:  # the table is out: only what the kernel step added
-        return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
-    return _common.render_apply(args.format, result)

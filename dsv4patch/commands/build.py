@@ -21,7 +21,7 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree, full_build
+from dsv4patch.kernels import build_tree, full_build
 
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 
@@ -40,8 +40,9 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
                    help="CUDA arch as in TORCH_CUDA_ARCH_LIST, e.g. 9.0a, 10.0f or 12.0+PTX "
                         "(repeatable; default: the pin's cuda_arch_list, else the list vLLM's "
                         "release wheels for this machine use, read from the tree)")
-    p.add_argument("--out", type=Path, default=DEFAULT_BUILD_OUT,
-                   help="directory for the kernel wheel (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"directory for the kernel wheel (default: {_common.DEFAULT_OUT_DIR}/ in the lock's project: "
+                        "the directory that holds its locks/)")
     p.add_argument("--full", action="store_true",
                    help="build the whole tree with vLLM's own build (pip install .)")
     p.add_argument("--docker", action="store_true",
@@ -64,10 +65,14 @@ def run(args: argparse.Namespace) -> int:
                           docker=args.docker, dry_run=args.dry_run)
         report.emit(args.format, full.to_json(), None, None)
         return EXIT_OK
+    out, out_note = _common.default_out(args.out, lock.path)
     built = build_tree(tree=path, pin=pin, store=store, progress=_common.progress(args),
                        archs=args.arch, python=args.python, nvcc=args.nvcc,
                        allow_torch=args.allow_torch, extra_include=args.extra_include,
-                       out=args.out, base=args.base,
+                       out=out, base=args.base,
                        dry_run=args.dry_run)
-    report.emit(args.format, built.to_json(), *built.table())
+    rep = built.to_json()
+    if out_note is not None:
+        rep["notes"] = [out_note, *rep.get("notes", [])]
+    report.emit(args.format, rep, *built.table())
     return EXIT_OK

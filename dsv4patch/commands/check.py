@@ -31,8 +31,11 @@ def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     prog = _common.progress(args)
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
-    outcomes = check_pins(lock, lock.select(args.pin), store, prog, use_cache=not args.no_cache)
+    pins = lock.select(args.pin)
+    with prog.step(f"check {len(pins)} pin(s)"):  # the screen never stands still
+        outcomes = check_pins(lock, pins, store, prog, use_cache=not args.no_cache)
     not_fetched: list[str] = []
+    expected: dict[str, dict[str, list[str]]] = {}  # status -> pin -> patches, as the lock expects
     for o in outcomes:
         pin = o.pin
         if o.report is None:
@@ -54,10 +57,14 @@ def run(args: argparse.Namespace) -> int:
         out["ok"] &= rep.ok
         for r in rep.result.patches:
             verdict = rep.patches[r.patch]
-            if not verdict.ok or r.status is not Status.CLEAN:
+            if verdict.ok and r.status is not Status.CLEAN:
+                expected.setdefault(r.status.value, {}).setdefault(pin.name, []).append(r.patch)
+            elif not verdict.ok:
                 out["notes"].append(f"{pin.name} {r.patch}: {r.status.value}: {r.message}"
                                     + (f"\n  next: {verdict.next}" if verdict.next is not None else ""))
         out["notes"] += [f"{pin.name}: {n}" for n in rep.notes]
+    # What the lock expects needs no line per pin and patch: one per status (evidence: --format json).
+    out["notes"][:0] = [report.folded(status, pins) for status, pins in expected.items()]
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
     if not_fetched:

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         state = done.state
         result = apply_pin(
             lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,
-            build=_common.kernel_build(store, out=args.out, fmt=args.format) if state.build else None,
+            build=_common.kernel_build(store, out=args.out, progress=prog) if state.build else None,
             notes=done.notes, orig_head=state.orig_head,
             invocation=Invocation(series=tuple(state.series) if state.series else None,
                                   cache_dir=args.cache_dir, build=state.build, out=args.out),

@@ -258,12 +258,20 @@ def run(args: argparse.Namespace) -> int:
     out = rep.to_json()
     out["work"] = str(work)
     rows = _check_rows(rep)
+    unrun: dict[tuple[str, str], list[str]] = {}  # cases not run for one reason: one row, not one each
     for c in rep.cases:
         acc = "" if c.acceptance is None else f"{c.acceptance.accepted}/{c.acceptance.drafted}"
         if c.acceptance is not None and c.acceptance.rate is not None:
             acc += f" ({c.acceptance.rate:.0%})"
         gap_text = "" if c.min_gap is None else f"gap {c.min_gap:.2f}"
-        rows.append([c.case, c.verdict, "; ".join(x for x in (c.error, gap_text, acc and f"accepted {acc}") if x)])
+        detail = "; ".join(x for x in (c.error, gap_text, acc and f"accepted {acc}") if x)
+        if c.verdict in ("needs-gpu", "not-run") and detail:
+            unrun.setdefault((c.verdict, detail), []).append(c.case)
+            continue
+        rows.append([c.case, c.verdict, detail])
+    for (verdict, detail), names in unrun.items():
+        rows.append([names[0], verdict, detail] if len(names) == 1 else
+                    [f"{len(names)} engine cases", verdict, f"{detail} (each case: --format json)"])
     counts = rep.counts()
     gap = rep.min_gap()
     proven = [c.name for c in rep.checks if c.ok] + [f"{counts['pass']} engine case(s)"] * bool(counts["pass"])

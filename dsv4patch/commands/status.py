@@ -27,8 +27,8 @@ HELP = ("show which patches a tree carries, or (--installed) an installed vLLM, 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help=HELP, description=HELP)
     p.add_argument("--tree", type=Path, default=None,
-                   help=f"a tree made by dsv4patch apply (default: ./{_common.DEFAULT_TREE_DIR}/<pin> "
-                        f"for --pin, else the only tree under ./{_common.DEFAULT_TREE_DIR})")
+                   help=f"a tree made by dsv4patch apply (default: {_common.DEFAULT_TREE_DIR}/<pin> in the lock's "
+                        f"project for --pin, else the only tree under {_common.DEFAULT_TREE_DIR}/ there)")
     p.add_argument("--lock", default=None, metavar="LOCK",
                    help="compare with this lock's series (default: $DSV4PATCH_LOCK, else locks/vllm.toml "
                         "here or in a parent directory; for --tree only when one of its pins has "
@@ -69,6 +69,16 @@ def _installed(args: argparse.Namespace) -> InstalledReport:
                            progress=_common.progress(args), pin_name=args.pin, python=args.python)
 
 
+def _found_lock(args: argparse.Namespace) -> Path | None:
+    """The lock whose project holds the default tree: --lock, else the one found; None: none."""
+    from dsv4patch.pins import find_lock
+
+    try:
+        return find_lock(Path(args.lock) if args.lock is not None else None)
+    except UsageError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.installed:
         if args.tree is not None:
@@ -92,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--python goes with --installed")
     if args.format == "cyclonedx":
         raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
-    path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin)
+    path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin, _found_lock(args))
     res = tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())
     out = res.to_json()
     if args.tree is None:
-        out["notes"] = [f"tree: {path} (no --tree: the tree under ./{_common.DEFAULT_TREE_DIR})",
+        out["notes"] = [f"tree: {path} (no --tree: the tree under {_common.DEFAULT_TREE_DIR}/ in the lock's project)",
                         *out.get("notes", [])]
     report.emit(args.format, out, table, md)
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

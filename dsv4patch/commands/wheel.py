@@ -29,7 +29,9 @@ HELP = "make the patched vLLM wheel from the pin's stock wheel (patched files + 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("wheel", help=HELP, description=HELP)
     _common.add_lock(p, many=False)
-    p.add_argument("--out", type=Path, default=Path("dist"), help="output directory (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"output directory (default: {_common.DEFAULT_OUT_DIR}/ in the lock's project: the directory "
+                        "that holds its locks/)")
     p.add_argument("--platform", choices=WHEEL_PLATFORMS, default=None,
                    help="which stock wheel of the lock to patch (default: this machine's)")
     p.add_argument("--kernels", type=Path, default=None,
@@ -46,9 +48,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
-    res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
-                     progress=_common.progress(args), out=args.out, platform=args.platform,
-                     kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
-                     allow_torch=args.allow_torch, extra_include=args.extra_include)
-    report.emit(args.format, res.to_json(), *res.table())
+    out, out_note = _common.default_out(args.out, lock.path)
+    prog = _common.progress(args)
+    with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
+        res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
+                         progress=prog, out=out, platform=args.platform,
+                         kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                         allow_torch=args.allow_torch, extra_include=args.extra_include)
+    rep = res.to_json()
+    if out_note is not None:
+        rep["notes"] = [out_note, *rep.get("notes", [])]
+    report.emit(args.format, rep, *res.table())
     return EXIT_OK

@@ -191,6 +191,14 @@ def pick_pin(lock: Lock, name: str | None, version: str | None) -> Pin:
     return matches[0] if matches else lock.pin(None)
 
 
+# Why a patch is in each state (the ``status --installed`` note of that state).
+_STATE_WHY = {
+    "stock": "the installed files are the pin's own, unpatched",
+    "missing": "a file it changes is not installed",
+    "other": "a file it changes has content neither stock nor patched: changed after install",
+}
+
+
 def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progress: Progress) -> dict[str, Any]:
     """The report (``ok`` and per-patch states) for the vLLM ``python`` sees."""
     first = probe(python, "")
@@ -593,14 +601,24 @@ def check(
                 out["notes"].append(f"kernel library {kernel['package']}: {kernel['note']}")
         else:
             out["notes"].append(kernel["note"])
+    # One line per cause (the patches it touches by number; the table has their files), and one
+    # next step: installing the patched wheel, "again" only where one was installed.
+    by_state: dict[str, list[str]] = {}
     for name, p in out["patches"].items():
         if p["state"] not in ("present", "upstream"):
-            # In full (the table may fold a long name on a narrow terminal), with what to do.
-            bad = ", ".join(f"{f}: {v['state']}" for f, v in p["files"].items() if v["state"] != "present")
-            out["notes"].append(
-                f"{name}: {p['state']} ({bad or 'its kernels: see the kernel library line'})\n  next: install the patched wheel again "
-                f"(`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
-                "--no-deps <wheel>`)")
+            by_state.setdefault(p["state"], []).append(name)
+    ours = isinstance(inst, dict) and bool(inst.get("provenance"))
+    for state, names in by_state.items():
+        files = ["; ".join(f"{f}: {v['state']}" for f, v in out["patches"][n]["files"].items()
+                           if v["state"] != "present") for n in names]
+        out["notes"].append(f"{state} ({_STATE_WHY.get(state, state)}): "
+                            + ", ".join(f"{report.patch_key(n)} ({f or 'its kernels: see the kernel library line'})"
+                                        for n, f in zip(names, files, strict=True)))
+    if by_state:
+        out["notes"].append("  next: " + ("install the patched wheel again" if ours else
+                                          "install the patched wheel (this vLLM is not one dsv4patch made)")
+                            + f" (`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
+                            "--no-deps <wheel>`)")
     rep = out.get("sbom")
     if rep is not None:
         if rep["state"] == "ok":
@@ -609,7 +627,7 @@ def check(
             out["notes"].append(f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
                                 + "".join(f"\n  {line}" for line in rep["problems"])
                                 + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
-                                   if rep["state"] == "mismatch" else ""))
+                                   if rep["state"] == "mismatch" and not by_state else ""))
     if inst:
         # Files and kernels only: nothing here runs the engine (the selftest does, on a GPU).
         out["notes"].append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "

@@ -766,7 +766,8 @@ def _name_resolutions(ported: list[Ported], pin: Pin, used: Path | None, ws: Pat
             if (kept / p.patch.name).is_file() else p for p in ported]
     if existing and used is not None:  # name the lock's variant, not the temporary copy
         ported = [dataclasses.replace(p, detail=p.detail.replace(
-            str(used / p.patch.name), f"pin {pin.name}'s variant {pin.variants[p.patch.name]}"))
+            str(used / p.patch.name), f"pin {pin.name}'s variant (the same file name in "
+            f"{_in_project(lock.path, pin.variants[p.patch.name].parent)}/)"))
             if p.patch.name in pin.variants else p for p in ported]
     return ported
 
@@ -857,3 +858,12 @@ def abort(*, workspace: Path) -> PortAborted:
                      + portspace.restore(co, state))
         head = git.head(workspace)
     return PortAborted(state.frm, state.to, workspace, head, notes)
+
+
+def _in_project(lock_path: Path, path: Path) -> str:
+    """PATH as the project's own relative path (``patches/variants/...``) when it is in the lock's
+    project, else as it is: short enough to read whole in a table."""
+    from dsv4patch.pins import project_root
+
+    root = project_root(lock_path)
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError
@@ -673,10 +674,20 @@ def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
                           for arc, data in allf.items()))
 
 
+def wheel_version(vllm_version: str, tree_id: str, info: dict[str, Any]) -> str:
+    """``<vllm>+tree<12 hex>.b<10 hex>``: the patched tree, then a short hash of what else decides
+    the library's content (the arch list, the torch and CUDA it is built for and with), so that two
+    builds of one tree for other archs or another toolchain never share a file name in ``dist/``
+    (a local version label: pip installs it as ``vllm==<vllm>`` requires)."""
+    variant = {k: info.get(k) for k in ("archs", "torch_version", "torch_cuda_version", "cuda_version")}
+    variant["archs"] = sorted(str(a) for a in info.get("archs") or [])
+    digest = sha256(json.dumps(variant, sort_keys=True).encode())[:10]
+    return f"{vllm_version}+tree{tree_id[:12]}.b{digest}"
+
+
 def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain, out_dir: Path) -> Path:
     assert result.library is not None
     name = dist_name(pin_name)
-    version = f"{vllm_version}+tree{result.plan.tree_id[:12]}"
     lib = "libdsv4patch_kernels.so"
     units = []
     for u in result.units:
@@ -699,6 +710,7 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         "torch_required": tc.torch_required or None, "torch_mismatch": tc.torch_mismatch,
         "library_sha256": sha256(result.library.read_bytes()),
     }
+    version = wheel_version(vllm_version, result.plan.tree_id, info)
     files = {
         f"{name}/__init__.py": RUNTIME_SOURCE.read_bytes(),
         f"{name}/__main__.py": b"import sys\n\nfrom . import main\n\nsys.exit(main())\n",
@@ -749,8 +761,9 @@ def build(
     if progress is not None:
         progress.note(toolchain.describe())
     compile_units(units, plan.tree, store, max_jobs, progress)
-    result.library = link(units, toolchain, store)
-    result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir)
+    with (progress or Progress(False)).step(f"link {len(units)} unit(s) and write the kernel wheel"):
+        result.library = link(units, toolchain, store)
+        result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir)
     return result
 
 

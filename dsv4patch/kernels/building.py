@@ -113,14 +113,15 @@ def build_tree(
     """
     with guard.guarded(tree):  # the user's checkout: vetted before git reads it
         plan = sources.plan(tree, base)
-    tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
-                           allow_torch=allow_torch, extra_includes=extra_include)
-    chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)
-    result = kbuild.build(
-        plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=chosen, store=store,
-        toolchain=tc, out_dir=out, max_jobs=pin.build.max_jobs,
-        nvcc_threads=pin.build.nvcc_threads, progress=progress, dry_run=dry_run, arch_origin=origin,
-    )
+    with progress.step(f"kernels of pin {pin.name}: toolchain, {len(plan.units)} unit(s), link, wheel"):
+        tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
+                               allow_torch=allow_torch, extra_includes=extra_include)
+        chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)
+        result = kbuild.build(
+            plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=chosen, store=store,
+            toolchain=tc, out_dir=out, max_jobs=pin.build.max_jobs,
+            nvcc_threads=pin.build.nvcc_threads, progress=progress, dry_run=dry_run, arch_origin=origin,
+        )
     return TreeBuild(pin.name, dry_run, tc, result)
 
 

@@ -188,6 +188,15 @@ def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
     )
 
 
+def project_root(lock_path: Path) -> Path:
+    """The project a lock belongs to, where relative defaults (a tree under ``vllm-src/``, wheels in
+    ``dist/``) go, wherever the command runs from, as git puts things in the repository it found:
+    the directory holding the lock's ``locks/`` directory (``<root>/locks/vllm.toml``), else the
+    lock's own directory."""
+    parent = Path(os.path.abspath(lock_path)).parent
+    return parent.parent if parent.name == DEFAULT_LOCK.parent.name else parent
+
+
 def open_lock(given: Path | None, series: list[str] | tuple[str, ...] | None = None) -> Lock:
     """Find (:func:`find_lock`) and load the lock, with ``series`` chosen instead of each pin's own."""
     return load(find_lock(given)).with_series(series)

@@ -222,11 +222,16 @@ def run(
                 (d / rel).write_text(data, encoding="utf-8")
         runnable = [r for r in rows if r.test.mode != "gpu"]
         if runnable:
-            env = testenv.ensure(patched, store, torch, log=work / "pip.log")
+            with progress.step(f"the CPU test venv (torch {torch or 'of the pin'}; made once, then cached)"):
+                env = testenv.ensure(patched, store, torch, log=work / "pip.log")
             torch_version = env.torch
             nodeids = [r.test.nodeid for r in runnable]
-            on_patched = run_nodeids(env, patched, nodeids, work / "patched.xml")
-            on_unpatched = run_nodeids(env, unpatched, nodeids, work / "unpatched.xml")
+            with progress.task(f"pytest: upstream's {len(nodeids)} test(s) of vLLM {source.vllm_version} on the "
+                               f"patched, then the unpatched pin {pin.name}", 2, unit="sessions") as task:
+                on_patched = run_nodeids(env, patched, nodeids, work / "patched.xml")
+                task.advance(1)
+                on_unpatched = run_nodeids(env, unpatched, nodeids, work / "unpatched.xml")
+                task.advance(1)
             for r in runnable:
                 r.patched, r.unpatched = on_patched[r.test.nodeid], on_unpatched[r.test.nodeid]
     finally:

@@ -48,6 +48,7 @@ from dsv4patch.store import Store
 
 UPSTREAM_CONFIRMED = "upstream: tests pass unpatched"
 UPSTREAM_PARTIAL = "upstream by markers; tests inconclusive"
+SKIPPED = "skipped here"  # every test skipped on this machine (a GPU test): not proven here
 
 
 @dataclass
@@ -71,7 +72,7 @@ def verdict(before: Outcome, after: Outcome) -> str:
     if after.total == 0:
         return "no tests"
     if after.skipped == after.total:
-        return "skipped here"
+        return SKIPPED
     if after.passed == after.total and before.failed == before.total and before.total == after.total:
         return "proven"
     return "NOT PROVEN"
@@ -120,20 +121,65 @@ class VerifyResult:
     def ok(self) -> bool:
         return all(p.ok for p in self.patches)
 
+    def summary(self) -> dict[str, Any]:
+        """Counts by what was shown here: proven, failed, not proven here (with why), found
+        upstream, without tests (``summary`` in the JSON; :meth:`summary_line` says it)."""
+        groups: dict[str, list[str]] = {"proven": [], "failed": [], "not_proven_here": [], "upstream": [],
+                                        "no_tests": []}
+        why: list[str] = []
+        for p in self.patches:
+            key = ("proven" if p.verdict == "proven" else "failed" if not p.ok
+                   else "no_tests" if p.verdict == "no tests" else "upstream" if p.status is not None
+                   and p.verdict != SKIPPED else "not_proven_here")
+            groups[key].append(p.patch)
+            if key == "not_proven_here":
+                why += [w for w in p.where.removeprefix("gpu only: ").split("; ") if w not in why]
+        return {**{k: len(v) for k, v in groups.items()}, "not_proven_here_patches": groups["not_proven_here"],
+                "why": why}
+
+    def summary_line(self) -> str:
+        """``verify PIN: 6 of 10 proven, 0 failed, 4 NOT PROVEN on this machine (0007-0010: ...)``:
+        exit 0 says nothing failed, this line says what was not shown here."""
+        s = self.summary()
+        line = f"verify {self.pin}: {s['proven']} of {len(self.patches)} proven, {s['failed']} failed"
+        if s["not_proven_here"]:
+            line += (f", {s['not_proven_here']} NOT PROVEN on this machine "
+                     f"({report.key_ranges(s['not_proven_here_patches'])}: their tests need a GPU here: "
+                     + "; ".join(s["why"]) + "; docs/gpu-proofs.md proves them)")
+        if s["upstream"]:
+            line += f", {s['upstream']} already upstream"
+        if s["no_tests"]:
+            line += f", {s['no_tests']} without tests"
+        return line
+
     def to_json(self) -> dict[str, Any]:
         return {"pin": self.pin, "patched_tree": self.patched_tree,
                 "patches": {p.patch: p.to_json() for p in self.patches}, "ok": self.ok,
                 "torch": self.torch, "sessions": {"run": self.sessions_run, "cached": self.sessions_cached},
-                "phases": self.phases}
+                "phases": self.phases, "summary": self.summary(), "notes": [self.summary_line()]}
 
     def table(self) -> tuple[report.Table, str]:
         """The terminal table and its markdown."""
         return report.simple_table(
             f"dsv4patch verify: pin {self.pin} (torch {self.torch} CPU, TRITON_INTERPRET=1; "
             f"pytest sessions: {self.sessions_run} run, {self.sessions_cached} cached)",
-            ["patch", "tests", "before (unpatched)", "after (patched)", "where", "verdict"],
-            [[p.patch, str(len(p.tests)), p.before, p.after, p.where, p.verdict] for p in self.patches],
+            ["patch", "tests", "before", "after", "verdict"],
+            [[p.patch, str(len(p.tests)), p.before, p.after,
+              _shown(p.verdict) + ("" if p.where in ("cpu", "-") else f" ({_why(p.where)})")] for p in self.patches],
+            legend=["tests: the test functions the patch's Test: lines name; before: their results on the "
+                    "unpatched pin with only the patch's tests added; after: on the patched pin (counts "
+                    "are test cases: a parametrized test counts once per case)"],
         )
+
+
+
+def _shown(verdict: str) -> str:
+    """A verdict in the table: a proof that did not run here never reads like one that did."""
+    return "not proven here" if verdict == SKIPPED else verdict
+
+
+def _why(where: str) -> str:
+    return where.replace("gpu only: ", "needs a GPU: ", 1)
 
 
 def verify(
@@ -168,10 +214,11 @@ def verify(
     work = store.tmpdir(f"verify-{pin.name}-")
     proofs: list[PatchProof] = []
     try:
-        with clock("venv"):
+        with clock("venv"), progress.step(f"verify {pin.name}: the CPU test venv (torch {torch or 'of the pin'}; "
+                                          f"made once, then cached; pip log: {work / 'pip.log'})"):
             env = testenv.ensure(_requirements(pinrepo.repo, final, work / "requirements"), store,
                                  torch, log=work / "pip.log")
-        sessions = Sessions(store, env, pinrepo, work, use_cache=use_cache)
+        sessions = Sessions(store, env, pinrepo, work, use_cache=use_cache, progress=progress)
         with_tests = [p for p in chosen if p.tests]
         with clock("prepare"):
             states = _before_states(pinrepo, with_tests)
@@ -256,8 +303,9 @@ class Sessions:
     results cache when nothing changed); work trees are checked out only for a run."""
 
     def __init__(self, store: Store, env: testenv.TestEnv, pinrepo: PinRepo, work: Path,
-                 use_cache: bool) -> None:
+                 use_cache: bool, progress: Progress | None = None) -> None:
         self.store, self.env, self.pinrepo, self.work, self.use_cache = store, env, pinrepo, work, use_cache
+        self.progress = progress or Progress(False)
         self.ran = 0
         self.cached = 0
         self._trees: dict[str, Path] = {}
@@ -295,12 +343,16 @@ class Sessions:
                 todo.append((key, tree_id, nodeids, self.checkout(tree_id)))
         if not todo:
             return
-        with ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
+        tests = sum(len(nodeids) for _k, _t, nodeids, _c in todo)
+        with self.progress.task(f"pytest: {len(todo)} session(s), {tests} test id(s) (CPU, TRITON_INTERPRET=1; "
+                                f"output: {self.work}/session-*.jsonl.log)", len(todo), unit="sessions") as task, \
+                ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
             futures = [pool.submit(testrun.run_and_store, self.store, self.env, tree_id, nodeids, cwd,
                                    self.work / f"session-{self.ran + i}.jsonl")
                        for i, (_key, tree_id, nodeids, cwd) in enumerate(todo)]
             for (key, *_), fut in zip(todo, futures, strict=True):
                 self._results[key] = fut.result()
+                task.advance(1)
         self.ran += len(todo)
 
     def results(self, tree_id: str, group: list[Patch], patch: Patch) -> list[testrun.TestResult]:
@@ -353,7 +405,7 @@ def _verify_patch(
         if before.total and before.passed == before.total:
             v = UPSTREAM_CONFIRMED
         elif before.total and before.skipped == before.total:
-            v = "skipped here"
+            v = SKIPPED
         else:
             # Tests written against the old pin's internals may not run on a newer
             # one (changed signatures, fakes that no longer reach the code): the
@@ -367,5 +419,5 @@ def _verify_patch(
                           status=status.value, failure_kinds=before.failure_kinds)
     after = after or Outcome()
     v = verdict(before, after)
-    where = "cpu" if v != "skipped here" else "gpu only: " + "; ".join(after.skip_reasons)[:80]
+    where = "cpu" if v != SKIPPED else "gpu only: " + "; ".join(after.skip_reasons)[:80]
     return PatchProof(patch.name, tests, str(before), str(after), where, v)

@@ -40,7 +40,8 @@ def check_pin(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PinChec
     """Materialize ``pin`` and run its series in a scratch index (never touches a tree)."""
     repo = materialize(pin, store, progress)
     series = series_for_pin(lock, pin)
-    with writing(CacheError, str(store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"):
+    with writing(CacheError, str(store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"), \
+            progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) with git apply --check"):
         return PinCheck(repo, series, engine.run_series(repo.repo, repo.base_commit, series))
 
 
@@ -197,15 +198,18 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
             return exc
 
     if len(todo) > 1:
-        # One live progress display at a time: the workers run without bars.
-        progress.note(f"checking {len(todo)} pins in parallel: {', '.join(p.name for p in todo)}")
+        # One live display: the workers run without their own bars; this one counts the pins done
+        # (a pin not in the cache yet is downloaded and extracted first: the first check takes longer).
         quiet = Progress(False)
         from concurrent.futures import ThreadPoolExecutor  # pins to check: a cache hit needs no threads
 
-        with ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
+        what = f"checking {len(todo)} pins ({', '.join(p.name for p in todo)}; fetched first where not cached)"
+        with progress.task(what, len(todo), unit="pins") as task, \
+                ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
             futures = [pool.submit(compute, pin, quiet) for pin in todo]
             for pin, fut in zip(todo, futures, strict=True):
                 results[pin.name] = fut.result()
+                task.advance(1)
     elif todo:
         results[todo[0].name] = compute(todo[0], progress)
     outcomes = []

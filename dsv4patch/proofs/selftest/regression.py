@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -202,8 +203,10 @@ def run_file(python: str, root: Path, rel: str, *, logs: Path, env: dict[str, st
 
 
 def run_regression(tests: dict[str, bytes], *, python: str, work: Path, on_gpu: bool, deadline: float,
-                   parallel: int = 4, base_env: dict[str, str] | None = None) -> RegressionResult:
-    """Every series test file in its own session, PARALLEL at once, all within DEADLINE seconds."""
+                   parallel: int = 4, base_env: dict[str, str] | None = None,
+                   done: Callable[[], None] | None = None) -> RegressionResult:
+    """Every series test file in its own session, PARALLEL at once, all within DEADLINE seconds
+    (``done`` is called as each file finishes: the progress count)."""
     root = work / "regression" / "tree"
     logs = work / "regression"
     root.mkdir(parents=True)
@@ -218,7 +221,11 @@ def run_regression(tests: dict[str, bytes], *, python: str, work: Path, on_gpu: 
         left = end - time.monotonic()
         if left < 5:
             return FileResult(rel, "timeout", None, 0.0, "", error="no time left for this file (the run's deadline)")
-        return run_file(python, root, rel, logs=logs, env=env, on_gpu=on_gpu, deadline=min(FILE_DEADLINE, left))
+        try:
+            return run_file(python, root, rel, logs=logs, env=env, on_gpu=on_gpu, deadline=min(FILE_DEADLINE, left))
+        finally:
+            if done is not None:
+                done()
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         results = list(pool.map(one, files))

@@ -645,8 +645,10 @@ def check_regression(lock: Lock | None, pin: str | None, python: str, store: Sto
     if node is not None and node.pytest is None:
         return CheckResult("regression", None, f"pytest is not installed in {python}: the series' tests cannot "
                            "run there (install pytest into that environment to run them)")
-    result = run_regression(tests, python=python, work=work, on_gpu=on_gpu, deadline=deadline,
-                            base_env=child_env(env))
+    with progress.task(f"regression: {len(tests)} test file(s), each in its own pytest process "
+                       f"({'GPU' if on_gpu else 'CPU'})", len(tests), unit="files") as task:
+        result = run_regression(tests, python=python, work=work, on_gpu=on_gpu, deadline=deadline,
+                                base_env=child_env(env), done=lambda: task.advance(1))
     return regression_check(result, node)
 
 
@@ -758,6 +760,12 @@ def _unrun(cases: list[Case], verdict: str, why: str) -> list[EngineRun]:
     return list(runs.values())
 
 
+def _regression_cannot_run(node: Node) -> str | None:
+    """Why the regression tests cannot run in the probed environment (None: they can)."""
+    missing = [name for name, version in (("vLLM", node.vllm), ("torch", node.torch)) if version is None]
+    return " and ".join(missing) + (" is" if len(missing) == 1 else " are") + " not installed" if missing else None
+
+
 def run_selftest(
     *,
     lock: Lock | None,  # None, or a lock without its patches (store None): the checks use the installed SBOM
@@ -799,6 +807,15 @@ def run_selftest(
     on_gpu = node.gpu is not None if gpu is None else gpu
     results: list[CheckResult] = []
 
+    def not_here() -> bool:
+        """The regression tests cannot run in this environment: said at once (not run, why), not as
+        one pytest crash per test file."""
+        missing = _regression_cannot_run(node)
+        if missing:
+            results.append(CheckResult("regression", None, f"not run: {missing} in {python} (the series' "
+                                       "tests import the installed vLLM and torch)"))
+        return missing is not None
+
     def run_checks() -> None:
         if not checks:
             return
@@ -815,6 +832,8 @@ def run_selftest(
                     )
 
                     vllm = probe_installed(python, "").get("vllm")
+                if vllm is not None and not_here():
+                    return
                 budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
                 results.append(check_regression(None, None, python, None, progress, work=work, on_gpu=on_gpu,
                                                 deadline=budget, node=node, vllm=vllm))
@@ -824,7 +843,7 @@ def run_selftest(
             inst = check_installed(lock, pin, python, store, progress, on_gpu=on_gpu)
             results.append(inst)
             chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
-        if "regression" in checks:
+        if "regression" in checks and not not_here():
             if chosen_pin is None:
                 from dsv4patch.delivery import (
                     pick_installed_pin,
@@ -853,6 +872,9 @@ def run_selftest(
     runs: list[EngineRun] = []
     sizing: plan.Sizing | None = None
     if cases and not on_gpu:
+        # Said at once (the checks that can run here go on): not after the checks' minutes.
+        progress.note(f"{python}: {node.describe()}: the {len(cases)} engine case(s) need a CUDA GPU and are "
+                      f"not run here; running the checks: {', '.join(checks) or 'none selected'}")
         runs = _unrun(cases, "needs-gpu", f"needs a CUDA GPU; {python} sees none ({node.describe()})")
     elif cases and node.vllm is None:
         runs = _unrun(cases, "not-run", f"vLLM is not installed in {python}")

@@ -66,6 +66,12 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
         spec = [c for c in rep["cases"] if c["acceptance"] is not None]
         assert spec and all(0 < c["acceptance"]["accepted"] < c["acceptance"]["drafted"] for c in spec)
     assert _selftest("selftest-patched-warm")["seconds"] < 300  # the warm second run: at most 5 minutes
+    # Session 2: the TP/PP-shardable model on one GPU, from empty JIT caches, DSpark's null block measured.
+    fresh = _selftest("selftest-patched")
+    assert fresh["topology"]["tensor_parallel_size"] == 1 and fresh["topology"]["pipeline_parallel_size"] == 1
+    dspark = [c for c in fresh["cases"] if c["engine"] == "dspark5"]
+    assert len(dspark) == 6 and all(c["null_block"]["layers"] > 0 and c["null_block"]["written"] == {}
+                                    and c["null_block"]["unmeasured"] == {} for c in dspark)
     readme = (SELFTEST / "README.md").read_text()
     assert "2 passed, 86 failed" in readme and "88 passed, 0 failed, 0 skipped" in readme
     assert "`vllm::persistent::persistent_topk_kernel<512, 4u>()` resident" in readme

@@ -296,16 +296,17 @@ def key_ranges(names: list[str]) -> str:
     return ", ".join(out)
 
 
-def folded(status: str, pins: dict[str, list[str]]) -> str:
+def folded(status: str, pins: dict[str, list[str]], evidence: str = "") -> str:
     """One line for a status many pins share as the lock expects (``upstream``): the patches
-    once per set of pins with the same ones, instead of a line per pin and patch."""
+    once per set of pins with the same ones, instead of a line per pin and patch; ``evidence``:
+    where the per-patch evidence is (the command names its option)."""
     groups: dict[str, list[str]] = {}
     for pin, names in pins.items():
         groups.setdefault(key_ranges(names), []).append(pin)
     word, what = STATUS_WORD.get(status, (status, status))
     return (f"{word} = {status}: {what}, as the lock expects: "
             + "; ".join(f"{keys} on {', '.join(p)}" for keys, p in groups.items())
-            + " (evidence: --format json)")
+            + (f" (evidence: {evidence})" if evidence else ""))
 
 
 def matrix_table(report: dict[str, Any], title: str | None = None) -> tuple[Table, str]:

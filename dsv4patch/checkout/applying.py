@@ -99,9 +99,7 @@ def apply_pin(
         _refuse_unfinished(co, path, out_notes)
         head = git.head(path)
         pin, pinrepo = _series_base(path, pin, pinrepo, head, branch, out_notes)
-        with writing(TreeError, str(path), _ADVICE.format(path=path)), \
-                progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) against {path}"):
-            result = run_series(path, pinrepo.base_commit, series)
+        result = _check_series(path, pin, pinrepo, series, progress)
         rep = pin_report(pin, pinrepo, result, lock.path)
         if three_way and result.final_tree is None:  # a conflict: the workspace to resolve it in
             with writing(TreeError, str(path), _ADVICE.format(path=path)):
@@ -205,6 +203,13 @@ def _unappliable(path: Path, pin: Pin, rep: PinReport, result: SeriesResult, thr
             for name, v in rep.patches.items() if not v.ok
         ] + rep.notes + [f"{path} was left unchanged"]
     return None
+
+
+def _check_series(path: Path, pin: Pin, pinrepo: PinRepo, series: Series, progress: Progress) -> SeriesResult:
+    """The series checked against the tree's base (one progress step)."""
+    with writing(TreeError, str(path), _ADVICE.format(path=path)), \
+            progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) against {path}"):
+        return run_series(path, pinrepo.base_commit, series)
 
 
 def _move(co: Checkout, path: Path, pin: Pin, pinrepo: PinRepo, series: Series, result: SeriesResult,

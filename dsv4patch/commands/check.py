@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                                     + (f"\n  next: {verdict.next}" if verdict.next is not None else ""))
         out["notes"] += [f"{pin.name}: {n}" for n in rep.notes]
     # What the lock expects needs no line per pin and patch: one per status (evidence: --format json).
-    out["notes"][:0] = [report.folded(status, pins) for status, pins in expected.items()]
+    out["notes"][:0] = [report.folded(status, pins, evidence="--format json") for status, pins in expected.items()]
     table, md = report.matrix_table(out)
     report.emit(args.format, out, table, md)
     if not_fetched:

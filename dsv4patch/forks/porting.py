@@ -668,7 +668,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
         repo = work / "port.git"
         git.init_with_alternates(repo, [old.repo, new.repo])
         ported = port_series(repo, old, new, series, pin.name, used, committed)
-        ported = _name_resolutions(ported, pin, used, ws if ws_state is not None else None, own, existing)
+        ported = _name_resolutions(ported, pin, used, ws if ws_state is not None else None, own, existing,
+                                   lock.path)
         ok = all(p.action in ("keep", "refresh", "merge", "resolved", "drop") for p in ported)
         if existing:
             ok = _compare_with_pin(pin, ported, notes) and ok
@@ -755,7 +756,7 @@ def _with_pin_variants(pin: Pin, used: Path | None, work: Path) -> Path:
 
 
 def _name_resolutions(ported: list[Ported], pin: Pin, used: Path | None, ws: Path | None,
-                      own: OwnWorkspace | None, existing: bool) -> list[Ported]:
+                      own: OwnWorkspace | None, existing: bool, lock_path: Path) -> list[Ported]:
     """Each detail names the resolution where the maintainer keeps it, not the temporary copy."""
     kept = portspace.resolutions(ws) if ws is not None else None
     if kept is not None and used is not None:  # name the workspace's resolution, not the copy
@@ -767,7 +768,7 @@ def _name_resolutions(ported: list[Ported], pin: Pin, used: Path | None, ws: Pat
     if existing and used is not None:  # name the lock's variant, not the temporary copy
         ported = [dataclasses.replace(p, detail=p.detail.replace(
             str(used / p.patch.name), f"pin {pin.name}'s variant (the same file name in "
-            f"{_in_project(lock.path, pin.variants[p.patch.name].parent)}/)"))
+            f"{_in_project(lock_path, pin.variants[p.patch.name].parent)}/)"))
             if p.patch.name in pin.variants else p for p in ported]
     return ported
 

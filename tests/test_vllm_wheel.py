@@ -280,7 +280,15 @@ def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_
     assert res.rc == 1 and json.loads(res.out)["installed"] is None
     assert "no vLLM installed" in _status(cli, shared_cache, "--python", venv / "bin" / "python").out
     assert _status(cli, shared_cache, "--tree", tmp_path).rc == 2
-    assert cli("status", "--lock", LOCK).rc == 2
+    # status without --tree takes the lock's project's vllm-src/<pin> (issue 40: relative defaults from the
+    # lock's project root, wherever it runs; CI's main job makes one in the checkout): a project without one
+    # has nothing to take.
+    proj = tmp_path / "proj"
+    shutil.copytree(ROOT / "patches", proj / "patches")
+    (proj / "locks").mkdir()
+    shutil.copyfile(LOCK, proj / "locks" / "vllm.toml")
+    res = cli("status", "--lock", proj / "locks" / "vllm.toml")
+    assert res.rc == 2 and str(proj / "vllm-src") in res.err, res.out + res.err
     assert _status(cli, shared_cache, "--python", tmp_path / "nope").rc == 2
 
 

@@ -88,15 +88,18 @@ def _served_lock(tmp_path: Path, url: str) -> Path:
     return lock
 
 
-def test_progress_visible_on_a_tty_quiet_otherwise(tmp_path):
+def test_progress_on_a_tty_and_plain_lines_otherwise(tmp_path):
     with serve() as idx:
         idx.pages["/x.tar.gz"] = ("application/octet-stream", b"y" * (3 << 20))
         lock = _served_lock(tmp_path, f"{idx.url}/x.tar.gz")
         cmd = [sys.executable, "-m", "dsv4patch", "fetch", "--lock", str(lock), "--cache-dir"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TERM": "xterm"}
-        # Not a TTY: nothing but the error on stderr.
+        # Not a TTY (issue 40): each step one plain line on stderr, no bar, no cursor control, then the error.
         plain = subprocess.run(cmd + [str(tmp_path / "c1")], capture_output=True, text=True, env=env)
-        assert "download" not in plain.stderr.replace("cannot download", "")
+        steps = [line for line in plain.stderr.splitlines() if line.startswith("dsv4patch: ")]
+        assert any("download pin s: vllm-0.tar.gz" in line for line in steps), plain.stderr
+        assert "\r" not in plain.stderr and "\x1b" not in plain.stderr, plain.stderr
+        assert "sha256 mismatch" in plain.stderr
         # A TTY: the download shows a progress bar.
         pid, fd = pty.fork()
         if pid == 0:

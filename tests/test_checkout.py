@@ -150,27 +150,6 @@ def test_a_linked_worktree_is_refused_for_attributes_in_its_common_dir(tmp_path,
     assert now.config == before.config and now.stash == before.stash
 
 
-def test_a_fifo_in_the_config_includes_is_refused_not_read(tmp_path, upstream):
-    """git would block on an included FIFO forever; the guard checks every include is a regular file."""
-    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
-    lock = make_project(tmp_path, upstream, fork)
-    fifo = tmp_path / "acme.fifo"
-    os.mkfifo(fifo)
-    with open(fork.path / ".git" / "config", "a") as fh:
-        fh.write(f"[include]\n\tpath = {fifo}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(lock), "--pin", "up",
-                             "--tree", str(fork.path), "--no-build", "--cache-dir", str(tmp_path / "c")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        _out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # dsv4patch and the git blocked on the FIFO
-        proc.communicate()
-        raise AssertionError("apply blocked on the FIFO the fork's config includes") from None
-    assert proc.returncode == EXIT_TREE and str(fifo) in err and "not a regular file" in err, err
-
-
 def _apply_within(tmp_path: Path, lock: Path, fork: Fork, what: str) -> tuple[int, str]:
     """``apply --tree FORK`` that must end by itself (a git blocked on a FIFO would not)."""
     proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(lock), "--pin", "up",
@@ -184,6 +163,18 @@ def _apply_within(tmp_path: Path, lock: Path, fork: Fork, what: str) -> tuple[in
         proc.communicate()
         raise AssertionError(f"apply blocked on {what}") from None
     return proc.returncode, err
+
+
+def test_a_fifo_in_the_config_includes_is_refused_not_read(tmp_path, upstream):
+    """git would block on an included FIFO forever; the guard checks every include is a regular file."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    fifo = tmp_path / "acme.fifo"
+    os.mkfifo(fifo)
+    with open(fork.path / ".git" / "config", "a") as fh:
+        fh.write(f"[include]\n\tpath = {fifo}\n")
+    code, err = _apply_within(tmp_path, lock, fork, "the FIFO the fork's config includes")
+    assert code == EXIT_TREE and str(fifo) in err and "not a regular file" in err, err
 
 
 # Files git opens in its own directory or in the work tree without asking what they are: each

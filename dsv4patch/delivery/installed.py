@@ -36,7 +36,7 @@ from typing import Any
 from dsv4patch import childproc, report, safeio
 from dsv4patch.delivery import sbom
 from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, ParameterError, param
-from dsv4patch.hashing import sha256
+from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
 from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
@@ -284,27 +284,6 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
     return out
 
 
-def _library_sha256(path: Path) -> str | None:
-    """sha256 of the installed kernel library (no link, no FIFO, at most 1 GiB), or None."""
-    import hashlib
-
-    try:
-        fd = safeio.open_regular(path)
-    except (OSError, safeio.UnsafeFileError):
-        return None
-    h = hashlib.sha256()
-    got = 0
-    try:
-        while chunk := os.read(fd, 1 << 20):
-            got += len(chunk)
-            if got > KERNEL_MEMBER_LIMIT:
-                return None
-            h.update(chunk)
-    finally:
-        os.close(fd)
-    return h.hexdigest()
-
-
 def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
                kernel: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The installed SBOM (``<dist-info>/sboms/dsv4patch.cdx.json``) against what is installed.
@@ -358,7 +337,7 @@ def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
     if sorted(facts.diff_sha256) != sorted(applied.values()):
         problems.append("the SBOM's pedigree patch texts do not hash to the lock's patches")
     if kernel.get("installed"):
-        have = _library_sha256(Path(kernel["library"]))
+        have = hash_installed(Path(kernel["library"]), KERNEL_MEMBER_LIMIT)
         if facts.kernel_library_sha256 is None:
             problems.append("the SBOM names no kernel library, one is installed")
         elif have != facts.kernel_library_sha256:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -364,3 +366,31 @@ def pin_requirements(pin_name: str, cache: Path, dest: Path) -> Path:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(git.out(pr.repo, "show", f"{pr.base_commit}:requirements/{name}") + "\n")
     return dest
+
+
+def pty_run(args: list[str], cwd: Path, env: dict[str, str],
+            cols: int = 80) -> tuple[int, list[tuple[float, bytes]], float]:
+    """Run ``dsv4patch ARGS`` in a COLS-column pseudo-terminal: (exit code, (seconds since start, bytes) per read, total)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, cwd=cwd)
+    os.close(slave)
+    reads: list[tuple[float, bytes]] = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        reads.append((time.monotonic() - t0, data))
+    os.close(master)
+    rc = proc.wait()
+    return rc, reads, time.monotonic() - t0

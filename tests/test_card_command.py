@@ -14,13 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import LOCK, ROOT
+from conftest import LOCK, ROOT, pty_run
 from dsv4patch.pins.lock import load
 
 PATCHED = load(LOCK).pin("0.27.1").patched_tree
@@ -99,33 +98,6 @@ def test_the_card_command_as_typed_builds_the_kernels(cli, project: Path, shared
     assert info["torch_version"].split("+")[0] == "2.13.0" and not info["torch_mismatch"]
 
 
-def _pty_times(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[tuple[float, bytes]], float]:
-    """Run ARGS in an 80-column pseudo-terminal: (exit code, (seconds since start, bytes) per read, total)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", *args], stdin=slave, stdout=slave, stderr=slave,
-                            env=env, cwd=cwd)
-    os.close(slave)
-    reads: list[tuple[float, bytes]] = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        reads.append((time.monotonic() - t0, data))
-    os.close(master)
-    rc = proc.wait()
-    return rc, reads, time.monotonic() - t0
-
-
 def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(project: Path, tmp_path: Path,
                                                                           shared_cache: Path) -> None:
     """issue 40: the card command was silent for minutes. From a cache holding only the sdist (so the
@@ -139,7 +111,7 @@ def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(projec
     shutil.copyfile(shared_cache / "blobs" / "sha256" / pin.source.sha256, blobs / pin.source.sha256)
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES", "DSV4PATCH_LOCK")}
     env.update(TERM="xterm-256color", PYTHONPATH=str(ROOT), DSV4PATCH_CACHE=str(tmp_path / "c"))
-    rc, reads, total = _pty_times(["apply", "--lock", "locks/vllm.toml", "--no-build"], project, env)
+    rc, reads, total = pty_run(["apply", "--lock", "locks/vllm.toml", "--no-build"], project, env)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(d for _, d in reads).decode("utf-8", "replace"))
     assert rc == 0, text[-3000:]
     times = [0.0] + [t for t, _ in reads] + [total]

@@ -6,22 +6,18 @@ with its output piped.
 
 from __future__ import annotations
 
-import fcntl
 import io
 import os
-import pty
 import re
 import shutil
-import struct
 import subprocess
 import sys
-import termios
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conftest import LOCK, ROOT
+from conftest import LOCK, ROOT, pty_run
 from dsv4patch import report
 from test_resolve import fork_lock  # noqa: F401  (fixture)
 
@@ -37,22 +33,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def run_pty(args: list[str], env: dict[str, str], cols: int = 80) -> tuple[int, bytes]:
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4patch", *args], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, cwd=ROOT)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        out += data
-    os.close(master)
-    return proc.wait(), out
+    rc, reads, _ = pty_run(args, ROOT, env, cols)
+    return rc, b"".join(data for _, data in reads)
 
 
 def table_lines(out: bytes) -> list[str]:

@@ -56,7 +56,7 @@ def sh(cwd: Path, *args: str) -> str:
 # build, the stock wheels' downloads) run first, so that with ``-n 2 --dist loadfile``
 # the short ones fill the other worker instead of waiting behind a long one at the end.
 SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_upstream_tests.py",
-              "test_vllm_wheel.py", "test_kernel_runtime.py", "test_flashinfer_matrix.py",
+              "test_vllm_wheel.py", "test_kernels_runtime.py", "test_flashinfer_matrix.py",
               "test_testenv.py", "test_testrun.py", "test_recovery.py", "test_pins.py")
 
 

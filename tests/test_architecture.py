@@ -451,6 +451,44 @@ def test_every_module_has_a_test_in_the_map() -> None:
     assert missing == [], "name the test that covers each module in docs/ARCHITECTURE.md's test map"
 
 
+def _tested_elsewhere() -> dict[str, str]:
+    """module path -> reason, from the page's table of modules tested through another suite."""
+    section = ARCHITECTURE.read_text().split("\n## Modules tested through another suite", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    return {cells[1].strip().strip("`"): cells[2] + cells[3] for cells in rows if len(cells) > 4}
+
+
+def _own_tests(path: Path) -> list[Path]:
+    """The test modules that would be named after module ``path`` (relative to the package)."""
+    names = [f"test_{path.stem}.py"]
+    if len(path.parts) > 1:
+        names.append(f"test_{path.parts[-2]}_{path.stem}.py")
+    return [ROOT / "tests" / n for n in names]
+
+
+def test_every_core_module_has_a_test_named_after_it_or_a_stated_reason() -> None:
+    """issue 37: one test module per core module, or the page says where it is tested and why."""
+    elsewhere = _tested_elsewhere()
+    missing, stale, vague = [], [], []
+    for m in _core():
+        if m.path.name in ("__init__.py", "__main__.py"):
+            continue
+        rel = m.path.as_posix()
+        own = any(p.is_file() for p in _own_tests(m.path))
+        if own and rel in elsewhere:
+            stale.append(rel)
+        elif not own and rel not in elsewhere:
+            missing.append(rel)
+        elif not own:
+            named = re.findall(r"`(tests/test_\w+\.py)`", elsewhere[rel])
+            if not named or not all((ROOT / n).is_file() for n in named):
+                vague.append(rel)
+    assert missing == [], "write tests/test_<module>.py, or say in docs/ARCHITECTURE.md where it is tested and why"
+    assert stale == [], "these have a test module of their own: take them off the page's list"
+    assert vague == [], "each reason names the existing test modules"
+    assert set(elsewhere) <= {m.path.as_posix() for m in _core()}, "the list names a module that is gone"
+
+
 def test_the_architecture_page_names_no_module_that_is_gone() -> None:
     """Each module the table names (`x.py`, `commands/x.py`) exists: the page follows the code."""
     gone = sorted(n for n in _table() if not (PACKAGE / n).is_file())
@@ -488,6 +526,6 @@ def test_only_the_checkout_guard_lets_git_into_a_work_tree() -> None:
 
 def test_git_refuses_a_work_tree_the_guard_does_not_hold() -> None:
     """The runtime half: git._repo_env raises for a work tree no guard holds (exercised for real in
-    tests/test_checkout.py and tests/test_git.py)."""
+    tests/test_guard.py and tests/test_git.py)."""
     source = (PACKAGE / "git.py").read_text()
     assert "raise UnguardedCheckout(" in source and "_GUARDED.get(os.path.realpath(cwd))" in source

@@ -372,8 +372,6 @@ LONG_FUNCTIONS_LEFT = {
     "delivery/sbom.py:read",
     "delivery/vllm_wheel.py:_build",
     "delivery/vllm_wheel.py:read_kernels",
-    "forks/porting.py:new_pin",
-    "forks/porting.py:port_series",
     "kernels/sources.py:loose_intersection",
     "kernels/toolchain.py:resolve",
     "pins/lock.py:_parse_pin",

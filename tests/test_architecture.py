@@ -364,7 +364,6 @@ LONG_FUNCTIONS_LEFT = {
     "checkout/resolving.py:open_workspace",
     "checkout/transaction.py:recover",
     "checkout/treestatus.py:_tree_status",
-    "childproc.py:run",
     "delivery/installed.py:check",
     "delivery/installed.py:check_sbom",
     "delivery/installed.py:inspect",

@@ -363,7 +363,6 @@ def _functions_over(max_lines: int) -> list[str]:
 LONG_FUNCTIONS_LEFT = {
     "checkout/resolving.py:open_workspace",
     "checkout/transaction.py:recover",
-    "checkout/treestatus.py:_tree_status",
     "delivery/installed.py:check",
     "delivery/installed.py:check_sbom",
     "delivery/installed.py:inspect",

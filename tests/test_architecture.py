@@ -370,7 +370,6 @@ LONG_FUNCTIONS_LEFT = {
     "delivery/vllm_wheel.py:_build",
     "delivery/vllm_wheel.py:read_kernels",
     "kernels/sources.py:loose_intersection",
-    "kernels/toolchain.py:resolve",
     "proofs/selftest/child.py:run",
     "proofs/selftest/model.py:apply_oracle_weights",
     "proofs/selftest/model.py:tiny_config",

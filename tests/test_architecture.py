@@ -378,8 +378,6 @@ LONG_FUNCTIONS_LEFT = {
     "proofs/selftest/runner.py:run_selftest",
     "proofs/upstream_tests.py:_run_once",
     "proofs/verifying.py:verify",
-    "series/patches.py:git_headers",
-    "series/patches.py:load_patch",
     "zipcopy.py:chunks",
 }
 

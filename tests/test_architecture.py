@@ -368,7 +368,6 @@ LONG_FUNCTIONS_LEFT = {
     "delivery/sbom.py:read",
     "delivery/vllm_wheel.py:_build",
     "delivery/vllm_wheel.py:read_kernels",
-    "kernels/sources.py:loose_intersection",
     "proofs/selftest/child.py:run",
     "proofs/selftest/model.py:apply_oracle_weights",
     "proofs/selftest/model.py:tiny_config",

@@ -376,7 +376,6 @@ LONG_FUNCTIONS_LEFT = {
     "proofs/selftest/runner.py:run_selftest",
     "proofs/upstream_tests.py:_run_once",
     "proofs/verifying.py:verify",
-    "zipcopy.py:chunks",
 }
 
 

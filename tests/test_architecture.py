@@ -289,8 +289,9 @@ def _prose(module: Module) -> list[tuple[int, str]]:
 
 def test_the_core_names_parameters_and_commands_render_them() -> None:
     """A ParameterError spells no option (it names parameters with errors.param); every parameter the core
-    names has its option in commands/_words.py."""
+    names (``param``, ``Step.of``) has its option in commands/_words.py, every step is a command."""
     from dsv4patch.commands._words import OPTIONS
+    from dsv4patch.main import COMMANDS
 
     options = _option_names()
     assert set(OPTIONS.values()) <= options, "commands/_words.py names an option no command has"
@@ -301,6 +302,13 @@ def test_the_core_names_parameters_and_commands_render_them() -> None:
                 name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
                 if name not in OPTIONS:
                     bad.append(_where(m, node.lineno, f"param({name!r}) has no word in commands/_words.py"))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "of" \
+                    and getattr(node.func.value, "id", "") == "Step":
+                action = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+                if action not in COMMANDS:
+                    bad.append(_where(m, node.lineno, f"Step.of({action!r}): not a command"))
+                bad += [_where(m, node.lineno, f"Step.of(..., {k.arg}=) has no word in commands/_words.py")
+                        for k in node.keywords if k.arg not in OPTIONS]
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
                     and getattr(node.exc.func, "id", "") == "ParameterError":
                 for sub in ast.walk(node.exc):
@@ -309,6 +317,44 @@ def test_the_core_names_parameters_and_commands_render_them() -> None:
                         if spelled:
                             bad.append(_where(m, node.lineno, f"ParameterError spells {spelled}"))
     assert bad == []
+
+
+NEXT_STEP_MARKERS = ("\u27e6", "\u27e7", "\u27e8", "\u27e9")  # nextstep.mention's and errors.param's
+
+
+def test_no_marker_reaches_the_user(tmp_path, capsys):
+    """Real commands whose messages name next steps and parameters: the user reads options and
+    command lines, on stderr and in JSON, never a marker."""
+    import json
+    import shutil
+    import subprocess
+
+    from dsv4patch.main import main
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    subprocess.run(["git", "init", "-q", str(plain)], check=True)
+    lock = tmp_path / "locks" / "vllm.toml"
+    lock.parent.mkdir()
+    shutil.copyfile(ROOT / "locks" / "vllm.toml", lock)
+    shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    runs = [
+        (["resolve", "--continue", "--tree", str(plain), "--lock", str(lock)],
+         f"`dsv4patch apply --pin P --tree {plain} --3way` opens one"),
+        (["port", "--abort", "--workspace", str(tmp_path / "empty")], f"--workspace {tmp_path / 'empty'}"),
+        (["port", "--lock", str(lock), "--to", "0.27.1"], "pass --name NEW to add another pin; `--dry-run`"),
+    ]
+    (tmp_path / "empty").mkdir()
+    for argv, shown in runs:
+        for fmt in ("text", "json"):
+            capsys.readouterr()
+            code = main([*argv, "--format", fmt])
+            out, err = capsys.readouterr()
+            assert code != 0, (argv, out, err)
+            assert not any(c in out + err for c in NEXT_STEP_MARKERS), (argv, fmt, out, err)
+            assert shown in err, (argv, err)
+            if fmt == "json":
+                assert shown in json.loads(out)["error"]["message"]
 
 
 # Option names still spelled in the core's prose (messages, notes, next steps), by module: issue 37

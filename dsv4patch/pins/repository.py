@@ -34,7 +34,6 @@ from dsv4patch.store import Store
 
 if TYPE_CHECKING:
     from dsv4patch.pins.lock import Pin
-    pass
 
 READY = "dsv4patch-ready"
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from dsv4patch import git, guard, safeio
 from dsv4patch.checkout import states
 from dsv4patch.checkout.states import ApplyJournal
-from dsv4patch.errors import TreeError, writing
+from dsv4patch.errors import TreeError, param, writing
 from dsv4patch.guard import Checkout
 from dsv4patch.pins import PinRepo
 from dsv4patch.progress import Progress
@@ -256,7 +256,7 @@ def recover(co: Checkout) -> str | None:
             f"changed since in ways dsv4patch did not make: {'; '.join(problems)}. Nothing was "
             f"touched. To keep your changes, commit or stash them elsewhere, then either delete "
             f"{journal} and start again from a clean checkout of {frm[:12]} (or use a new "
-            f"--tree), or run `git reset --hard {to[:12]}` (discards your changes) and delete "
+            f"{param('tree')}), or run `git reset --hard {to[:12]}` (discards your changes) and delete "
             "the journal"
         )
     for lock in stale:  # no process has them open: left by a killed git

@@ -15,6 +15,7 @@ import hashlib
 import os
 
 from dsv4patch.errors import LockFileError
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin
 from dsv4patch.series import series_for_pin
 
@@ -24,8 +25,8 @@ BUILD_ARGS = ("VLLM_PIN", "VLLM_VERSION", "VLLM_COMMIT", "PATCHED_TREE", "PATCH_
 
 def compute(lock: Lock, pin: Pin) -> dict[str, str]:
     if not pin.patched_tree:
-        raise LockFileError(f"{lock.path}: pin {pin.name} has no patched_tree (run `dsv4patch lock "
-                            "--update`); an image needs it")
+        raise LockFileError(f"{lock.path}: pin {pin.name} has no patched_tree (run "
+                            f"`{mention(Step.of('lock', update=True))}`); an image needs it")
     patch_set = series_for_pin(lock, pin).hash()
     return {
         "VLLM_PIN": pin.name,

@@ -38,6 +38,7 @@ from dsv4patch.delivery import sbom
 from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, ParameterError, param
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json
@@ -155,7 +156,7 @@ def probe(python: str, kernel_dist: str) -> dict[str, Any]:
     hangs or floods: ChildError (8).
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"--python {python}",
+    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"{param('python')} {python}",
                                      env=env, cwd="/")
     if fin.returncode != 0 or data is None:
         raise ParameterError(f"{param('python')} {python}: not a working Python interpreter ({fin.status()}: "
@@ -379,7 +380,7 @@ def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | No
     required = str(info.get("torch_required") or "").split("+", 1)[0]
     if info.get("torch_mismatch") or (required and built and built != required):
         return (f"the kernel library was built for torch {built or '?'}, not torch {required or '?'} "
-                "that the pin's vLLM requires (--allow-torch); rebuild it without --allow-torch")
+                f"that the pin's vLLM requires ({param('allow_torch')}); rebuild it without {param('allow_torch')}")
     have = (installed_torch or "").split("+", 1)[0]
     if built and have and built != have:
         return (f"the kernel library was built for torch {built}, this environment has torch {have}; "
@@ -483,7 +484,7 @@ class InstalledReport:
             detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
                                for f, v in p["files"].items() if v["state"] != "present")
             rows.append([name, p["state"], detail])
-        return report.simple_table(f"dsv4patch status --installed: {self.python}",
+        return report.simple_table(f"{mention(Step.of('status', installed=True))}: {self.python}",
                                    ["patch", "state", "files not present"], rows)
 
 
@@ -596,7 +597,7 @@ def check(
     if by_state:
         out["notes"].append("  next: " + ("install the patched wheel again" if ours else
                                           "install the patched wheel (this vLLM is not one dsv4patch made)")
-                            + f" (`dsv4patch wheel --pin {out['pin']}`, then `pip install --force-reinstall "
+                            + f" (`{mention(Step.of('wheel', pin=out['pin']))}`, then `pip install --force-reinstall "
                             "--no-deps <wheel>`)")
     rep = out.get("sbom")
     if rep is not None:

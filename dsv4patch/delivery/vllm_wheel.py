@@ -73,6 +73,7 @@ from dsv4patch.kernels import (
     stock_wheel_for,
     stock_wheel_path,
 )
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin, WheelFile
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json, read_stream
@@ -120,11 +121,11 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
     """The plugin package of a ``dsv4patch build`` wheel, checked against pin, tree and platform."""
     dist = kernel_dist_name(pin.name)
     if not path.name.startswith(dist + "-"):
-        raise BuildError(f"--kernels {path}: not a kernel wheel of pin {pin.name} (expected {dist}-*.whl "
-                         f"from `dsv4patch build --pin {pin.name}`)")
+        raise BuildError(f"{param('kernels')} {path}: not a kernel wheel of pin {pin.name} (expected {dist}-*.whl "
+                         f"from `{mention(Step.of('build', pin=pin.name))}`)")
     m = _MACHINE.search(path.name)
     if not m or m.group(1) != platform:
-        raise BuildError(f"--kernels {path}: built for {m.group(1) if m else 'an unknown platform'}, "
+        raise BuildError(f"{param('kernels')} {path}: built for {m.group(1) if m else 'an unknown platform'}, "
                          f"the wheel is for {platform}; build the kernels on a {platform} machine")
     members, raws = _kernel_members(path, dist)
     info = _kernel_build_info(path, dist, pin, tree_id, members)
@@ -146,7 +147,7 @@ def _kernel_members(path: Path, dist: str) -> tuple[dict[str, bytes], dict[str, 
             with open(path, "rb") as wfh:
                 raws = {zi.filename: zipcopy.read_raw(wfh, zi) for zi in zf.infolist() if zi.filename in members}
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
+        raise BuildError(f"{param('kernels')} {path}: not a readable wheel ({exc})") from None
     return members, raws
 
 
@@ -155,37 +156,38 @@ def _kernel_file(path: Path, zf: zipfile.ZipFile, zi: zipfile.ZipInfo) -> bytes:
     name = zi.filename
     problem = member_problem(name)
     if problem:
-        raise BuildError(f"--kernels {path}: member {name!r} {problem}")
+        raise BuildError(f"{param('kernels')} {path}: member {name!r} {problem}")
     if stat.S_IFMT(zi.external_attr >> 16) not in (0, stat.S_IFREG):
-        raise BuildError(f"--kernels {path}: member {name!r} is not a regular file "
+        raise BuildError(f"{param('kernels')} {path}: member {name!r} is not a regular file "
                          "(a symbolic link?); refused")
     if zi.file_size > KERNEL_MEMBER_LIMIT:
-        raise BuildError(f"--kernels {path}: member {name!r} declares {zi.file_size} bytes, "
+        raise BuildError(f"{param('kernels')} {path}: member {name!r} declares {zi.file_size} bytes, "
                          f"more than {KERNEL_MEMBER_LIMIT}; refused")
     with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
-        return read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}", error=BuildError)
+        return read_stream(fh, zi.file_size, label=f"{param('kernels')} {path}: {name}", error=BuildError)
 
 
 def _kernel_build_info(path: Path, dist: str, pin: Pin, tree_id: str, members: dict[str, bytes]) -> dict[str, Any]:
     """``build_info.json`` of the plugin package: what ``dsv4patch build`` wrote, for this pin's tree."""
     raw = members.get(f"{dist}/build_info.json")
     if raw is None:
-        raise BuildError(f"--kernels {path}: no {dist}/build_info.json")
-    info = loads_json(raw, label=f"--kernels {path}: {dist}/build_info.json", error=BuildError)
+        raise BuildError(f"{param('kernels')} {path}: no {dist}/build_info.json")
+    info = loads_json(raw, label=f"{param('kernels')} {path}: {dist}/build_info.json", error=BuildError)
     bad = ("it is not a JSON object" if not isinstance(info, dict) else next(
         (f'"{k}" is not a string' for k in ("tree_id", "vllm_version", "library")
          if not isinstance(info.get(k), str)), None))
     if bad:
-        raise BuildError(f"--kernels {path}: {dist}/build_info.json is not what `dsv4patch build` writes "
-                         f"({bad}); rebuild it with `dsv4patch build --pin {pin.name}`")
+        raise BuildError(f"{param('kernels')} {path}: {dist}/build_info.json is not what `dsv4patch build` writes "
+                         f"({bad}); rebuild it with `{mention(Step.of('build', pin=pin.name))}`")
     if info.get("tree_id") != tree_id or info.get("vllm_version") != pin.vllm_version:
         raise BuildError(
-            f"--kernels {path}: built from tree {info.get('tree_id')} for vLLM "
+            f"{param('kernels')} {path}: built from tree {info.get('tree_id')} for vLLM "
             f"{info.get('vllm_version')}, pin {pin.name} is tree {tree_id}, vLLM {pin.vllm_version}; "
-            f"rebuild it with `dsv4patch build --pin {pin.name}` on a tree made by `dsv4patch apply`"
+            f"rebuild it with `{mention(Step.of('build', pin=pin.name))}` on a tree made by "
+            f"`{mention(Step.of('apply'))}`"
         )
     if f"{dist}/{info.get('library')}" not in members:
-        raise BuildError(f"--kernels {path}: the library {info.get('library')} is missing")
+        raise BuildError(f"{param('kernels')} {path}: the library {info.get('library')} is missing")
     return cast("dict[str, Any]", info)  # a JSON object, checked above
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import childproc, safeio, zipcopy
-from dsv4patch.errors import BuildError
+from dsv4patch.errors import BuildError, param
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
 from dsv4patch.kernels.runtime import HOOK_MARK
@@ -213,18 +213,18 @@ def _torch_info(python: str) -> dict[str, str | None]:
         " 'lib': os.path.join(d, 'lib'), 'site': os.path.dirname(d), 'cuda': torch.version.cuda}))\n"
     )
     # Imports torch (CUDA libraries load): a longer deadline than a probe that only locates it.
-    res, data = childproc.ask_python(python, code, marker="DSV4PATCH-TORCH-INFO", label=f"--python {python}",
+    res, data = childproc.ask_python(python, code, marker="DSV4PATCH-TORCH-INFO", label=f"{param('python')} {python}",
                                      deadline=300)
     if res.returncode != 0:
         raise BuildError(
             f"{python} cannot import torch ({res.stderr.strip().splitlines()[-1:] or ['?']}); "
-            "pass --python with the interpreter of the environment vLLM runs in "
+            f"pass {param('python')} with the interpreter of the environment vLLM runs in "
             "(or set DSV4PATCH_TORCH_PYTHON)"
         )
     if not (isinstance(data, dict) and all(isinstance(data.get(k), str) for k in ("version", "include", "lib", "site"))
             and (data.get("cuda") is None or isinstance(data.get("cuda"), str))):
         raise BuildError(f"{python}: its answer about torch is not the object dsv4patch's probe prints; "
-                         "pass --python with the interpreter of the environment vLLM runs in")
+                         f"pass {param('python')} with the interpreter of the environment vLLM runs in")
     info: dict[str, str | None] = {k: data.get(k) for k in ("version", "include", "lib", "site", "cuda")}
     return info
 
@@ -276,7 +276,7 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
             if res.returncode != 0 or not wheels:
                 raise BuildError(
                     f"cublas_v2.h is not in the CUDA toolkit and `pip download {spec}` failed "
-                    f"({res.stderr.strip()[-300:]}); pass --extra-include DIR with a directory "
+                    f"({res.stderr.strip()[-300:]}); pass {param('extra_include')} DIR with a directory "
                     "that holds cublas_v2.h"
                 )
             unpack = tmp / "include"
@@ -365,7 +365,7 @@ def check_cuda_match(tc: Toolchain) -> str | None:
             f"{tc.python} is built for CUDA {tc.torch_cuda_version}: the kernel library would "
             f"need libcudart.so.{cuda_major(tc.cuda_version)} next to torch's "
             f"libcudart.so.{cuda_major(tc.torch_cuda_version)}. Use an nvcc of CUDA "
-            f"{cuda_major(tc.torch_cuda_version)}.x (--nvcc or CUDA_HOME), or --python with "
+            f"{cuda_major(tc.torch_cuda_version)}.x ({param('nvcc')} or CUDA_HOME), or {param('python')} with "
             f"a torch built for CUDA {cuda_major(tc.cuda_version)}.x"
         )
     return None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4patch import git
-from dsv4patch.errors import BuildError
+from dsv4patch.errors import BuildError, param
 
 TARGET = "_C_stable_libtorch"
 SRC_VAR = "VLLM_STABLE_EXT_SRC"
@@ -366,7 +366,7 @@ def release_arch_list(tree: Path, cuda_version: str | None, machine: str) -> Rel
     raise BuildError(
         f"{tree}: cannot find vLLM's release CUDA arch list ({RELEASE_PIPELINE} "
         f"CUDA_ARCH_* or {DOCKERFILE} torch_cuda_arch_list); set cuda_arch_list in the "
-        "lock for this pin or pass --arch"
+        f"lock for this pin or pass {param('arch')}"
     )
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, ParameterError, param
 from dsv4patch.kernels import build as kbuild
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Pin, ToolchainDef
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -159,7 +160,7 @@ def required_torch(tree: Path, stock_wheel: Path | None = None) -> TorchRequirem
                     return TorchRequirement(m.group(1), f"{stock_wheel.name} METADATA")
     raise BuildError(
         f"{tree}: cannot tell which torch the pin's vLLM requires (no `torch==X` in "
-        "requirements/cuda.txt); pass --python with the environment to build against")
+        f"requirements/cuda.txt); pass {param('python')} with the environment to build against")
 
 
 @dataclass(frozen=True)
@@ -201,13 +202,13 @@ def torch_from_python(python: str) -> TorchEnv:
     An interpreter that cannot run or answers what is not JSON: ParameterError (2);
     one that hangs or floods: ChildError (8); one without torch: BuildError (7).
     """
-    res, found = childproc.ask_python(python, _TORCH_PROBE, marker="DSV4PATCH-TORCH", label=f"--python {python}")
+    res, found = childproc.ask_python(python, _TORCH_PROBE, marker="DSV4PATCH-TORCH", label=f"{param('python')} {python}")
     if found is not None and not isinstance(found, str):
         raise ParameterError(f"{param('python')} {python}: its answer is not the path the torch probe prints; "
                          "is this a Python interpreter?")
     if res.returncode != 0 or not isinstance(found, str):
-        raise BuildError(f"--python {python} has no torch (find_spec('torch') found nothing); leave "
-                         "--python out and dsv4patch installs the pin's torch for the build")
+        raise BuildError(f"{param('python')} {python} has no torch (find_spec('torch') found nothing); leave "
+                         f"{param('python')} out and dsv4patch installs the pin's torch for the build")
     return _torch_env_from_site(Path(found).parent, python, f"--python {python}")
 
 
@@ -374,13 +375,13 @@ def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: st
     if explicit:
         p = Path(explicit)
         if not (p.is_file() and os.access(p, os.X_OK)):
-            raise BuildError(f"--nvcc {explicit}: no such executable; pass the path of an nvcc of "
-                             f"CUDA {want}.x, or leave --nvcc out")
+            raise BuildError(f"{param('nvcc')} {explicit}: no such executable; pass the path of an nvcc of "
+                             f"CUDA {want}.x, or leave {param('nvcc')} out")
         text, ver = kbuild.nvcc_version(p)
         if kbuild.cuda_major(ver) != want:
-            raise BuildError(f"--nvcc {explicit} is CUDA {ver}, but the torch the kernels build "
+            raise BuildError(f"{param('nvcc')} {explicit} is CUDA {ver}, but the torch the kernels build "
                              f"against is built for CUDA {cuda}: use an nvcc of CUDA {want}.x, or "
-                             "leave --nvcc out")
+                             f"leave {param('nvcc')} out")
         return NvccChoice(p, text, ver, "--nvcc")
     for p, origin in system_nvccs():
         try:
@@ -394,7 +395,7 @@ def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: st
             return NvccChoice(p, text, ver, origin)
         notes.append(f"{p} ({origin}) is CUDA {ver}, not CUDA {want}: not used")
     if tdef is None:
-        raise BuildError(f"no nvcc of CUDA {want}.x found (--nvcc, CUDA_HOME, PATH) and the lock "
+        raise BuildError(f"no nvcc of CUDA {want}.x found ({param('nvcc')}, CUDA_HOME, PATH) and the lock "
                          "has no [toolchains.*] entry for this pin to install one from")
     nvcc = ensure_cuda_wheels(store, tdef, progress)
     text, ver = kbuild.nvcc_version(nvcc)
@@ -442,7 +443,7 @@ def resolve(
     cuda = torch.cuda or (tdef.cuda if tdef is not None else None)
     if cuda is None:
         raise BuildError(f"torch {torch.version} is a CPU build and the lock names no CUDA for pin "
-                         f"{pin.name}; pass --nvcc with the nvcc to build with")
+                         f"{pin.name}; pass {param('nvcc')} with the nvcc to build with")
     nv = choose_nvcc(store, tdef, cuda, nvcc, progress, notes)
     includes = _include_dirs(store, tdef, nv, torch, extra_includes, progress)
     std, std_origin = torch_cxx_standard(torch.version, tdef)
@@ -467,12 +468,12 @@ def _given_torch(pin: Pin, req: TorchRequirement, python: str, allow_torch: str 
             raise BuildError(
                 f"torch {torch.version} at {python} is not torch {req.version}, the version "
                 f"pin {pin.name}'s vLLM requires ({req.origin}): a kernel library built against "
-                f"it may not load or work with vLLM {pin.vllm_version}. Leave --python out "
-                f"(dsv4patch installs torch {req.version}), point --python at a torch "
-                f"{req.version}, or pass --allow-torch {public(torch.version)} to build against "
+                f"it may not load or work with vLLM {pin.vllm_version}. Leave {param('python')} out "
+                f"(dsv4patch installs torch {req.version}), point {param('python')} at a torch "
+                f"{req.version}, or pass {param('allow_torch')} {public(torch.version)} to build against "
                 "it on purpose (the wheel then records it)")
         notes.append(f"torch {torch.version} is not the pin's {req.version}: built on purpose "
-                     "(--allow-torch); `status --installed` reports it")
+                     f"({param('allow_torch')}); `{mention(Step.of('status', installed=True), bare=True)}` reports it")
     return torch
 
 
@@ -485,7 +486,7 @@ def _lock_torch(store: Store, pin: Pin, tdef: ToolchainDef | None, req: TorchReq
     if tdef is None:
         raise BuildError(
             f"pin {pin.name} has no toolchain in the lock ([toolchains.*] and the pin's "
-            f"toolchain key) to install torch {req.version} from; pass --python with an "
+            f"toolchain key) to install torch {req.version} from; pass {param('python')} with an "
             f"environment that has torch {req.version}")
     return ensure_torch(store, tdef, progress)
 

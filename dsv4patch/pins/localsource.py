@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4patch import git, guard
-from dsv4patch.errors import FetchError, TreeError
+from dsv4patch.errors import FetchError, TreeError, param
 from dsv4patch.pins.gitsource import export_commit
 from dsv4patch.pins.lock import LockTable, Pin, Source
 from dsv4patch.pins.source import register
@@ -75,7 +75,7 @@ def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
             raise TreeError(
                 f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
                 f"{pin.commit}; check out that commit"
-                + (f" (HEAD may descend from it only where {src.path} is itself the --tree)"
+                + (f" (HEAD may descend from it only where {src.path} is itself the {param('tree')})"
                    if head is not None else "")
             )
         dirty = git.dirty_paths(src.path)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import git, guard
-from dsv4patch.errors import CacheError, FetchError, writing
+from dsv4patch.errors import CacheError, FetchError, param, writing
 from dsv4patch.pins.source import kind_of
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -75,7 +75,7 @@ def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | Non
             if dest.exists():
                 shutil.rmtree(dest)  # left by a killed run: build it again
             advice = ("nothing was cached; free space in the cache (or point DSV4PATCH_CACHE / "
-                      "--cache-dir at a larger disk) and run the command again")
+                      f"{param('cache_dir')} at a larger disk) and run the command again")
             with writing(CacheError, str(store.root), advice):
                 _build(pin, store, dest, progress, own_tree=checkout)
         base = (dest / READY).read_text().strip()

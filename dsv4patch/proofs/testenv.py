@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import childproc, safeio
-from dsv4patch.errors import BuildError
+from dsv4patch.errors import BuildError, param
 from dsv4patch.store import Store
 
 # Deadlines (docs/trust.md "Bounds"): what making and checking a test venv may take.
@@ -177,5 +177,5 @@ def _create(root: Path, common: Path, torch: str, triton: str | None, log: Path 
         raise BuildError(
             f"creating the test environment failed (pip {res.status()}):\n"
             f"{res.stderr.strip()[-2000:]}\nThe pin needs torch=={torch}; on a host without it "
-            "pass --torch VERSION (e.g. the CPU build available here)"
+            f"pass {param('torch')} VERSION (e.g. the CPU build available here)"
         )

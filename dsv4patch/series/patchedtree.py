@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.series.patches import Series
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def read_patched_tree(pin: Pin, repo: PinRepo, series: Series, result: SeriesRes
         bad = report.failures()
         raise PatchSetError(
             f"pin {pin.name}: the series does not give the locked patched tree "
-            f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"
+            f"({'; '.join(bad) or 'no final tree'}); run `{mention(Step.of('check', pin=pin.name))}`"
         )
     touched: dict[str, list[str]] = {}
     patch_files: dict[str, list[str]] = {}

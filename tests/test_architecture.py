@@ -378,9 +378,6 @@ LONG_FUNCTIONS_LEFT = {
     "proofs/selftest/child.py:run",
     "proofs/selftest/model.py:apply_oracle_weights",
     "proofs/selftest/model.py:tiny_config",
-    "proofs/selftest/runner.py:run_engine",
-    "proofs/selftest/runner.py:run_cases",  # issue 41 (merged after the list was taken)
-    "proofs/selftest/runner.py:run_selftest",
     "proofs/upstream_tests.py:_run_once",
     "proofs/verifying.py:verify",
     "series/engine.py:check_one",

@@ -55,8 +55,11 @@ def sh(cwd: Path, *args: str) -> str:
 # Modules that take minutes (CUDA compiles, pytest sessions in the vLLM venv, a Docker
 # build, the stock wheels' downloads) run first, so that with ``-n 2 --dist loadfile``
 # the short ones fill the other worker instead of waiting behind a long one at the end.
+# pytest-xdist (3.6+) reorders loadfile/loadscope/loadgroup work by the number of tests per
+# module unless told not to (it ran test_docs' 300 quick cases first and test_verify last, so
+# one worker ended alone on it): pytest_configure turns that off, and the order is this one.
 SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_upstream_tests.py",
-              "test_vllm_wheel.py", "test_kernel_runtime.py", "test_flashinfer_matrix.py",
+              "test_vllm_wheel.py", "test_kernels_runtime.py", "test_flashinfer_matrix.py",
               "test_testenv.py", "test_testrun.py", "test_recovery.py", "test_pins.py")
 
 
@@ -97,6 +100,8 @@ class _SessionDirs:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_SessionDirs(), "dsv4patch-session-dirs")
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep SLOW_FIRST's order (above)
+        config.option.loadscopereorder = False
 
 
 # Setup budget: on a warm cache (everything fetched, built and compiled once, e.g. after the

@@ -181,10 +181,10 @@ def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
-    """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``store.default_root``)."""
-    from dsv4patch.store import default_root
+    """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``Settings.cache_root``)."""
+    from dsv4patch.settings import Settings
 
-    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or default_root())
+    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or Settings.from_environ(os.environ).cache_root())
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -60,14 +60,15 @@ def run(args: argparse.Namespace) -> int:
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     store = _common.open_store(args)
+    python = args.python or _common.settings().torch_python
     if args.full:
-        full = full_build(tree=path, pin=pin, archs=args.arch, python=args.python, nvcc=args.nvcc,
+        full = full_build(tree=path, pin=pin, archs=args.arch, python=python, nvcc=args.nvcc,
                           docker=args.docker, dry_run=args.dry_run)
         report.emit(args.format, full.to_json(), None, None)
         return EXIT_OK
     out, out_note = _common.default_out(args.out, lock.path)
     built = build_tree(tree=path, pin=pin, store=store, progress=_common.progress(args),
-                       archs=args.arch, python=args.python, nvcc=args.nvcc,
+                       archs=args.arch, python=python, nvcc=args.nvcc,
                        allow_torch=args.allow_torch, extra_include=args.extra_include,
                        out=out, base=args.base,
                        dry_run=args.dry_run)

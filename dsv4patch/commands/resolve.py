@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
-        done = continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
-                                  out=args.out)
+        done = continue_workspace(path=path, lock=args.lock or _common.settings().lock, store=store,
+                                  progress=prog, out=args.out)
         state = done.state
         result = apply_pin(
             lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
         res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
                          progress=prog, out=out, platform=args.platform,
-                         kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                         kernels=args.kernels, archs=args.arch,
+                         python=args.python or _common.settings().torch_python, nvcc=args.nvcc,
                          allow_torch=args.allow_torch, extra_include=args.extra_include)
     rep = res.to_json()
     if out_note is not None:

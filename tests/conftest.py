@@ -59,7 +59,7 @@ def sh(cwd: Path, *args: str) -> str:
 # module unless told not to (it ran test_docs' 300 quick cases first and test_verify last, so
 # one worker ended alone on it): pytest_configure turns that off, and the order is this one.
 SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_upstream_tests.py",
-              "test_vllm_wheel.py", "test_kernel_runtime.py", "test_flashinfer_matrix.py",
+              "test_vllm_wheel.py", "test_kernels_runtime.py", "test_flashinfer_matrix.py",
               "test_testenv.py", "test_testrun.py", "test_recovery.py", "test_pins.py")
 
 

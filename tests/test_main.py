@@ -110,6 +110,7 @@ def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upst
         assert res.returncode == 0, res.stderr
         assert "dsv4patch.series.pincheck" in names, run
         assert heavy(names) == [], run
+        # _words: the command line's spelling of the core's parameters and next steps (main installs it)
         assert sorted(n for n in names if n.startswith("dsv4patch.commands.")) == [
-            "dsv4patch.commands._common", "dsv4patch.commands.check"], run
+            "dsv4patch.commands._common", "dsv4patch.commands._words", "dsv4patch.commands.check"], run
 

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.checkout import apply_pin
@@ -76,7 +76,7 @@ from dsv4patch.kernels import (
 from dsv4patch.pins import Lock, Pin, WheelFile
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json, read_stream
-from dsv4patch.series import PatchedTree, Series, patched_tree
+from dsv4patch.series import ChangedFile, PatchedTree, Series, patched_tree
 from dsv4patch.store import Store
 
 PROVENANCE = "dsv4patch.json"
@@ -126,28 +126,48 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
     if not m or m.group(1) != platform:
         raise BuildError(f"--kernels {path}: built for {m.group(1) if m else 'an unknown platform'}, "
                          f"the wheel is for {platform}; build the kernels on a {platform} machine")
+    members, raws = _kernel_members(path, dist)
+    info = _kernel_build_info(path, dist, pin, tree_id, members)
+    return KernelPackage(dist, members, info, path, raws)
+
+
+def _kernel_members(path: Path, dist: str) -> tuple[dict[str, bytes], dict[str, zipcopy.Raw]]:
+    """The plugin package's files (content, and the member as stored), each a bounded regular file.
+
+    The ``--kernels`` wheel is not pinned by any hash: every member is refused unless it
+    is a plain path, a regular file and at most ``KERNEL_MEMBER_LIMIT`` bytes.
+    """
     members: dict[str, bytes] = {}
     try:
         with zipfile.ZipFile(path) as zf:
             for zi in zf.infolist():
-                name = zi.filename
-                if name.startswith(dist + "/") and not name.endswith("/"):
-                    problem = member_problem(name)
-                    if problem:
-                        raise BuildError(f"--kernels {path}: member {name!r} {problem}")
-                    if stat.S_IFMT(zi.external_attr >> 16) not in (0, stat.S_IFREG):
-                        raise BuildError(f"--kernels {path}: member {name!r} is not a regular file "
-                                         "(a symbolic link?); refused")
-                    if zi.file_size > KERNEL_MEMBER_LIMIT:
-                        raise BuildError(f"--kernels {path}: member {name!r} declares {zi.file_size} bytes, "
-                                         f"more than {KERNEL_MEMBER_LIMIT}; refused")
-                    with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
-                        members[name] = read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}",
-                                                    error=BuildError)
+                if zi.filename.startswith(dist + "/") and not zi.filename.endswith("/"):
+                    members[zi.filename] = _kernel_file(path, zf, zi)
             with open(path, "rb") as wfh:
                 raws = {zi.filename: zipcopy.read_raw(wfh, zi) for zi in zf.infolist() if zi.filename in members}
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise BuildError(f"--kernels {path}: not a readable wheel ({exc})") from None
+    return members, raws
+
+
+def _kernel_file(path: Path, zf: zipfile.ZipFile, zi: zipfile.ZipInfo) -> bytes:
+    """One member of the plugin package, read within its declared size (CRC-checked)."""
+    name = zi.filename
+    problem = member_problem(name)
+    if problem:
+        raise BuildError(f"--kernels {path}: member {name!r} {problem}")
+    if stat.S_IFMT(zi.external_attr >> 16) not in (0, stat.S_IFREG):
+        raise BuildError(f"--kernels {path}: member {name!r} is not a regular file "
+                         "(a symbolic link?); refused")
+    if zi.file_size > KERNEL_MEMBER_LIMIT:
+        raise BuildError(f"--kernels {path}: member {name!r} declares {zi.file_size} bytes, "
+                         f"more than {KERNEL_MEMBER_LIMIT}; refused")
+    with zf.open(zi) as fh:  # zipfile stops at the declared size, then checks the CRC
+        return read_stream(fh, zi.file_size, label=f"--kernels {path}: {name}", error=BuildError)
+
+
+def _kernel_build_info(path: Path, dist: str, pin: Pin, tree_id: str, members: dict[str, bytes]) -> dict[str, Any]:
+    """``build_info.json`` of the plugin package: what ``dsv4patch build`` wrote, for this pin's tree."""
     raw = members.get(f"{dist}/build_info.json")
     if raw is None:
         raise BuildError(f"--kernels {path}: no {dist}/build_info.json")
@@ -166,7 +186,7 @@ def read_kernels(path: Path, pin: Pin, tree_id: str, platform: str) -> KernelPac
         )
     if f"{dist}/{info.get('library')}" not in members:
         raise BuildError(f"--kernels {path}: the library {info.get('library')} is missing")
-    return KernelPackage(dist, members, info, path, raws)
+    return cast("dict[str, Any]", info)  # a JSON object, checked above
 
 
 @dataclass
@@ -291,16 +311,35 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
-           out_dir: Path, checks: _Checks) -> WheelBuild:
-    pin, series = tree.pin, tree.series
+@dataclass
+class _Stock:
+    """The stock wheel as its name and member list show it, checked before a byte is written."""
+
+    filename: str  # e.g. vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl
+    dist: str
+    tags: str
+    old_info: str  # <dist>-<stock version>.dist-info
+    infos: list[zipfile.ZipInfo]
+    names: list[str]
+    top: set[str]  # top-level packages (not the dist-info)
+
+    @property
+    def what(self) -> str:
+        return f"stock wheel {self.filename}"
+
+
+def _open_stock(stock_path: Path, stock: WheelFile, pin: Pin) -> _Stock:
+    """The stock wheel's name, tags and members; refused unless it is a plain wheel of the pin's vLLM.
+
+    Every member name is checked first: a name that would install outside site-packages is
+    refused before anything is copied, whatever the lock's sha256 says.
+    """
     stock_name = PurePosixPath(stock.url).name
     m = re.fullmatch(r"([A-Za-z0-9_.]+)-([^-]+)-(.+)\.whl", stock_name)
     if not m or m.group(2) != pin.vllm_version:
         raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
     name, old_version, tags = m.groups()
-    version = local_version(pin, series, kernels.members if kernels else None)
-    old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
+    old_info = f"{name}-{old_version}.dist-info"
     infos = zipcopy.open_members(stock_path)
     names = [i.filename for i in infos]
     for n in names:
@@ -311,141 +350,222 @@ def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kerne
     if f"{old_info}/RECORD" not in names:
         raise BuildError(f"stock wheel {stock_name} has no {old_info}/RECORD")
     top = {n.split("/", 1)[0] for n in names if "/" in n and not n.startswith(old_info + "/")}
-    result = WheelBuild(out_dir / f"{name}-{version}-{tags}.whl", version)
+    return _Stock(stock_name, name, tags, old_info, infos, names, top)
+
+
+def _shipped(tree: PatchedTree, wheel: _Stock, kernels: KernelPackage | None,
+             result: WheelBuild) -> dict[str, ChangedFile]:
+    """The changed files the wheel ships (those under its top-level packages); the rest are noted
+    in ``result.not_shipped``.  The kernel package must not overwrite anything of the stock wheel."""
     changes = tree.by_path()
-    shipped = {p: f for p, f in changes.items() if p.split("/", 1)[0] in top}
+    shipped = {p: f for p, f in changes.items() if p.split("/", 1)[0] in wheel.top}
     result.not_shipped = sorted(set(changes) - set(shipped))
-    kmembers = kernels.members if kernels else {}
-    clash = [n for n in kmembers if n in names or n.split("/", 1)[0] in top]
+    clash = [n for n in (kernels.members if kernels else {}) if n in wheel.names or n.split("/", 1)[0] in wheel.top]
     if clash:
         raise BuildError(f"the kernel package would overwrite {clash[0]} of the stock wheel")
-    hook = hook_line(kernels.dist).encode() if kernels else b""
-    files: list[dict[str, Any]] = []
+    return shipped
+
+
+def _file_row(path: str, change: ChangedFile) -> dict[str, Any]:
+    """A changed file as the provenance lists it (sha256 of its unpatched and patched content)."""
+    return {"path": path, "patches": list(change.patches),
+            "base_sha256": sha256(change.base) if change.base is not None else None,
+            "patched_sha256": sha256(change.patched) if change.patched is not None else None}
+
+
+@dataclass
+class _Repack:
+    """What the repack's steps share: the inputs, the writer, and what has been written so far."""
+
+    tree: PatchedTree
+    wheel: _Stock
+    stock: WheelFile
+    kernels: KernelPackage | None
+    shipped: dict[str, ChangedFile]
+    result: WheelBuild
+    checks: _Checks
+    writer: zipcopy.Writer
+    stock_record: dict[str, tuple[str, str]]  # the stock RECORD: member -> (hash, size)
+    record: list[tuple[str, str, str]] = field(default_factory=list)  # the new RECORD's rows
+    files: list[dict[str, Any]] = field(default_factory=list)  # the provenance's changed files
+    seen: set[str] = field(default_factory=set)
+    dist_info: list[zipcopy.Raw] = field(default_factory=list)  # the stock dist-info, written last
+
+    @property
+    def new_info(self) -> str:
+        return f"{self.wheel.dist}-{self.result.version}.dist-info"
+
+    def hook_target(self) -> str:
+        """The file that gets the kernels' activation line: the top package's ``__init__.py``."""
+        return f"{top_package(self.wheel.top)}/__init__.py"
+
+    def add(self, name: str, data: bytes, mode: int = 0o644,
+            date_time: tuple[int, int, int, int, int, int] = zipcopy.FIXED_DATE) -> None:
+        """A new or changed member: deflated, with its RECORD row."""
+        self.writer.add(zipcopy.deflate(name, data, mode, date_time))
+        self.record.append(zipcopy.record_row(name, data))
+
+    def copy(self, raw: zipcopy.Raw, name: str) -> None:
+        """An unchanged stock member, copied compressed as ``name`` with the stock RECORD's row."""
+        self.writer.add(zipcopy.Raw(name, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
+                                    raw.external_attr))
+        h, size = _row(self.stock_record, raw, self.wheel.what, self.checks)
+        self.record.append((name, h, size))
+
+
+def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
+           out_dir: Path, checks: _Checks) -> WheelBuild:
+    """The repack as named steps: check the stock wheel, plan, copy the members, add, seal."""
+    wheel = _open_stock(stock_path, stock, tree.pin)
+    version = local_version(tree.pin, tree.series, kernels.members if kernels else None)
+    result = WheelBuild(out_dir / f"{wheel.dist}-{version}-{wheel.tags}.whl", version)
+    shipped = _shipped(tree, wheel, kernels, result)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_out(out_dir)  # partial wheels of runs that were killed
     # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
-    with safeio.replacing(result.path) as dst:
-        with open(stock_path, "rb") as src:
-            # The stock RECORD: hashes of every unchanged member (checked while copying:
-            # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
-            rec_info = infos[names.index(f"{old_info}/RECORD")]
-            stock_record = read_record(zipcopy.read_raw(src, rec_info), f"stock wheel {stock_name}")
-            record: list[tuple[str, str, str]] = []
-            writer = zipcopy.Writer(dst)
-            seen: set[str] = set()
-            dist_info: list[zipcopy.Raw] = []
-            for info in infos:
-                raw = zipcopy.read_raw(src, info)
-                seen.add(info.filename)
-                if info.filename != rec_info.filename and info.filename not in shipped:
-                    checks.submit(_check(raw, stock_record, f"stock wheel {stock_name}"), len(raw.data))
-                if info.filename.startswith(old_info + "/"):
-                    dist_info.append(raw)
-                    continue
-                change = shipped.get(info.filename)
-                new_data: bytes | None = None
-                if change is not None:
-                    have = zipcopy.inflate(raw)
-                    if change.base is None or have != change.base:
-                        raise IntegrityError(
-                            f"stock wheel {stock_name}: {info.filename} is not pin {pin.name}'s "
-                            f"unpatched file (sha256 {sha256(have)[:16]}, the pin's source tree has "
-                            f"{sha256(change.base)[:16] if change.base else 'no such file'}); refusing "
-                            "to patch a wheel that does not match its source tree"
-                        )
-                    verify_member(raw, stock_record, f"stock wheel {stock_name}")
-                    if change.patched is None:
-                        result.removed.append(info.filename)
-                        files.append({"path": info.filename, "patches": list(change.patches),
-                                      "base_sha256": sha256(change.base), "patched_sha256": None})
-                        continue
-                    new_data = change.patched
-                    result.replaced.append(info.filename)
-                    files.append({"path": info.filename, "patches": list(change.patches),
-                                  "base_sha256": sha256(change.base),
-                                  "patched_sha256": sha256(change.patched)})
-                if kernels and info.filename == f"{top_package(top)}/__init__.py":
-                    base = new_data if new_data is not None else zipcopy.inflate(raw)
-                    text = base if base.endswith(b"\n") else base + b"\n"
-                    new_data = text + hook
-                    result.hooked = info.filename
-                if new_data is None:
-                    writer.add(raw)
-                    if not info.filename.endswith("/"):  # verify_member checked it is in RECORD
-                        h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
-                        record.append((info.filename, h, size))
-                else:
-                    mode = (info.external_attr >> 16) & 0o777 or 0o644
-                    writer.add(zipcopy.deflate(info.filename, new_data, mode, info.date_time))
-                    record.append(zipcopy.record_row(info.filename, new_data))
-            added = {p: f for p, f in shipped.items() if p not in seen}
-            for path, change in sorted(added.items()):
-                if change.base is not None:
-                    raise IntegrityError(
-                        f"stock wheel {stock_name} lacks {path}, which pin {pin.name}'s source "
-                        "tree has and the patches change; refusing to patch it")
-                if change.patched is None:
-                    continue
-                writer.add(zipcopy.deflate(path, change.patched))
-                record.append(zipcopy.record_row(path, change.patched))
-                result.added.append(path)
-                files.append({"path": path, "patches": list(change.patches), "base_sha256": None,
-                              "patched_sha256": sha256(change.patched)})
-            for path, data in sorted(kmembers.items()):
-                mode = 0o755 if path.endswith(".so") else 0o644
-                writer.add(_kernel_member(path, data, mode, kernels.raws.get(path) if kernels else None))
-                record.append(zipcopy.record_row(path, data))
-                result.added.append(path)
-            provenance = {
-                "pin": pin.name, "vllm_version": pin.vllm_version, "version": version,
-                "vllm_commit": pin.commit, "series": list(pin.series),
-                "patch_set_sha256": series.hash(),
-                "patches": {p.name: {"sha256": p.sha256, "series": p.series,
-                                     "files": tree.patch_files.get(p.name, [])}
-                            for p in series.patches},
-                "base_tree": tree.base_tree, "patched_tree": tree.patched_tree,
-                "stock_wheel": {"filename": stock_name, "sha256": stock.sha256},
-                "files": sorted(files, key=lambda f: f["path"]),
-                "not_shipped": result.not_shipped,
-                "kernels": None if kernels is None else {
-                    "package": kernels.dist, "library": kernels.info.get("library"),
-                    "tree_id": kernels.info.get("tree_id"), "ops": kernels.info.get("ops"),
-                    "units": kernels.info.get("units"), "hook": f"{top_package(top)}/__init__.py"},
-            }
-            result.provenance = provenance
-            prov = (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode()
-            record_raw: zipcopy.Raw | None = None
-            for raw in dist_info:
-                new = raw.name.replace(old_info + "/", new_info + "/", 1)
-                rel = raw.name[len(old_info) + 1:]
-                if rel == "RECORD":
-                    record_raw = raw
-                    continue
-                if rel == "METADATA":
-                    data = _set_version(zipcopy.inflate(raw), version, stock_name)
-                    writer.add(zipcopy.deflate(new, data, 0o644, raw.date_time))
-                    record.append(zipcopy.record_row(new, data))
-                    continue
-                writer.add(zipcopy.Raw(new, raw.data, raw.method, raw.crc, raw.size, raw.date_time,
-                                       raw.external_attr))
-                h, size = _row(stock_record, raw, f"stock wheel {stock_name}", checks)
-                record.append((new, h, size))
-            writer.add(zipcopy.deflate(f"{new_info}/{PROVENANCE}", prov))
-            record.append(zipcopy.record_row(f"{new_info}/{PROVENANCE}", prov))
-            doc = sbom.build(wheel_sbom(tree, stock, stock_name, version, kernels))
-            writer.add(zipcopy.deflate(sbom.sbom_path(new_info), doc))
-            record.append(zipcopy.record_row(sbom.sbom_path(new_info), doc))
-            result.sbom = sbom.sbom_path(new_info)
-            result.sbom_size = len(doc)
-            assert record_raw is not None
-            writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(record, f"{new_info}/RECORD"),
-                                       0o644, record_raw.date_time))
-            checks.drain()  # every stock member matched RECORD, or the partial wheel goes
-            writer.close()
+    with safeio.replacing(result.path) as dst, open(stock_path, "rb") as src:
+        # The stock RECORD: hashes of every unchanged member (checked while copying:
+        # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
+        rec_info = wheel.infos[wheel.names.index(f"{wheel.old_info}/RECORD")]
+        stock_record = read_record(zipcopy.read_raw(src, rec_info), wheel.what)
+        rp = _Repack(tree, wheel, stock, kernels, shipped, result, checks, zipcopy.Writer(dst), stock_record)
+        for info in wheel.infos:
+            _copy_stock_member(rp, info, zipcopy.read_raw(src, info), rec_info.filename)
+        _add_new_files(rp)
+        _add_kernel_package(rp)
+        _seal(rp)
+        checks.drain()  # every stock member matched RECORD, or the partial wheel goes
+        rp.writer.close()
     missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
     if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
         result.not_shipped += sorted(missing)
     return result
+
+
+def _copy_stock_member(rp: _Repack, info: zipfile.ZipInfo, raw: zipcopy.Raw, record_name: str) -> None:
+    """One stock member: copied as is (its RECORD check queued), patched, dropped or hooked.
+
+    The dist-info is kept aside: it is renamed and rewritten once the new version is known.
+    """
+    rp.seen.add(info.filename)
+    if info.filename != record_name and info.filename not in rp.shipped:
+        rp.checks.submit(_check(raw, rp.stock_record, rp.wheel.what), len(raw.data))
+    if info.filename.startswith(rp.wheel.old_info + "/"):
+        rp.dist_info.append(raw)
+        return
+    change = rp.shipped.get(info.filename)
+    new_data: bytes | None = None
+    if change is not None:
+        new_data = _patched_member(rp, raw, change)
+        if new_data is None:
+            return  # the series deletes it
+    if rp.kernels and info.filename == rp.hook_target():
+        base = new_data if new_data is not None else zipcopy.inflate(raw)
+        new_data = (base if base.endswith(b"\n") else base + b"\n") + hook_line(rp.kernels.dist).encode()
+        rp.result.hooked = info.filename
+    if new_data is None:
+        rp.writer.add(raw)
+        if not info.filename.endswith("/"):  # verify_member checked it is in RECORD
+            h, size = _row(rp.stock_record, raw, rp.wheel.what, rp.checks)
+            rp.record.append((info.filename, h, size))
+    else:
+        rp.add(info.filename, new_data, (info.external_attr >> 16) & 0o777 or 0o644, info.date_time)
+
+
+def _patched_member(rp: _Repack, raw: zipcopy.Raw, change: ChangedFile) -> bytes | None:
+    """The patched content of a stock member the series changes, None when the series deletes it.
+
+    The stock copy must be byte-for-byte the pin's unpatched file: a wheel that does not
+    match its source tree is refused, never patched.
+    """
+    have = zipcopy.inflate(raw)
+    if change.base is None or have != change.base:
+        raise IntegrityError(
+            f"{rp.wheel.what}: {raw.name} is not pin {rp.tree.pin.name}'s "
+            f"unpatched file (sha256 {sha256(have)[:16]}, the pin's source tree has "
+            f"{sha256(change.base)[:16] if change.base else 'no such file'}); refusing "
+            "to patch a wheel that does not match its source tree"
+        )
+    verify_member(raw, rp.stock_record, rp.wheel.what)
+    rp.files.append(_file_row(raw.name, change))
+    (rp.result.removed if change.patched is None else rp.result.replaced).append(raw.name)
+    return change.patched
+
+
+def _add_new_files(rp: _Repack) -> None:
+    """The files the series adds under the wheel's packages; one the source tree has (the patches
+    change it) but the stock wheel lacks means the wheel is not the tree's: refused."""
+    added = {p: f for p, f in rp.shipped.items() if p not in rp.seen}
+    for path, change in sorted(added.items()):
+        if change.base is not None:
+            raise IntegrityError(
+                f"{rp.wheel.what} lacks {path}, which pin {rp.tree.pin.name}'s source "
+                "tree has and the patches change; refusing to patch it")
+        if change.patched is None:
+            continue
+        rp.add(path, change.patched)
+        rp.result.added.append(path)
+        rp.files.append(_file_row(path, change))
+
+
+def _add_kernel_package(rp: _Repack) -> None:
+    """The rebuilt kernel package's members (the library executable), stored as the kernel wheel has them."""
+    kernels = rp.kernels
+    if kernels is None:
+        return
+    for path, data in sorted(kernels.members.items()):
+        mode = 0o755 if path.endswith(".so") else 0o644
+        rp.writer.add(_kernel_member(path, data, mode, kernels.raws.get(path)))
+        rp.record.append(zipcopy.record_row(path, data))
+        rp.result.added.append(path)
+
+
+def _provenance(rp: _Repack) -> dict[str, Any]:
+    """``<dist-info>/dsv4patch.json``: the pin, the patch set, the trees, each changed file, the kernels."""
+    pin, series, tree, kernels = rp.tree.pin, rp.tree.series, rp.tree, rp.kernels
+    return {
+        "pin": pin.name, "vllm_version": pin.vllm_version, "version": rp.result.version,
+        "vllm_commit": pin.commit, "series": list(pin.series),
+        "patch_set_sha256": series.hash(),
+        "patches": {p.name: {"sha256": p.sha256, "series": p.series,
+                             "files": tree.patch_files.get(p.name, [])}
+                    for p in series.patches},
+        "base_tree": tree.base_tree, "patched_tree": tree.patched_tree,
+        "stock_wheel": {"filename": rp.wheel.filename, "sha256": rp.stock.sha256},
+        "files": sorted(rp.files, key=lambda f: f["path"]),
+        "not_shipped": rp.result.not_shipped,
+        "kernels": None if kernels is None else {
+            "package": kernels.dist, "library": kernels.info.get("library"),
+            "tree_id": kernels.info.get("tree_id"), "ops": kernels.info.get("ops"),
+            "units": kernels.info.get("units"), "hook": rp.hook_target()},
+    }
+
+
+def _seal(rp: _Repack) -> None:
+    """The new dist-info: the stock one renamed (METADATA with the local version), the provenance,
+    the SBOM, then RECORD, which lists every member before it."""
+    rp.result.provenance = _provenance(rp)
+    prov = (json.dumps(rp.result.provenance, indent=2, sort_keys=True) + "\n").encode()
+    old_info, new_info = rp.wheel.old_info, rp.new_info
+    record_raw: zipcopy.Raw | None = None
+    for raw in rp.dist_info:
+        new = raw.name.replace(old_info + "/", new_info + "/", 1)
+        rel = raw.name[len(old_info) + 1:]
+        if rel == "RECORD":
+            record_raw = raw
+        elif rel == "METADATA":
+            rp.add(new, _set_version(zipcopy.inflate(raw), rp.result.version, rp.wheel.filename), 0o644,
+                   raw.date_time)
+        else:
+            rp.copy(raw, new)
+    rp.add(f"{new_info}/{PROVENANCE}", prov)
+    doc = sbom.build(wheel_sbom(rp.tree, rp.stock, rp.wheel.filename, rp.result.version, rp.kernels))
+    rp.add(sbom.sbom_path(new_info), doc)
+    rp.result.sbom = sbom.sbom_path(new_info)
+    rp.result.sbom_size = len(doc)
+    assert record_raw is not None
+    rp.writer.add(zipcopy.deflate(f"{new_info}/RECORD", zipcopy.record(rp.record, f"{new_info}/RECORD"),
+                                  0o644, record_raw.date_time))
 
 
 def kernel_library(kernels: KernelPackage) -> sbom.KernelLibrary:

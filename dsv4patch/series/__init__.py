@@ -11,6 +11,7 @@ from dsv4patch import face
 
 if TYPE_CHECKING:
     from dsv4patch.series.engine import (
+        PatchResult,
         SeriesResult,
         Status,
         carried,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 FACE = {
     "ChangedFile": "patchedtree:ChangedFile",
     "Patch": "patches:Patch",
+    "PatchResult": "engine:PatchResult",
     "PatchedTree": "patchedtree:PatchedTree",
     "PinReport": "pincheck:PinReport",
     "RELEASE_ADOPT": "releases:ADOPT",
@@ -64,6 +66,7 @@ FACE = {
 __all__ = [
     "ChangedFile",
     "Patch",
+    "PatchResult",
     "PatchedTree",
     "PinReport",
     "RELEASE_ADOPT",

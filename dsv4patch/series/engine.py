@@ -214,21 +214,7 @@ def check_one(
     result = PatchResult(patch.name, patch.series, patch.sha256, Status.CLEAN)
     markers = markers_present(repo, env, patch)
     if markers:
-        # The code the fix adds is already there: a forward apply could still
-        # "succeed" (an addition-only hunk re-adds it), so markers win.
-        rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
-        fwd = git.apply(repo, patch.path, env=env, check_only=True)
-        result.status = Status.UPSTREAM
-        result.evidence = {
-            "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
-            "markers": markers,
-            # What a naive tool would have concluded from the forward apply alone.
-            "forward_apply": "applies" if fwd.ok else _first_error(fwd.stderr),
-        }
-        result.message = "fix already in the tree: " + "; ".join(
-            f"{m['path']} has {m['text']!r}" for m in markers
-        )
-        return result
+        return _upstream(repo, env, patch, markers, result)
     before = tree or git.write_tree(repo, env)
     fwd = git.apply(repo, patch.path, env=env)
     text = fwd.stdout + fwd.stderr
@@ -238,25 +224,55 @@ def check_one(
         # Not a patch that fails to apply: git could not write objects or the index.
         raise GitError(f"git apply {patch.name} could not write in {repo}:\n{fwd.stderr.strip()}")
     if fwd.ok:
-        after = git.write_tree(repo, env)
-        if after == before:
-            result.status = Status.CONFLICT
-            result.message = "git apply reported success but changed nothing"
-            return result
-        result.tree = after
-        for m in _OFFSET.finditer(text):
-            off = int(m.group(3) or 0)
-            if off:
-                starts = [c for c in _CHECKING.finditer(text) if c.start() < m.start()]
-                name = starts[-1].group(1) if starts else "?"
-                result.hunks.append(
-                    HunkNote(name, int(m.group(1)), f"offset {off:+d} lines", line=int(m.group(2)))
-                )
-        if result.hunks:
-            result.status = Status.OFFSET
-            result.message = "; ".join(f"{h.file} hunk #{h.hunk}: {h.detail}" for h in result.hunks)
+        return _applied(repo, env, before, text, result)
+    return _not_applied(repo, env, patch, text, result)
+
+
+def _upstream(repo: Path, env: dict[str, str], patch: Patch, markers: list[dict[str, str]],
+              result: PatchResult) -> PatchResult:
+    """The code the fix adds is already there: a forward apply could still "succeed" (an
+    addition-only hunk re-adds it), so markers win; the evidence says what each apply says."""
+    rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
+    fwd = git.apply(repo, patch.path, env=env, check_only=True)
+    result.status = Status.UPSTREAM
+    result.evidence = {
+        "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
+        "markers": markers,
+        # What a naive tool would have concluded from the forward apply alone.
+        "forward_apply": "applies" if fwd.ok else _first_error(fwd.stderr),
+    }
+    result.message = "fix already in the tree: " + "; ".join(
+        f"{m['path']} has {m['text']!r}" for m in markers
+    )
+    return result
+
+
+def _applied(repo: Path, env: dict[str, str], before: str, text: str, result: PatchResult) -> PatchResult:
+    """It applied forward: clean, with offsets (each hunk's, from git's output ``text``), or a
+    conflict when the tree did not change at all."""
+    after = git.write_tree(repo, env)
+    if after == before:
+        result.status = Status.CONFLICT
+        result.message = "git apply reported success but changed nothing"
         return result
-    # It does not apply forward.  Already applied?
+    result.tree = after
+    for m in _OFFSET.finditer(text):
+        off = int(m.group(3) or 0)
+        if off:
+            starts = [c for c in _CHECKING.finditer(text) if c.start() < m.start()]
+            name = starts[-1].group(1) if starts else "?"
+            result.hunks.append(
+                HunkNote(name, int(m.group(1)), f"offset {off:+d} lines", line=int(m.group(2)))
+            )
+    if result.hunks:
+        result.status = Status.OFFSET
+        result.message = "; ".join(f"{h.file} hunk #{h.hunk}: {h.detail}" for h in result.hunks)
+    return result
+
+
+def _not_applied(repo: Path, env: dict[str, str], patch: Patch, text: str, result: PatchResult) -> PatchResult:
+    """It does not apply forward: already applied (the reverse applies), a file missing, or a
+    conflict with the first line that differs per hunk."""
     rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
     if rev.ok and "Skipped patch" not in rev.stdout + rev.stderr:
         result.status = Status.ALREADY_APPLIED

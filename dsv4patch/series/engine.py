@@ -13,79 +13,15 @@ the two can never disagree.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import git
 from dsv4patch.errors import GitError, disk_trouble
 from dsv4patch.series.patches import Patch, Series, check_paths
+from dsv4patch.series.results import HunkNote, PatchResult, SeriesResult, Status
 
-
-class Status(str, Enum):
-    CLEAN = "clean"
-    OFFSET = "offset"
-    CONFLICT = "conflict"
-    MISSING_FILE = "missing-file"
-    ALREADY_APPLIED = "already-applied"
-    UPSTREAM = "upstream"
-    NOT_CHECKED = "not-checked"
-
-    @property
-    def applies(self) -> bool:
-        return self in (Status.CLEAN, Status.OFFSET)
-
-    @property
-    def blocks(self) -> bool:
-        """The series cannot go on past a patch with this status."""
-        return self in (Status.CONFLICT, Status.MISSING_FILE, Status.NOT_CHECKED)
-
-
-@dataclass
-class HunkNote:
-    file: str
-    hunk: int
-    detail: str  # "offset +3 lines", or the first line that differs
-    line: int | None = None
-    expected: str | None = None
-    actual: str | None = None
-
-
-@dataclass
-class PatchResult:
-    patch: str
-    series: str
-    sha256: str
-    status: Status
-    message: str = ""
-    hunks: list[HunkNote] = field(default_factory=list)
-    tree: str | None = None  # index tree after this patch (when it applied)
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
-
-
-@dataclass
-class SeriesResult:
-    pin: str
-    base_commit: str
-    base_tree: str
-    patches: list[PatchResult]
-
-    @property
-    def final_tree(self) -> str | None:
-        """Tree after the whole series (patches found upstream are skipped)."""
-        tree = self.base_tree
-        for p in self.patches:
-            if p.status.blocks:
-                return None
-            if p.status.applies:
-                tree = p.tree or tree
-        return tree
+__all__ = ["HunkNote", "PatchResult", "SeriesResult", "Status", "carried", "carried_result", "check_one",
+           "has_offsets", "markers_present", "run_series"]
 
 
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)

@@ -22,10 +22,11 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
-from dsv4patch.pins import Lock, Pin
 
 if TYPE_CHECKING:
     from unidiff.patch import PatchedFile, PatchSet
+
+    from dsv4patch.pins import Lock, Pin
 
 
 @dataclass(frozen=True)

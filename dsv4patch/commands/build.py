@@ -21,7 +21,6 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.kernels import build_tree, full_build
 
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 
@@ -56,6 +55,8 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.kernels import build_tree, full_build
+
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)

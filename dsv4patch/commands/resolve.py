@@ -13,7 +13,6 @@ import argparse
 from pathlib import Path
 
 from dsv4patch import report
-from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
 
@@ -36,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
+
     path = _common.tree_path(args)
     if args.cont:
         store = _common.open_store(args)

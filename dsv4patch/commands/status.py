@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import report
-from dsv4patch.checkout import tree_status
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 
@@ -82,6 +81,8 @@ def _found_lock(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import tree_status
+
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")

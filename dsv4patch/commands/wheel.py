@@ -19,7 +19,6 @@ from pathlib import Path
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.delivery import make_wheel
 from dsv4patch.errors import EXIT_OK
 from dsv4patch.pins import WHEEL_PLATFORMS
 
@@ -47,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.delivery import make_wheel
+
     lock = _common.open_lock(args)
     out, out_note = _common.default_out(args.out, lock.path)
     prog = _common.progress(args)

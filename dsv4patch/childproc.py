@@ -668,6 +668,85 @@ def _bounds_error(fin: Finished, flood: int | None) -> ChildError:
                       "dsv4patch ended it and every process it started")
 
 
+class _FloodCount:
+    """The pumps' byte counter for one child: kills its group once it has printed more than
+    ``flood`` bytes (or when a pump's ``on_line`` failed, ``n`` < 0)."""
+
+    def __init__(self, pid: int, flood: int | None, flooded: threading.Event) -> None:
+        self.pid = pid
+        self.flood = flood
+        self.flooded = flooded
+        self.lock = threading.Lock()
+        self.total = 0
+
+    def __call__(self, n: int) -> None:
+        if n < 0:  # on_line failed: stop the child
+            self._kill()
+            return
+        with self.lock:
+            self.total += n
+            over = self.flood is not None and self.total > self.flood and not self.flooded.is_set()
+            if over:
+                self.flooded.set()
+        if over:
+            self._kill()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+def _start_pumps(proc: subprocess.Popen[bytes], pumps: list[_Pump], keep: int, sink: _Sink | None,
+                 count: _FloodCount, on_line: Callable[[str], None] | None) -> None:
+    """One reader thread per pipe of ``proc``, appended to ``pumps`` as each starts (so the caller
+    can finish those that did); ``on_line`` goes to the stdout pump only."""
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            fd = os.dup(stream.fileno())
+            stream.close()
+            pumps.append(_Pump(fd, keep, sink, count, on_line if not pumps else None))
+
+
+def _wait(proc: subprocess.Popen[bytes], end: float, flooded: threading.Event) -> bool:
+    """Wait for ``proc`` until the monotonic time ``end`` or a flood; whether it ran past ``end``."""
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return proc.poll() is None
+        try:
+            proc.wait(min(left, 0.05))
+            return False
+        except subprocess.TimeoutExpired:
+            if flooded.is_set():
+                return False
+
+
+def _reap(tracked: _Tracked, pumps: list[_Pump]) -> None:
+    """End the child's whole tree, whatever brought us here, and drain its pipes."""
+    end_tree(tracked.pid, tracked.start)  # the deadline, a flood, an interrupt, or leftovers of a normal end
+    tracked.proc.wait()
+    for p in pumps:
+        p.finish()
+    _forget(tracked)
+
+
+def _finished(argv: Sequence[str], what: str, proc: subprocess.Popen[bytes], *, timed_out: bool, flooded: bool,
+              pumps: list[_Pump], output: Path | None, sink: _Sink | None, t0: float, deadline: float) -> Finished:
+    """How the reaped child ended, from its return code, the pumps and the sink."""
+    rc = proc.returncode
+    sig = -rc if rc is not None and rc < 0 else None
+    # A child that died of a signal (or any other way) while an interrupt arrived was killed by it.
+    was_interrupted = interrupted(0.2 if sig in INTERRUPT_SIGNALS else 0.0)
+    return Finished(
+        argv=tuple(str(a) for a in argv), what=what, returncode=None if sig is not None else rc,
+        killed_by_signal=sig, timed_out=timed_out, flooded=flooded,
+        interrupted=was_interrupted, stdout=pumps[0].text(), stderr=pumps[1].text() if len(pumps) > 1 else "",
+        stdout_bytes=pumps[0].seen, stderr_bytes=pumps[1].seen if len(pumps) > 1 else 0,
+        output=output, dropped=sink.dropped if sink is not None else 0,
+        seconds=time.monotonic() - t0, deadline=deadline,
+    )
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -703,64 +782,18 @@ def run(
     try:
         tracked = _spawn(argv, what=what, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT if merge else subprocess.PIPE)
-        proc = tracked.proc
         try:
-            guard = threading.Lock()
-            total = [0]
-
-            def count(n: int) -> None:
-                if n < 0:  # on_line failed: stop the child
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    return
-                with guard:
-                    total[0] += n
-                    over = flood is not None and total[0] > flood and not flooded.is_set()
-                    if over:
-                        flooded.set()
-                if over:
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    fd = os.dup(stream.fileno())
-                    stream.close()
-                    pumps.append(_Pump(fd, keep, sink, count, on_line if not pumps else None))
-            while True:
-                left = t0 + deadline - time.monotonic()
-                if left <= 0:
-                    timed_out = proc.poll() is None
-                    break
-                try:
-                    proc.wait(min(left, 0.05))
-                    break
-                except subprocess.TimeoutExpired:
-                    if flooded.is_set():
-                        break
+            _start_pumps(tracked.proc, pumps, keep, sink, _FloodCount(tracked.proc.pid, flood, flooded), on_line)
+            timed_out = _wait(tracked.proc, t0 + deadline, flooded)
             tracked.killed_by_us = tracked.killed_by_us or timed_out or flooded.is_set()
         finally:
-            end_tree(proc.pid, tracked.start)  # the deadline, a flood, an interrupt, or leftovers of a normal end
-            proc.wait()
-            for p in pumps:
-                p.finish()
-            _forget(tracked)
+            _reap(tracked, pumps)
     finally:
         if sink is not None:
             sink.close()
-    rc = proc.returncode
-    sig = -rc if rc is not None and rc < 0 else None
-    # A child that died of a signal (or any other way) while an interrupt arrived was killed by it.
-    was_interrupted = interrupted(0.2 if sig in INTERRUPT_SIGNALS else 0.0)
-    fin = Finished(
-        argv=tuple(str(a) for a in argv), what=what, returncode=None if sig is not None else rc,
-        killed_by_signal=sig, timed_out=timed_out, flooded=flooded.is_set(),
-        interrupted=was_interrupted, stdout=pumps[0].text(), stderr=pumps[1].text() if len(pumps) > 1 else "",
-        stdout_bytes=pumps[0].seen, stderr_bytes=pumps[1].seen if len(pumps) > 1 else 0,
-        output=output, dropped=sink.dropped if sink is not None else 0,
-        seconds=time.monotonic() - t0, deadline=deadline,
-    )
-    if was_interrupted:
+    fin = _finished(argv, what, tracked.proc, timed_out=timed_out, flooded=flooded.is_set(), pumps=pumps,
+                    output=output, sink=sink, t0=t0, deadline=deadline)
+    if fin.interrupted:
         raise Interrupted(_STATE.signal)
     if pumps[0].error is not None:
         raise pumps[0].error

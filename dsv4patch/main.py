@@ -195,6 +195,7 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         state["args"] = args
         command = state["command"] = args.command
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
+        _use_words()
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")
         code = int(module.run(args))
         sys.stdout.flush()  # a closed stdout is found here, not in the interpreter's last flush
@@ -205,9 +206,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
 
             traceback.print_exc()
         command = command or next((a for a in argv if a in COMMANDS), "")
-        from dsv4patch.commands import _words
-
-        return _report(command, exc.kind, _words.render(str(exc)), exc.exit_code, _wants_json(argv, args))
+        _use_words()
+        return _report(command, exc.kind, report.words(str(exc)), exc.exit_code, _wants_json(argv, args))
     except KeyboardInterrupt:
         return _interrupted(command, _wants_json(argv, args))
     except BrokenPipeError as exc:
@@ -217,6 +217,15 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         return _internal(exc, command, debug, argv, args)
     except Exception as exc:  # a bug: one line, the traceback only on request
         return _internal(exc, command, debug, argv, args)
+
+
+def _use_words() -> None:
+    """Install the command line's words into the output layer, before a command runs (and before an
+    error is shown): every path to the user then renders the parameters and next steps the core names
+    (``--version`` alone imports no command module, so not at import)."""
+    from dsv4patch.commands import _words
+
+    report.use_words(_words.render)
 
 
 def _internal(exc: Exception, command: str, debug: bool, argv: list[str], args: argparse.Namespace | None) -> int:

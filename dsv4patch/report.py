@@ -31,11 +31,39 @@ SCHEMA_VERSION = 1
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+# The command line's renderer of the parameters and next steps the core names (errors.param,
+# nextstep.mention): installed by main.py once at start (use_words), applied to all output.
+_WORDS: list[Callable[[str], str]] = []
+
+
+def use_words(render: Callable[[str], str]) -> None:
+    """Show every parameter and next step the core names as ``render`` spells it (``main.py`` installs
+    ``commands/_words.render`` once, at start: no command can forget it)."""
+    _WORDS[:] = [render]
+
+
+def words(text: str) -> str:
+    """``text`` as the user reads it: parameters and next steps in the command line's words."""
+    return _WORDS[0](text) if _WORDS else text
+
+
+def _words_in(value: Any) -> Any:
+    """A JSON value with :func:`words` applied to every string in it (keys too)."""
+    if isinstance(value, str):
+        return words(value)
+    if isinstance(value, dict):
+        return {words(k) if isinstance(k, str) else k: _words_in(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_words_in(v) for v in value]
+    return value
+
+
 def literal(text: object) -> str:
     """TEXT with every control character shown as an escape (``\\x1b``, ``\\r``):
     text from a patch, a tree, a lock, an index or an error never moves the cursor,
-    sets a colour or opens a link on the user's terminal (issue 28)."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+    sets a colour or opens a link on the user's terminal (issue 28).  Parameters and next
+    steps the core names are shown in the command line's words first (:func:`words`)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], words(str(text)))
 
 
 def plain(text: object) -> Text:
@@ -236,7 +264,7 @@ def emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | 
 
 def _emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str | None) -> None:
     if fmt == "json":
-        json.dump({"schema_version": SCHEMA_VERSION, **report}, sys.stdout, indent=2,
+        json.dump(_words_in({"schema_version": SCHEMA_VERSION, **report}), sys.stdout, indent=2,
                   sort_keys=False, default=str)
         sys.stdout.write("\n")
     elif fmt == "markdown":

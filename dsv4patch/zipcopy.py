@@ -101,49 +101,66 @@ def deflate(name: str, data: bytes, mode: int = 0o644,
                date_time, (0o100000 | mode) << 16)
 
 
+class _Tally:
+    """Size and CRC of a member's content as it comes: past the declared size is refused at once."""
+
+    def __init__(self, raw: Raw) -> None:
+        self.raw = raw
+        self.got = 0
+        self.crc = 0
+
+    def count(self, piece: bytes) -> bytes:
+        self.got += len(piece)
+        if self.got > self.raw.size:
+            raise IntegrityError(f"{self.raw.name}: the zip member inflates past the {self.raw.size} bytes its "
+                                 "header declares; refused")
+        self.crc = zlib.crc32(piece, self.crc)
+        return piece
+
+    def check(self) -> None:
+        if self.got != self.raw.size or self.crc & 0xFFFFFFFF != self.raw.crc:
+            raise IntegrityError(f"{self.raw.name}: CRC or size mismatch in the zip")
+
+
 def chunks(raw: Raw) -> Iterator[bytes]:
     """The member's content piece by piece (1 MiB), never past its declared size, CRC-checked at the end.
 
     IntegrityError the moment the content goes past ``raw.size``, or when it
     ends short of it, is not a complete deflate stream, or fails its CRC.
     """
-    got = 0
-    crc = 0
+    tally = _Tally(raw)
+    for piece in _stored(raw) if raw.method == zipfile.ZIP_STORED else _inflated(raw):
+        yield tally.count(piece)
+    tally.check()
 
-    def count(piece: bytes) -> bytes:
-        nonlocal got, crc
-        got += len(piece)
-        if got > raw.size:
-            raise IntegrityError(f"{raw.name}: the zip member inflates past the {raw.size} bytes its "
-                                 "header declares; refused")
-        crc = zlib.crc32(piece, crc)
-        return piece
 
-    if raw.method == zipfile.ZIP_STORED:
-        for i in range(0, len(raw.data), _PIECE):
-            yield count(raw.data[i:i + _PIECE])
-    else:
-        d = zlib.decompressobj(-15)
-        pos = 0
-        try:
-            while not d.eof:
-                if d.unconsumed_tail:
-                    feed = d.unconsumed_tail
-                elif pos < len(raw.data):
-                    feed, pos = raw.data[pos:pos + _PIECE], pos + _PIECE
-                else:
-                    feed = b""
-                piece = d.decompress(feed, _PIECE)  # never more than 1 MiB out per call
-                if piece:
-                    yield count(piece)
-                elif not feed:
-                    break
-        except zlib.error as exc:
-            raise IntegrityError(f"{raw.name}: the zip member is not valid deflate data ({exc})") from None
-        if not d.eof:
-            raise IntegrityError(f"{raw.name}: the zip member's deflate data is truncated")
-    if got != raw.size or crc & 0xFFFFFFFF != raw.crc:
-        raise IntegrityError(f"{raw.name}: CRC or size mismatch in the zip")
+def _stored(raw: Raw) -> Iterator[bytes]:
+    """A stored member's bytes in pieces (counted as they go, like inflated ones)."""
+    for i in range(0, len(raw.data), _PIECE):
+        yield raw.data[i:i + _PIECE]
+
+
+def _inflated(raw: Raw) -> Iterator[bytes]:
+    """Raw deflate, never more than 1 MiB out per call; a stream that ends early is refused."""
+    d = zlib.decompressobj(-15)
+    pos = 0
+    try:
+        while not d.eof:
+            if d.unconsumed_tail:
+                feed = d.unconsumed_tail
+            elif pos < len(raw.data):
+                feed, pos = raw.data[pos:pos + _PIECE], pos + _PIECE
+            else:
+                feed = b""
+            piece = d.decompress(feed, _PIECE)  # never more than 1 MiB out per call
+            if piece:
+                yield piece
+            elif not feed:
+                break
+    except zlib.error as exc:
+        raise IntegrityError(f"{raw.name}: the zip member is not valid deflate data ({exc})") from None
+    if not d.eof:
+        raise IntegrityError(f"{raw.name}: the zip member's deflate data is truncated")
 
 
 def inflate(raw: Raw, limit: int = INFLATE_LIMIT) -> bytes:

@@ -1,9 +1,11 @@
-"""tests/conftest.py's setup budget, on a real inner pytest run.
+"""tests/conftest.py's setup budget and module order, on a real inner pytest run.
 
 A test whose setup takes longer than the budget (a tiny one here: 0.01 s, times the load per
 core, against a fixture that sleeps 1.5 s) fails on a warm cache and is only listed
 (at the end of the run) on a cold one (``DSV4PATCH_TEST_COLD=1``), also under xdist, where
-the reports are made on the workers and summed up on the controller.
+the reports are made on the workers and summed up on the controller.  Under
+``--dist loadfile`` the modules named in SLOW_FIRST are handed out first, although
+pytest-xdist would otherwise start with the modules that have the most tests.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import sys
 _spec = importlib.util.spec_from_file_location("suite_conftest", {str(ROOT / "tests" / "conftest.py")!r})
 _suite = sys.modules["suite_conftest"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
+_suite.SLOW_FIRST = ("test_z_slow.py",)
+pytest_configure = _suite.pytest_configure
+pytest_collection_modifyitems = _suite.pytest_collection_modifyitems
 pytest_runtest_makereport = _suite.pytest_runtest_makereport
 pytest_runtest_logreport = _suite.pytest_runtest_logreport
 pytest_terminal_summary = _suite.pytest_terminal_summary
@@ -52,9 +57,10 @@ def test_quick_setup(quick):
 """
 
 
-def inner(tmp_path: Path, *args: str, cold: bool) -> subprocess.CompletedProcess[str]:
+def inner(tmp_path: Path, *args: str, cold: bool, tests: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
-    (tmp_path / "test_inner.py").write_text(INNER_TESTS)
+    for name, text in (tests or {"test_inner.py": INNER_TESTS}).items():
+        (tmp_path / name).write_text(text)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DSV4PATCH_TEST_SETUP_BUDGET": "0.01",
            "DSV4PATCH_TEST_COLD": "1" if cold else "0"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
@@ -75,3 +81,15 @@ def test_a_slow_setup_is_listed_on_a_cold_cache_also_under_xdist(tmp_path: Path)
     assert "2 passed" in res.stdout
     listed = res.stdout.split("setups over the 0.01 s warm-cache budget (cold run)", 1)[1]
     assert "test_inner.py::test_slow_setup" in listed and "test_quick_setup" not in listed
+
+
+def test_the_slow_modules_are_handed_out_first_under_loadfile(tmp_path: Path) -> None:
+    """One worker (-vv: -q is inner's), so the order the tests ran in is the order the modules were handed out:
+    test_z_slow.py (SLOW_FIRST) first, before test_a_many.py's five tests (xdist's own reorder
+    by test count would start with those)."""
+    many = "\n".join(f"def test_{i}():\n    pass\n" for i in range(5))
+    res = inner(tmp_path, "-vv", "-n", "1", "--dist", "loadfile", cold=True,
+                tests={"test_a_many.py": many, "test_z_slow.py": "def test_slow():\n    pass\n"})
+    assert res.returncode == 0, res.stdout
+    ran = [line.split()[-1] for line in res.stdout.splitlines() if line.startswith("[gw0]") and "PASSED" in line]
+    assert len(ran) == 6 and ran[0] == "test_z_slow.py::test_slow", ran

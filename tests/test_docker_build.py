@@ -18,8 +18,9 @@ The test
   * prepares an offline build context: the repository's files, the pin's vLLM
     sdist in ``sdists/`` and its stock x86_64 wheel in ``vllm-wheels/`` (from
     the dsv4patch cache), dsv4patch's dependency wheels in ``wheels/`` (``pip
-    download``), and the kernel wheel ``dsv4patch build`` makes (nvcc, against
-    the CPU test venv's torch) in ``kernels/`` (``KERNELS_STAGE=kernels-context``:
+    download``), and the kernel wheel ``dsv4patch build`` makes (nvcc, with the
+    lock's toolchain as the card's ``apply``: its cached objects) in ``kernels/``
+    (``KERNELS_STAGE=kernels-context``:
     the CUDA ``kernels`` stage needs the CUDA image);
   * runs ``docker build --network none --target final`` with the label build
     args from ``dsv4patch lock --build-args``: the final stage pip-installs the
@@ -69,7 +70,6 @@ from dsv4patch.delivery import buildargs
 from dsv4patch.kernels import stock, toolchain
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.pins.lock import load
-from dsv4patch.proofs import testenv
 from dsv4patch.series.patches import series_for_pin
 from dsv4patch.store import Store
 
@@ -351,15 +351,16 @@ def _has_nvcc() -> bool:
 
 
 def _kernel_wheel(cache: Path, dest: Path) -> Path:
-    """The kernel wheel `dsv4patch build` makes for the pin (nvcc; objects cached in the store)."""
+    """The kernel wheel `dsv4patch build` makes for the pin with the lock's toolchain, as the
+    card's ``apply`` builds it: its objects are the ones that command compiled into the shared
+    cache (one compile per unit and arch per cache; the CPU test venv's torch was a second key)."""
     tree = dest.parent / "tree"
     base = [sys.executable, "-m", "dsv4patch"]
     res = subprocess.run([*base, "apply", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree),
                           "--cache-dir", str(cache), "--no-build"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    python = testenv.ensure(tree, Store.open(cache)).python
     res = subprocess.run([*base, "build", "--lock", str(LOCK), "--pin", PIN, "--tree", str(tree),
-                          "--python", str(python), "--out", str(dest), "--cache-dir", str(cache)],
+                          "--out", str(dest), "--cache-dir", str(cache)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     return next(dest.glob("*.whl"))

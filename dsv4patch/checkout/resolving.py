@@ -178,7 +178,7 @@ def open_workspace(
     new branch is made at ``head`` once every check passed (:func:`forkcheckout.start_branch`), and
     the workspace commits onto it.
     """
-    path, gitdir = co.path, co.gitdir
+    path = co.path
     k = next(i for i, r in enumerate(result.patches) if r.status.blocks)
     failing, patch = result.patches[k], series.patches[k]
     if failing.status is not Status.CONFLICT:
@@ -186,12 +186,36 @@ def open_workspace(
     prefix = SeriesResult(result.pin, result.base_commit, result.base_tree, result.patches[:k])
     commits = transaction.plan_commits(path, pinrepo.base_commit, series, prefix)
     at = commits[-1] if commits else pinrepo.base_commit
+    head = _workspace_head(path, pin, pinrepo, head, commits)
+    _seed_or_refuse(path, lock, pin, patch, store, progress)
+    # Nothing the user did not commit is overwritten: not by the prefix, not by the files the
+    # 3-way merge creates.
+    co.refuse_in_the_way(at, "apply --3way", extra=[f.path for f in patch.files if f.source_path is None])
+    made = forkcheckout.start_branch(co, branch, head) if branch is not None else None
+    conflicted = _apply_3way(co, pin, patch, head, at)
+    orig = orig_head or head
+    _write_resolve_state(co.gitdir, lock, pin, pinrepo, invocation, patch=patch.name, patch_index=k,
+                         orig_head=orig, at=at, conflicts=conflicted)
+    notes = ([made] if made else []) + _workspace_notes(
+        path, lock, pin, invocation, patch=patch.name, why=failing.message, earlier=len(commits), at=at,
+        orig=orig, conflicted=conflicted)
+    return Workspace(patch.name, conflicted, at, state_path(co.gitdir), notes)
+
+
+def _workspace_head(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, commits: list[str]) -> str:
+    """``head``, which must be the pin's base commit or a state dsv4patch made on it."""
     if head is None or (head != pinrepo.base_commit and head not in commits):
         raise TreeError(
             f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
             f"{pinrepo.base_commit[:12]} nor a state dsv4patch made; check out the base commit "
             "or use a new directory"
         )
+    return head
+
+
+def _seed_or_refuse(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store, progress: Progress) -> None:
+    """The files the patch was made against, into the checkout's objects (a 3-way merge needs
+    them); refused, the tree unchanged, when no pin of the lock has them."""
     missing = _seed_preimages(path, lock, pin, patch, store, progress)
     if missing:
         raise TreeError(
@@ -201,10 +225,12 @@ def open_workspace(
             f"`git format-patch` against a pin of the lock), then run apply --3way again. "
             f"{path} was left unchanged"
         )
-    # Nothing the user did not commit is overwritten: not by the prefix, not by the files the
-    # 3-way merge creates.
-    co.refuse_in_the_way(at, "apply --3way", extra=[f.path for f in patch.files if f.source_path is None])
-    made = forkcheckout.start_branch(co, branch, head) if branch is not None else None
+
+
+def _apply_3way(co: Checkout, pin: Pin, patch: Patch, head: str, at: str) -> list[str]:
+    """Move the tree to ``at`` (the earlier patches committed) and merge ``patch`` 3-way: the
+    conflicted paths; a merge git cannot even start puts the tree back at ``head``."""
+    path = co.path
     if head != at:
         transaction.move_tree(co, head, at, "apply --3way")
     res = git.apply_3way(path, patch.path)
@@ -217,15 +243,25 @@ def open_workspace(
             f"{res.stderr.strip()}\n{path} was left unchanged; port it with "
             f"`dsv4patch port --to {pin.name}` or edit the patch by hand"
         )
-    orig = orig_head or head
-    inv = invocation
+    return conflicted
+
+
+def _write_resolve_state(gitdir: Path, lock: Lock, pin: Pin, pinrepo: PinRepo, inv: Invocation, *, patch: str,
+                         patch_index: int, orig_head: str, at: str, conflicts: list[str]) -> None:
+    """The workspace's state file: what ``resolve --continue`` and ``--abort`` need, and the
+    apply's own options to finish with."""
     states.write(state_path(gitdir), ResolveState(
         lock=os.path.abspath(lock.path), pin=pin.name,
         series=list(inv.series) if inv.series else None,
-        patch=patch.name, patch_index=k, orig_head=orig, at=at, base_commit=pinrepo.base_commit,
+        patch=patch, patch_index=patch_index, orig_head=orig_head, at=at, base_commit=pinrepo.base_commit,
         cache_dir=str(inv.cache_dir) if inv.cache_dir else None, build=inv.build,
-        out=str(inv.out) if inv.out else None, conflicts=conflicted,
+        out=str(inv.out) if inv.out else None, conflicts=conflicts,
     ))
+
+
+def _workspace_notes(path: Path, lock: Lock, pin: Pin, inv: Invocation, *, patch: str, why: str, earlier: int,
+                     at: str, orig: str, conflicted: list[str]) -> list[str]:
+    """What was done, and what to do next (edit or review, then continue or abort)."""
     again = f" --lock {lock.path}" + (f" --cache-dir {inv.cache_dir}" if inv.cache_dir else "") + (
         f" --out {inv.out}" if inv.out else "")
     if conflicted:
@@ -234,16 +270,15 @@ def open_workspace(
     else:
         where = "it merged cleanly (staged, not committed)"
         todo = f"review the merge (`git -C {path} diff --cached`)"
-    notes = ([made] if made else []) + [
-        f"{patch.name} conflicts on pin {pin.name}: {failing.message}",
-        f"committed {len(commits)} earlier patch(es) (HEAD {at[:12]}) and applied {patch.name} "
+    return [
+        f"{patch} conflicts on pin {pin.name}: {why}",
+        f"committed {earlier} earlier patch(es) (HEAD {at[:12]}) and applied {patch} "
         f"3-way: {where}",
         f"next: {todo}, then `dsv4patch resolve --continue --tree {path}{again}` (writes the "
-        f"resolution as pin {pin.name}'s variant of {patch.name}, updates {lock.path.name}, "
+        f"resolution as pin {pin.name}'s variant of {patch}, updates {lock.path.name}, "
         f"applies the rest); `dsv4patch resolve --abort --tree {path}` puts the tree back at "
         f"{orig[:12]}",
     ]
-    return Workspace(patch.name, conflicted, at, state_path(gitdir), notes)
 
 
 def _state_lock(given: Path | None, state: ResolveState, path: Path) -> Path:

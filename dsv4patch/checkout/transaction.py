@@ -240,39 +240,16 @@ def recover(co: Checkout) -> str | None:
     if not journal.exists() and not journal.is_symlink():
         return None
     data = read_journal(journal)
-    frm, to, ref = data.frm, data.to, data.ref
+    frm, to = data.frm, data.to
     for oid in (frm, to):
         if not git.has_object(path, f"{oid}^{{commit}}"):
             raise TreeError(
                 f"{journal} names commit {oid[:12]}, which is not in {path}; delete the journal "
                 "and restore the tree yourself"
             )
-    stale = _stale_git_locks(co, ref)
+    stale = _stale_git_locks(co, data.ref)
     move = f"{frm[:12]} -> {to[:12]}"
-    problems: list[str] = []
-    cur_ref = git.current_ref(path)
-    if ref is not None and cur_ref != ref:
-        problems.append(f"HEAD is now on {cur_ref or 'a detached commit'}, not on {ref}")
-    head = git.head(path)
-    if head not in (frm, to):
-        problems.append(f"HEAD is at {(head or 'nothing')[:12]}, a commit the apply did not make")
-    index_at = [c for c in (frm, to) if git.index_is(path, c)]
-    if not index_at:
-        staged = git.staged_names(path, to)
-        problems.append(f"the index has staged changes ({', '.join(staged[:5]) or '?'})")
-    old, new = git.tree_files(path, frm), git.tree_files(path, to)
-    moved = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
-    now = _worktree_entries(path, moved)
-    edited = [n for n in moved if now[n] not in (old.get(n), new.get(n))
-              and not (index_at == [frm] and _half_written(path, n, now[n], new.get(n)))]
-    if edited:
-        problems.append(f"files the apply moves were edited: {', '.join(edited[:5])}"
-                        f"{', ...' if len(edited) > 5 else ''}")
-    moved_set = set(moved)
-    other = [n for n in git.status_paths(path) if n not in moved_set]
-    if other:
-        problems.append(f"files the apply does not touch were changed or added: "
-                        f"{', '.join(other[:5])}{', ...' if len(other) > 5 else ''}")
+    problems = _not_the_moves(path, frm, to, data.ref)
     if problems:
         raise TreeError(
             f"{path}: an apply was interrupted while moving the tree {move}, and the tree has "
@@ -289,6 +266,43 @@ def recover(co: Checkout) -> str | None:
     journal.unlink()
     lock_note = f" (removed stale {', '.join(p.name for p in stale)})" if stale else ""
     return f"finished an interrupted apply: {move}{lock_note}"
+
+
+def _not_the_moves(path: Path, frm: str, to: str, ref: str | None) -> list[str]:
+    """What in the checkout the interrupted move from ``frm`` to ``to`` did not make: HEAD's
+    branch and commit, the index, the files it moves and any others (empty: safe to finish)."""
+    problems: list[str] = []
+    cur_ref = git.current_ref(path)
+    if ref is not None and cur_ref != ref:
+        problems.append(f"HEAD is now on {cur_ref or 'a detached commit'}, not on {ref}")
+    head = git.head(path)
+    if head not in (frm, to):
+        problems.append(f"HEAD is at {(head or 'nothing')[:12]}, a commit the apply did not make")
+    index_at = [c for c in (frm, to) if git.index_is(path, c)]
+    if not index_at:
+        staged = git.staged_names(path, to)
+        problems.append(f"the index has staged changes ({', '.join(staged[:5]) or '?'})")
+    return problems + _files_not_the_moves(path, frm, to, index_at)
+
+
+def _files_not_the_moves(path: Path, frm: str, to: str, index_at: list[str]) -> list[str]:
+    """Files the move changes that hold neither side (nor a half-written new one while the index
+    is still at ``frm``), and changed files the move does not touch."""
+    problems: list[str] = []
+    old, new = git.tree_files(path, frm), git.tree_files(path, to)
+    moved = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+    now = _worktree_entries(path, moved)
+    edited = [n for n in moved if now[n] not in (old.get(n), new.get(n))
+              and not (index_at == [frm] and _half_written(path, n, now[n], new.get(n)))]
+    if edited:
+        problems.append(f"files the apply moves were edited: {', '.join(edited[:5])}"
+                        f"{', ...' if len(edited) > 5 else ''}")
+    moved_set = set(moved)
+    other = [n for n in git.status_paths(path) if n not in moved_set]
+    if other:
+        problems.append(f"files the apply does not touch were changed or added: "
+                        f"{', '.join(other[:5])}{', ...' if len(other) > 5 else ''}")
+    return problems
 
 
 def clean_scratch(gitdir: Path) -> None:

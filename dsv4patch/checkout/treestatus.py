@@ -148,8 +148,12 @@ def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
         return carried(path, env, series)
 
 
-def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tuple[Lock, Pin] | None:
-    """The lock and pin to compare with, or None (no lock given, none matches)."""
+def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str,
+             env_lock: Path | None = None) -> tuple[Lock, Pin] | None:
+    """The lock and pin to compare with, or None (no lock given, none matches).
+
+    ``env_lock`` (``$DSV4PATCH_LOCK``) is found, not given: used only when one of its pins
+    has the tree's base, as the lock found here or above."""
     if lock_path:
         lock = load_lock(lock_path)
         if pin_name:
@@ -157,7 +161,7 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
         match = [p for p in lock.pins.values() if p.base_tree == root_tree]
         return lock, (match[0] if match else lock.pin(None))
     try:
-        found = find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
+        found = find_lock(env_lock)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
     except ParameterError:
         return None
     lock = load_lock(found)
@@ -167,7 +171,8 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
     return (lock, match[0]) if match else None
 
 
-def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None) -> TreeStatus:
+def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
+                env_lock: Path | None = None) -> TreeStatus:
     """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`).
 
     The tree is vetted and held through :func:`guard.guarded` (TreeError, exit 5, when it
@@ -175,10 +180,10 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None)
     if not guard.is_checkout_root(path):
         raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
     with guard.guarded(path) as co:
-        return _tree_status(co, lock, pin)
+        return _tree_status(co, lock, pin, env_lock)
 
 
-def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> TreeStatus:
+def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None, env_lock: Path | None) -> TreeStatus:
     path = co.path
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)
@@ -189,86 +194,120 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> Tree
     plock: Lock | None = None
     ppin: Pin | None = None
     source = None
-    picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"))
+    picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"), env_lock)
     if picked:
         plock, ppin = picked
-        if (kind_of(ppin).fork and git.has_object(path, f"{ppin.commit}^{{commit}}")
-                and git.is_ancestor(path, ppin.commit, "HEAD")):
-            # A fork's own checkout: its history before the pin's commit is the fork's, not ours.
-            _root, applied = tree_patches(path, since=ppin.commit)
-            foreign = foreign_commits(path, ppin.commit)
-        series = series_for_pin(plock, ppin)
-        have = {a.patch: a for a in applied}
-        evidence = content_evidence(path, series)
-        patches = {}
-        for p in series.patches:
-            a = have.get(p.name)
-            how = evidence[p.name]
-            expected = ppin.expected_status(p.name)
-            if how == "reverse-apply":
-                state = "applied"
-            elif how == "markers":
-                # The fix's code is there but not as this patch wrote it.
-                state = "upstream" if expected == "upstream" else "changed"
-            elif a is not None and a.sha256 != p.sha256:
-                state = "stale"  # applied from an older version of the patch file
-            else:
-                state = "missing"  # never applied, or reverted / edited away since
-            note = None
-            if a is not None and state in ("missing", "changed"):
-                note = f"commit {a.commit[:12]} applied it; the tree no longer has it"
-            patches[p.name] = PatchState(p.name, state, a, checked=True, evidence=how, note=note)
-        for name, a in have.items():
-            if name not in patches:
-                patches[name] = PatchState(name, "not-in-series", a)
-        expected_missing = {
-            p for p in patches
-            if ppin.expected_status(p) in ("upstream", "already-applied")
-        }
-        ok = not dirty and all(
-            v.state == "applied"
-            or (k in expected_missing and v.state in ("missing", "upstream"))
-            for k, v in patches.items()
-        )
-        if ppin.patched_tree and tree_id != ppin.patched_tree:
+        applied, foreign = _since_fork_pin(path, ppin, applied, foreign)
+        patches = _against_series(path, series_for_pin(plock, ppin), ppin, applied)
+        ok = not dirty and _as_expected(ppin, patches, tree_id)
+        source = _source_state(ppin, path)
+        if source is not None and source != "unchanged":
             ok = False
-        if kind_of(ppin).checkout_path(ppin.source) is not None:
-            # The pin's own checkout, revalidated on every run (HEAD, cleanliness).
-            try:
-                kind_of(ppin).check_checkout(ppin, path)
-                source = "unchanged"
-            except (TreeError, FetchError) as exc:
-                source = f"changed: {exc}"
-                ok = False
-    expected_tree = ppin.patched_tree if ppin else None
+    notes = _notes(tree_id, plock, ppin, dirty, source, foreign, patches)
+    interrupted, workspace = _unfinished(co, notes)
+    ok = ok and not interrupted and not workspace
+    return TreeStatus(path, root, git.head(path), tree_id, dirty, patches, ok, foreign, notes, interrupted,
+                      workspace, lock=plock.path if plock else None, pin=ppin.name if ppin else None,
+                      expected_tree_id=ppin.patched_tree if ppin else None, source=source)
+
+
+def _since_fork_pin(path: Path, pin: Pin, applied: list[Applied],
+                    foreign: list[Foreign]) -> tuple[list[Applied], list[Foreign]]:
+    """In a fork's own checkout, its history before the pin's commit is the fork's, not ours: the
+    applied and foreign commits are counted from the pin's commit."""
+    if (kind_of(pin).fork and git.has_object(path, f"{pin.commit}^{{commit}}")
+            and git.is_ancestor(path, pin.commit, "HEAD")):
+        _root, applied = tree_patches(path, since=pin.commit)
+        foreign = foreign_commits(path, pin.commit)
+    return applied, foreign
+
+
+def _against_series(path: Path, series: Series, pin: Pin, applied: list[Applied]) -> dict[str, PatchState]:
+    """Each patch of the pin's series as the tree's content shows it, then the applied patches
+    the series does not have."""
+    have = {a.patch: a for a in applied}
+    evidence = content_evidence(path, series)
+    patches = {p.name: _patch_state(p.name, p.sha256, have.get(p.name), evidence[p.name],
+                                    pin.expected_status(p.name))
+               for p in series.patches}
+    for name, a in have.items():
+        if name not in patches:
+            patches[name] = PatchState(name, "not-in-series", a)
+    return patches
+
+
+def _patch_state(name: str, sha256: str, a: Applied | None, how: str | None, expected: str) -> PatchState:
+    """One patch's state from the content evidence ``how`` and the commit ``a`` that applied it."""
+    if how == "reverse-apply":
+        state = "applied"
+    elif how == "markers":
+        # The fix's code is there but not as this patch wrote it.
+        state = "upstream" if expected == "upstream" else "changed"
+    elif a is not None and a.sha256 != sha256:
+        state = "stale"  # applied from an older version of the patch file
+    else:
+        state = "missing"  # never applied, or reverted / edited away since
+    note = None
+    if a is not None and state in ("missing", "changed"):
+        note = f"commit {a.commit[:12]} applied it; the tree no longer has it"
+    return PatchState(name, state, a, checked=True, evidence=how, note=note)
+
+
+def _as_expected(pin: Pin, patches: dict[str, PatchState], tree_id: str) -> bool:
+    """Every patch applied (or missing where the lock expects it upstream), and the tree the
+    lock expects, if it names one."""
+    expected_missing = {p for p in patches if pin.expected_status(p) in ("upstream", "already-applied")}
+    if pin.patched_tree and tree_id != pin.patched_tree:
+        return False
+    return all(v.state == "applied" or (k in expected_missing and v.state in ("missing", "upstream"))
+               for k, v in patches.items())
+
+
+def _source_state(pin: Pin, path: Path) -> str | None:
+    """For a pin whose source is this checkout: ``unchanged``, or ``changed: why`` (HEAD and
+    cleanliness, revalidated on every run); None for any other pin."""
+    if kind_of(pin).checkout_path(pin.source) is None:
+        return None
+    try:
+        kind_of(pin).check_checkout(pin, path)
+        return "unchanged"
+    except (TreeError, FetchError) as exc:
+        return f"changed: {exc}"
+
+
+def _notes(tree_id: str, lock: Lock | None, pin: Pin | None, dirty: list[str], source: str | None,
+           foreign: list[Foreign], patches: dict[str, PatchState]) -> list[str]:
+    """What the status says besides the patches: the tree id against the lock's, dirt, the
+    pin's source, foreign commits, each patch's note."""
+    expected_tree = pin.patched_tree if pin else None
     tree_note = f"tree id {tree_id}"
     if expected_tree:
         tree_note += (f", the lock expects {expected_tree}"
                       + (" (same)" if expected_tree == tree_id else " (DIFFERS)"))
-    if ppin is not None and plock is not None:
-        tree_note += f" (pin {ppin.name} of {plock.path})"
+    if pin is not None and lock is not None:
+        tree_note += f" (pin {pin.name} of {lock.path})"
     notes = [tree_note] + ([f"dirty: {', '.join(dirty[:10])}"] if dirty else [])
     if source is not None and source.startswith("changed"):
         notes.append(f"pin source {source}")
     if foreign:
         notes.append(f"{len(foreign)} commit(s) not made by dsv4patch: "
                      + ", ".join(f.commit[:12] for f in foreign))
-    notes += [f"{k}: {v.note}" for k, v in patches.items() if v.note]
-    gitdir = co.gitdir
-    interrupted = transaction.interrupted(gitdir)
+    return notes + [f"{k}: {v.note}" for k, v in patches.items() if v.note]
+
+
+def _unfinished(co: guard.Checkout, notes: list[str]) -> tuple[bool, bool]:
+    """An interrupted apply and an open conflict workspace (each noted with what to run)."""
+    interrupted = transaction.interrupted(co.gitdir)
     if interrupted:
-        ok = False
         notes.append(
             "an apply was interrupted while moving this tree: run `dsv4patch apply` again to "
             "finish it (it refuses if the tree has changed since)"
         )
-    workspace = resolving.has_workspace(gitdir)
+    workspace = resolving.has_workspace(co.gitdir)
     if workspace:
-        ok = False
         notes.append(
             f"a conflict workspace is open (apply --3way): finish it with `dsv4patch resolve "
-            f"--continue --tree {path}` or undo it with `dsv4patch resolve --abort --tree {path}`"
+            f"--continue --tree {co.path}` or undo it with `dsv4patch resolve --abort --tree {co.path}`"
         )
-    return TreeStatus(path, root, git.head(path), tree_id, dirty, patches, ok, foreign, notes, interrupted,
-                      workspace, lock=plock.path if plock else None, pin=ppin.name if ppin else None,
-                      expected_tree_id=expected_tree, source=source)
+    return interrupted, workspace
+

@@ -1,36 +1,81 @@
-"""The command line's words for what the core names by parameter.
+"""The command line's words for what the core names by parameter and by next step.
 
 The core never spells an option: a message names a parameter with
-:func:`dsv4patch.errors.param` (``⟨lock⟩``), and :func:`render` turns it into the
-option a user types (``--lock``) where a message reaches the terminal or JSON
-(``main.py`` for errors).  ``tests/test_architecture.py`` checks that every
-parameter the core names has its word here.
+:func:`dsv4patch.errors.param` (``⟨lock⟩``) and a command to run next with
+:func:`dsv4patch.nextstep.mention` (a :class:`~dsv4patch.nextstep.Step`);
+:func:`render` turns them into the option a user types (``--lock``) and the
+command line a user can copy (``dsv4patch resolve --continue --tree /t``).
+``main.py`` installs :func:`render` into the output layer once at start
+(:func:`dsv4patch.report.use_words`), so every path to the user renders: an
+error, a result's text, table cells, Markdown and JSON, progress and warning
+lines.  ``tests/test_architecture.py`` checks that every parameter the core
+names has its word here.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+
+from dsv4patch.nextstep import Blank, Step, substitute
+
+PROGRAM = "dsv4patch"
 
 # parameter -> how the command line spells it
 OPTIONS = {
+    "abort": "--abort",
     "allow_torch": "--allow-torch",
+    "as_variant": "--as-variant",
     "branch": "--branch",
+    "cache_dir": "--cache-dir",
     "cases": "--cases",
+    "cont": "--continue",
+    "dry_run": "--dry-run",
     "force_sm120_topk": "--force-sm120-topk",
     "git": "--git",
     "kernels": "--kernels",
     "local": "--local",
-    "name": "--name",
     "lock": "--lock",
+    "name": "--name",
+    "no_build": "--no-build",
+    "out": "--out",
     "pin": "--pin",
     "platform": "--platform",
     "python": "--python",
+    "resolutions": "--resolutions",
+    "three_way": "--3way",
     "to": "--to",
+    "tree": "--tree",
+    "update": "--update",
+    "workspace": "--workspace",
 }
 
 _PARAM = re.compile("\u27e8([a-z_]+)\u27e9")
 
 
+def option(name: str) -> str:
+    """How the command line spells the core's parameter ``name``."""
+    return OPTIONS[name]
+
+
+def command(step: Step, bare: bool = False) -> str:
+    """``step`` as the command line a user types (``bare``: without the program's name)."""
+    words = [] if bare else [PROGRAM]
+    words.append(step.action)
+    for name, value in step.params:
+        words.append(OPTIONS.get(name, f"\u27e8{name}\u27e9"))
+        if isinstance(value, Blank):
+            words.append(value.what)
+        elif isinstance(value, str):
+            words.append(shlex.quote(value))
+    return " ".join(words)
+
+
 def render(text: str) -> str:
-    """``text`` with each parameter the core named shown as its option."""
+    """``text`` with each step the core mentioned shown as its command line and each parameter it
+    named shown as its option."""
+    if "\u27e6" in text:
+        text = substitute(text, command)
+    if "\u27e8" not in text:
+        return text
     return _PARAM.sub(lambda m: OPTIONS.get(m.group(1), m.group(0)), text)

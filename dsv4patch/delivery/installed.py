@@ -520,7 +520,7 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
     the SBOM's) when a lock was given without its patches (a URL)."""
     from dsv4patch.delivery import provenance
 
-    python = python or default_python()
+    python = python or sys.executable
     first = probe(python, "")
     vllm = first.get("vllm")
     if vllm is None:
@@ -561,11 +561,6 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
                            rep["patches"], kernel, ok, notes, patched_tree=prov.patched_tree)
 
 
-def default_python() -> str:
-    """The interpreter checked without ``--python``: $DSV4PATCH_VLLM_PYTHON, else this one."""
-    return os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
-
-
 def check(
     *,
     lock: Lock,
@@ -574,10 +569,10 @@ def check(
     pin_name: str | None = None,
     python: str | None = None,
 ) -> InstalledReport:
-    """Inspect the vLLM ``python`` (default :func:`default_python`) sees against pin
+    """Inspect the vLLM ``python`` (default: the interpreter running dsv4patch) sees against pin
     ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
     the kernel package whether its kernels are the ones torch runs."""
-    python = python or default_python()
+    python = python or sys.executable
     out = inspect(lock, pin_name, python, store, progress)
     kernel = out.get("kernels") or {}
     if kernel.get("installed"):

@@ -69,6 +69,7 @@ from dsv4patch.pins import (
 from dsv4patch.progress import Progress
 from dsv4patch.series import (
     Patch,
+    PatchResult,
     Series,
     Status,
     carried,
@@ -127,22 +128,45 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
         raise ParameterError(f"{param('git')} and {param('local')} both name the new pin's source; pass one")
     if local is not None:
         local = Path(os.path.abspath(local))
-        if not guard.is_checkout_root(local):
-            raise ParameterError(f"{param('local')} {local}: not the root of a git checkout")
-        with guard.guarded(local, role="--local"):
-            head = git.head(local)
-        opened = portspace.read_state(local)
-        if opened is not None and opened.own:
-            # The checkout is this port's workspace: HEAD is detached at the ported patches;
-            # the pin is still the commit the port began at.
-            head = opened.base_commit
-        to = to or head
-        if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
-            raise ParameterError(f"{param('local')} needs {param('to')} to be a full 40-hex commit id (or "
-                                 f"nothing: HEAD), got {to!r}")
-        if to != head:
-            raise ParameterError(f"{param('local')} {local} is at {head}, not {param('to')} {to}; check out {to} "
-                                 "there first")
+        to = _local_commit(local, to)
+    to = _checked_to(to, git_url, local)
+    name = _new_pin_name(name, to, git_url, local)
+    existing = _existing_pin(lock, name, to, dry_run)
+    if existing is not None:
+        return existing
+    if local is not None:
+        return Pin(name=name, vllm_version=name, commit=to,
+                   source=Source(kind="local", path=local),
+                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+    if git_url:
+        return _git_pin(name, to, git_url, src)
+    return _pypi_pin(name, to, src, store, progress)
+
+
+def _local_commit(local: Path, to: str | None) -> str:
+    """The commit a ``local`` checkout is at (the port's base where it is the port's own
+    workspace), which ``to``, if given, must be."""
+    if not guard.is_checkout_root(local):
+        raise ParameterError(f"{param('local')} {local}: not the root of a git checkout")
+    with guard.guarded(local, role="--local"):
+        head = git.head(local)
+    opened = portspace.read_state(local)
+    if opened is not None and opened.own:
+        # The checkout is this port's workspace: HEAD is detached at the ported patches;
+        # the pin is still the commit the port began at.
+        head = opened.base_commit
+    to = to or head
+    if not to or not re.fullmatch(r"[0-9a-f]{40}", to):
+        raise ParameterError(f"{param('local')} needs {param('to')} to be a full 40-hex commit id (or "
+                             f"nothing: HEAD), got {to!r}")
+    if to != head:
+        raise ParameterError(f"{param('local')} {local} is at {head}, not {param('to')} {to}; check out {to} "
+                             "there first")
+    return to
+
+
+def _checked_to(to: str | None, git_url: str | None, local: Path | None) -> str:
+    """``to`` is given, and is a commit only where a remote or a checkout says where it lives."""
     if to is None:
         raise ParameterError(f"{param('to')} is required (a vLLM version on PyPI, or a commit with {param('git')} or "
                              f"{param('local')})")
@@ -151,32 +175,48 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
             f"{param('to')} {to} looks like a commit id, not a vLLM release: name where to fetch it with "
             f"{param('git')} URL (a remote) or {param('local')} PATH (a checkout of a fork)"
         )
+    return to
+
+
+def _new_pin_name(name: str | None, to: str, git_url: str | None, local: Path | None) -> str:
+    """The new pin's name: the one given, else the version, else ``fork-<commit>``; checked."""
     name = name or (to if local is None and not git_url else f"fork-{to[:12]}")
     if not valid_pin_name(name):
         raise ParameterError(
             f"pin name {name!r} is not allowed ({param('name')}, or {param('to')}); use letters, digits, '.', "
             "'_', '+' and '-' (no '/', spaces or '..')"
         )
-    if name in lock.pins:
-        have = lock.pins[name]
-        if dry_run and to in (have.vllm_version, have.commit, name):
-            return have
-        hint = ("; `--dry-run` compares the port with it" if to in (have.vllm_version, have.commit, name)
-                else "")
-        raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name NEW to add "
-                            f"another pin{hint}")
-    if local is not None:
-        return Pin(name=name, vllm_version=name, commit=to,
-                   source=Source(kind="local", path=local),
-                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
-    if git_url:
-        if not re.fullmatch(r"[0-9a-f]{40}", to):
-            raise LockFileError("--git needs --to to be a full 40-hex commit id")
-        problem = git_url_problem(git_url)
-        if problem:
-            raise LockFileError(f"--git {git_url!r} is refused: {problem}")
-        return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=git_url),
-                   cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+    return name
+
+
+def _existing_pin(lock: Lock, name: str, to: str, dry_run: bool) -> Pin | None:
+    """The lock's pin ``name`` when a dry run ports to that very pin (to compare with); a name
+    already taken is refused otherwise."""
+    if name not in lock.pins:
+        return None
+    have = lock.pins[name]
+    if dry_run and to in (have.vllm_version, have.commit, name):
+        return have
+    hint = ("; `--dry-run` compares the port with it" if to in (have.vllm_version, have.commit, name)
+            else "")
+    raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name NEW to add "
+                        f"another pin{hint}")
+
+
+def _git_pin(name: str, to: str, git_url: str, src: Pin) -> Pin:
+    """Commit ``to`` of the remote ``git_url`` (a full commit id, a URL we may fetch)."""
+    if not re.fullmatch(r"[0-9a-f]{40}", to):
+        raise LockFileError("--git needs --to to be a full 40-hex commit id")
+    problem = git_url_problem(git_url)
+    if problem:
+        raise LockFileError(f"--git {git_url!r} is refused: {problem}")
+    return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=git_url),
+               cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
+
+
+def _pypi_pin(name: str, to: str, src: Pin, store: Store, progress: Progress) -> Pin:
+    """vLLM ``to`` on PyPI: its sdist fetched and pinned by hash, the commit read from its
+    ``vllm/_version.py``."""
     info = index.find_sdist("vllm", to)
     blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {to} sdist", progress)
     what = f"vllm {to} sdist"
@@ -227,6 +267,24 @@ def fork_version(repo: PinRepo, src: Pin) -> ForkVersion:
     return ForkVersion(f"{base}+g{pin.commit[:12]}", f"no version in the tree; {src.name}'s version and the commit")
 
 
+@dataclass
+class _Porting:
+    """What the steps of :func:`port_series` share: the scratch index on the new pin, the old
+    pin's trees around each patch, and the commit the next ported patch goes on."""
+
+    work_repo: Path
+    env: dict[str, str]
+    new: PinRepo
+    series: Series
+    new_name: str
+    resolutions: Path | None
+    committed: dict[str, Committed]
+    before_tree: dict[str, str]  # the old pin's tree before each patch (the merge's base)
+    after_tree: dict[str, str | None]  # ... and after it ("theirs")
+    parent: str
+    peeled: dict[str, str | None] | None = None  # the series peeled off the new pin, on first need
+
+
 def port_series(
     work_repo: Path,
     old: PinRepo,
@@ -242,8 +300,21 @@ def port_series(
     carries the series as dsv4patch's commits, :func:`forkcheckout.committed_series`): a patch the
     new pin's content carries is dropped with its commit as evidence, also where later
     patches of the series changed its lines (:func:`engine.carried`)."""
-    committed = committed or {}
-    peeled: dict[str, str | None] | None = None
+    before_tree, after_tree = _old_trees(work_repo, old, series)
+    out: list[Ported] = []
+    with git.scratch_index(work_repo, new.base_commit) as env:
+        state = _Porting(work_repo, env, new, series, new_name, resolutions, committed or {},
+                         before_tree, after_tree, parent=new.base_commit)
+        for number, patch in enumerate(series.patches, start=1):
+            ported = _port_one(state, patch)
+            out.append(ported)
+            if ported.action == "conflict":
+                return out + [Ported(p, "not-ported", "after a conflict") for p in series.patches[number:]]
+    return out
+
+
+def _old_trees(work_repo: Path, old: PinRepo, series: Series) -> tuple[dict[str, str], dict[str, str | None]]:
+    """The old pin's tree before and after each patch: the base and "theirs" of a 3-way merge."""
     old_result = run_series(work_repo, old.base_commit, series)
     if old_result.final_tree is None:
         raise LockFileError(f"the series does not apply to its own pin {old.pin.name}; run check")
@@ -253,87 +324,119 @@ def port_series(
         before_tree[r.patch] = prev
         if r.status.applies and r.tree:
             prev = r.tree
-    after_tree = {r.patch: r.tree for r in old_result.patches}
-    out: list[Ported] = []
-    with git.scratch_index(work_repo, new.base_commit) as env:
-        parent = new.base_commit
-        for number, patch in enumerate(series.patches, start=1):
-            tree_before = git.write_tree(work_repo, env)
-            res = check_one(work_repo, env, patch)
-            if res.status is Status.CONFLICT:
-                if peeled is None:
-                    with git.scratch_index(work_repo, new.base_commit) as peel_env:
-                        peeled = carried(work_repo, peel_env, series)
-                if peeled.get(patch.name) == "reverse-apply":
-                    res = carried_result(patch)
-            if res.status in (Status.UPSTREAM, Status.ALREADY_APPLIED):
-                evidence = dict(res.evidence)
-                detail = res.message
-                made = committed.get(patch.name)
-                if made is not None:
-                    same_sha = made.sha256 == patch.sha256
-                    evidence["committed_by_dsv4patch"] = made.commit
-                    detail = (f"committed by dsv4patch in {made.commit[:12]} (its Dsv4patch-Sha256 "
-                              + ("is the series' patch" if same_sha else f"{made.sha256[:12]} is another "
-                                 f"version of it, the series has {patch.sha256[:12]}")
-                              + f"); {res.message}")
-                out.append(Ported(patch, "drop", detail, evidence, status=res.status.value))
-                continue
-            conflicts: list[Conflict] = []
-            merged: dict[str, bytes] = {}
-            if res.status is Status.CLEAN:
-                auto = Ported(patch, "keep", "applies with zero offset")
-            elif res.status is Status.OFFSET:
-                auto = Ported(patch, "refresh", res.message)
-            else:
-                conflicts = _merge(work_repo, env, patch, before_tree[patch.name],
-                                   after_tree[patch.name] or "", merged)
-                auto = Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})")
-            auto_tree = None if conflicts else git.write_tree(work_repo, env)
-            hand = resolutions / patch.name if resolutions else None
-            if hand is not None and os.path.lexists(hand) and not safeio.is_regular(hand):
-                kind = "a symbolic link" if hand.is_symlink() else "not a regular file"
-                raise PatchFileError(f"--resolutions {hand} is {kind}; a resolution must be a file in the "
-                                     "directory itself (copy it there), dsv4patch does not follow links")
-            if hand is not None and hand.exists():
-                # A maintainer's resolution wins; say whether the automatic port agrees.
-                git.read_tree(work_repo, tree_before, env)
-                res2 = check_one(work_repo, env, load_patch(hand, patch.series, patch.name))
-                if res2.status is not Status.CLEAN:
-                    conflicts.append(Conflict(str(hand), 0, "",
-                                              f"the resolution does not apply: {res2.status.value}"))
-                else:
-                    hand_tree = git.write_tree(work_repo, env)
-                    if auto_tree is None:
-                        verdict = f"automatic 3-way merge conflicted ({len(conflicts)} hunk(s))"
-                    elif auto_tree == hand_tree:
-                        verdict = f"automatic {auto.action} gives the same tree"
-                    else:
-                        differ = git.out(work_repo, "diff", "--name-only", auto_tree, hand_tree)
-                        verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
-                    text = safeio.read_text(hand, error=PatchFileError)
-                    out.append(Ported(patch, "resolved", f"{hand} ({verdict})", text=text))
-                    parent = git.commit_tree(work_repo, hand_tree, parent, patch.message, patch.author)
-                    continue
-            if conflicts:
-                out.append(Ported(patch, "conflict", res.message, conflicts=conflicts, merged=merged))
-                return out + [Ported(p, "not-ported", "after a conflict")
-                              for p in series.patches[number:]]
-            message = patch.message
-            if auto.action != "keep":
-                message = _note(message, f"Ported to vLLM {new_name} by dsv4patch port: "
-                                         f"{auto.action} ({auto.detail}).")
-            commit = git.commit_tree(work_repo, auto_tree or "", parent, message, patch.author)
-            if auto.action != "keep":
-                # Numbered within its own series: [PATCH n/7] for the seven
-                # fixes, the extra series on its own ([PATCH n/2]).
-                same = [p for p in series.patches if p.series == patch.series]
-                auto = dataclasses.replace(auto, text=git.format_patch(
-                    work_repo, commit, same.index(patch) + 1, len(same)
-                ))
-            out.append(auto)
-            parent = commit
-    return out
+    return before_tree, {r.patch: r.tree for r in old_result.patches}
+
+
+def _port_one(state: _Porting, patch: Patch) -> Ported:
+    """One patch against the index the earlier patches left: drop, keep, refresh, merge, resolved
+    or conflict (a ported patch is committed on ``state.parent``)."""
+    tree_before = git.write_tree(state.work_repo, state.env)
+    res = _check_on_new(state, patch)
+    if res.status in (Status.UPSTREAM, Status.ALREADY_APPLIED):
+        return _dropped(patch, res, state.committed.get(patch.name))
+    merged: dict[str, bytes] = {}
+    auto, conflicts = _automatic(state, patch, res, merged)
+    auto_tree = None if conflicts else git.write_tree(state.work_repo, state.env)
+    hand = _resolution(state.resolutions, patch)
+    if hand is not None:
+        resolved = _apply_resolution(state, patch, hand, tree_before, auto, auto_tree, conflicts)
+        if resolved is not None:
+            return resolved
+    if conflicts:
+        return Ported(patch, "conflict", res.message, conflicts=conflicts, merged=merged)
+    return _commit_automatic(state, patch, auto, auto_tree or "")
+
+
+def _check_on_new(state: _Porting, patch: Patch) -> PatchResult:
+    """The patch's status on the new pin; a conflict where the new pin carries the series (the
+    reverse applies once the later patches are peeled off) is ``already-applied``."""
+    res = check_one(state.work_repo, state.env, patch)
+    if res.status is Status.CONFLICT:
+        if state.peeled is None:
+            with git.scratch_index(state.work_repo, state.new.base_commit) as peel_env:
+                state.peeled = carried(state.work_repo, peel_env, state.series)
+        if state.peeled.get(patch.name) == "reverse-apply":
+            res = carried_result(patch)
+    return res
+
+
+def _dropped(patch: Patch, res: PatchResult, made: Committed | None) -> Ported:
+    """A patch the new pin already has: dropped, with the evidence (and the fork's commit of it)."""
+    evidence = dict(res.evidence)
+    detail = res.message
+    if made is not None:
+        same_sha = made.sha256 == patch.sha256
+        evidence["committed_by_dsv4patch"] = made.commit
+        detail = (f"committed by dsv4patch in {made.commit[:12]} (its Dsv4patch-Sha256 "
+                  + ("is the series' patch" if same_sha else f"{made.sha256[:12]} is another "
+                     f"version of it, the series has {patch.sha256[:12]}")
+                  + f"); {res.message}")
+    return Ported(patch, "drop", detail, evidence, status=res.status.value)
+
+
+def _automatic(state: _Porting, patch: Patch, res: PatchResult,
+               merged: dict[str, bytes]) -> tuple[Ported, list[Conflict]]:
+    """What the port does by itself: keep, refresh, or a 3-way merge (its conflicts, and each
+    merged file into ``merged``)."""
+    if res.status is Status.CLEAN:
+        return Ported(patch, "keep", "applies with zero offset"), []
+    if res.status is Status.OFFSET:
+        return Ported(patch, "refresh", res.message), []
+    conflicts = _merge(state.work_repo, state.env, patch, state.before_tree[patch.name],
+                       state.after_tree[patch.name] or "", merged)
+    return Ported(patch, "merge", f"3-way merge ({res.status.value}: {res.message})"), conflicts
+
+
+def _resolution(resolutions: Path | None, patch: Patch) -> Path | None:
+    """The maintainer's resolution of ``patch`` (same file name), if there is one; a link or a
+    non-file there is refused, never followed."""
+    hand = resolutions / patch.name if resolutions else None
+    if hand is not None and os.path.lexists(hand) and not safeio.is_regular(hand):
+        kind = "a symbolic link" if hand.is_symlink() else "not a regular file"
+        raise PatchFileError(f"--resolutions {hand} is {kind}; a resolution must be a file in the "
+                             "directory itself (copy it there), dsv4patch does not follow links")
+    return hand if hand is not None and hand.exists() else None
+
+
+def _apply_resolution(state: _Porting, patch: Patch, hand: Path, tree_before: str, auto: Ported,
+                      auto_tree: str | None, conflicts: list[Conflict]) -> Ported | None:
+    """A maintainer's resolution wins; say whether the automatic port agrees.  One that does not
+    apply is added to ``conflicts`` (None returned)."""
+    git.read_tree(state.work_repo, tree_before, state.env)
+    res2 = check_one(state.work_repo, state.env, load_patch(hand, patch.series, patch.name))
+    if res2.status is not Status.CLEAN:
+        conflicts.append(Conflict(str(hand), 0, "", f"the resolution does not apply: {res2.status.value}"))
+        return None
+    hand_tree = git.write_tree(state.work_repo, state.env)
+    if auto_tree is None:
+        verdict = f"automatic 3-way merge conflicted ({len(conflicts)} hunk(s))"
+    elif auto_tree == hand_tree:
+        verdict = f"automatic {auto.action} gives the same tree"
+    else:
+        differ = git.out(state.work_repo, "diff", "--name-only", auto_tree, hand_tree)
+        verdict = f"automatic {auto.action} differs in {', '.join(differ.split())}"
+    text = safeio.read_text(hand, error=PatchFileError)
+    state.parent = git.commit_tree(state.work_repo, hand_tree, state.parent, patch.message, patch.author)
+    return Ported(patch, "resolved", f"{hand} ({verdict})", text=text)
+
+
+def _commit_automatic(state: _Porting, patch: Patch, auto: Ported, auto_tree: str) -> Ported:
+    """Commit the automatic port on ``state.parent``; a patch that changed gets a note in its
+    message and its variant's text."""
+    message = patch.message
+    if auto.action != "keep":
+        message = _note(message, f"Ported to vLLM {state.new_name} by dsv4patch port: "
+                                 f"{auto.action} ({auto.detail}).")
+    commit = git.commit_tree(state.work_repo, auto_tree, state.parent, message, patch.author)
+    if auto.action != "keep":
+        # Numbered within its own series: [PATCH n/7] for the seven
+        # fixes, the extra series on its own ([PATCH n/2]).
+        same = [p for p in state.series.patches if p.series == patch.series]
+        auto = dataclasses.replace(auto, text=git.format_patch(
+            state.work_repo, commit, same.index(patch) + 1, len(same)
+        ))
+    state.parent = commit
+    return auto
 
 
 def _note(message: str, line: str) -> str:

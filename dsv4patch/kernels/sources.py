@@ -210,7 +210,8 @@ def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str,
 
     For each target arch the highest source arch of the same major version that
     is not newer (any major for a ``+PTX`` source); ``a``/``f`` suffixes match
-    their base arch, an ``f`` source matches any target of its family.
+    their base arch, an ``f`` source matches any target of its family.  The steps
+    follow cmake's passes in order; each takes what it matched off both lists.
     """
     ptx = {a[:-4] for a in src if a.endswith("+PTX")}
     src_l: list[str] = []
@@ -218,12 +219,30 @@ def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str,
         base = a[:-4] if a.endswith("+PTX") else a
         if base not in src_l:
             src_l.append(base)
-    tgt_l, out = list(tgt), []
+    tgt_l: list[str] = list(tgt)
+    out = _suffixed_sources_exact(src_l, tgt_l)
+    out += _suffixed_sources(src_l, tgt_l)
+    out += _suffixed_targets(src_l, tgt_l)
+    out += _best_plain(src_l, tgt_l, ptx)
+    final = [a + "+PTX" if a in ptx else a for a in dict.fromkeys(out)]
+    return tuple(sorted(final, key=_version_tuple))
+
+
+def _suffixed_sources_exact(src_l: list[str], tgt_l: list[str]) -> list[str]:
+    """A source ``9.0a``/``10.0f`` whose plain arch (``9.0``) is a target: the source."""
+    out = []
     for a in list(src_l):
         if a[-1] in "af" and a[:-1] in tgt_l:
             src_l.remove(a)
             tgt_l.remove(a[:-1])
             out.append(a)
+    return out
+
+
+def _suffixed_sources(src_l: list[str], tgt_l: list[str]) -> list[str]:
+    """Each other suffixed source: the target of its base with ``a`` or ``f``, or (an ``f``
+    source) the first target of its major version; the source is used up either way."""
+    out = []
     for a in list(src_l):
         if a[-1] not in "af":
             continue
@@ -236,29 +255,39 @@ def loose_intersection(src: tuple[str, ...], tgt: tuple[str, ...]) -> tuple[str,
             tgt_l.remove(base + "f")
             out.append(base + "f")
         elif a.endswith("f"):
-            for t in tgt_l:
-                if _major(t.rstrip("af")) == _major(base):
-                    tgt_l.remove(t)
-                    out.append(t)
-                    break
+            family = next((t for t in tgt_l if _major(t.rstrip("af")) == _major(base)), None)
+            if family is not None:
+                tgt_l.remove(family)
+                out.append(family)
+    return out
+
+
+def _suffixed_targets(src_l: list[str], tgt_l: list[str]) -> list[str]:
+    """A suffixed target whose plain arch is a source: the target."""
+    out = []
     for t in list(tgt_l):
         if t[-1] in "af" and t[:-1] in src_l:
             tgt_l.remove(t)
             src_l.remove(t[:-1])
             out.append(t)
+    return out
+
+
+def _best_plain(src_l: list[str], tgt_l: list[str], ptx: set[str]) -> list[str]:
+    """For each target left, the highest source not newer than it, of its major version (any
+    major for a ``+PTX`` source)."""
     src_l.sort(key=_version_tuple)
+    out = []
     for t in tgt_l:
         best = None
         for s in src_l:
-            if _version_tuple(s) <= _version_tuple(t):
-                if s in ptx or _major(s) == _major(t):
-                    best = s
-            else:
+            if _version_tuple(s) > _version_tuple(t):
                 break
+            if s in ptx or _major(s) == _major(t):
+                best = s
         if best is not None:
             out.append(best)
-    final = [a + "+PTX" if a in ptx else a for a in dict.fromkeys(out)]
-    return tuple(sorted(final, key=_version_tuple))
+    return out
 
 
 def strip_ptx(archs: tuple[str, ...]) -> tuple[str, ...]:

@@ -422,9 +422,9 @@ def resolve(
 ) -> kbuild.Toolchain:
     """The toolchain for building ``tree``'s kernels for ``pin`` (installing what is missing).
 
-    ``python`` (or ``$DSV4PATCH_TORCH_PYTHON``): build against that
-    interpreter's torch, which must be the pin's unless ``allow_torch`` names
-    its version.  Without it, the lock's toolchain torch is installed.
+    ``python``: build against that interpreter's torch, which must be the pin's unless
+    ``allow_torch`` names its version.  Without it, the lock's toolchain torch is installed.
+    (The command passes ``$DSV4PATCH_TORCH_PYTHON`` here when ``--python`` is not given.)
     """
     req = required_torch(tree)
     tdef = pin.toolchain
@@ -433,44 +433,17 @@ def resolve(
             f'pin {pin.name}: [toolchains."{tdef.name}"] is torch {tdef.torch}, but the pinned '
             f"tree requires torch=={req.version} ({req.origin}); give the pin a toolchain of torch "
             f"{req.version} (docs/kernels.md)")
-    python = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or None
     notes: list[str] = []
     if python:
-        torch = torch_from_python(python)
-        if public(torch.version) != req.version:
-            if allow_torch is None or public(allow_torch) != public(torch.version):
-                raise BuildError(
-                    f"torch {torch.version} at {python} is not torch {req.version}, the version "
-                    f"pin {pin.name}'s vLLM requires ({req.origin}): a kernel library built against "
-                    f"it may not load or work with vLLM {pin.vllm_version}. Leave --python out "
-                    f"(dsv4patch installs torch {req.version}), point --python at a torch "
-                    f"{req.version}, or pass --allow-torch {public(torch.version)} to build against "
-                    "it on purpose (the wheel then records it)")
-            notes.append(f"torch {torch.version} is not the pin's {req.version}: built on purpose "
-                         "(--allow-torch); `status --installed` reports it")
+        torch = _given_torch(pin, req, python, allow_torch, notes)
     else:
-        if allow_torch is not None:
-            raise ParameterError(f"{param('allow_torch')} VERSION goes with {param('python')}: without "
-                                 f"{param('python')} the pin's torch {req.version} is installed and used")
-        if tdef is None:
-            raise BuildError(
-                f"pin {pin.name} has no toolchain in the lock ([toolchains.*] and the pin's "
-                f"toolchain key) to install torch {req.version} from; pass --python with an "
-                f"environment that has torch {req.version}")
-        torch = ensure_torch(store, tdef, progress)
+        torch = _lock_torch(store, pin, tdef, req, allow_torch, progress)
     cuda = torch.cuda or (tdef.cuda if tdef is not None else None)
     if cuda is None:
         raise BuildError(f"torch {torch.version} is a CPU build and the lock names no CUDA for pin "
                          f"{pin.name}; pass --nvcc with the nvcc to build with")
     nv = choose_nvcc(store, tdef, cuda, nvcc, progress, notes)
-    includes = [Path(p) for p in extra_includes]
-    if not any(kbuild._has_cublas(d) for d in includes):
-        found = next((d for d in kbuild.cublas_candidates(nv.path, torch.site) if kbuild._has_cublas(d)),
-                     None)
-        if found is None:
-            found = cublas_include(store, tdef, nv.cuda, progress)
-        if found != nv.path.resolve().parent.parent / "include":
-            includes.append(found)
+    includes = _include_dirs(store, tdef, nv, torch, extra_includes, progress)
     std, std_origin = torch_cxx_standard(torch.version, tdef)
     return kbuild.Toolchain(
         cxx_standard=std, cxx_standard_origin=std_origin,
@@ -481,3 +454,51 @@ def resolve(
         torch_required_origin=req.origin, torch_origin=torch.origin, nvcc_origin=nv.origin,
         torch_cuda_expected=cuda, notes=tuple(notes),
     )
+
+
+def _given_torch(pin: Pin, req: TorchRequirement, python: str, allow_torch: str | None,
+                 notes: list[str]) -> TorchEnv:
+    """The torch of the interpreter ``python``: the pin's, or another one on purpose
+    (``allow_torch``, noted)."""
+    torch = torch_from_python(python)
+    if public(torch.version) != req.version:
+        if allow_torch is None or public(allow_torch) != public(torch.version):
+            raise BuildError(
+                f"torch {torch.version} at {python} is not torch {req.version}, the version "
+                f"pin {pin.name}'s vLLM requires ({req.origin}): a kernel library built against "
+                f"it may not load or work with vLLM {pin.vllm_version}. Leave --python out "
+                f"(dsv4patch installs torch {req.version}), point --python at a torch "
+                f"{req.version}, or pass --allow-torch {public(torch.version)} to build against "
+                "it on purpose (the wheel then records it)")
+        notes.append(f"torch {torch.version} is not the pin's {req.version}: built on purpose "
+                     "(--allow-torch); `status --installed` reports it")
+    return torch
+
+
+def _lock_torch(store: Store, pin: Pin, tdef: ToolchainDef | None, req: TorchRequirement,
+                allow_torch: str | None, progress: Progress) -> TorchEnv:
+    """The pin's torch, installed from the lock's toolchain (which the pin must have)."""
+    if allow_torch is not None:
+        raise ParameterError(f"{param('allow_torch')} VERSION goes with {param('python')}: without "
+                             f"{param('python')} the pin's torch {req.version} is installed and used")
+    if tdef is None:
+        raise BuildError(
+            f"pin {pin.name} has no toolchain in the lock ([toolchains.*] and the pin's "
+            f"toolchain key) to install torch {req.version} from; pass --python with an "
+            f"environment that has torch {req.version}")
+    return ensure_torch(store, tdef, progress)
+
+
+def _include_dirs(store: Store, tdef: ToolchainDef | None, nv: NvccChoice, torch: TorchEnv,
+                  extra_includes: Sequence[Path], progress: Progress) -> list[Path]:
+    """``extra_includes``, plus cuBLAS's headers where none of them has them (torch's
+    nvidia packages, the nvcc's CUDA, else installed) unless they sit beside nvcc's own."""
+    includes = [Path(p) for p in extra_includes]
+    if not any(kbuild._has_cublas(d) for d in includes):
+        found = next((d for d in kbuild.cublas_candidates(nv.path, torch.site) if kbuild._has_cublas(d)),
+                     None)
+        if found is None:
+            found = cublas_include(store, tdef, nv.cuda, progress)
+        if found != nv.path.resolve().parent.parent / "include":
+            includes.append(found)
+    return includes

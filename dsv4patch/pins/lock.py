@@ -170,14 +170,12 @@ DEFAULT_LOCK = Path("locks/vllm.toml")
 
 
 def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
-    """``given``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
+    """``given``, else ``locks/vllm.toml`` here or in a parent directory.
 
-    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
+    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout.  (A
+    command passes ``--lock``, else ``$DSV4PATCH_LOCK``, as ``given``.)"""
     if given is not None:
         return given
-    env = os.environ.get("DSV4PATCH_LOCK")
-    if env:
-        return Path(env)
     start = Path(os.path.abspath(cwd or Path.cwd()))
     for d in (start, *start.parents):
         if (d / DEFAULT_LOCK).is_file():
@@ -369,8 +367,17 @@ def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
                         defines=tuple(defines))
 
 
+_PIN_KEYS = {
+    "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
+    "expect_patches", "variants", "base_tree", "patched_tree", "build", "wheels",
+    "toolchain",
+}
+
+
 def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
                toolchains: dict[str, ToolchainDef] | None = None) -> Pin:
+    """One ``[pins."name"]`` table, each key checked in the order the table reads (the first
+    problem is the one reported)."""
     where = f'[pins."{name}"]'
     if not valid_pin_name(name):
         # Pin names become parts of file names (cache, variants, branches).
@@ -378,60 +385,15 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
             f"{path}: pin name {name!r} is not allowed; use letters, digits, '.', '_', '+' "
             "and '-' (no '/', spaces or '..'), e.g. \"0.27.1\""
         )
-    t = LockTable(
-        path,
-        where,
-        raw,
-        {
-            "vllm_version", "commit", "commit_abbrev", "source", "cuda_arch_list", "series", "expect",
-            "expect_patches", "variants", "base_tree", "patched_tree", "build", "wheels",
-            "toolchain",
-        },
-    )
+    t = LockTable(path, where, raw, _PIN_KEYS)
     src = _parse_source(path, f'[pins."{name}".source]', t.get("source", dict))
-    if "commit" not in t.data and "commit_abbrev" in t.data and src.kind == "pypi-sdist":
-        # Only the sdist's 9-hex prefix is known (no access to the git host to
-        # resolve it); the sdist sha256 stays the trust anchor.
-        commit = t.hexid("commit_abbrev", HEXABBREV, "a 7..39-hex commit prefix")
-    else:
-        commit = t.hexid("commit", HEX40, "a full 40-hex commit id")
-    arch = t.get("cuda_arch_list", list, None)
-    if arch is not None and (not arch or not all(isinstance(a, str) and ARCH.match(a) for a in arch)):
-        raise LockFileError(
-            f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"10.0f\", \"12.0+PTX\"]; "
-            "leave it out to build for the archs vLLM's release wheels use"
-        )
-    default_series = [s.name for s in series.values() if s.default]
-    series_names = t.get("series", list, default_series)
-    for s in series_names:
-        if not isinstance(s, str):
-            raise LockFileError(f"{path}: {where}.series must be a list of series names, got {s!r}")
-        if s not in series:
-            raise LockFileError(
-                f"{path}: {where}.series names {s!r}, which is not a [series.*] table"
-            )
-    expect = t.get("expect", str, "clean")
-    if expect not in EXPECTABLE:
-        raise LockFileError(f"{path}: {where}.expect = {expect!r}; one of {', '.join(EXPECTABLE)}")
-    expect_patches = dict(t.get("expect_patches", dict, {}))
-    for patch, status in expect_patches.items():
-        if status not in EXPECTABLE:
-            raise LockFileError(
-                f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
-            )
-    raw_variants = t.get("variants", dict, {})
-    for k, v in raw_variants.items():
-        if not isinstance(v, str) or not v:
-            raise LockFileError(
-                f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
-                f"file, relative to the lock, got {v!r}"
-            )
-    variants = {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
+    commit = _pin_commit(t, src)
+    arch = _pin_arch(t, path, where)
+    series_names = _pin_series(t, path, where, series)
+    expect, expect_patches = _pin_expect(t, path, where)
+    variants = _pin_variants(t, path, where)
     bt = LockTable(path, f"{where}.build", t.get("build", dict, {}), {"max_jobs", "nvcc_threads"})
-    tc_name = t.get("toolchain", str, None)
-    if tc_name is not None and tc_name not in (toolchains or {}):
-        raise LockFileError(f"{path}: {where}.toolchain = {tc_name!r} is not a [toolchains.*] table "
-                            f"(the lock has {', '.join(toolchains or {}) or 'none'})")
+    toolchain = _pin_toolchain(t, path, where, toolchains or {})
     return Pin(
         name=name,
         vllm_version=t.get("vllm_version", str),
@@ -448,8 +410,78 @@ def _parse_pin(path: Path, name: str, raw: object, series: dict[str, SeriesDef],
             max_jobs=bt.count("max_jobs", 2, MAX_BUILD_JOBS), nvcc_threads=bt.count("nvcc_threads", 1, MAX_NVCC_THREADS)
         ),
         wheels=_parse_wheels(path, f"{where}.wheels", t.get("wheels", dict, {})),
-        toolchain=(toolchains or {})[tc_name] if tc_name is not None else None,
+        toolchain=toolchain,
     )
+
+
+def _pin_commit(t: LockTable, src: Source) -> str:
+    """The pin's commit: a full id, or (an sdist pin only) the prefix its sdist names."""
+    if "commit" not in t.data and "commit_abbrev" in t.data and src.kind == "pypi-sdist":
+        # Only the sdist's 9-hex prefix is known (no access to the git host to
+        # resolve it); the sdist sha256 stays the trust anchor.
+        return t.hexid("commit_abbrev", HEXABBREV, "a 7..39-hex commit prefix")
+    return t.hexid("commit", HEX40, "a full 40-hex commit id")
+
+
+def _pin_arch(t: LockTable, path: Path, where: str) -> list[str] | None:
+    """``cuda_arch_list``: None (vLLM's release archs) or a non-empty list of arch names."""
+    arch = t.get("cuda_arch_list", list, None)
+    if arch is not None and (not arch or not all(isinstance(a, str) and ARCH.match(a) for a in arch)):
+        raise LockFileError(
+            f"{path}: {where}.cuda_arch_list must be like [\"9.0a\", \"10.0f\", \"12.0+PTX\"]; "
+            "leave it out to build for the archs vLLM's release wheels use"
+        )
+    return arch
+
+
+def _pin_series(t: LockTable, path: Path, where: str, series: dict[str, SeriesDef]) -> list[str]:
+    """``series``: names of ``[series.*]`` tables (default: the default series)."""
+    default_series = [s.name for s in series.values() if s.default]
+    series_names = t.get("series", list, default_series)
+    for s in series_names:
+        if not isinstance(s, str):
+            raise LockFileError(f"{path}: {where}.series must be a list of series names, got {s!r}")
+        if s not in series:
+            raise LockFileError(
+                f"{path}: {where}.series names {s!r}, which is not a [series.*] table"
+            )
+    return series_names
+
+
+def _pin_expect(t: LockTable, path: Path, where: str) -> tuple[str, dict[str, str]]:
+    """``expect`` and ``expect_patches``: statuses a check may expect."""
+    expect = t.get("expect", str, "clean")
+    if expect not in EXPECTABLE:
+        raise LockFileError(f"{path}: {where}.expect = {expect!r}; one of {', '.join(EXPECTABLE)}")
+    expect_patches = dict(t.get("expect_patches", dict, {}))
+    for patch, status in expect_patches.items():
+        if status not in EXPECTABLE:
+            raise LockFileError(
+                f"{path}: {where}.expect_patches.{patch} = {status!r}; one of {', '.join(EXPECTABLE)}"
+            )
+    return expect, expect_patches
+
+
+def _pin_variants(t: LockTable, path: Path, where: str) -> dict[str, Path]:
+    """``variants``: patch name -> variant file, relative to the lock."""
+    raw_variants = t.get("variants", dict, {})
+    for k, v in raw_variants.items():
+        if not isinstance(v, str) or not v:
+            raise LockFileError(
+                f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
+                f"file, relative to the lock, got {v!r}"
+            )
+    return {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
+
+
+def _pin_toolchain(t: LockTable, path: Path, where: str,
+                   toolchains: dict[str, ToolchainDef]) -> ToolchainDef | None:
+    """``toolchain``: the name of a ``[toolchains.*]`` table, or none."""
+    tc_name = t.get("toolchain", str, None)
+    if tc_name is not None and tc_name not in toolchains:
+        raise LockFileError(f"{path}: {where}.toolchain = {tc_name!r} is not a [toolchains.*] table "
+                            f"(the lock has {', '.join(toolchains) or 'none'})")
+    return toolchains[tc_name] if tc_name is not None else None
 
 
 def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, WheelFile]:

@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING
 
 from dsv4patch import git, guard
 from dsv4patch.errors import CacheError, FetchError, writing
-from dsv4patch.pins.lock import Pin
 from dsv4patch.pins.source import kind_of
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:
-    pass
+    from dsv4patch.pins.lock import Pin
 
 READY = "dsv4patch-ready"
 

@@ -11,6 +11,7 @@ from dsv4patch import face
 
 if TYPE_CHECKING:
     from dsv4patch.series.engine import (
+        PatchResult,
         SeriesResult,
         Status,
         carried,
@@ -20,9 +21,9 @@ if TYPE_CHECKING:
         run_series,
     )
     from dsv4patch.series.lockupdate import update as update_lock
-    from dsv4patch.series.patchedtree import ChangedFile, PatchedTree, patched_tree
+    from dsv4patch.series.patchedtree import ChangedFile, PatchedTree
     from dsv4patch.series.patches import Patch, Series, load_patch, read_series_file, series_for_pin
-    from dsv4patch.series.pincheck import PinReport, check_pin, check_pins, pin_report
+    from dsv4patch.series.pincheck import PinReport, check_pin, check_pins, patched_tree, pin_report
     from dsv4patch.series.releases import ADOPT as RELEASE_ADOPT
     from dsv4patch.series.releases import INVESTIGATE as RELEASE_INVESTIGATE
     from dsv4patch.series.releases import PORT as RELEASE_PORT
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 FACE = {
     "ChangedFile": "patchedtree:ChangedFile",
     "Patch": "patches:Patch",
+    "PatchResult": "engine:PatchResult",
     "PatchedTree": "patchedtree:PatchedTree",
     "PinReport": "pincheck:PinReport",
     "RELEASE_ADOPT": "releases:ADOPT",
@@ -52,7 +54,7 @@ FACE = {
     "check_pins": "pincheck:check_pins",
     "has_offsets": "engine:has_offsets",
     "load_patch": "patches:load_patch",
-    "patched_tree": "patchedtree:patched_tree",
+    "patched_tree": "pincheck:patched_tree",
     "pin_report": "pincheck:pin_report",
     "read_series_file": "patches:read_series_file",
     "run_series": "engine:run_series",
@@ -64,6 +66,7 @@ FACE = {
 __all__ = [
     "ChangedFile",
     "Patch",
+    "PatchResult",
     "PatchedTree",
     "PinReport",
     "RELEASE_ADOPT",

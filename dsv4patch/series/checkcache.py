@@ -29,17 +29,19 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import __version__, git
-from dsv4patch.pins import Lock, Pin
-from dsv4patch.series import engine
+from dsv4patch.series import results
 from dsv4patch.series.patches import read_series_file
 from dsv4patch.store import Store
 
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin
+
 SCHEMA = "check-v1"
 # Modules (relative to the package) whose code decides a check result.
-DECIDING = ("series/engine.py", "git.py", "series/patches.py", "pins/repository.py", "pins/lock.py",
+DECIDING = ("series/engine.py", "series/results.py", "git.py", "series/patches.py", "pins/repository.py", "pins/lock.py",
             "pins/source.py", "pins/sdist.py", "pins/gitsource.py", "pins/localsource.py",
             "series/checkcache.py")  # relative to dsv4patch/
 
@@ -103,7 +105,7 @@ def _entry(store: Store, key: str) -> Path:
     return store.root / "checks" / f"{key}.json"
 
 
-def load(store: Store, key: str) -> engine.SeriesResult | None:
+def load(store: Store, key: str) -> results.SeriesResult | None:
     path = _entry(store, key)
     if not path.exists():
         return None
@@ -113,7 +115,7 @@ def load(store: Store, key: str) -> engine.SeriesResult | None:
         return None  # damaged or from another layout: recomputed and replaced
 
 
-def save(store: Store, key: str, result: engine.SeriesResult) -> None:
+def save(store: Store, key: str, result: results.SeriesResult) -> None:
     """Write atomically (a reader sees the whole entry or none); a full or read-only
     cache only loses the entry, never the check."""
     path = _entry(store, key)
@@ -126,17 +128,17 @@ def save(store: Store, key: str, result: engine.SeriesResult) -> None:
         pass
 
 
-def to_json(result: engine.SeriesResult) -> dict[str, Any]:
+def to_json(result: results.SeriesResult) -> dict[str, Any]:
     d = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
     d["patches"] = [p.to_json() for p in result.patches]
     return d
 
 
-def from_json(d: dict[str, Any]) -> engine.SeriesResult:
+def from_json(d: dict[str, Any]) -> results.SeriesResult:
     patches = []
     for p in d["patches"]:
         p = dict(p)
-        p["status"] = engine.Status(p["status"])
-        p["hunks"] = [engine.HunkNote(**h) for h in p.get("hunks", [])]
-        patches.append(engine.PatchResult(**p))
-    return engine.SeriesResult(**{**d, "patches": patches})
+        p["status"] = results.Status(p["status"])
+        p["hunks"] = [results.HunkNote(**h) for h in p.get("hunks", [])]
+        patches.append(results.PatchResult(**p))
+    return results.SeriesResult(**{**d, "patches": patches})

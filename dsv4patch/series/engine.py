@@ -13,79 +13,15 @@ the two can never disagree.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from dsv4patch import git
 from dsv4patch.errors import GitError, disk_trouble
 from dsv4patch.series.patches import Patch, Series, check_paths
+from dsv4patch.series.results import HunkNote, PatchResult, SeriesResult, Status
 
-
-class Status(str, Enum):
-    CLEAN = "clean"
-    OFFSET = "offset"
-    CONFLICT = "conflict"
-    MISSING_FILE = "missing-file"
-    ALREADY_APPLIED = "already-applied"
-    UPSTREAM = "upstream"
-    NOT_CHECKED = "not-checked"
-
-    @property
-    def applies(self) -> bool:
-        return self in (Status.CLEAN, Status.OFFSET)
-
-    @property
-    def blocks(self) -> bool:
-        """The series cannot go on past a patch with this status."""
-        return self in (Status.CONFLICT, Status.MISSING_FILE, Status.NOT_CHECKED)
-
-
-@dataclass
-class HunkNote:
-    file: str
-    hunk: int
-    detail: str  # "offset +3 lines", or the first line that differs
-    line: int | None = None
-    expected: str | None = None
-    actual: str | None = None
-
-
-@dataclass
-class PatchResult:
-    patch: str
-    series: str
-    sha256: str
-    status: Status
-    message: str = ""
-    hunks: list[HunkNote] = field(default_factory=list)
-    tree: str | None = None  # index tree after this patch (when it applied)
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
-
-
-@dataclass
-class SeriesResult:
-    pin: str
-    base_commit: str
-    base_tree: str
-    patches: list[PatchResult]
-
-    @property
-    def final_tree(self) -> str | None:
-        """Tree after the whole series (patches found upstream are skipped)."""
-        tree = self.base_tree
-        for p in self.patches:
-            if p.status.blocks:
-                return None
-            if p.status.applies:
-                tree = p.tree or tree
-        return tree
+__all__ = ["HunkNote", "PatchResult", "SeriesResult", "Status", "carried", "carried_result", "check_one",
+           "has_offsets", "markers_present", "run_series"]
 
 
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
@@ -214,21 +150,7 @@ def check_one(
     result = PatchResult(patch.name, patch.series, patch.sha256, Status.CLEAN)
     markers = markers_present(repo, env, patch)
     if markers:
-        # The code the fix adds is already there: a forward apply could still
-        # "succeed" (an addition-only hunk re-adds it), so markers win.
-        rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
-        fwd = git.apply(repo, patch.path, env=env, check_only=True)
-        result.status = Status.UPSTREAM
-        result.evidence = {
-            "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
-            "markers": markers,
-            # What a naive tool would have concluded from the forward apply alone.
-            "forward_apply": "applies" if fwd.ok else _first_error(fwd.stderr),
-        }
-        result.message = "fix already in the tree: " + "; ".join(
-            f"{m['path']} has {m['text']!r}" for m in markers
-        )
-        return result
+        return _upstream(repo, env, patch, markers, result)
     before = tree or git.write_tree(repo, env)
     fwd = git.apply(repo, patch.path, env=env)
     text = fwd.stdout + fwd.stderr
@@ -238,25 +160,55 @@ def check_one(
         # Not a patch that fails to apply: git could not write objects or the index.
         raise GitError(f"git apply {patch.name} could not write in {repo}:\n{fwd.stderr.strip()}")
     if fwd.ok:
-        after = git.write_tree(repo, env)
-        if after == before:
-            result.status = Status.CONFLICT
-            result.message = "git apply reported success but changed nothing"
-            return result
-        result.tree = after
-        for m in _OFFSET.finditer(text):
-            off = int(m.group(3) or 0)
-            if off:
-                starts = [c for c in _CHECKING.finditer(text) if c.start() < m.start()]
-                name = starts[-1].group(1) if starts else "?"
-                result.hunks.append(
-                    HunkNote(name, int(m.group(1)), f"offset {off:+d} lines", line=int(m.group(2)))
-                )
-        if result.hunks:
-            result.status = Status.OFFSET
-            result.message = "; ".join(f"{h.file} hunk #{h.hunk}: {h.detail}" for h in result.hunks)
+        return _applied(repo, env, before, text, result)
+    return _not_applied(repo, env, patch, text, result)
+
+
+def _upstream(repo: Path, env: dict[str, str], patch: Patch, markers: list[dict[str, str]],
+              result: PatchResult) -> PatchResult:
+    """The code the fix adds is already there: a forward apply could still "succeed" (an
+    addition-only hunk re-adds it), so markers win; the evidence says what each apply says."""
+    rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
+    fwd = git.apply(repo, patch.path, env=env, check_only=True)
+    result.status = Status.UPSTREAM
+    result.evidence = {
+        "decided_by": ["markers"] + (["reverse-apply"] if rev.ok else []),
+        "markers": markers,
+        # What a naive tool would have concluded from the forward apply alone.
+        "forward_apply": "applies" if fwd.ok else _first_error(fwd.stderr),
+    }
+    result.message = "fix already in the tree: " + "; ".join(
+        f"{m['path']} has {m['text']!r}" for m in markers
+    )
+    return result
+
+
+def _applied(repo: Path, env: dict[str, str], before: str, text: str, result: PatchResult) -> PatchResult:
+    """It applied forward: clean, with offsets (each hunk's, from git's output ``text``), or a
+    conflict when the tree did not change at all."""
+    after = git.write_tree(repo, env)
+    if after == before:
+        result.status = Status.CONFLICT
+        result.message = "git apply reported success but changed nothing"
         return result
-    # It does not apply forward.  Already applied?
+    result.tree = after
+    for m in _OFFSET.finditer(text):
+        off = int(m.group(3) or 0)
+        if off:
+            starts = [c for c in _CHECKING.finditer(text) if c.start() < m.start()]
+            name = starts[-1].group(1) if starts else "?"
+            result.hunks.append(
+                HunkNote(name, int(m.group(1)), f"offset {off:+d} lines", line=int(m.group(2)))
+            )
+    if result.hunks:
+        result.status = Status.OFFSET
+        result.message = "; ".join(f"{h.file} hunk #{h.hunk}: {h.detail}" for h in result.hunks)
+    return result
+
+
+def _not_applied(repo: Path, env: dict[str, str], patch: Patch, text: str, result: PatchResult) -> PatchResult:
+    """It does not apply forward: already applied (the reverse applies), a file missing, or a
+    conflict with the first line that differs per hunk."""
     rev = git.apply(repo, patch.path, env=env, reverse=True, check_only=True)
     if rev.ok and "Skipped patch" not in rev.stdout + rev.stderr:
         result.status = Status.ALREADY_APPLIED

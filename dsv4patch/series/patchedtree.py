@@ -3,21 +3,25 @@
 Why its own module: the wheel builder, ``status --installed`` and the self-test all
 compare against it; it is the series' result on the pin (the pin check run in the
 cache, refused unless every patch has the status the lock expects), so it lives with
-the series and not with any one of its readers.
+the series and not with any one of its readers.  The check itself is
+:func:`dsv4patch.series.pincheck.patched_tree`'s; this module only reads its result, so
+it needs git and nothing else of ours.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError
-from dsv4patch.pins import Lock, Pin
-from dsv4patch.progress import Progress
-from dsv4patch.series import pincheck
 from dsv4patch.series.patches import Series
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Pin, PinRepo
+    from dsv4patch.series.pincheck import PinReport
+    from dsv4patch.series.results import SeriesResult
 
 
 @dataclass(frozen=True)
@@ -43,18 +47,16 @@ class PatchedTree:
         return {f.path: f for f in self.files}
 
 
-def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
-    """Run the series in the cache (what ``check`` does) and read every changed file.
+def read_patched_tree(pin: Pin, repo: PinRepo, series: Series, result: SeriesResult,
+                      report: PinReport) -> PatchedTree:
+    """Every file the series changes on the pin, read from the cache's repository after its check.
 
     Refuses (exit 1: a result differs from the lock) unless every patch has the
     status the lock expects and the result is the lock's patched_tree.
     """
-    checked = pincheck.check_pin(lock, pin, store, progress)
-    repo, series, result = checked.repo, checked.series, checked.result
-    rep = pincheck.pin_report(pin, repo, result)
     final = result.final_tree
-    if not rep.ok or final is None:
-        bad = rep.failures()
+    if not report.ok or final is None:
+        bad = report.failures()
         raise PatchSetError(
             f"pin {pin.name}: the series does not give the locked patched tree "
             f"({'; '.join(bad) or 'no final tree'}); run `dsv4patch check --pin {pin.name}`"

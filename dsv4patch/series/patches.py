@@ -19,9 +19,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
-from dsv4patch.pins import Lock, Pin
+
+if TYPE_CHECKING:
+    from unidiff.patch import PatchedFile, PatchSet
+
+    from dsv4patch.pins import Lock, Pin
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,29 @@ _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
 
 def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     name = name or path.name
+    raw = _patch_bytes(path, name)
+    text = raw.decode("utf-8", errors="replace")
+    headers = tuple(git_headers(raw))
+    check_patch_text(name, headers)
+    files = tuple(_file_diff(name, pf) for pf in _patch_set(path, name, text))
+    message, author = _message(text)
+    return Patch(
+        name=name,
+        path=path,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        series=series,
+        subject=message.splitlines()[0] if message else name,
+        message=message,
+        author=author,
+        trailers=_trailers(message),
+        files=files,
+        adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
+        headers=headers,
+    )
+
+
+def _patch_bytes(path: Path, name: str) -> bytes:
+    """The patch file's bytes; a missing, unreadable or empty file says what to do."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -166,9 +194,11 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
         ) from None
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
-    text = raw.decode("utf-8", errors="replace")
-    headers = tuple(git_headers(raw))
-    check_patch_text(name, headers)
+    return raw
+
+
+def _patch_set(path: Path, name: str, text: str) -> PatchSet:
+    """The patch parsed by unidiff: at least one file section."""
     # unidiff is imported only to parse (check's cache hit never parses a patch).
     from unidiff.errors import UnidiffParseError
     from unidiff.patch import PatchSet
@@ -179,45 +209,31 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
         raise PatchFileError(f"patch {name}: {path} is not a valid diff: {exc}") from None
     if not len(ps):
         raise PatchFileError(f"patch {name}: {path} contains no diff (no 'diff --git' sections)")
-    files = []
-    for pf in ps:
-        if not pf.is_added_file and not pf.is_removed_file and not len(pf) and not pf.is_rename:
-            # Mode-only changes are fine; an empty text diff for a modified file is not.
-            if not pf.is_binary_file and "mode" not in str(pf.patch_info):
-                raise PatchFileError(f"patch {name}: {pf.path} has a header but no hunks")
-        hunks = tuple(
-            Hunk(
-                index=i + 1,
-                source_start=h.source_start,
-                source_lines=tuple(
-                    line.value.rstrip("\n") for line in h if line.is_context or line.is_removed
-                ),
-            )
-            for i, h in enumerate(pf)
+    return ps
+
+
+def _file_diff(name: str, pf: PatchedFile) -> FileDiff:
+    """One file of the patch: its paths and each hunk's start and source lines."""
+    if not pf.is_added_file and not pf.is_removed_file and not len(pf) and not pf.is_rename:
+        # Mode-only changes are fine; an empty text diff for a modified file is not.
+        if not pf.is_binary_file and "mode" not in str(pf.patch_info):
+            raise PatchFileError(f"patch {name}: {pf.path} has a header but no hunks")
+    hunks = tuple(
+        Hunk(
+            index=i + 1,
+            source_start=h.source_start,
+            source_lines=tuple(
+                line.value.rstrip("\n") for line in h if line.is_context or line.is_removed
+            ),
         )
-        src = None if pf.is_added_file else _strip(pf.source_file)
-        files.append(
-            FileDiff(
-                path=_strip(pf.target_file) if not pf.is_removed_file else _strip(pf.source_file),
-                source_path=src,
-                is_added=pf.is_added_file,
-                is_removed=pf.is_removed_file,
-                hunks=hunks,
-            )
-        )
-    message, author = _message(text)
-    return Patch(
-        name=name,
-        path=path,
-        sha256=hashlib.sha256(raw).hexdigest(),
-        series=series,
-        subject=message.splitlines()[0] if message else name,
-        message=message,
-        author=author,
-        trailers=_trailers(message),
-        files=tuple(files),
-        adds_symlink="\nnew file mode 120000" in text or "\nnew mode 120000" in text,
-        headers=headers,
+        for i, h in enumerate(pf)
+    )
+    return FileDiff(
+        path=_strip(pf.target_file) if not pf.is_removed_file else _strip(pf.source_file),
+        source_path=None if pf.is_added_file else _strip(pf.source_file),
+        is_added=pf.is_added_file,
+        is_removed=pf.is_removed_file,
+        hunks=hunks,
     )
 
 
@@ -289,11 +305,39 @@ def _diff_git_names(rest: str) -> list[str]:
 class _Section:
     """A ``diff --git`` section while :func:`git_headers` reads it."""
 
-    paths: list[str | None]  # None: a name _name could not read (dropped in done())
+    paths: list[str | None]  # None: a name _name could not read (dropped in header())
     to: str | None
     mode: str | None = None
     added: list[str] = field(default_factory=list)
     hunks: bool = False  # past the first "@@": only "+" lines matter now
+
+    def read(self, line: str) -> None:
+        """One line after the section's ``diff --git`` line: names, mode, added lines."""
+        if self.hunks:
+            if line.startswith("+"):
+                self.added.append(line[1:])
+            return
+        if line.startswith("@@"):
+            self.hunks = True
+        elif line.startswith(("new file mode ", "new mode ")):
+            self.mode = line.split()[-1]
+        elif line.startswith(("--- ", "+++ ")):
+            n = _name(line[4:], strip=True)
+            self.paths.append(n)
+            if line.startswith("+++ ") and n:
+                self.to = n
+        elif line.startswith(("rename from ", "copy from ")):
+            self.paths.append(_name(line.split(" ", 2)[2], strip=False))
+        elif line.startswith(("rename to ", "copy to ")):
+            n = _name(line.split(" ", 2)[2], strip=False)
+            self.paths.append(n)
+            self.to = n
+
+    def header(self) -> GitHeader:
+        """The section read: every name it gave (once each), the file git writes, mode, added lines."""
+        paths = tuple(dict.fromkeys(p for p in self.paths if p))
+        target = self.to or (paths[-1] if paths else "")
+        return GitHeader(paths, target, self.mode, tuple(self.added))
 
 
 def git_headers(raw: bytes) -> list[GitHeader]:
@@ -306,41 +350,16 @@ def git_headers(raw: bytes) -> list[GitHeader]:
     text = raw.decode("utf-8", errors="surrogateescape")
     out: list[GitHeader] = []
     cur: _Section | None = None
-
-    def done() -> None:
-        if cur is not None:
-            paths = tuple(dict.fromkeys(p for p in cur.paths if p))
-            target = cur.to or (paths[-1] if paths else "")
-            out.append(GitHeader(paths, target, cur.mode, tuple(cur.added)))
-
     for line in text.split("\n"):
         if line.startswith("diff --git "):
-            done()
+            if cur is not None:
+                out.append(cur.header())
             names = _diff_git_names(line[len("diff --git "):])
             cur = _Section(paths=list(names), to=names[-1] if names else "")
-            continue
-        if cur is None:
-            continue
-        if cur.hunks:
-            if line.startswith("+"):
-                cur.added.append(line[1:])
-            continue
-        if line.startswith("@@"):
-            cur.hunks = True
-        elif line.startswith(("new file mode ", "new mode ")):
-            cur.mode = line.split()[-1]
-        elif line.startswith(("--- ", "+++ ")):
-            n = _name(line[4:], strip=True)
-            cur.paths.append(n)
-            if line.startswith("+++ ") and n:
-                cur.to = n
-        elif line.startswith(("rename from ", "copy from ")):
-            cur.paths.append(_name(line.split(" ", 2)[2], strip=False))
-        elif line.startswith(("rename to ", "copy to ")):
-            n = _name(line.split(" ", 2)[2], strip=False)
-            cur.paths.append(n)
-            cur.to = n
-    done()
+        elif cur is not None:
+            cur.read(line)
+    if cur is not None:
+        out.append(cur.header())
     return out
 
 

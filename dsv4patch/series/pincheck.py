@@ -23,6 +23,7 @@ from dsv4patch.errors import CacheError, NotFetchedError, writing
 from dsv4patch.pins import Lock, Pin, PinRepo, is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
+from dsv4patch.series.patchedtree import PatchedTree, read_patched_tree
 from dsv4patch.series.patches import Series, series_for_pin
 from dsv4patch.store import Store
 
@@ -221,3 +222,11 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
             outcomes.append(PinOutcome(pin, pin_report(pin, res[0], res[1], lock.path),
                                        cached=pin.name in cached))
     return outcomes
+
+
+def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
+    """Run the series in the cache (what ``check`` does) and read every changed file
+    (:func:`dsv4patch.series.patchedtree.read_patched_tree`: refused unless the result is the lock's)."""
+    checked = check_pin(lock, pin, store, progress)
+    report = pin_report(pin, checked.repo, checked.result)
+    return read_patched_tree(pin, checked.repo, checked.series, checked.result, report)

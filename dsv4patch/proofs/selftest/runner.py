@@ -757,9 +757,10 @@ def default_child(python: str) -> list[str]:
     return [python, "-X", "faulthandler", str(tmp / "child.py")]
 
 
-def python_of(given: str | None, environ: dict[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return given or env.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+def python_of(given: str | None, env_python: str | None = None) -> str:
+    """The interpreter whose vLLM is checked: ``given`` (``--python``), else ``env_python``
+    (``$DSV4PATCH_VLLM_PYTHON``, read by the command), else the one running dsv4patch."""
+    return given or env_python or sys.executable
 
 
 def probe_node(child: list[str], *, deadline: float = 180.0) -> Node:

@@ -43,10 +43,14 @@ from dsv4patch.errors import (
     FetchError,
     IntegrityError,
     NotFetchedError,
+    param,
 )
 from dsv4patch.hashing import hash_file
 from dsv4patch.limits import parse_number
+from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.progress import Progress
+
+_SEED = Step.of("fetch", sdist=Blank("FILE"))  # a file put into the cache by hand
 
 CHUNK = 1 << 20
 MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
@@ -187,7 +191,7 @@ class Store:
         except OSError as exc:
             raise CacheError(
                 f"cache directory {root} is not writable ({exc.strerror}); "
-                "point DSV4PATCH_CACHE (or --cache-dir) at a writable directory"
+                f"point DSV4PATCH_CACHE (or {param('cache_dir')}) at a writable directory"
             ) from None
         store = cls(root)
         sweep_tmp(store)  # what killed runs left
@@ -250,7 +254,7 @@ class Store:
             if not url:
                 raise NotFetchedError(
                     f"{what}: not in the cache ({dest}) and the lock has no url; "
-                    "run `dsv4patch lock --update` with network access"
+                    f"run `{mention(Step.of('lock', update=True))}` with network access"
                 )
             # The configured package index first (index.py); the lock's url is a hint.
             from dsv4patch import index
@@ -277,7 +281,7 @@ class Store:
         problem = http_url_problem(url)
         if problem:
             raise FetchError(f"{what}: refusing to download {redact(url)}: {problem}; only http(s) "
-                             "URLs are downloaded (seed a local file with `dsv4patch fetch --sdist FILE`)")
+                             f"URLs are downloaded (seed a local file with `{mention(_SEED)}`)")
         fd, tmp = safeio.create_owned(self.root / "tmp", "dl")  # owned: swept if this run is killed
         try:
             with os.fdopen(fd, "wb", closefd=False) as fh:  # fd (and its lock) closed after the rename
@@ -392,6 +396,6 @@ def _download(
         raise NotFetchedError(
             f"{what}: cannot download {shown} ({reason}) and it is not in the cache. "
             "Check network access to the package index, or copy the file into the cache "
-            "with `dsv4patch fetch --sdist FILE`"
+            f"with `{mention(_SEED)}`"
         ) from None
     return got, h.hexdigest(), expected

@@ -25,8 +25,9 @@ from typing import Any
 from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation, Workspace
-from dsv4patch.errors import BuildError, TreeError, writing
+from dsv4patch.errors import BuildError, TreeError, param, writing
 from dsv4patch.guard import Checkout
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin, PinRepo, kind_of, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import PinReport, Series, SeriesResult, carried, pin_report, run_series, series_for_pin
@@ -146,8 +147,8 @@ def _refuse_unfinished(co: Checkout, path: Path, out_notes: list[str]) -> None:
         st = resolving.read_state(gitdir, path)
         raise TreeError(
             f"{path} holds the conflict workspace of {st.patch} (pin {st.pin}); finish it "
-            f"with `dsv4patch resolve --continue --tree {path}` or undo it with "
-            f"`dsv4patch resolve --abort --tree {path}`"
+            f"with `{mention(Step.of('resolve', cont=True, tree=path))}` or undo it with "
+            f"`{mention(Step.of('resolve', abort=True, tree=path))}`"
         )
     dirty = git.dirty_paths(path)
     if dirty:
@@ -173,7 +174,7 @@ def _series_base(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, branc
             checked = dataclasses.replace(checked, pin=pin)
         return pin, checked
     if branch is not None:
-        raise TreeError(f"--branch goes with a checkout of a git or local pin (a fork); {path} "
+        raise TreeError(f"{param('branch')} goes with a checkout of a git or local pin (a fork); {path} "
                         f"is a tree dsv4patch made for pin {pin.name}")
     if not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"):
         raise TreeError(
@@ -181,7 +182,7 @@ def _series_base(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, branc
             f"commit {pinrepo.base_commit[:12]}"
             + (f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
                if kind_of(pin).fork else "")
-            + "; use a new directory for --tree"
+            + f"; use a new directory for {param('tree')}"
         )
     return pin, pinrepo
 
@@ -195,8 +196,9 @@ def _unappliable(path: Path, pin: Pin, rep: PinReport, result: SeriesResult, thr
     accept_offsets = (three_way and result.final_tree is not None and not rep.notes
                       and all(v.ok or n in offsets for n, v in rep.patches.items()))
     if accept_offsets and offsets:
-        out_notes.append(f"applied with offsets: {', '.join(offsets)}; next: `dsv4patch refresh "
-                         f"--pin {pin.name} --tree {path} --as-variant` writes them as exact variants")
+        exact = Step.of("refresh", pin=pin.name, tree=path, as_variant=True)
+        out_notes.append(f"applied with offsets: {', '.join(offsets)}; next: `{mention(exact)}` writes them "
+                         "as exact variants")
     if (not rep.ok and not accept_offsets) or result.final_tree is None:
         return [
             f"{name}: {v.status} (expected {v.expected}): {v.result.message}\n  next: {v.next}"
@@ -255,7 +257,7 @@ def _above_the_series(path: Path, pin: Pin, series: Series, result: SeriesResult
         return [
             f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "
             f"{len(above)} commit(s) of yours above it, and they take out what "
-            f"{', '.join(lost)} changed; nothing was changed. `dsv4patch status --tree {path}` "
+            f"{', '.join(lost)} changed; nothing was changed. `{mention(Step.of('status', tree=path))}` "
             "shows each patch; revert or fix those commits (or check out the series' last "
             "commit) to carry the whole series"]
     out_notes.append(
@@ -278,8 +280,8 @@ def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
     except BuildError as exc:
         raise BuildError(
             f"{path} is patched (HEAD {head[:12]}), but the CUDA kernels the "
-            f"patches change were not rebuilt: {exc}\nRun `dsv4patch build --tree {path}` "
-            "on a machine with nvcc and torch, or pass --no-build to apply without it "
+            f"patches change were not rebuilt: {exc}\nRun `{mention(Step.of('build', tree=path))}` "
+            f"on a machine with nvcc and torch, or pass {param('no_build')} to apply without it "
             "(the kernel fixes are then not in effect)"
         ) from None
     return report, list(report.get("notes", []))

@@ -116,7 +116,7 @@ def start_branch(co: Checkout, name: str, head: str) -> str:
     if git.ref_commit(path, ref) is not None or git.run(path, ["rev-parse", "-q", "--verify", "--end-of-options",
                                                               ref], check=False).ok:
         raise TreeError(f"{path}: branch {name} already exists; check it out (`git switch {name}`) "
-                        "and run apply without --branch, or name a new branch")
+                        f"and run apply without {param('branch')}, or name a new branch")
     git.run(path, ["update-ref", "-m", "dsv4patch apply --branch", ref, head, ""], tied=True)
     git.run(path, ["symbolic-ref", "-m", "dsv4patch apply --branch", "HEAD", ref], tied=True)
     return f"created branch {name} at {head[:12]} and switched to it (the work tree is unchanged)"

@@ -43,14 +43,18 @@ from pathlib import Path
 from dsv4patch import git, safeio
 from dsv4patch.checkout import conflicts, forkcheckout, states, transaction
 from dsv4patch.checkout.states import ResolveState
-from dsv4patch.errors import FetchError, ParameterError, TreeError
+from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.guard import Checkout
+from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import Lock, Pin, PinRepo, find_lock, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, Series, SeriesResult, Status, run_series, series_for_pin
 from dsv4patch.store import Store
 
 STATE = "dsv4patch-resolve.json"
+# The operation a workspace belongs to, as messages name it (``apply --3way``, ``resolve --continue``).
+APPLY_3WAY = mention(Step.of("apply", three_way=True), bare=True)
+GIT_APPLY_3WAY = ("git", "apply", "--3way")  # git's own option, not ours
 _INDEX_LINE = re.compile(rb"^index ([0-9a-f]{7,64})\.\.[0-9a-f]{7,64}", re.M)
 
 
@@ -73,10 +77,9 @@ def read_state(gitdir: Path, path: Path) -> ResolveState:
     """The workspace's state; TreeError (exit 5) when there is none or it is not one dsv4patch wrote."""
     sp = state_path(gitdir)
     if not has_workspace(gitdir):
-        raise TreeError(
-            f"{path} has no conflict workspace (no {sp}); `dsv4patch apply --pin P --tree {path} "
-            "--3way` opens one when a patch conflicts"
-        )
+        opens = Step.of("apply", pin=Blank("P"), tree=path, three_way=True)
+        raise TreeError(f"{path} has no conflict workspace (no {sp}); `{mention(opens)}` opens one when a "
+                        "patch conflicts")
     try:
         state = states.read(ResolveState, sp)
     except (OSError, ValueError) as exc:
@@ -115,6 +118,7 @@ class Workspace:
     head: str
     state: Path
     notes: list[str]
+    steps: tuple[Step, ...] = ()  # what to run next: finish it (resolve --continue), give it up (--abort)
 
     def to_json(self) -> dict[str, object]:
         return {"patch": self.patch, "conflicts": list(self.conflicts), "head": self.head,
@@ -190,16 +194,17 @@ def open_workspace(
     _seed_or_refuse(path, lock, pin, patch, store, progress)
     # Nothing the user did not commit is overwritten: not by the prefix, not by the files the
     # 3-way merge creates.
-    co.refuse_in_the_way(at, "apply --3way", extra=[f.path for f in patch.files if f.source_path is None])
+    co.refuse_in_the_way(at, APPLY_3WAY, extra=[f.path for f in patch.files if f.source_path is None])
     made = forkcheckout.start_branch(co, branch, head) if branch is not None else None
     conflicted = _apply_3way(co, pin, patch, head, at)
     orig = orig_head or head
     _write_resolve_state(co.gitdir, lock, pin, pinrepo, invocation, patch=patch.name, patch_index=k,
                          orig_head=orig, at=at, conflicts=conflicted)
+    steps = _workspace_steps(path, lock, invocation)
     notes = ([made] if made else []) + _workspace_notes(
-        path, lock, pin, invocation, patch=patch.name, why=failing.message, earlier=len(commits), at=at,
+        path, lock, pin, steps, patch=patch.name, why=failing.message, earlier=len(commits), at=at,
         orig=orig, conflicted=conflicted)
-    return Workspace(patch.name, conflicted, at, state_path(co.gitdir), notes)
+    return Workspace(patch.name, conflicted, at, state_path(co.gitdir), notes, steps)
 
 
 def _workspace_head(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, commits: list[str]) -> str:
@@ -222,7 +227,7 @@ def _seed_or_refuse(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
             f"{patch.name} conflicts on pin {pin.name}, and a 3-way merge needs the files the "
             f"patch was made against (blobs {', '.join(missing)}), which no pin of {lock.path} "
             f"has; add the pin the patch was made for to the lock (or regenerate the patch with "
-            f"`git format-patch` against a pin of the lock), then run apply --3way again. "
+            f"`git format-patch` against a pin of the lock), then run {APPLY_3WAY} again. "
             f"{path} was left unchanged"
         )
 
@@ -232,16 +237,16 @@ def _apply_3way(co: Checkout, pin: Pin, patch: Patch, head: str, at: str) -> lis
     conflicted paths; a merge git cannot even start puts the tree back at ``head``."""
     path = co.path
     if head != at:
-        transaction.move_tree(co, head, at, "apply --3way")
+        transaction.move_tree(co, head, at, APPLY_3WAY)
     res = git.apply_3way(path, patch.path)
     conflicted = git.unmerged_paths(path)
     if not res.ok and not conflicted:
         if head != at:
-            transaction.move_tree(co, at, head, "apply --3way")
+            transaction.move_tree(co, at, head, APPLY_3WAY)
         raise TreeError(
-            f"{patch.name}: `git apply --3way` could not merge it into pin {pin.name}:\n"
+            f"{patch.name}: `{' '.join(GIT_APPLY_3WAY)}` could not merge it into pin {pin.name}:\n"
             f"{res.stderr.strip()}\n{path} was left unchanged; port it with "
-            f"`dsv4patch port --to {pin.name}` or edit the patch by hand"
+            f"`{mention(Step.of('port', to=pin.name))}` or edit the patch by hand"
         )
     return conflicted
 
@@ -259,11 +264,17 @@ def _write_resolve_state(gitdir: Path, lock: Lock, pin: Pin, pinrepo: PinRepo, i
     ))
 
 
-def _workspace_notes(path: Path, lock: Lock, pin: Pin, inv: Invocation, *, patch: str, why: str, earlier: int,
-                     at: str, orig: str, conflicted: list[str]) -> list[str]:
+def _workspace_steps(path: Path, lock: Lock, inv: Invocation) -> tuple[Step, Step]:
+    """What to run once the workspace is edited (``resolve --continue`` with the apply's lock, cache and
+    wheel directory), and what gives it up (``resolve --abort``)."""
+    return (Step.of("resolve", cont=True, tree=path, lock=lock.path, cache_dir=inv.cache_dir, out=inv.out),
+            Step.of("resolve", abort=True, tree=path))
+
+
+def _workspace_notes(path: Path, lock: Lock, pin: Pin, steps: tuple[Step, Step], *, patch: str, why: str,
+                     earlier: int, at: str, orig: str, conflicted: list[str]) -> list[str]:
     """What was done, and what to do next (edit or review, then continue or abort)."""
-    again = f" --lock {lock.path}" + (f" --cache-dir {inv.cache_dir}" if inv.cache_dir else "") + (
-        f" --out {inv.out}" if inv.out else "")
+    cont, abort = steps
     if conflicted:
         where = f"conflicts in {', '.join(conflicted)} (conflict markers)"
         todo = "edit the files"
@@ -274,9 +285,9 @@ def _workspace_notes(path: Path, lock: Lock, pin: Pin, inv: Invocation, *, patch
         f"{patch} conflicts on pin {pin.name}: {why}",
         f"committed {earlier} earlier patch(es) (HEAD {at[:12]}) and applied {patch} "
         f"3-way: {where}",
-        f"next: {todo}, then `dsv4patch resolve --continue --tree {path}{again}` (writes the "
+        f"next: {todo}, then `{mention(cont)}` (writes the "
         f"resolution as pin {pin.name}'s variant of {patch}, updates {lock.path.name}, "
-        f"applies the rest); `dsv4patch resolve --abort --tree {path}` puts the tree back at "
+        f"applies the rest); `{mention(abort)}` puts the tree back at "
         f"{orig[:12]}",
     ]
 
@@ -287,14 +298,15 @@ def _state_lock(given: Path | None, state: ResolveState, path: Path) -> Path:
     try:
         found = find_lock(given)
     except ParameterError:
+        again = Step.of("resolve", tree=path, lock=named)
         raise TreeError(
             f"the conflict workspace in {path} was opened with the lock {named}; pass it: "
-            f"`dsv4patch resolve --tree {path} --lock {named} ...`") from None
+            f"`{mention(again)} ...`") from None
     if os.path.abspath(found) != os.path.abspath(named):
         raise TreeError(
             f"the conflict workspace in {path} names the lock {named}, this command uses {found} "
-            f"(from --lock, $DSV4PATCH_LOCK or the current directory); resolve writes the variant "
-            f"into the lock it uses, so run it with `--lock {named}` if that is the lock you "
+            f"(from {param('lock')}, $DSV4PATCH_LOCK or the current directory); resolve writes the variant "
+            f"into the lock it uses, so run it with `{param('lock')} {named}` if that is the lock you "
             "opened the workspace with"
         )
     return found
@@ -329,7 +341,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
         if patch is None:
             raise TreeError(
                 f"{state.patch} is no longer in pin {pin.name}'s series in {opened.path}; run "
-                f"`dsv4patch resolve --abort --tree {path}`"
+                f"`{mention(Step.of('resolve', abort=True, tree=path))}`"
             )
         touched = sorted(set(state.conflicts) | set(patch.touched))
         left = conflicts.marked(path, touched) + [u for u in git.unmerged_paths(path) if u not in touched]
@@ -337,7 +349,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
             raise TreeError(
                 f"{', '.join(left)} in {path} still hold conflict markers; edit them (keep the "
                 "code you want, remove the <<<<<<< ======= >>>>>>> lines), then run "
-                f"`dsv4patch resolve --continue --tree {path}` again (or --abort)"
+                f"`{mention(Step.of('resolve', cont=True, tree=path))}` again (or {param('abort')})"
             )
         text = conflicts.resolution_patch(path, state.at, patch, series.patches.index(patch) + 1,
                                           len(series.patches))
@@ -345,14 +357,14 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
             raise TreeError(
                 f"the resolution of {patch.name} changes nothing in {path}; if the pin does not "
                 f"need it, set expect_patches.\"{patch.name}\" for pin {pin.name} in {opened.path} "
-                f"and run `dsv4patch resolve --abort --tree {path}`"
+                f"and run `{mention(Step.of('resolve', abort=True, tree=path))}`"
             )
         target = variants_dir(opened, pin) / patch.name
         target.parent.mkdir(parents=True, exist_ok=True)
         safeio.atomic_write(target, text)
         set_variant(opened.path, pin.name, patch.name, target)
         notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}"]
-        transaction.reset_tree(co, state.at, "resolve --continue")
+        transaction.reset_tree(co, state.at, mention(Step.of("resolve", cont=True), bare=True))
         state_path(gitdir).unlink()
         opened = open_lock(lock_path, state.series)
         pin = opened.pin(pin.name)
@@ -366,8 +378,8 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
             opened = open_lock(lock_path, state.series)
             pin = opened.pin(pin.name)
     if state.build and state.out and str(out) != state.out:
-        notes.append(f"the workspace was opened with --out {state.out}; the kernel wheel goes to "
-                     f"{out or './dist'} (pass --out to resolve to choose)")
+        notes.append(f"the workspace was opened with {param('out')} {state.out}; the kernel wheel goes to "
+                     f"{out or './dist'} (pass {param('out')} to resolve to choose)")
     return Continued(opened, pin, state, notes)
 
 
@@ -375,6 +387,6 @@ def abort_workspace(path: Path) -> ResolveState:
     """Put ``path`` back at the commit it had before ``apply --3way``; the state that was closed."""
     with transaction.tree_lock(path) as co:
         state = read_state(co.gitdir, path)
-        transaction.reset_tree(co, state.orig_head, "resolve --abort")
+        transaction.reset_tree(co, state.orig_head, mention(Step.of("resolve", abort=True), bare=True))
         state_path(co.gitdir).unlink()
     return state

@@ -20,6 +20,7 @@ from typing import Any
 from dsv4patch import git, guard
 from dsv4patch.checkout import resolving, transaction
 from dsv4patch.errors import FetchError, ParameterError, TreeError
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin, find_lock, kind_of, load_lock
 from dsv4patch.series import Series, carried, series_for_pin
 
@@ -306,8 +307,9 @@ def _unfinished(co: guard.Checkout, notes: list[str]) -> tuple[bool, bool]:
     workspace = resolving.has_workspace(co.gitdir)
     if workspace:
         notes.append(
-            f"a conflict workspace is open (apply --3way): finish it with `dsv4patch resolve "
-            f"--continue --tree {co.path}` or undo it with `dsv4patch resolve --abort --tree {co.path}`"
+            f"a conflict workspace is open ({mention(Step.of('apply', three_way=True), bare=True)}): finish it "
+            f"with `{mention(Step.of('resolve', cont=True, tree=co.path))}` or undo it with "
+            f"`{mention(Step.of('resolve', abort=True, tree=co.path))}`"
         )
     return interrupted, workspace
 

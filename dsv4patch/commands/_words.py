@@ -43,6 +43,8 @@ OPTIONS = {
     "platform": "--platform",
     "python": "--python",
     "resolutions": "--resolutions",
+    "sdist": "--sdist",
+    "series": "--series",
     "three_way": "--3way",
     "to": "--to",
     "tree": "--tree",

@@ -38,7 +38,7 @@ from typing import Any
 
 import tomlkit
 
-from dsv4patch import git, guard, index, safeio
+from dsv4patch import git, guard, index, report, safeio
 from dsv4patch.checkout import (
     Committed,
     PortState,
@@ -54,6 +54,7 @@ from dsv4patch.checkout import (
 )
 from dsv4patch.errors import FetchError, LockFileError, ParameterError, PatchFileError, TreeError, param
 from dsv4patch.forks import portspace
+from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import (
     Lock,
     Pin,
@@ -148,7 +149,7 @@ def _local_commit(local: Path, to: str | None) -> str:
     workspace), which ``to``, if given, must be."""
     if not guard.is_checkout_root(local):
         raise ParameterError(f"{param('local')} {local}: not the root of a git checkout")
-    with guard.guarded(local, role="--local"):
+    with guard.guarded(local, role=param("local")):
         head = git.head(local)
     opened = portspace.read_state(local)
     if opened is not None and opened.own:
@@ -197,19 +198,19 @@ def _existing_pin(lock: Lock, name: str, to: str, dry_run: bool) -> Pin | None:
     have = lock.pins[name]
     if dry_run and to in (have.vllm_version, have.commit, name):
         return have
-    hint = ("; `--dry-run` compares the port with it" if to in (have.vllm_version, have.commit, name)
+    hint = (f"; `{param('dry_run')}` compares the port with it" if to in (have.vllm_version, have.commit, name)
             else "")
-    raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass --name NEW to add "
+    raise LockFileError(f"{lock.path}: pin {name!r} already exists; pass {param('name')} NEW to add "
                         f"another pin{hint}")
 
 
 def _git_pin(name: str, to: str, git_url: str, src: Pin) -> Pin:
     """Commit ``to`` of the remote ``git_url`` (a full commit id, a URL we may fetch)."""
     if not re.fullmatch(r"[0-9a-f]{40}", to):
-        raise LockFileError("--git needs --to to be a full 40-hex commit id")
+        raise LockFileError(f"{param('git')} needs {param('to')} to be a full 40-hex commit id")
     problem = git_url_problem(git_url)
     if problem:
-        raise LockFileError(f"--git {git_url!r} is refused: {problem}")
+        raise LockFileError(f"{param('git')} {git_url!r} is refused: {problem}")
     return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=git_url),
                cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
 
@@ -393,7 +394,7 @@ def _resolution(resolutions: Path | None, patch: Patch) -> Path | None:
     hand = resolutions / patch.name if resolutions else None
     if hand is not None and os.path.lexists(hand) and not safeio.is_regular(hand):
         kind = "a symbolic link" if hand.is_symlink() else "not a regular file"
-        raise PatchFileError(f"--resolutions {hand} is {kind}; a resolution must be a file in the "
+        raise PatchFileError(f"{param('resolutions')} {hand} is {kind}; a resolution must be a file in the "
                              "directory itself (copy it there), dsv4patch does not follow links")
     return hand if hand is not None and hand.exists() else None
 
@@ -563,9 +564,9 @@ def port_report(lock: Lock, pin: Pin, ported: list[Ported]) -> str:
     for p in ported:
         if p.evidence:
             lines += ["", f"## {p.patch.name}: dropped, evidence", ""] + evidence_lines(p.evidence)
-    lines += ["", "Re-check with `dsv4patch check --pin " + pin.name + "`; prove with "
-              "`dsv4patch verify --pin " + pin.name + "`.", ""]
-    return "\n".join(lines)
+    lines += ["", f"Re-check with `{mention(Step.of('check', pin=pin.name))}`; prove with "
+              f"`{mention(Step.of('verify', pin=pin.name))}`.", ""]
+    return report.words("\n".join(lines))  # a document the user reads: in the command line's words
 
 
 def evidence_lines(evidence: dict[str, Any]) -> list[str]:
@@ -624,24 +625,26 @@ def own_workspace(ws: Path, new: PinRepo) -> OwnWorkspace:
     content (:func:`forkcheckout.is_fork_checkout`; the port's patches are made on that content),
     clean, with no apply or ``--3way`` workspace open; else TreeError (exit 5), nothing touched."""
     pin = new.pin
-    with tree_lock(ws, role="--workspace") as co:
+    with tree_lock(ws, role=param("workspace")) as co:
         if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
-            raise TreeError(f"--workspace {ws} is a tree dsv4patch made without a port workspace "
+            raise TreeError(f"{param('workspace')} {ws} is a tree dsv4patch made without a port workspace "
                             f"({portspace.state_path(ws)} is missing); use a new directory")
         head = git.head(ws)
         if not is_fork_checkout(ws, new, head) or head is None or content_tree(ws, head) != new.base_tree:
             raise TreeError(
-                f"--workspace {ws} is a git checkout, but not one of pin {pin.name} at its content "
+                f"{param('workspace')} {ws} is a git checkout, but not one of pin {pin.name} at its content "
                 f"(HEAD {(head or 'none')[:12]}; the pin is commit {pin.commit[:12]} of "
                 f"{pin.source.path or pin.source.url}); nothing was touched: give a new directory, or "
-                "the fork's own checkout when you port to its HEAD (`--local` that checkout)")
+                f"the fork's own checkout when you port to its HEAD (`{param('local')}` that checkout)")
         gitdir = co.gitdir
         if interrupted(gitdir) or has_workspace(gitdir):
-            raise TreeError(f"--workspace {ws} has an interrupted apply or an `apply --3way` workspace "
-                            f"open; finish it (`dsv4patch apply` / `dsv4patch resolve --tree {ws}`) first")
+            three_way = mention(Step.of("apply", three_way=True), bare=True)
+            raise TreeError(f"{param('workspace')} {ws} has an interrupted apply or an `{three_way}` workspace "
+                            f"open; finish it (`{mention(Step.of('apply'))}` / "
+                            f"`{mention(Step.of('resolve', tree=ws))}`) first")
         dirty = git.dirty_paths(ws)
         if dirty:
-            raise TreeError(f"--workspace {ws} has uncommitted changes ({', '.join(dirty[:5])}"
+            raise TreeError(f"{param('workspace')} {ws} has uncommitted changes ({', '.join(dirty[:5])}"
                             f"{', ...' if len(dirty) > 5 else ''}); commit, stash or remove them first")
         return OwnWorkspace(head, git.current_ref(ws))
 
@@ -658,11 +661,11 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: PinRepo, 
               for p in ported[:k] if p.action != "drop"]
     marked = sorted({c.file for c in conflict.conflicts if c.file in conflict.merged
                      or c.file in conflict.patch.touched})
-    with open_tree(ws, new, role="--workspace") as (co, created):
+    with open_tree(ws, new, role=param("workspace")) as (co, created):
         if created:
             notes.append(created)
         if own is None and not git.has_object(ws, f"{new.base_commit}^{{commit}}"):
-            raise TreeError(f"--workspace {ws} is a git tree without pin {pin.name}'s base commit "
+            raise TreeError(f"{param('workspace')} {ws} is a git tree without pin {pin.name}'s base commit "
                             f"{new.base_commit[:12]}; nothing was touched: give a new directory")
         at = portspace.open_workspace(co, own.base if own else new.base_commit, prefix, conflict.patch,
                                       conflict.merged, marked, lock=lock.path, src=src.name, dst=pin.name,
@@ -674,8 +677,8 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: PinRepo, 
                  f"{conflict.patch.name} merged into the work tree: conflict markers in "
                  f"{', '.join(marked) or '(none: see the conflicts above)'}")
     notes.append(f"next: edit those files in {ws} (keep the code you want, remove the markers), then run "
-                 "the same `dsv4patch port` command again: it takes the resolution and goes on"
-                 + (f"; `dsv4patch port --abort --workspace {ws}` gives up and puts {ws} back "
+                 f"the same `{mention(Step.of('port'))}` command again: it takes the resolution and goes on"
+                 + (f"; `{mention(Step.of('port', abort=True, workspace=ws))}` gives up and puts {ws} back "
                     f"{'on ' + own.ref.removeprefix('refs/heads/') if own.ref else 'detached'} at "
                     f"{own.base[:12]}" if own else ""))
     out: dict[str, Any] = {"path": str(ws), "patch": conflict.patch.name, "head": at, "conflicts": marked,
@@ -759,7 +762,7 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     committed = _committed_in_fork(pin)
     stack = ExitStack()
     if ws is not None and guard.is_checkout_root(ws):
-        stack.enter_context(guard.guarded(ws, role="--workspace"))  # vetted once for the whole port
+        stack.enter_context(guard.guarded(ws, role=param("workspace")))  # vetted once for the whole port
     work = store.tmpdir(f"port-{pin.name}-")
     try:
         used = resolutions
@@ -778,8 +781,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
             ok = _compare_with_pin(pin, ported, notes) and ok
         if ok and dry_run:
             if not existing:
-                notes.append(f"dry run: nothing was written; `dsv4patch port` without --dry-run "
-                             f"writes the variants, {pin.name}'s PORT.md and the lock entry")
+                notes.append(f"dry run: nothing was written; `{mention(Step.of('port'))}` without "
+                             f"{param('dry_run')} writes the variants, {pin.name}'s PORT.md and the lock entry")
             return PortResult(src, pin, ok, ported, notes, dry_run=True)
         if ok:
             return _write_port(lock, src, pin, new, repo, ported, ws, ws_state, own, notes)
@@ -802,7 +805,7 @@ def _name_the_new_pin(pin: Pin, new: PinRepo, src: Pin, series: Series, existing
         notes.append(f"pin {pin.name}: vllm_version {found.version} (from {found.whence})")
     if resolutions is not None:
         for f in unmatched_resolutions(resolutions, series):
-            notes.append(f"warning: --resolutions {f} matches no patch of the series "
+            notes.append(f"warning: {param('resolutions')} {f} matches no patch of the series "
                          f"(file names must equal the series' patch names); it was not used")
     return pin, new
 
@@ -829,7 +832,7 @@ def _take_workspace_resolution(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ser
                                ws_state: PortState, own: OwnWorkspace | None, resolutions: Path | None,
                                work: Path, notes: list[str]) -> Path:
     """The edited workspace turned into its patch's resolution; every resolution the port uses."""
-    with tree_lock(ws, role="--workspace") as co:
+    with tree_lock(ws, role=param("workspace")) as co:
         base = new.base_commit
         if own is not None:
             done = recover_tree(co)  # a move killed while the workspace opened
@@ -840,11 +843,11 @@ def _take_workspace_resolution(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ser
         portspace.check_matches(ws_state, ws, lock.path, src.name, pin.name, base)
         patch = next((p for p in series.patches if p.name == ws_state.patch), None)
         if patch is None:
-            raise TreeError(f"--workspace {ws} holds {ws_state.patch}, which is not in pin "
+            raise TreeError(f"{param('workspace')} {ws} holds {ws_state.patch}, which is not in pin "
                             f"{src.name}'s series; use a new directory")
         same = [p for p in series.patches if p.series == patch.series]
         got = portspace.collect(ws, ws_state, patch, same.index(patch) + 1, len(same))
-        notes.append(f"took {patch.name}'s resolution from --workspace {ws} (kept in {got})")
+        notes.append(f"took {patch.name}'s resolution from {param('workspace')} {ws} (kept in {got})")
     return portspace.combine(work / "resolutions", resolutions, portspace.resolutions(ws))
 
 
@@ -866,7 +869,7 @@ def _name_resolutions(ported: list[Ported], pin: Pin, used: Path | None, ws: Pat
         # (the fork's own checkout drops its copy when the port completes: named by the workspace)
         ported = [dataclasses.replace(p, detail=p.detail.replace(
             str(used / p.patch.name),
-            f"the resolution edited in --workspace {ws}" if own else str(kept / p.patch.name)))
+            f"the resolution edited in {param('workspace')} {ws}" if own else str(kept / p.patch.name)))
             if (kept / p.patch.name).is_file() else p for p in ported]
     if existing and used is not None:  # name the lock's variant, not the temporary copy
         ported = [dataclasses.replace(p, detail=p.detail.replace(
@@ -885,14 +888,14 @@ def _write_port(lock: Lock, src: Pin, pin: Pin, new: PinRepo, repo: Path, ported
     files = write_result(lock, pin, ported, new, final)
     written_lock = load_lock(lock.path)
     if ws is not None and ws_state is not None and own is not None:
-        with tree_lock(ws, role="--workspace") as co:
+        with tree_lock(ws, role=param("workspace")) as co:
             notes.append(portspace.restore(co, ws_state))
-        notes.append(f"the port used the resolutions of --workspace {ws} and is complete; next: "
-                     f"`dsv4patch apply --pin {pin.name} --tree {ws} --branch NAME --no-build` "
-                     "commits the ported series on a new branch of it")
+        commit = Step.of("apply", pin=pin.name, tree=ws, branch=Blank("NAME"), no_build=True)
+        notes.append(f"the port used the resolutions of {param('workspace')} {ws} and is complete; next: "
+                     f"`{mention(commit)}` commits the ported series on a new branch of it")
     elif ws is not None and ws_state is not None:
         portspace.close(ws)
-        notes.append(f"the port used the resolutions of --workspace {ws} and is complete; the "
+        notes.append(f"the port used the resolutions of {param('workspace')} {ws} and is complete; the "
                      "workspace can be deleted")
     wpin = written_lock.pin(pin.name)
     res = run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
@@ -915,14 +918,17 @@ def _stopped_at_conflicts(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ported: 
     notes.append("nothing was written")
     opened = None
     if ws is not None and dry_run:
-        notes.append(f"dry run: --workspace {ws} was not opened (run without --dry-run to get it)")
+        notes.append(f"dry run: {param('workspace')} {ws} was not opened (run without {param('dry_run')} to "
+                     "get it)")
     elif ws is not None:
         opened = open_port_workspace(ws, lock, src, pin, new, ported, notes, own)
     else:
-        notes.append("next: rerun with --workspace DIR to get a tree of the new pin with the "
+        by_hand = Step.of("apply", pin=src.name, tree=Blank("DIR"))
+        notes.append(f"next: rerun with {param('workspace')} DIR to get a tree of the new pin with the "
                      "conflict to edit (then run the same command again), or resolve the conflicts "
-                     f"by hand in a tree (`dsv4patch apply --pin {src.name} --tree DIR`, port the "
-                     "commit, `dsv4patch refresh`) and pass the resolved patches with --resolutions DIR")
+                     f"by hand in a tree (`{mention(by_hand)}`, port the "
+                     f"commit, `{mention(Step.of('refresh'))}`) and pass the resolved patches with "
+                     f"{param('resolutions')} DIR")
     return PortResult(src, pin, False, ported, notes, workspace=opened)
 
 
@@ -949,10 +955,11 @@ def abort(*, workspace: Path) -> PortAborted:
     if state is None:
         where = "git tree"
         if guard.is_checkout_root(workspace):
-            with guard.guarded(workspace, role="--workspace"):
+            with guard.guarded(workspace, role=param("workspace")):
                 where = str(portspace.state_path(workspace))
-        raise TreeError(f"--workspace {workspace} holds no port workspace (no {where}); nothing to abort")
-    with tree_lock(workspace, role="--workspace") as co:
+        raise TreeError(f"{param('workspace')} {workspace} holds no port workspace (no {where}); nothing to "
+                        "abort")
+    with tree_lock(workspace, role=param("workspace")) as co:
         notes = []
         if state.own:
             done = recover_tree(co)

@@ -55,12 +55,16 @@ from dsv4patch.checkout import (
     resolution_patch,
     write_state_file,
 )
-from dsv4patch.errors import TreeError
+from dsv4patch.errors import TreeError, param
 from dsv4patch.guard import Checkout
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.series import Patch
 
 STATE = "dsv4patch-port.json"
 RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far
+# The operations that move a workspace, as messages name them (``port --workspace``, ``port --abort``).
+PORT_WORKSPACE = mention(Step.of("port", workspace=True), bare=True)
+PORT_ABORT = mention(Step.of("port", abort=True), bare=True)
 
 
 def state_path(path: Path) -> Path:
@@ -75,9 +79,9 @@ def read_state(path: Path) -> PortState | None:
     if not path.exists() or not any(path.iterdir()):
         return None
     if not guard.is_checkout_root(path):
-        raise TreeError(f"--workspace {path} is neither empty nor a workspace `port --workspace` made; "
-                        "use a new directory")
-    with guard.guarded(path, role="--workspace") as co:
+        raise TreeError(f"{param('workspace')} {path} is neither empty nor a workspace `{PORT_WORKSPACE}` "
+                        "made; use a new directory")
+    with guard.guarded(path, role=param("workspace")) as co:
         return _read_state(co.gitdir / STATE)
 
 
@@ -88,7 +92,7 @@ def _read_state(sp: Path) -> PortState | None:
         return read_state_file(PortState, sp)
     except (OSError, ValueError) as exc:
         raise TreeError(f"{sp} (the port workspace's state) is unreadable ({exc}); use a new directory "
-                        "for --workspace") from None
+                        f"for {param('workspace')}") from None
 
 
 def check_matches(state: PortState, path: Path, lock: Path, src: str, dst: str, base_commit: str) -> None:
@@ -97,8 +101,8 @@ def check_matches(state: PortState, path: Path, lock: Path, src: str, dst: str, 
     want = {"lock": os.path.abspath(lock), "from": src, "to": dst, "base_commit": base_commit}
     differ = [f"{k} {have[k]!r} (this run: {v!r})" for k, v in want.items() if have[k] != v]
     if differ:
-        raise TreeError(f"--workspace {path} was opened by another port: {'; '.join(differ)}; run that "
-                        "port again, or use a new directory")
+        raise TreeError(f"{param('workspace')} {path} was opened by another port: {'; '.join(differ)}; run "
+                        "that port again, or use a new directory")
 
 
 def collect(path: Path, state: PortState, patch: Patch, number: int, total: int) -> Path:
@@ -177,7 +181,7 @@ def open_workspace(co: Checkout, new_base: str, prefix: list[tuple[Patch, str]],
                                          p.author)
     finally:
         scratch.unlink(missing_ok=True)
-    co.refuse_in_the_way(parent, "port --workspace", extra=sorted(merged))
+    co.refuse_in_the_way(parent, PORT_WORKSPACE, extra=sorted(merged))
     state = PortState(lock=os.path.abspath(lock), frm=src, to=dst, patch=patch.name, base_commit=new_base,
                       at=parent, conflicts=sorted(conflicts), own=own, orig_ref=orig_ref if own else None)
     if own:
@@ -185,16 +189,16 @@ def open_workspace(co: Checkout, new_base: str, prefix: list[tuple[Patch, str]],
         ref = git.current_ref(path)
         if head is None or (ref is not None and (ref != orig_ref or head != new_base)):
             raise TreeError(f"{path}: HEAD is on {ref or 'no commit'}, not where the port workspace left it; "
-                            f"nothing was touched: run `dsv4patch port --abort --workspace {path}`")
+                            f"nothing was touched: run `{mention(Step.of('port', abort=True, workspace=path))}`")
         if ref is not None:
             git.detach_head(path, head, "dsv4patch port --workspace: the fork's branch stays where it is")
         write_state_file(state_path(path), state)
         # a reopened workspace: the last resolution is collected already
-        reset_tree(co, head, "port --workspace")
+        reset_tree(co, head, PORT_WORKSPACE)
         if head != parent:
-            move_tree(co, head, parent, "port --workspace")
+            move_tree(co, head, parent, PORT_WORKSPACE)
     else:
-        reset_tree(co, parent, "port --workspace")
+        reset_tree(co, parent, PORT_WORKSPACE)
     root = path.resolve()
     for name, data in merged.items():
         target = path / name
@@ -236,7 +240,7 @@ def restore(co: Checkout, state: PortState) -> str:
                         f"was touched (dsv4patch does not move your branch): `git -C {path} switch "
                         f"--detach {state.at}`, then run this again")
     git.add_all(path)  # so files the workspace added go too (the checkout was clean when it opened)
-    reset_tree(co, state.base_commit, "port --abort")  # HEAD is detached: no branch moves
+    reset_tree(co, state.base_commit, PORT_ABORT)  # HEAD is detached: no branch moves
     where = f"HEAD detached at {state.base_commit[:12]}"
     if state.orig_ref is not None:
         branch = state.orig_ref.removeprefix("refs/heads/")

@@ -48,7 +48,8 @@ from dsv4patch.checkout import (
     tree_lock,
     variants_dir,
 )
-from dsv4patch.errors import TreeError
+from dsv4patch.errors import TreeError, param
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin, PinRepo, materialize, open_lock, set_variant, update_derived
 from dsv4patch.progress import Progress
 from dsv4patch.series import Patch, Series, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
@@ -188,8 +189,9 @@ def _read_tree(path: Path, gitdir: Path, pinrepo: PinRepo, pin: Pin) -> _Tree:
     """The tree's commits on the series' base; refused if it is mid-conflict, dirty, not a tree of
     the pin, or holds merges."""
     if has_workspace(gitdir):
-        raise TreeError(f"{path} holds an open conflict workspace; finish it with `dsv4patch "
-                        f"resolve --continue --tree {path}` (or --abort) before refresh")
+        finish = Step.of("resolve", cont=True, tree=path)
+        raise TreeError(f"{path} holds an open conflict workspace; finish it with `{mention(finish)}` "
+                        f"(or {param('abort')}) before refresh")
     dirty = git.dirty_paths(path)
     if dirty:
         raise TreeError(f"{path} has uncommitted changes ({', '.join(dirty[:5])}); refresh "
@@ -301,7 +303,7 @@ def _plan_new_patch(lock: Lock, pin: Pin, name: str, where: _Where, fork: bool, 
     plan.new_entries.append((sname, after, name))
     if where.own_series is not None:
         dest = variants_dir(lock, pin) / name
-        why = "your fork's commit" if fork else "--as-variant leaves the shared series alone"
+        why = "your fork's commit" if fork else f"{param('as_variant')} leaves the shared series alone"
         plan.notes.append(f"{name}: in pin {pin.name}'s own series {where.own_series!r} "
                           f"({dest.parent / 'series'}, added to the lock): series {where.last!r} is also "
                           f"read by {', '.join(where.sharing)} ({why}); to give it to them, move its "
@@ -387,15 +389,15 @@ def _check_written(lock: Lock, pin: Pin, store: Store, progress: Progress, path:
     ok = res.final_tree == head_tree
     if not ok:
         notes.append(f"the written series gives tree {res.final_tree}, {path} has {head_tree}; "
-                     "run `dsv4patch check --pin " + pin.name + "` to see which patch differs")
+                     f"run `{mention(Step.of('check', pin=pin.name))}` to see which patch differs")
     else:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
                      + ("" if keep_ids else f" (patched_tree in {fresh.path})"))
     if plan.writes and not keep_ids:
         notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in plan.writes}, store, progress)
     if plan.writes:
-        notes.append(f"the commits in {path} carry the old patch hashes; `dsv4patch apply` makes "
-                     "the refreshed series' commits on a new --tree")
+        notes.append(f"the commits in {path} carry the old patch hashes; `{mention(Step.of('apply'))}` makes "
+                     f"the refreshed series' commits on a new {param('tree')}")
     return RefreshResult(fresh.path, path, pin.name, ok, res.final_tree, plan.done, notes)
 
 
@@ -450,11 +452,11 @@ def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Sto
             repo, res = checked.repo, checked.result
         except Exception as exc:
             notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "
-                         f"recomputed ({exc}): run `dsv4patch lock --update --pin {other.name}`")
+                         f"recomputed ({exc}): run `{mention(Step.of('lock', update=True, pin=other.name))}`")
             continue
         if res.final_tree is None:
             notes.append(f"pin {other.name} also reads a rewritten patch and its series no longer "
-                         f"applies: `dsv4patch check --pin {other.name}`")
+                         f"applies: `{mention(Step.of('check', pin=other.name))}`")
             continue
         if update_derived(lock.path, other.name,
                           {"base_tree": repo.base_tree, "patched_tree": res.final_tree}, {}):

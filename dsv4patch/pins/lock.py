@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from dsv4patch.errors import LockFileError, ParameterError, param
+from dsv4patch.nextstep import Step, mention
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -160,7 +161,7 @@ class Lock:
             return self
         unknown = [s for s in chosen if s not in self.series]
         if unknown:
-            raise LockFileError(f"--series {', '.join(unknown)}: {self.path} has no such [series.*] table "
+            raise LockFileError(f"{param('series')} {', '.join(unknown)}: {self.path} has no such [series.*] table "
                                 f"(it has {', '.join(self.series)})")
         pins = {n: replace(p, series=tuple(chosen), patched_tree=None) for n, p in self.pins.items()}
         return replace(self, pins=pins)
@@ -267,7 +268,7 @@ class LockTable:
         if not pattern.match(value):
             raise LockFileError(
                 f"{self.lock_path}: {self.where}.{key} = {value!r} is not {what} "
-                "(lowercase hex); copy the full value, or run `dsv4patch lock --update` "
+                f"(lowercase hex); copy the full value, or run `{mention(Step.of('lock', update=True))}` "
                 "for derived fields"
             )
         return value
@@ -278,7 +279,7 @@ def load(path: Path) -> Lock:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise LockFileError(f"{path}: lock file not found (pass --lock PATH)") from None
+        raise LockFileError(f"{path}: lock file not found (pass {param('lock')} PATH)") from None
     except UnicodeDecodeError as exc:
         raise LockFileError(
             f"{path}: not UTF-8 text (byte {exc.start}); a lock file is TOML in UTF-8"

@@ -80,7 +80,8 @@ from bench_cli import run_cli, write_report  # noqa: E402
 from dsv4patch.kernels import build as kbuild  # noqa: E402
 from dsv4patch.kernels import sources  # noqa: E402
 from dsv4patch.pins.lock import load as load_lock  # noqa: E402
-from dsv4patch.store import Store, default_root  # noqa: E402
+from dsv4patch.settings import Settings  # noqa: E402
+from dsv4patch.store import Store  # noqa: E402
 
 # nvcc flags torch's CMake config (share/cmake/Caffe2/public/cuda.cmake) adds to every CUDA
 # source of vLLM's build, which dsv4patch's BASE_FLAGS leave out.
@@ -417,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-tmp", action="store_true", help="keep the temporary caches/objects")
     a = p.parse_args(argv)
 
-    seed = (a.seed_cache or default_root()).resolve()
+    seed = (a.seed_cache or Settings.from_environ(os.environ).cache_root()).resolve()
     lock_path = a.lock.resolve()
     pin = load_lock(lock_path).pin(a.pin)
     max_jobs = a.max_jobs or pin.build.max_jobs

@@ -54,6 +54,7 @@ from dsv4patch.pins import repository  # noqa: E402
 from dsv4patch.pins.lock import load  # noqa: E402
 from dsv4patch.progress import Progress  # noqa: E402
 from dsv4patch.series.patches import series_for_pin  # noqa: E402
+from dsv4patch.settings import Settings  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 ONE = "0.27.1"
@@ -255,7 +256,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md's table")
     args = ap.parse_args()
-    store = Store.open(args.cache_dir)
+    store = Store.open(args.cache_dir or Settings.from_environ(os.environ).cache_root())
     lock = load(args.lock)
     quiet = Progress(False)
     pins = []

@@ -56,14 +56,6 @@ CHUNK = 1 << 20
 MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
-def default_root() -> Path:
-    env = os.environ.get("DSV4PATCH_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "dsv4patch"
-
-
 def lock_timeout() -> float:
     """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
     raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
@@ -187,8 +179,9 @@ class Store:
     root: Path
 
     @classmethod
-    def open(cls, root: Path | None = None) -> Store:
-        root = Path(root) if root else default_root()
+    def open(cls, root: Path) -> Store:
+        """The cache at ``root`` (the command's ``--cache-dir``, else :meth:`Settings.cache_root`)."""
+        root = Path(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
             for sub in ("blobs/sha256", "trees", "locks", "tmp"):

@@ -58,9 +58,13 @@ def sh(cwd: Path, *args: str) -> str:
 # pytest-xdist (3.6+) reorders loadfile/loadscope/loadgroup work by the number of tests per
 # module unless told not to (it ran test_docs' 300 quick cases first and test_verify last, so
 # one worker ended alone on it): pytest_configure turns that off, and the order is this one.
+# test_selftest_child (vLLM 0.26.0 engines started on CPU, ~3.5 min in the last CI run),
+# test_docs (the forks page's journey, 1.5-3 min), test_card_command and test_terminal (verify
+# in a terminal, 1-1.5 min) came late in file order, where one of them could end the run alone.
 SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_upstream_tests.py",
-              "test_vllm_wheel.py", "test_kernels_runtime.py", "test_flashinfer_matrix.py",
-              "test_testenv.py", "test_testrun.py", "test_recovery.py", "test_pins.py")
+              "test_selftest_child.py", "test_docs.py", "test_vllm_wheel.py", "test_kernels_runtime.py",
+              "test_flashinfer_matrix.py", "test_testenv.py", "test_testrun.py", "test_recovery.py",
+              "test_card_command.py", "test_terminal.py", "test_pins.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -181,10 +185,10 @@ def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
-    """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``store.default_root``)."""
-    from dsv4patch.store import default_root
+    """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``Settings.cache_root``)."""
+    from dsv4patch.settings import Settings
 
-    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or default_root())
+    path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or Settings.from_environ(os.environ).cache_root())
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -484,21 +484,7 @@ def _functions_over(max_lines: int) -> list[str]:
 
 # Functions below commands/ over 60 lines or complexity 12, written before issue 37 (which rewrites
 # them as named steps): the list may only shrink; any other function over the limits fails.
-LONG_FUNCTIONS_LEFT = {
-    "delivery/installed.py:check",
-    "delivery/installed.py:check_sbom",
-    "delivery/installed.py:inspect",
-    "delivery/sbom.py:_document",
-    "delivery/sbom.py:read",
-    "proofs/selftest/child.py:run",
-    "proofs/selftest/model.py:apply_oracle_weights",
-    "proofs/selftest/model.py:tiny_config",
-    "proofs/selftest/runner.py:run_engine",
-    "proofs/selftest/runner.py:run_cases",  # issue 41 (merged after the list was taken)
-    "proofs/selftest/runner.py:run_selftest",
-    "proofs/upstream_tests.py:_run_once",
-    "proofs/verifying.py:verify",
-}
+LONG_FUNCTIONS_LEFT: set[str] = set()  # none left: issue 37 wrote them all as named steps
 
 
 def test_no_new_long_or_branchy_function_in_the_core() -> None:
@@ -638,3 +624,88 @@ def test_git_refuses_a_work_tree_the_guard_does_not_hold() -> None:
     tests/test_guard.py and tests/test_git.py)."""
     source = (PACKAGE / "git.py").read_text()
     assert "raise UnguardedCheckout(" in source and "_GUARDED.get(os.path.realpath(cwd))" in source
+
+
+def _environment_reads(m: Module) -> dict[str, int]:
+    """``path:function`` -> first line where it reads one environment variable by name: ``os.environ[...]``,
+    ``os.environ.get(...)``, ``"X" in os.environ``, ``os.getenv(...)`` or ``limits.env_number(...)``.
+    Copying the whole environment (``dict(os.environ)``, ``{**os.environ, ...}``) is not a read:
+    that is how a child's environment is built."""
+    found: dict[str, int] = {}
+
+    def is_environ(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ"
+                and isinstance(node.value, ast.Name) and node.value.id == "os")
+
+    def is_read(node: ast.AST) -> bool:
+        if isinstance(node, ast.Subscript) and is_environ(node.value):
+            return True
+        if isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators):
+            return True
+        if not isinstance(node, ast.Call):
+            return False
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            return ((f.attr == "get" and is_environ(f.value)) or f.attr == "env_number"
+                    or (f.attr == "getenv" and isinstance(f.value, ast.Name) and f.value.id == "os"))
+        return isinstance(f, ast.Name) and f.id == "env_number"
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if is_read(child):
+                found.setdefault(f"{m.path.as_posix()}:{function}", child.lineno)
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            visit(child, inner)
+
+    visit(m.tree, "<module>")
+    return found
+
+
+# Where the core may read an environment variable by name, and why it is not a setting of ours.
+ENVIRONMENT_READS_ALLOWED = {
+    "git.py:environment": "git's own environment: the variables a git child keeps (HOME, PATH, ...)",
+    "index.py:_pip_config_files": "pip's configuration files, found as pip finds them (the index is pip's)",
+    "index.py:_configured": "pip's index settings (PIP_INDEX_URL, ...), read as pip reads them",
+    "kernels/build.py:find_nvcc": "CUDA_HOME/CUDA_PATH: where a system CUDA lives, as PATH says where nvcc is",
+    "kernels/toolchain.py:system_nvccs": "CUDA_HOME/CUDA_PATH: where a system CUDA lives, as PATH says where nvcc is",
+    "kernels/runtime.py:_strict": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
+    "kernels/runtime.py:_visible": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
+    "kernels/runtime.py:_activate": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
+    "kernels/runtime.py:_entry_point_route": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
+    "proofs/cpu_pytest_plugin.py:_record": "runs inside the pytest child, told where to write by its parent",
+    "proofs/selftest/child.py:run": "runs in the engine child under test: sets vLLM's switches for itself",
+    "proofs/selftest/child.py:main": "runs in the engine child under test, told its paths by the runner",
+    "proofs/selftest/child.py:<module>": "runs in the engine child under test, told its paths by the runner",
+}
+# Environment settings still read in the core (issue 37: into dsv4patch/settings.py): may only shrink.
+ENVIRONMENT_SETTINGS_LEFT = {
+    "git.py:_execute",  # DSV4PATCH_GIT_TIMEOUT, read at each git call
+    "index.py:transfer_timeout",  # DSV4PATCH_DOWNLOAD_TIMEOUT
+    "index.py:min_rate",  # DSV4PATCH_DOWNLOAD_MIN_RATE
+    "limits.py:env_number",  # the reader the three above use
+    "store.py:lock_timeout",  # DSV4PATCH_LOCK_TIMEOUT, read at each file lock
+    "report.py:console",  # NO_COLOR
+}
+
+
+def test_the_core_reads_no_setting_from_the_environment() -> None:
+    """Environment defaults are read once, at the edge (``settings.Settings``, built by ``commands/``) and
+    passed down with explicit keywords; the core reads a variable only for the reasons listed above."""
+    reads = {k: line for m in _core() for k, line in _environment_reads(m).items()}
+    bad = sorted(f"dsv4patch/{k} (line {line})" for k, line in reads.items()
+                 if k not in ENVIRONMENT_READS_ALLOWED and k not in ENVIRONMENT_SETTINGS_LEFT)
+    assert bad == [], "read the setting in dsv4patch/settings.py and pass it down (or say why above)"
+    stale = sorted((set(ENVIRONMENT_READS_ALLOWED) | ENVIRONMENT_SETTINGS_LEFT) - set(reads))
+    assert stale == [], "these no longer read the environment: take them off the lists"
+    print("environment settings left in the core:", ", ".join(sorted(ENVIRONMENT_SETTINGS_LEFT)))
+
+
+def test_the_environment_scan_sees_each_kind_of_read() -> None:
+    """The scan above must see every form of a read (else it passes vacuously)."""
+    src = ("import os\nfrom dsv4patch import limits\n"
+           "def a(): return os.environ.get('X')\ndef b(): return os.environ['X']\n"
+           "def c(): return 'X' in os.environ\ndef d(): return os.getenv('X')\n"
+           "def e(): return limits.env_number('X', 1, low=0, high=2)\n"
+           "def child(): return {**os.environ, 'Y': '1'}, dict(os.environ)\n")
+    m = Module(Path("probe.py"), "dsv4patch.probe", ast.parse(src))
+    assert sorted(_environment_reads(m)) == ["probe.py:a", "probe.py:b", "probe.py:c", "probe.py:d", "probe.py:e"]

@@ -1,6 +1,7 @@
 """main.py's start-up: each run imports only what its command runs.
 
-``--version`` imports no command; ``check`` (cold and warm) imports neither the
+``--version`` imports no command; ``--help`` and ``<command> --help`` import the
+command modules they print but not the core those run; ``check`` (cold and warm) imports neither the
 kernel build, its toolchain, the wheel and delivery machinery nor selftest,
 although ``commands/_common.py`` (which every command imports) offers the
 kernel rebuild that ``apply`` runs.  Read from a real run of the
@@ -64,13 +65,37 @@ def test_version_imports_no_command(tmp_path: Path) -> None:
     assert heavy(names) == []
 
 
-def test_help_still_lists_every_command(tmp_path: Path) -> None:
+# What a parser prints that lives below commands/: verify's --upstream-from default is
+# proofs.upstream_tests.DEFAULT_FROM (that module imports the test environments it runs in).
+PRINTED = {"verify": {"dsv4patch.proofs", "dsv4patch.proofs.upstream_tests", "dsv4patch.proofs.testenv",
+                      "dsv4patch.proofs.testrun", "dsv4patch.series"}}
+
+
+def test_help_lists_every_command_and_imports_none_of_their_machinery(tmp_path: Path) -> None:
+    """The top-level --help imports every command module (to list them) but none of the core they
+    run: a command imports its core inside run()."""
     from dsv4patch.main import COMMANDS
 
     names, res = imported("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert all(f"    {c}" in res.stdout for c in COMMANDS)
     assert {f"dsv4patch.commands.{c}" for c in COMMANDS} <= names
+    assert sorted(set(heavy(names)) - set().union(*PRINTED.values())) == []
+    assert not {"dsv4patch.checkout", "dsv4patch.forks", "dsv4patch.series.pincheck"} & names
+
+
+@pytest.mark.parametrize("command", ["check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port",
+                                     "resolve", "refresh", "selftest", "releases"])
+def test_a_commands_help_imports_that_command_and_what_it_prints(tmp_path: Path, command: str) -> None:
+    from dsv4patch.main import COMMANDS
+
+    assert command in COMMANDS
+    names, res = imported(command, "--help", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith(f"usage: dsv4patch {command}"), res.stderr
+    assert sorted(n for n in names if n.startswith("dsv4patch.commands.")) == sorted(
+        {"dsv4patch.commands._common", f"dsv4patch.commands.{command}"})
+    assert sorted(set(heavy(names)) - PRINTED.get(command, set())) == []
+    assert not {"dsv4patch.checkout", "dsv4patch.forks", "dsv4patch.series"} & (names - PRINTED.get(command, set()))
 
 
 @pytest.mark.parametrize("fmt", ["json", "text"])

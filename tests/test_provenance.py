@@ -26,7 +26,7 @@ from dsv4patch.delivery import installed, provenance
 from dsv4patch.kernels.build import dist_name
 from dsv4patch.progress import Progress
 from dsv4patch.proofs.selftest import runner
-from dsv4patch.series.patchedtree import patched_tree
+from dsv4patch.series.pincheck import patched_tree
 from dsv4patch.store import Store
 from localindex import serve
 from test_sbom import PIN, kernel_wheel, make_patched, needs_nvcc  # noqa: F401  (module fixture: the kernel wheel)

@@ -32,7 +32,7 @@ from dsv4patch.kernels import stock
 from dsv4patch.kernels.build import hook_line
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.series.patchedtree import patched_tree
+from dsv4patch.series.pincheck import patched_tree
 from dsv4patch.store import Store
 
 needs_nvcc = pytest.mark.skipif(

@@ -149,8 +149,12 @@ def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
         return carried(path, env, series)
 
 
-def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tuple[Lock, Pin] | None:
-    """The lock and pin to compare with, or None (no lock given, none matches)."""
+def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str,
+             env_lock: Path | None = None) -> tuple[Lock, Pin] | None:
+    """The lock and pin to compare with, or None (no lock given, none matches).
+
+    ``env_lock`` (``$DSV4PATCH_LOCK``) is found, not given: used only when one of its pins
+    has the tree's base, as the lock found here or above."""
     if lock_path:
         lock = load_lock(lock_path)
         if pin_name:
@@ -158,7 +162,7 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
         match = [p for p in lock.pins.values() if p.base_tree == root_tree]
         return lock, (match[0] if match else lock.pin(None))
     try:
-        found = find_lock(None)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
+        found = find_lock(env_lock)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
     except ParameterError:
         return None
     lock = load_lock(found)
@@ -168,7 +172,8 @@ def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str) -> tu
     return (lock, match[0]) if match else None
 
 
-def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None) -> TreeStatus:
+def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
+                env_lock: Path | None = None) -> TreeStatus:
     """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`).
 
     The tree is vetted and held through :func:`guard.guarded` (TreeError, exit 5, when it
@@ -176,10 +181,10 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None)
     if not guard.is_checkout_root(path):
         raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
     with guard.guarded(path) as co:
-        return _tree_status(co, lock, pin)
+        return _tree_status(co, lock, pin, env_lock)
 
 
-def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> TreeStatus:
+def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None, env_lock: Path | None) -> TreeStatus:
     path = co.path
     root, applied = tree_patches(path)
     dirty = git.dirty_paths(path)
@@ -190,7 +195,7 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None) -> Tree
     plock: Lock | None = None
     ppin: Pin | None = None
     source = None
-    picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"))
+    picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"), env_lock)
     if picked:
         plock, ppin = picked
         applied, foreign = _since_fork_pin(path, ppin, applied, foreign)

@@ -17,6 +17,7 @@ from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
+from dsv4patch.settings import Settings
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
@@ -75,13 +76,22 @@ def add_cache(p: argparse.ArgumentParser) -> None:
     )
 
 
+def settings() -> Settings:
+    """The environment's defaults (``$DSV4PATCH_LOCK``, ``$DSV4PATCH_TORCH_PYTHON``, ...) as they are
+    now: the one place a command reads them; the core gets each value as an explicit keyword."""
+    return Settings.from_environ(os.environ)
+
+
 def open_lock(args: argparse.Namespace) -> Lock:
-    """The lock named by ``--lock`` (or found), with ``--series`` applied; ``args`` is not changed."""
-    return open_lock_file(args.lock if "lock" in args else None, args.series if "series" in args else None)
+    """The lock named by ``--lock`` (else ``$DSV4PATCH_LOCK``, else found), with ``--series`` applied;
+    ``args`` is not changed."""
+    given = args.lock if "lock" in args else None
+    return open_lock_file(given or settings().lock, args.series if "series" in args else None)
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    return Store.open(args.cache_dir)
+    """The cache: ``--cache-dir``, else ``$DSV4PATCH_CACHE``, else the XDG cache."""
+    return Store.open(args.cache_dir or settings().cache_root())
 
 
 def progress(args: argparse.Namespace) -> Progress:
@@ -160,7 +170,9 @@ def render_notes(fmt: str, notes: list[str], result: ApplyResult) -> int:
 
 def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
                  allow_torch: str | None = None, progress: Progress) -> KernelBuild:
-    """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree)."""
+    """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree);
+    ``python``: ``--python``, else ``$DSV4PATCH_TORCH_PYTHON``."""
+    python = python or settings().torch_python
 
     def build(path: Path, pin: Pin) -> dict[str, Any]:
         from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds

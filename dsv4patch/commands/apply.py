@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dsv4patch.checkout import ApplyResult, Invocation, apply_pin, branch_name_problem
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
-from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.checkout import ApplyResult
+    from dsv4patch.pins import Lock, Pin
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project
@@ -50,6 +53,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import branch_name_problem
+
     if args.branch is not None:
         problem = branch_name_problem(args.branch)
         if problem:
@@ -88,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _apply(args: argparse.Namespace, lock: Lock, pin: Pin, path: Path, store: Store, prog: Progress,
            before_build: Callable[[ApplyResult], None], notes: list[str], out: Path) -> ApplyResult:
+    from dsv4patch.checkout import Invocation, apply_pin
+
     return apply_pin(
         lock=lock, pin=pin, store=store, tree_path=path, progress=prog,
         three_way=args.three_way,

@@ -21,7 +21,6 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.kernels import build_tree, full_build
 
 HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree with --full)"
 
@@ -56,18 +55,21 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.kernels import build_tree, full_build
+
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     store = _common.open_store(args)
+    python = args.python or _common.settings().torch_python
     if args.full:
-        full = full_build(tree=path, pin=pin, archs=args.arch, python=args.python, nvcc=args.nvcc,
+        full = full_build(tree=path, pin=pin, archs=args.arch, python=python, nvcc=args.nvcc,
                           docker=args.docker, dry_run=args.dry_run)
         report.emit(args.format, full.to_json(), None, None)
         return EXIT_OK
     out, out_note = _common.default_out(args.out, lock.path)
     built = build_tree(tree=path, pin=pin, store=store, progress=_common.progress(args),
-                       archs=args.arch, python=args.python, nvcc=args.nvcc,
+                       archs=args.arch, python=python, nvcc=args.nvcc,
                        allow_torch=args.allow_torch, extra_include=args.extra_include,
                        out=out, base=args.base,
                        dry_run=args.dry_run)

@@ -12,7 +12,6 @@ from typing import Any
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
-from dsv4patch.series import Status, check_pins
 
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 
@@ -27,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.series import Status, check_pins
+
     lock = _common.open_lock(args)
     store = _common.open_store(args)
     prog = _common.progress(args)

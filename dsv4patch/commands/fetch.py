@@ -14,7 +14,6 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
-from dsv4patch.pins import fetch
 
 HELP = "download, verify and materialize pins into the cache (or seed it from a file)"
 
@@ -32,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.pins import fetch
+
     res = fetch(lock=_common.open_lock(args), store=_common.open_store(args),
                 progress=_common.progress(args), pins=args.pin, sdists=args.sdist, wheels=args.wheel)
     report.emit(args.format, res.to_json(), *res.table())

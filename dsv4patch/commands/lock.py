@@ -11,9 +11,7 @@ import os
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.delivery import BUILD_ARGS, build_arg_mismatches, compute_build_args
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
-from dsv4patch.series import update_lock
 
 HELP = ("recompute derived lock fields (sdist url/size, base and patched tree ids); "
         "print or check the Docker image's build args")
@@ -36,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _build_args(args: argparse.Namespace) -> int:
+    from dsv4patch.delivery import BUILD_ARGS, build_arg_mismatches, compute_build_args
+
     lock = _common.open_lock(args)
     if args.pin and len(args.pin) > 1:
         raise UsageError("--build-args / --check-build-args take one --pin")
@@ -58,6 +58,8 @@ def _build_args(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.series import update_lock
+
     if args.build_args or args.check_build_args:
         return _build_args(args)
     lock = _common.open_lock(args)

@@ -15,9 +15,6 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, UsageError
-from dsv4patch.forks import abort_port, port
-from dsv4patch.pins import open_lock
-from dsv4patch.proofs import verify
 
 HELP = "port a pin's patch series to a new vLLM version or commit (adds the pin to the lock)"
 
@@ -56,6 +53,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.forks import abort_port, port
+    from dsv4patch.pins import open_lock
+    from dsv4patch.proofs import verify
+
     if args.abort:
         if args.workspace is None:
             raise UsageError("--abort needs --workspace DIR (the workspace to give up)")

@@ -12,7 +12,6 @@ from pathlib import Path
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
-from dsv4patch.forks import refresh
 
 HELP = "write a tree's commits on top of its pin's base back as the patch series (quilt refresh)"
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.forks import refresh
+
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
     res = refresh(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args), tree_path=path,

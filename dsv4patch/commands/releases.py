@@ -11,20 +11,14 @@ decision, which is what a scheduled job wants to fail on.  The work is
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
-from dsv4patch.series import (
-    RELEASE_ADOPT,
-    RELEASE_INVESTIGATE,
-    RELEASE_PORT,
-    RELEASE_TOOLCHAIN,
-    ReleaseReport,
-    watch_releases,
-    write_release_entry,
-)
+
+if TYPE_CHECKING:
+    from dsv4patch.series import ReleaseReport
 
 HELP = ("list the vLLM releases on the package index that the lock does not pin, check the series "
         "against each and print the lock entry it would add")
@@ -48,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _next(r: ReleaseReport, lock: str) -> str | None:
+    from dsv4patch.series import RELEASE_ADOPT, RELEASE_INVESTIGATE, RELEASE_PORT, RELEASE_TOOLCHAIN
+
     v = r.version
     if r.decision == RELEASE_ADOPT:
         return (f"adopt it: `dsv4patch releases --lock {lock} --release {v} --write`, then "
@@ -86,6 +82,8 @@ def _summary(r: ReleaseReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.series import RELEASE_ADOPT, watch_releases, write_release_entry
+
     lock = _common.open_lock(args)
     store = _common.open_store(args)
     prog = _common.progress(args)

@@ -13,7 +13,6 @@ import argparse
 from pathlib import Path
 
 from dsv4patch import report
-from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK
 
@@ -36,12 +35,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
+
     path = _common.tree_path(args)
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
-        done = continue_workspace(path=path, lock=args.lock, store=store, progress=prog,
-                                  out=args.out)
+        done = continue_workspace(path=path, lock=args.lock or _common.settings().lock, store=store,
+                                  progress=prog, out=args.out)
         state = done.state
         result = apply_pin(
             lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,

@@ -149,7 +149,7 @@ def _interpreter(given: str | None) -> str:
     """--python as given: it must name an executable file (a missing one, a directory: a usage error)."""
     from dsv4patch.proofs import python_of
 
-    python = python_of(given)
+    python = python_of(given, _common.settings().vllm_python)
     try:
         st = os.stat(python)
     except OSError as exc:
@@ -165,7 +165,7 @@ def _lock_here() -> bool:
     from dsv4patch.pins import find_lock
 
     try:
-        find_lock(None)
+        find_lock(_common.settings().lock)
     except ParameterError:
         return False
     return True
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     elif checks and (args.lock is not None or _lock_here()):
         from dsv4patch.pins import open_lock
 
-        lock = open_lock(Path(args.lock) if args.lock is not None else None)
+        lock = open_lock(Path(args.lock) if args.lock is not None else _common.settings().lock)
         store = _common.open_store(args)
     work = work_dir(args.work)
     deadlines = Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import report
-from dsv4patch.checkout import tree_status
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 
@@ -58,15 +57,17 @@ def _installed(args: argparse.Namespace) -> InstalledReport:
     from dsv4patch.pins import find_lock, open_lock
 
     given: str | None = args.lock
+    settings = _common.settings()
+    python = args.python or settings.vllm_python
     if given is not None and given.startswith(("https://", "http://")):
-        return check_from_sbom(python=args.python, lock=lock_from_url(given),
+        return check_from_sbom(python=python, lock=lock_from_url(given),
                                pin_name=args.pin)
     try:
-        path = find_lock(Path(given) if given is not None else None)
+        path = find_lock(Path(given) if given is not None else settings.lock)
     except ParameterError:  # no lock anywhere: a serving node with only dsv4patch installed
-        return check_from_sbom(python=args.python)
+        return check_from_sbom(python=python)
     return check_installed(lock=open_lock(path), store=_common.open_store(args),
-                           progress=_common.progress(args), pin_name=args.pin, python=args.python)
+                           progress=_common.progress(args), pin_name=args.pin, python=python)
 
 
 def _found_lock(args: argparse.Namespace) -> Path | None:
@@ -74,12 +75,14 @@ def _found_lock(args: argparse.Namespace) -> Path | None:
     from dsv4patch.pins import find_lock
 
     try:
-        return find_lock(Path(args.lock) if args.lock is not None else None)
+        return find_lock(Path(args.lock) if args.lock is not None else _common.settings().lock)
     except UsageError:
         return None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import tree_status
+
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "cyclonedx":
         raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
     path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin, _found_lock(args))
-    res = tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin)
+    res = tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin,
+                      env_lock=_common.settings().lock)
     table, md = report.simple_table(f"dsv4patch status: {path}", ["patch", "state", "commit"], res.rows())
     out = res.to_json()
     if args.tree is None:

@@ -12,7 +12,7 @@ import argparse
 from dsv4patch import report
 from dsv4patch.commands import _common
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED
-from dsv4patch.proofs import UPSTREAM_DEFAULT_FROM, run_upstream_tests, upstream_source_pin, verify
+from dsv4patch.proofs import UPSTREAM_DEFAULT_FROM
 
 HELP = "prove each patch's regression tests fail on the unpatched pin and pass once patched"
 
@@ -41,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.proofs import run_upstream_tests, upstream_source_pin, verify
+
     lock = _common.open_lock(args)
     pin = lock.pin(args.pin)
     if args.upstream_tests:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.delivery import make_wheel
 from dsv4patch.errors import EXIT_OK
 from dsv4patch.pins import WHEEL_PLATFORMS
 
@@ -47,13 +46,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.delivery import make_wheel
+
     lock = _common.open_lock(args)
     out, out_note = _common.default_out(args.out, lock.path)
     prog = _common.progress(args)
     with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
         res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
                          progress=prog, out=out, platform=args.platform,
-                         kernels=args.kernels, archs=args.arch, python=args.python, nvcc=args.nvcc,
+                         kernels=args.kernels, archs=args.arch,
+                         python=args.python or _common.settings().torch_python, nvcc=args.nvcc,
                          allow_torch=args.allow_torch, extra_include=args.extra_include)
     rep = res.to_json()
     if out_note is not None:

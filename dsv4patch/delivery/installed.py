@@ -42,7 +42,7 @@ from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import Lock, Pin
 from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json
-from dsv4patch.series import PatchedTree, patched_tree
+from dsv4patch.series import ChangedFile, PatchedTree, patched_tree
 from dsv4patch.store import Store
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
@@ -219,70 +219,80 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
         out["notes"].append(f"installed vLLM {vllm.get('version')} is not pin {pin.name}'s "
                             f"{pin.vllm_version}")
     if vllm.get("provenance"):
-        try:
-            prov = loads_json(vllm["provenance"], label="dsv4patch.json")
-        except safeio.UnsafeFileError:
-            prov = None
-        out["installed"]["provenance"] = ({k: prov.get(k) for k in
-                                           ("pin", "version", "patch_set_sha256", "patched_tree")}
-                                          if isinstance(prov, dict) else "unreadable")
+        out["installed"]["provenance"] = _provenance_summary(vllm["provenance"])
     tree = patched_tree(lock, pin, store, progress)
     out["patch_set_sha256"] = tree.series.hash()
     out["patched_tree"] = tree.patched_tree
-    root = Path(vllm["root"])
-    changes = tree.by_path()
-    top = Path(vllm["package"]).name
+    root, top = Path(vllm["root"]), Path(vllm["package"]).name
     kernel = _kernels(found.get("kernels"), tree.patched_tree, root / top / "__init__.py", kdist,
                       found.get("torch"))
     out["kernels"] = kernel
     ok = version_ok
+    changes = tree.by_path()
     for patch in tree.series.patches:
         paths = tree.patch_files.get(patch.name)
         if paths is None:  # not applied: the lock expects it upstream already
             out["patches"][patch.name] = {"state": "upstream", "files": {}}
             continue
-        files: dict[str, Any] = {}
-        for rel in paths:
-            change = changes.get(rel)
-            if change is None or not rel.startswith(top + "/"):
-                continue  # tests, kernel sources, files another patch restores: not shipped
-            target = root / rel
-            if change.patched is None:
-                files[rel] = {"state": "present" if not os.path.lexists(target) else "stock"}
-                continue
-            # Bounded: the larger of the two contents it may rightly have, plus room for a local edit
-            # (reported with its diff summary); anything larger is reported as too large, never read whole.
-            limit = max(len(change.patched), len(change.base or b"")) + EDIT_SLACK
-            try:
-                have = safeio.read_bytes(target, limit, what=str(target))
-            except FileNotFoundError:
-                files[rel] = {"state": "missing"}
-                continue
-            except (safeio.UnsafeFileError, OSError) as exc:
-                files[rel] = {"state": "other", "problem": str(exc) if isinstance(exc, safeio.UnsafeFileError)
-                              else f"{target}: {exc.strerror or exc}"}
-                continue
-            if have == change.patched:
-                files[rel] = {"state": "present"}
-            elif change.base is not None and have == change.base:
-                files[rel] = {"state": "stock"}
-            else:
-                files[rel] = {"state": "other", "sha256": sha256(have),
-                              "diff": _diff_summary(have, change.patched)}
-        kernel_only = not files and any(p.startswith("csrc/") for p in paths)
-        if kernel_only:
-            state = "present" if kernel["ok"] else "missing"
-            files["<kernel library>"] = {"state": state}
-        states = {f["state"] for f in files.values()}
-        # The worst file decides: missing, then other, then stock (the files say which).
-        state = next((s for s in ("missing", "other", "stock") if s in states), "present")
-        out["patches"][patch.name] = {"state": state, "files": files}
-        ok &= state == "present"
+        out["patches"][patch.name] = _patch_state(paths, changes, root, top, kernel_ok=kernel["ok"])
+        ok &= out["patches"][patch.name]["state"] == "present"
     ok &= kernel["ok"] or not any(p.startswith("csrc/") for p in changes)
     out["sbom"], out["sbom_document"] = check_sbom(vllm, tree, kernel)
     ok &= out["sbom"]["state"] != "mismatch"  # an SBOM that contradicts the installed files fails
     out["ok"] = bool(ok)
     return out
+
+
+def _provenance_summary(text: str) -> dict[str, Any] | str:
+    """What the installed wheel's ``dsv4patch.json`` says (reported, never trusted), or "unreadable"."""
+    try:
+        prov = loads_json(text, label="dsv4patch.json")
+    except safeio.UnsafeFileError:
+        prov = None
+    return ({k: prov.get(k) for k in ("pin", "version", "patch_set_sha256", "patched_tree")}
+            if isinstance(prov, dict) else "unreadable")
+
+
+def _patch_state(paths: list[str], changes: dict[str, ChangedFile], root: Path, top: str, *,
+                 kernel_ok: bool) -> dict[str, Any]:
+    """One applied patch: each shipped file it changes, and the worst file's state as the patch's.
+
+    A patch that changes only kernel sources is as present as the installed kernel library.
+    """
+    files: dict[str, Any] = {}
+    for rel in paths:
+        change = changes.get(rel)
+        if change is None or not rel.startswith(top + "/"):
+            continue  # tests, kernel sources, files another patch restores: not shipped
+        files[rel] = _file_state(root / rel, change)
+    kernel_only = not files and any(p.startswith("csrc/") for p in paths)
+    if kernel_only:
+        files["<kernel library>"] = {"state": "present" if kernel_ok else "missing"}
+    states = {f["state"] for f in files.values()}
+    # The worst file decides: missing, then other, then stock (the files say which).
+    state = next((s for s in ("missing", "other", "stock") if s in states), "present")
+    return {"state": state, "files": files}
+
+
+def _file_state(target: Path, change: ChangedFile) -> dict[str, Any]:
+    """An installed file against the pin's patched and unpatched content: present, stock, missing, other."""
+    if change.patched is None:
+        return {"state": "present" if not os.path.lexists(target) else "stock"}
+    # Bounded: the larger of the two contents it may rightly have, plus room for a local edit
+    # (reported with its diff summary); anything larger is reported as too large, never read whole.
+    limit = max(len(change.patched), len(change.base or b"")) + EDIT_SLACK
+    try:
+        have = safeio.read_bytes(target, limit, what=str(target))
+    except FileNotFoundError:
+        return {"state": "missing"}
+    except (safeio.UnsafeFileError, OSError) as exc:
+        return {"state": "other", "problem": str(exc) if isinstance(exc, safeio.UnsafeFileError)
+                else f"{target}: {exc.strerror or exc}"}
+    if have == change.patched:
+        return {"state": "present"}
+    if change.base is not None and have == change.base:
+        return {"state": "stock"}
+    return {"state": "other", "sha256": sha256(have), "diff": _diff_summary(have, change.patched)}
 
 
 def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
@@ -295,22 +305,9 @@ def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
     too large, not JSON) or ``absent`` (vLLM installed another way: the
     patched tree plus a kernel wheel, or a stock wheel).
     """
-    listed = list(vllm.get("sboms") or [])
-    # Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
-    # `../../../outside/evil-1.0.dist-info/sboms/...` is never read (nor shown as vLLM's SBOM).
-    outside = [p for p in listed if _outside_site(p, vllm["root"])]
-    paths = [p for p in listed if p not in outside]
-    mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
-    if outside and not mine:
-        return ({"state": "unreadable", "path": None, "others": paths,
-                 "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
-                              "not read" for p in outside[:5]]}, None)
-    if not mine:
-        return ({"state": "absent", "path": None, "others": paths,
-                 "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
-                              "(not installed from a `dsv4patch wheel` wheel)"]}, None)
-    path = mine[0]
-    rep: dict[str, Any] = {"state": "unreadable", "path": path, "problems": []}
+    path, rep = _sbom_path(vllm)
+    if path is None:
+        return rep, None
     try:
         raw = safeio.read_bytes(path, sbom.SBOM_LIMIT, what=path)
         doc = loads_json(raw, label=path, limit=sbom.SBOM_LIMIT)
@@ -321,8 +318,38 @@ def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
         rep["problems"].append(str(exc) if isinstance(exc, safeio.UnsafeFileError) else f"{path}: {exc}")
         return rep, None
     facts = sbom.read(doc)
-    problems = list(facts.problems)
-    version = vllm.get("version")
+    problems = list(facts.problems) + _sbom_against_install(facts, vllm.get("version"), tree, kernel)
+    rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
+    return rep, raw.decode("utf-8", "replace")
+
+
+def _sbom_path(vllm: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Our SBOM among the installed RECORD's ``sboms/`` files, and the report so far (unreadable until read).
+
+    Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
+    ``../../../outside/evil-1.0.dist-info/sboms/...`` is never read (nor shown as vLLM's SBOM).
+    None, with the final report, when there is none to read.
+    """
+    listed = list(vllm.get("sboms") or [])
+    outside = [p for p in listed if _outside_site(p, vllm["root"])]
+    paths = [p for p in listed if p not in outside]
+    mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
+    if outside and not mine:
+        return None, {"state": "unreadable", "path": None, "others": paths,
+                      "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
+                                   "not read" for p in outside[:5]]}
+    if not mine:
+        return None, {"state": "absent", "path": None, "others": paths,
+                      "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
+                                   "(not installed from a `dsv4patch wheel` wheel)"]}
+    return mine[0], {"state": "unreadable", "path": mine[0], "problems": []}
+
+
+def _sbom_against_install(facts: sbom.SbomFacts, version: str | None, tree: PatchedTree,
+                          kernel: dict[str, Any]) -> list[str]:
+    """Where the SBOM contradicts the installed vLLM's version, the lock's applied patches or the
+    installed kernel library (one line each)."""
+    problems: list[str] = []
     if facts.version != version:
         problems.append(f"the SBOM describes vLLM {facts.version}, the installed vLLM is {version}")
     if version and facts.purl != sbom.purl(version):
@@ -346,8 +373,7 @@ def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
                             f"{str(have)[:16]}, the SBOM says {facts.kernel_library_sha256[:16]}")
     elif facts.kernel_library_sha256 is not None:
         problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
-    rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
-    return rep, raw.decode("utf-8", "replace")
+    return problems
 
 
 def _outside_site(path: str, root: str) -> bool:
@@ -495,7 +521,7 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
     the SBOM's) when a lock was given without its patches (a URL)."""
     from dsv4patch.delivery import provenance
 
-    python = python or default_python()
+    python = python or sys.executable
     first = probe(python, "")
     vllm = first.get("vllm")
     if vllm is None:
@@ -536,11 +562,6 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
                            rep["patches"], kernel, ok, notes, patched_tree=prov.patched_tree)
 
 
-def default_python() -> str:
-    """The interpreter checked without ``--python``: $DSV4PATCH_VLLM_PYTHON, else this one."""
-    return os.environ.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
-
-
 def check(
     *,
     lock: Lock,
@@ -549,10 +570,10 @@ def check(
     pin_name: str | None = None,
     python: str | None = None,
 ) -> InstalledReport:
-    """Inspect the vLLM ``python`` (default :func:`default_python`) sees against pin
+    """Inspect the vLLM ``python`` (default: the interpreter running dsv4patch) sees against pin
     ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
     the kernel package whether its kernels are the ones torch runs."""
-    python = python or default_python()
+    python = python or sys.executable
     out = inspect(lock, pin_name, python, store, progress)
     kernel = out.get("kernels") or {}
     if kernel.get("installed"):
@@ -568,46 +589,11 @@ def check(
         f"pin {out['pin']} (vLLM {out['vllm_version']}), patched tree {out.get('patched_tree', '?')[:12]}",
     ]
     if kernel:
-        if kernel.get("installed"):
-            routes = ", ".join(k for k, v in kernel["routes"].items() if v) or "none"
-            archs = "; ".join(f"{Path(str(u['unit'])).name}: {' '.join(u['sass'] or [])}"
-                              for u in kernel["units"])
-            out["notes"].append(f"kernel library {kernel['package']}: "
-                                f"{'ok' if kernel['ok'] else 'NOT OK'} (tree {str(kernel['tree_id'])[:12]}, "
-                                f"routes: {routes}; archs {archs}); active: "
-                                + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
-                                   else f"not checked ({kernel['active']['reason']})"))
-            if kernel.get("note"):
-                out["notes"].append(f"kernel library {kernel['package']}: {kernel['note']}")
-        else:
-            out["notes"].append(kernel["note"])
-    # One line per cause (the patches it touches by number; the table has their files), and one
-    # next step: installing the patched wheel, "again" only where one was installed.
-    by_state: dict[str, list[str]] = {}
-    for name, p in out["patches"].items():
-        if p["state"] not in ("present", "upstream"):
-            by_state.setdefault(p["state"], []).append(name)
-    ours = isinstance(inst, dict) and bool(inst.get("provenance"))
-    for state, names in by_state.items():
-        files = ["; ".join(f"{f}: {v['state']}" for f, v in out["patches"][n]["files"].items()
-                           if v["state"] != "present") for n in names]
-        out["notes"].append(f"{state} ({_STATE_WHY.get(state, state)}): "
-                            + ", ".join(f"{report.patch_key(n)} ({f or 'its kernels: see the kernel library line'})"
-                                        for n, f in zip(names, files, strict=True)))
-    if by_state:
-        out["notes"].append("  next: " + ("install the patched wheel again" if ours else
-                                          "install the patched wheel (this vLLM is not one dsv4patch made)")
-                            + f" (`{mention(Step.of('wheel', pin=out['pin']))}`, then `pip install --force-reinstall "
-                            "--no-deps <wheel>`)")
-    rep = out.get("sbom")
-    if rep is not None:
-        if rep["state"] == "ok":
-            out["notes"].append(f"SBOM {rep['path']}: matches the installed vLLM, patch set and kernel library")
-        else:
-            out["notes"].append(f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
-                                + "".join(f"\n  {line}" for line in rep["problems"])
-                                + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
-                                   if rep["state"] == "mismatch" and not by_state else ""))
+        out["notes"] += _kernel_notes(kernel)
+    patch_notes = _patch_notes(out["patches"], out["pin"], ours=isinstance(inst, dict) and bool(inst.get("provenance")))
+    out["notes"] += patch_notes
+    if out.get("sbom") is not None:
+        out["notes"].append(_sbom_note(out["sbom"], patches_differ=bool(patch_notes)))
     if inst:
         # Files and kernels only: nothing here runs the engine (the selftest does, on a GPU).
         out["notes"].append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "
@@ -619,3 +605,54 @@ def check(
         patch_set_sha256=out.get("patch_set_sha256"), patched_tree=out.get("patched_tree"),
         sbom=out.get("sbom"), sbom_document=out.get("sbom_document"),
     )
+
+
+def _kernel_notes(kernel: dict[str, Any]) -> list[str]:
+    """The kernel library's lines: its state, routes, archs and whether it is active; or why it is absent."""
+    if not kernel.get("installed"):
+        return [kernel["note"]]
+    routes = ", ".join(k for k, v in kernel["routes"].items() if v) or "none"
+    archs = "; ".join(f"{Path(str(u['unit'])).name}: {' '.join(u['sass'] or [])}"
+                      for u in kernel["units"])
+    notes = [f"kernel library {kernel['package']}: "
+             f"{'ok' if kernel['ok'] else 'NOT OK'} (tree {str(kernel['tree_id'])[:12]}, "
+             f"routes: {routes}; archs {archs}); active: "
+             + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
+                else f"not checked ({kernel['active']['reason']})")]
+    if kernel.get("note"):
+        notes.append(f"kernel library {kernel['package']}: {kernel['note']}")
+    return notes
+
+
+def _patch_notes(patches: dict[str, dict[str, Any]], pin: str, *, ours: bool) -> list[str]:
+    """One line per cause (the patches it touches by number; the table has their files), and one
+    next step: installing the patched wheel, "again" only where one was installed (``ours``).
+    No line when every patch is present or upstream."""
+    by_state: dict[str, list[str]] = {}
+    for name, p in patches.items():
+        if p["state"] not in ("present", "upstream"):
+            by_state.setdefault(p["state"], []).append(name)
+    notes = []
+    for state, names in by_state.items():
+        files = ["; ".join(f"{f}: {v['state']}" for f, v in patches[n]["files"].items()
+                           if v["state"] != "present") for n in names]
+        notes.append(f"{state} ({_STATE_WHY.get(state, state)}): "
+                     + ", ".join(f"{report.patch_key(n)} ({f or 'its kernels: see the kernel library line'})"
+                                 for n, f in zip(names, files, strict=True)))
+    if by_state:
+        notes.append("  next: " + ("install the patched wheel again" if ours else
+                                   "install the patched wheel (this vLLM is not one dsv4patch made)")
+                     + f" (`{mention(Step.of('wheel', pin=pin))}`, then `pip install --force-reinstall "
+                     "--no-deps <wheel>`)")
+    return notes
+
+
+def _sbom_note(rep: dict[str, Any], *, patches_differ: bool) -> str:
+    """The installed SBOM's line: it matches, or its state and problems (and the next step on a
+    mismatch, unless the patches' line already gave it)."""
+    if rep["state"] == "ok":
+        return f"SBOM {rep['path']}: matches the installed vLLM, patch set and kernel library"
+    return (f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
+            + "".join(f"\n  {line}" for line in rep["problems"])
+            + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
+               if rep["state"] == "mismatch" and not patches_differ else ""))

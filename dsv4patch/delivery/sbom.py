@@ -28,11 +28,15 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import BuildError
 from dsv4patch.pins import Pin, WheelFile
 from dsv4patch.series import Patch
+
+if TYPE_CHECKING:
+    from cyclonedx.model import HashType
+    from cyclonedx.model.component import Component
 
 SBOM_NAME = "dsv4patch.cdx.json"
 SBOM_DIR = "sboms"  # PEP 770: <name>-<version>.dist-info/sboms/
@@ -130,29 +134,39 @@ def _patch(p: Patch) -> Any:
                     diff=Diff(text=text), resolves=_resolves(p))
 
 
+_REPO_URL = "https://github.com/vllm-project/vllm"
+
+
+def _sha(hexdigest: str) -> list[HashType]:
+    from cyclonedx.model import HashAlgorithm, HashType
+
+    return [HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)]
+
+
 def _document(w: WheelSbom, serial: uuid.UUID) -> str:
-    from cyclonedx.model import (
-        ExternalReference,
-        ExternalReferenceType,
-        HashAlgorithm,
-        HashType,
-        Property,
-        XsUri,
-    )
+    """The SBOM's JSON text: the vLLM component (its pedigree: ancestors, commit, patches) and the
+    kernel library it depends on; ``serial`` is the only part not fixed by ``w``."""
     from cyclonedx.model.bom import Bom, BomMetaData
-    from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree
     from cyclonedx.output.json import JsonV1Dot6
+
+    vllm = _vllm_component(w)
+    components = [] if w.kernels is None else [_kernel_component(w.kernels)]
+    bom = Bom(serial_number=serial, metadata=BomMetaData(component=vllm), components=components)
+    bom.metadata.timestamp = None  # type: ignore[assignment]  # optional in 1.6; omitted: reproducible
+    if components:
+        bom.register_dependency(vllm, components)
+    return JsonV1Dot6(bom).output_as_string(indent=2) + "\n"
+
+
+def _ancestors(w: WheelSbom) -> list[Component]:
+    """The pedigree's ancestors: the stock wheel, and the pin's sdist when the pin comes from PyPI."""
+    from cyclonedx.model import ExternalReference, ExternalReferenceType, XsUri
+    from cyclonedx.model.component import Component
     from packageurl import PackageURL
 
     pin = w.pin
-
-    def sha(hexdigest: str) -> list[HashType]:
-        return [HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)]
-
-    repo_url = "https://github.com/vllm-project/vllm"
-    commit_url = XsUri(f"{repo_url}/commit/{pin.commit}")
     ancestors = [Component(
-        name="vllm", version=pin.vllm_version, bom_ref="stock-wheel", hashes=sha(w.stock.sha256),
+        name="vllm", version=pin.vllm_version, bom_ref="stock-wheel", hashes=_sha(w.stock.sha256),
         purl=PackageURL("pypi", name="vllm", version=pin.vllm_version,
                         qualifiers={"file_name": w.stock_filename}),
         description="the stock vLLM wheel the patched wheel is repacked from",
@@ -162,52 +176,63 @@ def _document(w: WheelSbom, serial: uuid.UUID) -> str:
         sdist_name = src.url.rsplit("/", 1)[-1] or f"{src.name}-{src.version}.tar.gz"
         ancestors.append(Component(
             name=src.name or "vllm", version=src.version or pin.vllm_version, bom_ref="sdist",
-            hashes=sha(src.sha256),
+            hashes=_sha(src.sha256),
             purl=PackageURL("pypi", name=src.name or "vllm", version=src.version or pin.vllm_version,
                             qualifiers={"file_name": sdist_name}),
             description=f"the pin's source distribution (upstream commit {pin.commit})",
             external_references=[
                 ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(src.url)),
-                ExternalReference(type=ExternalReferenceType.VCS, url=commit_url,
+                ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(f"{_REPO_URL}/commit/{pin.commit}"),
                                   comment=f"upstream commit {pin.commit}")]))
+    return ancestors
+
+
+def _vllm_component(w: WheelSbom) -> Component:
+    """The patched vLLM: its purl, the pin's properties, and its pedigree (ancestors, commit, patches)."""
+    from cyclonedx.model import Property, XsUri
+    from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree
+    from packageurl import PackageURL
+
+    pin = w.pin
     props = [Property(name=P_PIN, value=pin.name), Property(name=P_PATCH_SET, value=w.patch_set_sha256),
              Property(name=P_BASE, value=w.base_tree), Property(name=P_PATCHED, value=w.patched_tree)]
     props += [Property(name=P_PATCH, value=f"{p.name} sha256:{p.sha256}") for p in w.patches]
-    vllm = Component(
+    return Component(
         name="vllm", version=w.version, bom_ref="vllm", type=ComponentType.LIBRARY,
         purl=PackageURL("pypi", name="vllm", version=w.version),
         description=f"vLLM {pin.vllm_version} with dsv4patch's patch set {w.patch_set_sha256[:12]}",
-        pedigree=Pedigree(ancestors=ancestors, commits=[Commit(uid=pin.commit, url=commit_url)],
+        pedigree=Pedigree(ancestors=_ancestors(w),
+                          commits=[Commit(uid=pin.commit, url=XsUri(f"{_REPO_URL}/commit/{pin.commit}"))],
                           patches=[_patch(p) for p in w.patches],
                           notes=f"dsv4patch pin {pin.name}: base tree {w.base_tree}, patched tree "
                                 f"{w.patched_tree}"),
         properties=props)
-    components: list[Component] = []
-    if w.kernels is not None:
-        k, info = w.kernels, w.kernels.info
-        archs: list[Any] = info["archs"] if isinstance(info.get("archs"), list) else []
-        kprops = [Property(name=P_KPKG, value=k.package_sha256),
-                  Property(name="dsv4patch:kernels:library", value=k.library),
-                  Property(name="dsv4patch:kernels:archs", value=" ".join(str(a) for a in archs)),
-                  Property(name="dsv4patch:kernels:torch_version", value=str(info.get("torch_version"))),
-                  Property(name="dsv4patch:kernels:torch_cuda_version",
-                           value=str(info.get("torch_cuda_version"))),
-                  Property(name="dsv4patch:kernels:nvcc_cuda_version", value=str(info.get("cuda_version"))),
-                  Property(name="dsv4patch:kernels:tree_id", value=str(info.get("tree_id")))]
-        ops = info.get("ops")
-        if isinstance(ops, list):
-            kprops += [Property(name="dsv4patch:kernels:op", value=str(o)) for o in ops]
-        components.append(Component(
-            name=k.package, version=k.version, bom_ref="kernels", type=ComponentType.LIBRARY,
-            hashes=sha(k.library_sha256),
-            description=f"{k.library}: vLLM's kernels rebuilt from the patched tree "
-                        f"(torch {info.get('torch_version')}, nvcc CUDA {info.get('cuda_version')})",
-            properties=kprops))
-    bom = Bom(serial_number=serial, metadata=BomMetaData(component=vllm), components=components)
-    bom.metadata.timestamp = None  # type: ignore[assignment]  # optional in 1.6; omitted: reproducible
-    if components:
-        bom.register_dependency(vllm, components)
-    return JsonV1Dot6(bom).output_as_string(indent=2) + "\n"
+
+
+def _kernel_component(k: KernelLibrary) -> Component:
+    """The rebuilt kernel library: its sha256, and what it was built for (archs, torch, CUDA, ops)."""
+    from cyclonedx.model import Property
+    from cyclonedx.model.component import Component, ComponentType
+
+    info = k.info
+    archs: list[Any] = info["archs"] if isinstance(info.get("archs"), list) else []
+    kprops = [Property(name=P_KPKG, value=k.package_sha256),
+              Property(name="dsv4patch:kernels:library", value=k.library),
+              Property(name="dsv4patch:kernels:archs", value=" ".join(str(a) for a in archs)),
+              Property(name="dsv4patch:kernels:torch_version", value=str(info.get("torch_version"))),
+              Property(name="dsv4patch:kernels:torch_cuda_version",
+                       value=str(info.get("torch_cuda_version"))),
+              Property(name="dsv4patch:kernels:nvcc_cuda_version", value=str(info.get("cuda_version"))),
+              Property(name="dsv4patch:kernels:tree_id", value=str(info.get("tree_id")))]
+    ops = info.get("ops")
+    if isinstance(ops, list):
+        kprops += [Property(name="dsv4patch:kernels:op", value=str(o)) for o in ops]
+    return Component(
+        name=k.package, version=k.version, bom_ref="kernels", type=ComponentType.LIBRARY,
+        hashes=_sha(k.library_sha256),
+        description=f"{k.library}: vLLM's kernels rebuilt from the patched tree "
+                    f"(torch {info.get('torch_version')}, nvcc CUDA {info.get('cuda_version')})",
+        properties=kprops)
 
 
 def build(w: WheelSbom) -> bytes:
@@ -251,9 +276,6 @@ def _props(obj: dict[str, Any]) -> list[tuple[str, str]]:
 
 def read(doc: Any) -> SbomFacts:
     """The facts of a parsed SBOM (an untrusted document: anything unexpected is a problem, not an error)."""
-    import base64
-    import binascii
-
     facts = SbomFacts()
     if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
         facts.problems.append("not a CycloneDX document")
@@ -267,6 +289,22 @@ def read(doc: Any) -> SbomFacts:
         return facts
     facts.version = comp.get("version") if isinstance(comp.get("version"), str) else None
     facts.purl = comp.get("purl") if isinstance(comp.get("purl"), str) else None
+    _read_properties(facts, comp)
+    ped = comp.get("pedigree")
+    patches = ped.get("patches", []) if isinstance(ped, dict) else []
+    for p in patches if isinstance(patches, list) else []:
+        _read_patch(facts, p)
+    for a in (ped.get("ancestors", []) if isinstance(ped, dict) else []):
+        _read_ancestor(facts, a)
+    comps = doc.get("components", [])
+    for c in comps if isinstance(comps, list) else []:
+        if isinstance(c, dict) and c.get("bom-ref") == "kernels":
+            _read_kernels(facts, c)
+    return facts
+
+
+def _read_properties(facts: SbomFacts, comp: dict[str, Any]) -> None:
+    """The vLLM component's dsv4patch properties: pin, patch set, patched tree, each patch's sha256."""
     for name, value in _props(comp):
         if name == P_PIN:
             facts.pin = value
@@ -277,36 +315,42 @@ def read(doc: Any) -> SbomFacts:
         elif name == P_PATCH:
             pname, _, digest = value.partition(" sha256:")
             facts.patches[pname] = digest
-    ped = comp.get("pedigree")
-    patches = ped.get("patches", []) if isinstance(ped, dict) else []
-    for p in patches if isinstance(patches, list) else []:
-        diff = p.get("diff") if isinstance(p, dict) else None
-        text = diff.get("text") if isinstance(diff, dict) else None
-        content = text.get("content") if isinstance(text, dict) else None
-        if not isinstance(text, dict) or not isinstance(content, str):
-            facts.problems.append("a pedigree patch has no diff text")
-            continue
-        try:
-            raw = (base64.b64decode(content, validate=True) if text.get("encoding") == "base64"
-                   else content.encode("utf-8"))
-        except (binascii.Error, ValueError, UnicodeEncodeError):
-            facts.problems.append("a pedigree patch's diff text is not valid")
-            continue
-        facts.diff_sha256.append(hashlib.sha256(raw).hexdigest())
-        facts.diffs.append(raw)
-    for a in (ped.get("ancestors", []) if isinstance(ped, dict) else []):
-        if isinstance(a, dict) and isinstance(a.get("bom-ref"), str) and isinstance(a.get("hashes"), list):
-            found = [h["content"] for h in a["hashes"] if isinstance(h, dict) and h.get("alg") == "SHA-256"
-                     and isinstance(h.get("content"), str)]
-            if found:
-                facts.ancestors[a["bom-ref"][:64]] = str(found[0])[:64]
-    comps = doc.get("components", [])
-    for c in comps if isinstance(comps, list) else []:
-        if not isinstance(c, dict) or c.get("bom-ref") != "kernels":
-            continue
-        hashes = c.get("hashes", [])
-        facts.kernel_library_sha256 = next(
-            (h["content"] for h in hashes if isinstance(h, dict) and h.get("alg") == "SHA-256"
-             and isinstance(h.get("content"), str)), None) if isinstance(hashes, list) else None
-        facts.kernel_package_sha256 = dict(_props(c)).get(P_KPKG)
-    return facts
+
+
+def _read_patch(facts: SbomFacts, p: Any) -> None:
+    """One pedigree patch: its diff text (plain or base64) and that text's sha256; else a problem."""
+    import base64
+    import binascii
+
+    diff = p.get("diff") if isinstance(p, dict) else None
+    text = diff.get("text") if isinstance(diff, dict) else None
+    content = text.get("content") if isinstance(text, dict) else None
+    if not isinstance(text, dict) or not isinstance(content, str):
+        facts.problems.append("a pedigree patch has no diff text")
+        return
+    try:
+        raw = (base64.b64decode(content, validate=True) if text.get("encoding") == "base64"
+               else content.encode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        facts.problems.append("a pedigree patch's diff text is not valid")
+        return
+    facts.diff_sha256.append(hashlib.sha256(raw).hexdigest())
+    facts.diffs.append(raw)
+
+
+def _read_ancestor(facts: SbomFacts, a: Any) -> None:
+    """One pedigree ancestor's bom-ref and SHA-256 (both cut to 64 characters), when it has them."""
+    if isinstance(a, dict) and isinstance(a.get("bom-ref"), str) and isinstance(a.get("hashes"), list):
+        found = [h["content"] for h in a["hashes"] if isinstance(h, dict) and h.get("alg") == "SHA-256"
+                 and isinstance(h.get("content"), str)]
+        if found:
+            facts.ancestors[a["bom-ref"][:64]] = str(found[0])[:64]
+
+
+def _read_kernels(facts: SbomFacts, c: dict[str, Any]) -> None:
+    """The kernel library component: the library's SHA-256 and the package's hash property."""
+    hashes = c.get("hashes", [])
+    facts.kernel_library_sha256 = next(
+        (h["content"] for h in hashes if isinstance(h, dict) and h.get("alg") == "SHA-256"
+         and isinstance(h.get("content"), str)), None) if isinstance(hashes, list) else None
+    facts.kernel_package_sha256 = dict(_props(c)).get(P_KPKG)

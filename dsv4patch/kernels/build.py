@@ -323,7 +323,7 @@ def detect_toolchain(
 ) -> Toolchain:
     nvcc_path = find_nvcc(nvcc)
     ver, cuda = nvcc_version(nvcc_path)
-    py = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or sys.executable
+    py = python or sys.executable
     info = _torch_info(py)
     includes = [Path(p) for p in extra_includes]
     if not any(_has_cublas(d) for d in includes):

@@ -106,8 +106,8 @@ def build_tree(
     """Compile the kernel units the patches of ``tree`` change (since ``base``, default the
     tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only.
 
-    The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` (or
-    $DSV4PATCH_TORCH_PYTHON) builds against that interpreter's torch, which must be the pin's
+    The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` builds
+    against that interpreter's torch, which must be the pin's
     unless ``allow_torch`` names its version (else the lock's toolchain torch is installed
     into the cache); ``nvcc`` is the compiler to use, or fail.
     """
@@ -173,7 +173,7 @@ def full_build(
     its output streamed to ``log`` (default ``<tree>/../.<tree name>.dsv4patch-build.log``,
     a new file: a link planted there is replaced), capped at ``childproc.OUTPUT_CAP``."""
     chosen, origin = resolve_archs(tree, pin, archs, _nvcc_version(nvcc))
-    python = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or "python3"
+    python = python or "python3"
     cmd, env = kbuild.full_build_command(
         tree, chosen, pin.build.max_jobs, pin.build.nvcc_threads,
         docker=docker, python=python, image=f"vllm-dsv4patch:{pin.name}",

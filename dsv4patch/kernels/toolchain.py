@@ -423,9 +423,9 @@ def resolve(
 ) -> kbuild.Toolchain:
     """The toolchain for building ``tree``'s kernels for ``pin`` (installing what is missing).
 
-    ``python`` (or ``$DSV4PATCH_TORCH_PYTHON``): build against that
-    interpreter's torch, which must be the pin's unless ``allow_torch`` names
-    its version.  Without it, the lock's toolchain torch is installed.
+    ``python``: build against that interpreter's torch, which must be the pin's unless
+    ``allow_torch`` names its version.  Without it, the lock's toolchain torch is installed.
+    (The command passes ``$DSV4PATCH_TORCH_PYTHON`` here when ``--python`` is not given.)
     """
     req = required_torch(tree)
     tdef = pin.toolchain
@@ -434,7 +434,6 @@ def resolve(
             f'pin {pin.name}: [toolchains."{tdef.name}"] is torch {tdef.torch}, but the pinned '
             f"tree requires torch=={req.version} ({req.origin}); give the pin a toolchain of torch "
             f"{req.version} (docs/kernels.md)")
-    python = python or os.environ.get("DSV4PATCH_TORCH_PYTHON") or None
     notes: list[str] = []
     if python:
         torch = _given_torch(pin, req, python, allow_torch, notes)

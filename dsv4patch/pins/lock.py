@@ -171,14 +171,12 @@ DEFAULT_LOCK = Path("locks/vllm.toml")
 
 
 def find_lock(given: Path | None, cwd: Path | None = None) -> Path:
-    """``given``, else ``$DSV4PATCH_LOCK``, else ``locks/vllm.toml`` here or in a parent directory.
+    """``given``, else ``locks/vllm.toml`` here or in a parent directory.
 
-    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout."""
+    So the card's ``dsv4patch apply`` works from any subdirectory of a checkout.  (A
+    command passes ``--lock``, else ``$DSV4PATCH_LOCK``, as ``given``.)"""
     if given is not None:
         return given
-    env = os.environ.get("DSV4PATCH_LOCK")
-    if env:
-        return Path(env)
     start = Path(os.path.abspath(cwd or Path.cwd()))
     for d in (start, *start.parents):
         if (d / DEFAULT_LOCK).is_file():

@@ -286,6 +286,7 @@ def run_nodeids(env: testenv.TestEnv, cwd: Path, nodeids: list[str], xml: Path) 
 def _run_once(
     env: testenv.TestEnv, cwd: Path, nodeids: list[str], xml: Path, out: dict[str, CaseResult]
 ) -> None:
+    """One pytest session over NODEIDS; each one's result from the junit report, or why there is none."""
     xml.unlink(missing_ok=True)
     cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", "--junitxml", str(xml),
                                "-o", "junit_family=xunit1", *nodeids]
@@ -302,28 +303,35 @@ def _run_once(
     except ET.ParseError as exc:
         raise BuildError(f"{xml}: pytest's junit report is not XML ({exc})") from None
     for case in root.iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        skipped = case.find("skipped")
         for nodeid, res in wanted.items():
-            path, _, func = nodeid.partition("::")
-            module = path[:-3].replace("/", ".")
-            if not classname and name == module:  # the module failed to collect
-                res.status = "not collected"
-                res.detail = _message(bad)
-                continue
-            base = name if "[" in func else name.split("[", 1)[0]
-            if classname != module or (func and base != func):
-                continue
-            res.cases += 1
-            if bad is not None:
-                if res.status != "failed":
-                    res.status, res.detail = "failed", _message(bad)
-            elif skipped is not None:
-                if res.status in ("not run", "passed", "skipped"):
-                    res.status, res.detail = "skipped", skipped.get("message", "")[:160]
-            elif res.status == "not run":
-                res.status = "passed"
+            _take_case(res, nodeid, case)
+
+
+def _take_case(res: CaseResult, nodeid: str, case: ET.Element) -> None:
+    """Fold one junit ``testcase`` into NODEID's result when it is one of its cases (a parametrized
+    test has many: any failure fails it, a skip counts only where nothing failed), or the module's
+    collection error."""
+    classname, name = case.get("classname", ""), case.get("name", "")
+    bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+    skipped = case.find("skipped")
+    path, _, func = nodeid.partition("::")
+    module = path[:-3].replace("/", ".")
+    if not classname and name == module:  # the module failed to collect
+        res.status = "not collected"
+        res.detail = _message(bad)
+        return
+    base = name if "[" in func else name.split("[", 1)[0]
+    if classname != module or (func and base != func):
+        return
+    res.cases += 1
+    if bad is not None:
+        if res.status != "failed":
+            res.status, res.detail = "failed", _message(bad)
+    elif skipped is not None:
+        if res.status in ("not run", "passed", "skipped"):
+            res.status, res.detail = "skipped", skipped.get("message", "")[:160]
+    elif res.status == "not run":
+        res.status = "passed"
 
 
 def _message(bad: ET.Element | None) -> str:

@@ -212,7 +212,6 @@ def verify(
     chosen = [p for p in series.patches if _selected(p, patches)]
     status = {r.patch: r.status for r in result.patches}
     work = store.tmpdir(f"verify-{pin.name}-")
-    proofs: list[PatchProof] = []
     try:
         with clock("venv"), progress.step(f"verify {pin.name}: the CPU test venv (torch {torch or 'of the pin'}; "
                                           f"made once, then cached; pip log: {work / 'pip.log'})"):
@@ -223,28 +222,38 @@ def verify(
         with clock("prepare"):
             states = _before_states(pinrepo, with_tests)
         applying = [p for p in with_tests if status[p.name].applies]
-        before: dict[str, Outcome] = {}
-        after: dict[str, Outcome] = {}
         with clock("tests"):
-            plan = [(tree_id, [n for p in group for n in p.tests]) for tree_id, group in states]
-            if applying:
-                plan.append((final, [n for p in applying for n in p.tests]))
-            sessions.run_all(plan)
-            for tree_id, group in states:
-                for patch in group:
-                    before[patch.name] = _outcome(sessions.results(tree_id, group, patch))
-            for patch in applying:
-                after[patch.name] = _outcome(sessions.results(final, applying, patch))
-        for patch in chosen:
-            proofs.append(_verify_patch(patch, status[patch.name], before.get(patch.name),
-                                        after.get(patch.name)))
+            before, after = _run_sessions(sessions, states, final, applying)
+        proofs = [_verify_patch(patch, status[patch.name], before.get(patch.name), after.get(patch.name))
+                  for patch in chosen]
     finally:
         if not keep:
-            for d in sorted(work.iterdir()) if work.exists() else []:
-                if (d / ".git").exists():
-                    git.worktree_remove(pinrepo.repo, d)
-            store.remove_tmp(work)
+            _remove_work(pinrepo, work, store)
     return VerifyResult(pin.name, final, env.torch, proofs, sessions.ran, sessions.cached, clock.seconds)
+
+
+def _run_sessions(sessions: Sessions, states: list[tuple[str, list[Patch]]], final: str,
+                  applying: list[Patch]) -> tuple[dict[str, Outcome], dict[str, Outcome]]:
+    """Every patch's tests before (on the tree its tests were added to, one session per tree) and after
+    (on the patched tree, one session for all that apply); the outcomes by patch."""
+    plan = [(tree_id, [n for p in group for n in p.tests]) for tree_id, group in states]
+    if applying:
+        plan.append((final, [n for p in applying for n in p.tests]))
+    sessions.run_all(plan)
+    before: dict[str, Outcome] = {}
+    for tree_id, group in states:
+        for patch in group:
+            before[patch.name] = _outcome(sessions.results(tree_id, group, patch))
+    after = {patch.name: _outcome(sessions.results(final, applying, patch)) for patch in applying}
+    return before, after
+
+
+def _remove_work(pinrepo: PinRepo, work: Path, store: Store) -> None:
+    """The run's work trees (git worktrees of the cache's pin repository) and its directory."""
+    for d in sorted(work.iterdir()) if work.exists() else []:
+        if (d / ".git").exists():
+            git.worktree_remove(pinrepo.repo, d)
+    store.remove_tmp(work)
 
 
 class _Phases:

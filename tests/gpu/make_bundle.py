@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from dsv4patch.hashing import hash_file  # noqa: E402
 from dsv4patch.kernels import stock  # noqa: E402
 from dsv4patch.pins.lock import load  # noqa: E402
+from dsv4patch.settings import Settings  # noqa: E402
 from dsv4patch.store import Store  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def main() -> int:
     work.mkdir(parents=True)
     lock = load(args.lock)
     pin = lock.pin(args.pin)
-    store = Store.open(None)
+    store = Store.open(Settings.from_environ(os.environ).cache_root())
     res = subprocess.run([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(args.lock), "--pin",
                           pin.name, "--tree", str(work / "tree"), "--out", str(work / "dist"),
                           "--format", "json"], capture_output=True, text=True)

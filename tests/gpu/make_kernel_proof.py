@@ -43,6 +43,7 @@ from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources
 from dsv4patch.pins.lock import load
 from dsv4patch.proofs import testenv
+from dsv4patch.settings import Settings
 from dsv4patch.store import Store
 
 LIB = "libdsv4patch_topk_standalone.so"
@@ -80,7 +81,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     pin = load(args.lock).pin(args.pin)
-    store = Store.open(None)
+    store = Store.open(Settings.from_environ(os.environ).cache_root())
     res = subprocess.run([sys.executable, "-m", "dsv4patch", "apply", "--lock", str(args.lock), "--pin",
                           pin.name, "--tree", str(work / "tree"), "--no-build", "--format", "json"],
                          capture_output=True, text=True)

@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     from dsv4patch.kernels import stock
     from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
+    from dsv4patch.settings import Settings
     from dsv4patch.store import Store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     pack = _pack_module()
     lock = load(ROOT / "locks" / "vllm.toml")
     pin = lock.pin(PIN)
-    store = Store.open(args.cache_dir)
+    store = Store.open(args.cache_dir or Settings.from_environ(os.environ).cache_root())
     progress = Progress.for_output("text")
     wheel = stock.wheel_for(pin, "x86_64")
     wheel_blob = stock.wheel_path(store, wheel, progress)  # downloaded once, verified against the lock

@@ -214,12 +214,33 @@ def _counters(llm: Any) -> dict[str, int]:
 
 
 def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
+    """The engine's life: its environment, the fingerprint, the engine's start, then each prompt set."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
     model_mod = _load_model_module()
     vllm = importlib.import_module("vllm")
+    events.emit("fingerprint", data=_fingerprint(vllm, spec))
+    watchdog.arm("start", "engine start")
+    load_format = register_loader(model_mod, events)
+    LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
+    TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
+
+    llm = LLM(**llm_arguments(spec, load_format))
+    watchdog.disarm()
+    meter = spec["engine"].get("method") == "dspark"  # fix 3b's debug check: the draft's KV writes into block 0
+    events.emit("engine_ready", **_ready(llm, meter))
+    StepMonitor(llm, events).start()
+    for i, pset in enumerate(spec["prompt_sets"]):
+        watchdog.arm("first_case" if i == 0 else "case", f"prompt set {pset['name']}")
+        events.emit("case_start", case=pset["name"])
+        _run_prompt_set(llm, pset, events, watchdog, SamplingParams, TokensPrompt, meter=meter)
+
+
+def _fingerprint(vllm: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Which vLLM, torch and GPU this engine runs on (a broken torch is reported, not fatal); SM120's
+    top-k route installed first when the engine asks for it."""
     fp: dict[str, Any] = {"vllm_file": vllm.__file__, "vllm_version": getattr(vllm, "__version__", "?"),
                           "python": sys.executable}
     try:
@@ -232,59 +253,66 @@ def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
         fp["torch"] = f"{type(exc).__name__}: {exc}"
     if spec["engine"].get("sm120_topk"):
         fp["topk_route"] = install_sm120_topk_route()
-    events.emit("fingerprint", data=fp)
-    watchdog.arm("start", "engine start")
-    load_format = register_loader(model_mod, events)
-    LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
-    TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
+    return fp
 
-    llm = LLM(**llm_arguments(spec, load_format))
-    watchdog.disarm()
+
+def _ready(llm: Any, meter: bool) -> dict[str, Any]:
+    """The ``engine_ready`` event: the parallel sizes vLLM built, what the engine holds on the GPU
+    (the runner sizes the engines it starts later from it), block 0's snapshot when metered."""
     parallel = llm.llm_engine.vllm_config.parallel_config
     ready: dict[str, Any] = {"tensor_parallel_size": int(parallel.tensor_parallel_size),
                              "pipeline_parallel_size": int(parallel.pipeline_parallel_size)}
-    try:  # what this engine holds on the GPU: the runner sizes the engines it starts later from it
+    try:
+        torch = importlib.import_module("torch")
         free, total = torch.cuda.mem_get_info()
         ready.update({"gpu_free_bytes": int(free), "gpu_total_bytes": int(total),
                       "torch_reserved_bytes": int(torch.cuda.memory_reserved())})
     except Exception:  # a report, never a reason to fail
         pass
-    meter = spec["engine"].get("method") == "dspark"  # fix 3b's debug check: the draft's KV writes into block 0
     if meter:
         ready["null_block"] = _null_block(llm, "snapshot")
-    events.emit("engine_ready", **ready)
-    StepMonitor(llm, events).start()
-    for i, pset in enumerate(spec["prompt_sets"]):
-        watchdog.arm("first_case" if i == 0 else "case", f"prompt set {pset['name']}")
-        events.emit("case_start", case=pset["name"])
-        params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False, logprobs=2)
-                  for n in pset["max_tokens"]]
-        before = _counters(llm)
-        t0 = time.time()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in pset["prompts"]], params,
-                            use_tqdm=False)
-        seconds = round(time.time() - t0, 3)
-        after = _counters(llm)
-        tokens: list[list[int]] = []
-        gaps: list[list[float]] = []
-        not_top: list[list[int]] = []  # positions where the emitted token is not the top logprob
-        for o in outs:
-            seq = [int(x) for x in o.outputs[0].token_ids]
-            tokens.append(seq)
-            row: list[float] = []
-            bad: list[int] = []
-            for pos, lp in enumerate(o.outputs[0].logprobs or []):
-                ranked = sorted(((float(v.logprob), int(k)) for k, v in lp.items()), reverse=True)
-                if len(ranked) >= 2:
-                    row.append(round(ranked[0][0] - ranked[1][0], 4))
-                if ranked and pos < len(seq) and ranked[0][1] != seq[pos]:
-                    bad.append(pos)
-            gaps.append(row)
-            not_top.append(bad)
-        watchdog.disarm()
-        extra: dict[str, Any] = {"null_block": _null_block(llm, "compare")} if meter else {}
-        events.emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=not_top, seconds=seconds,
-                    spec={k: after.get(k, 0) - before.get(k, 0) for k in after}, **extra)
+    return ready
+
+
+def _run_prompt_set(llm: Any, pset: dict[str, Any], events: Events, watchdog: Watchdog,
+                    SamplingParams: Any, TokensPrompt: Any, *, meter: bool) -> None:
+    """One prompt set, greedy with the top-2 logprobs; its ``case_done`` event (tokens, gaps, the
+    spec-decode counters of this call, block 0's comparison when metered)."""
+    params = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False, logprobs=2)
+              for n in pset["max_tokens"]]
+    before = _counters(llm)
+    t0 = time.time()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in pset["prompts"]], params,
+                        use_tqdm=False)
+    seconds = round(time.time() - t0, 3)
+    after = _counters(llm)
+    tokens, gaps, not_top = _read_outputs(outs)
+    watchdog.disarm()
+    extra: dict[str, Any] = {"null_block": _null_block(llm, "compare")} if meter else {}
+    events.emit("case_done", case=pset["name"], tokens=tokens, gaps=gaps, not_top=not_top, seconds=seconds,
+                spec={k: after.get(k, 0) - before.get(k, 0) for k in after}, **extra)
+
+
+def _read_outputs(outs: Any) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+    """Per request: the tokens, the top-2 logprob gap at each position, and the positions where the
+    emitted token is not the top logprob."""
+    tokens: list[list[int]] = []
+    gaps: list[list[float]] = []
+    not_top: list[list[int]] = []
+    for o in outs:
+        seq = [int(x) for x in o.outputs[0].token_ids]
+        tokens.append(seq)
+        row: list[float] = []
+        bad: list[int] = []
+        for pos, lp in enumerate(o.outputs[0].logprobs or []):
+            ranked = sorted(((float(v.logprob), int(k)) for k, v in lp.items()), reverse=True)
+            if len(ranked) >= 2:
+                row.append(round(ranked[0][0] - ranked[1][0], 4))
+            if ranked and pos < len(seq) and ranked[0][1] != seq[pos]:
+                bad.append(pos)
+        gaps.append(row)
+        not_top.append(bad)
+    return tokens, gaps, not_top
 
 
 def null_block_meter(worker: Any, action: str) -> dict[str, Any]:

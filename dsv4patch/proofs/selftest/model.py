@@ -47,7 +47,7 @@ import importlib
 import json
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,7 +167,13 @@ def tiny_config() -> dict[str, Any]:
     head_dim 512 = 448 + 64 (FlashMLA), block-FP8 128x128 linears, hc_mult *
     hidden divisible by 4096 (mHC TileLang), one compress ratio per layer plus
     the MTP layer, Flash's indexer (64 heads x 128, top-k 512), window 128.
+    The sections keep config.json's key order.
     """
+    return {**_config_model(), **_config_attention(), **_config_layers(), **_config_drafts()}
+
+
+def _config_model() -> dict[str, Any]:
+    """The model's kind, tokens and size."""
     return {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
@@ -178,6 +184,12 @@ def tiny_config() -> dict[str, Any]:
         "vocab_size": VOCAB_SIZE,
         "hidden_size": HIDDEN_SIZE,
         "num_hidden_layers": NUM_LAYERS,
+    }
+
+
+def _config_attention() -> dict[str, Any]:
+    """Flash's sparse MLA: heads, LoRA ranks, window, compress ratios, rope, the indexer."""
+    return {
         "num_attention_heads": 64,
         "num_key_value_heads": 1,
         "head_dim": 512,
@@ -195,6 +207,12 @@ def tiny_config() -> dict[str, Any]:
         "index_n_heads": 64,
         "index_head_dim": 128,
         "index_topk": INDEX_TOPK,
+    }
+
+
+def _config_layers() -> dict[str, Any]:
+    """The hyper-connections, norms, the experts and their FP8 quantization."""
+    return {
         "hc_mult": 4,
         "hc_sinkhorn_iters": 20,
         "hc_eps": 1e-6,
@@ -213,6 +231,12 @@ def tiny_config() -> dict[str, Any]:
         "expert_dtype": "fp8",
         "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
                                 "weight_block_size": [128, 128]},
+    }
+
+
+def _config_drafts() -> dict[str, Any]:
+    """The drafts: the MTP layer and DSpark's target layers, Markov rank, noise token and block."""
+    return {
         "num_nextn_predict_layers": 1,
         "n_mtp_layers": 1,
         "dspark_target_layer_ids": [1, 2, 3],
@@ -424,49 +448,18 @@ def apply_oracle_weights(model: Any, design: Design = DESIGN) -> dict[str, int]:
     torch = importlib.import_module("torch")  # the environment under test has it; this one need not
 
     done: dict[str, int] = {}
-
-    def mark(kind: str) -> None:
-        done[kind] = done.get(kind, 0) + 1
-
     fixed: set[int] = set()
-    one_hot = [(t, t, EMBED_VALUE) for t in range(VOCAB_SIZE)]
-    w1, w2 = markov_entries(design)
+    setters = _design_setters(design)
     with torch.no_grad():
         for name, mod in model.named_modules():
-            leaf = name.rsplit(".", 1)[-1]
-            weight = getattr(mod, "weight", None)
-            if leaf == "embed_tokens" and weight is not None:
-                _fill_sparse(weight.data, shard_entries(one_hot, vocab_shard(mod)))
-                mark("embed_tokens")
-            elif leaf in ("lm_head", "head") and weight is not None:
-                _fill_sparse(weight.data, shard_entries(lm_head_entries(design), vocab_shard(mod)))
-                mark("lm_head")
-            elif leaf == "markov_w1" and weight is not None:
-                _fill_sparse(weight.data, shard_entries(w1, vocab_shard(mod)))
-                mark("markov_w1")
-            elif leaf == "markov_w2" and weight is not None:
-                _fill_sparse(weight.data, shard_entries(w2, vocab_shard(mod)))
-                mark("markov_w2")
-            elif leaf == "e_proj" and weight is not None:
-                _set_fp8_linear(mod, e_proj_entries(design))
-                mark("e_proj")
-            elif leaf == "h_proj" and weight is not None:
-                _set_fp8_linear(mod, [])
-                mark("h_proj")
-            else:
-                if hasattr(mod, "hc_attn_fn"):
-                    hc = int(getattr(mod, "hc_mult", 4))
-                    for part in ("attn", "ffn"):
-                        getattr(mod, f"hc_{part}_fn").data.zero_()
-                        getattr(mod, f"hc_{part}_base").data.copy_(torch.tensor(hc_base(hc)))
-                        getattr(mod, f"hc_{part}_scale").data.fill_(1.0)
-                    mark("decoder_layer_hc")
-                if hasattr(mod, "hc_head_fn"):
-                    mod.hc_head_fn.data.zero_()
-                    mod.hc_head_base.data.zero_()
-                    mod.hc_head_scale.data.fill_(1.0)
-                    mark("hc_head")
+            setter = setters.get(name.rsplit(".", 1)[-1])
+            if setter is None or getattr(mod, "weight", None) is None:
+                for kind in _set_hyper_connections(mod):
+                    done[kind] = done.get(kind, 0) + 1
                 continue
+            kind, set_weights = setter
+            set_weights(mod)
+            done[kind] = done.get(kind, 0) + 1
             for p in mod.parameters(recurse=False):
                 fixed.add(p.data.data_ptr())
         for mod in model.modules():  # the hc parameters are fixed too
@@ -477,6 +470,48 @@ def apply_oracle_weights(model: Any, design: Design = DESIGN) -> dict[str, int]:
                     fixed.add(p.data.data_ptr())
         done["rescaled"] = _rescale_inner(model, fixed)
     return done
+
+
+def _design_setters(design: Design) -> dict[str, tuple[str, Callable[[Any], None]]]:
+    """Module name (its last part) -> (the kind it counts as, what sets its weight to the design)."""
+    one_hot = [(t, t, EMBED_VALUE) for t in range(VOCAB_SIZE)]
+    w1, w2 = markov_entries(design)
+
+    def vocab(entries: Callable[[], list[tuple[int, int, float]]]) -> Callable[[Any], None]:
+        """A vocab-parallel module: the rows of the design this rank holds."""
+        return lambda mod: _fill_sparse(mod.weight.data, shard_entries(entries(), vocab_shard(mod)))
+
+    lm_head = ("lm_head", vocab(lambda: lm_head_entries(design)))
+    return {
+        "embed_tokens": ("embed_tokens", vocab(lambda: one_hot)),
+        "lm_head": lm_head,
+        "head": lm_head,
+        "markov_w1": ("markov_w1", vocab(lambda: w1)),
+        "markov_w2": ("markov_w2", vocab(lambda: w2)),
+        "e_proj": ("e_proj", lambda mod: _set_fp8_linear(mod, e_proj_entries(design))),
+        "h_proj": ("h_proj", lambda mod: _set_fp8_linear(mod, [])),
+    }
+
+
+def _set_hyper_connections(mod: Any) -> list[str]:
+    """A decoder layer's and the head's hyper-connection parameters (mixing off, base the design's);
+    the kinds set (``decoder_layer_hc``, ``hc_head``), none for any other module."""
+    torch = importlib.import_module("torch")  # the environment under test has it; this one need not
+
+    kinds = []
+    if hasattr(mod, "hc_attn_fn"):
+        hc = int(getattr(mod, "hc_mult", 4))
+        for part in ("attn", "ffn"):
+            getattr(mod, f"hc_{part}_fn").data.zero_()
+            getattr(mod, f"hc_{part}_base").data.copy_(torch.tensor(hc_base(hc)))
+            getattr(mod, f"hc_{part}_scale").data.fill_(1.0)
+        kinds.append("decoder_layer_hc")
+    if hasattr(mod, "hc_head_fn"):
+        mod.hc_head_fn.data.zero_()
+        mod.hc_head_base.data.zero_()
+        mod.hc_head_scale.data.fill_(1.0)
+        kinds.append("hc_head")
+    return kinds
 
 
 # What each kind of model must have had set, or the design does not hold (a vLLM whose layout differs).

@@ -307,6 +307,65 @@ class EngineDeadlines:
                 for k, v in (("start", self.start), ("first_case", self.first_case), ("case", self.case))}
 
 
+@dataclass
+class _Watch:
+    """Where an engine's child is, as its events say, and how the watch over it ended.
+
+    A stage (engine start, one prompt set, between sets) has its own deadline,
+    counted from the event that began it; ``hung`` is set when one passed.
+    """
+
+    deadlines: EngineDeadlines
+    stage: str = "engine start"
+    stage_start: float = field(default_factory=time.monotonic)
+    deadline: float = 0.0
+    batch: str = ""  # the batch when the stage last changed shape (step events)
+    seen: int = 0  # events already followed
+    ready_seen: bool = False
+    hung: str | None = None
+    cut: bool = False  # ended by the run's deadline, not the stage's
+    stage_label: str = "engine start"
+    evidence: HangEvidence | None = None
+
+    def __post_init__(self) -> None:
+        self.deadline = self.deadlines.start
+
+    def enter(self, stage: str, deadline: float) -> None:
+        self.stage, self.stage_start, self.deadline = stage, time.monotonic(), deadline
+
+    def follow(self, events: list[dict[str, Any]], psets: list[PromptSet],
+               on_ready: Callable[[float | None], None] | None) -> None:
+        """The stage the new events put the child in (and the warm engines released at its readiness)."""
+        for ev in events[self.seen:]:
+            kind = ev["event"]
+            if kind == "step":
+                self.batch = f"{ev['running']} running, {ev['waiting']} waiting, {ev['tokens']} tokens generated"
+            elif kind == "engine_ready":
+                self.ready_seen = True
+                self.enter("between prompt sets", self.deadlines.case)
+                if on_ready is not None:
+                    on_ready(float(ev["t"]) - float(events[0]["t"]))
+            elif kind == "case_start":
+                first = bool(psets) and ev.get("case") == psets[0].name
+                self.enter(f"prompt set {ev.get('case')}",
+                           self.deadlines.first_case if first else self.deadlines.case)
+                self.batch = ""
+            elif kind == "case_done":
+                self.enter("between prompt sets", self.deadlines.case)
+        self.seen = len(events)
+
+
+@dataclass(frozen=True)
+class _EngineFiles:
+    """An engine child's files in the work directory, named after its engine."""
+
+    work: Path
+    tag: str
+
+    def path(self, suffix: str) -> Path:
+        return self.work / f"{self.tag}.{suffix}"
+
+
 def run_engine(
     engine: Engine,
     psets: list[PromptSet],
@@ -321,90 +380,88 @@ def run_engine(
     poll: float = 0.2,
 ) -> EngineRun:
     """One engine's child under the deadlines; every prompt set judged or marked."""
-    tag = engine.name
-    spec_path, progress = work / f"{tag}.spec.json", work / f"{tag}.events"
-    log_path, stacks_path = work / f"{tag}.log", work / f"{tag}.stacks.txt"
+    files = _EngineFiles(work, engine.name)
     full = {**spec, "engine": {**engine.to_json(), "speculative_config": engine.speculative_config()},
             "prompt_sets": [p.to_json() for p in psets], "watchdog": deadlines.watchdog()}
-    for path, text in ((spec_path, json.dumps(full)), (progress, ""), (stacks_path, "")):
+    for path, text in ((files.path("spec.json"), json.dumps(full)), (files.path("events"), ""),
+                       (files.path("stacks.txt"), "")):
         create_exclusive(path, text)
-    hung: str | None = None
-    cut = False
-    ready_seen = False
-    stage_label = "engine start"
-    evidence: HangEvidence | None = None
-    reader = EventReader(progress)
-    with childproc.Child([*child, str(spec_path), str(progress), str(stacks_path)], what=f"engine {tag}",
-                         log=log_path, cwd=work, env=env) as proc:
-        stage, stage_start, deadline = "engine start", time.monotonic(), deadlines.start
-        seen = 0
-        batch = ""  # the batch when the stage last changed shape (step events)
-        while proc.poll() is None:
-            events = reader.read()
-            for ev in events[seen:]:
-                kind = ev["event"]
-                if kind == "step":
-                    batch = f"{ev['running']} running, {ev['waiting']} waiting, {ev['tokens']} tokens generated"
-                elif kind == "engine_ready":
-                    ready_seen = True
-                    stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
-                    if on_ready is not None:
-                        on_ready(float(ev["t"]) - float(events[0]["t"]))
-                elif kind == "case_start":
-                    first = bool(psets) and ev.get("case") == psets[0].name
-                    stage, stage_start, batch = f"prompt set {ev.get('case')}", time.monotonic(), ""
-                    deadline = deadlines.first_case if first else deadlines.case
-                elif kind == "case_done":
-                    stage, stage_start, deadline = "between prompt sets", time.monotonic(), deadlines.case
-            seen = len(events)
-            if reader.error:
-                break
-            now = time.monotonic()
-            if now > stop_at or now - stage_start > deadline:
-                cut = now > stop_at
-                stage_label = stage
-                if cut:
-                    hung = f"cut by the run's deadline during {stage}"
-                else:
-                    last = probe.last_log_line(proc.tail(64 << 10))
-                    hung = (f"{stage}: no progress within {deadline:.0f} s" + (f" ({batch})" if batch else "")
-                            + (f" (last logged: {last})" if last else ""))
-                    evidence = probe.collect(proc, stacks=stacks_path, out=work / f"{tag}.probe.txt")
-                break
-            time.sleep(poll)
+    reader = EventReader(files.path("events"))
+    with childproc.Child([*child, str(files.path("spec.json")), str(files.path("events")),
+                          str(files.path("stacks.txt"))], what=f"engine {engine.name}",
+                         log=files.path("log"), cwd=work, env=env) as proc:
+        watch = _Watch(deadlines)
+        _watch_child(proc, reader, watch, psets, files, stop_at=stop_at, on_ready=on_ready, poll=poll)
         fin = proc.finish()  # the whole tree: no straggler keeps the GPU
-    if on_ready is not None and not ready_seen:
+    if on_ready is not None and not watch.ready_seen:
         on_ready(None)  # the engines waiting for this one's warm caches may start anyway
-    events = reader.read()
-    log_text = probe.read_tail(log_path, 256 << 10)
-    fingerprint = next((e.get("data") for e in events if e["event"] == "fingerprint"), None)
-    loaded = [{"model": e.get("model"), "set": e.get("set"), "finalize": e.get("finalize"),
-               **{k: e[k] for k in ("tp_rank", "pp_rank") if isinstance(e.get(k), int)}}
-              for e in events if e["event"] == "loaded"]
+    return _engine_run(engine, psets, reader, watch, fin, files)
+
+
+def _watch_child(proc: childproc.Child, reader: EventReader, watch: _Watch, psets: list[PromptSet],
+                 files: _EngineFiles, *, stop_at: float, on_ready: Callable[[float | None], None] | None,
+                 poll: float) -> None:
+    """Follow the child's events until it ends, its events go wrong, or a deadline passes."""
+    while proc.poll() is None:
+        watch.follow(reader.read(), psets, on_ready)
+        if reader.error:
+            break
+        now = time.monotonic()
+        if now > stop_at or now - watch.stage_start > watch.deadline:
+            _stop_watch(proc, watch, files, cut=now > stop_at)
+            break
+        time.sleep(poll)
+
+
+def _stop_watch(proc: childproc.Child, watch: _Watch, files: _EngineFiles, *, cut: bool) -> None:
+    """A deadline passed: the run's (``cut``), or the stage's: a hang, with its evidence collected
+    while the child is still alive (stacks, the last log line, the hang probe)."""
+    watch.cut = cut
+    watch.stage_label = watch.stage
+    if cut:
+        watch.hung = f"cut by the run's deadline during {watch.stage}"
+        return
+    last = probe.last_log_line(proc.tail(64 << 10))
+    watch.hung = (f"{watch.stage}: no progress within {watch.deadline:.0f} s"
+                  + (f" ({watch.batch})" if watch.batch else "") + (f" (last logged: {last})" if last else ""))
+    watch.evidence = probe.collect(proc, stacks=files.path("stacks.txt"), out=files.path("probe.txt"))
+
+
+def _refused_or(outcome: str, detail: str, ready: dict[str, Any] | None) -> str:
+    """A failure at engine start that names a platform's documented refusal is ``refused``."""
+    return "refused" if ready is None and any(r in detail for r in REFUSALS) else outcome
+
+
+def _outcome(reader: EventReader, events: list[dict[str, Any]], watch: _Watch, fin: childproc.Finished,
+             log_text: str) -> tuple[str, str]:
+    """How the engine ended (done, crash, refused, hang, not-run) and the detail that says why."""
     ready = next((e for e in events if e["event"] == "engine_ready"), None)
-    start_seconds = round(float(ready["t"]) - float(events[0]["t"]), 1) if ready is not None and events else None
     err = next((str(e.get("error", "")) for e in events if e["event"] == "error"), "")
     finished = any(e["event"] == "child_done" for e in events)
+    evidence = watch.evidence
     if reader.error:
-        outcome, detail = "crash", reader.error
-    elif err and not finished:  # it failed first; a deadline that fired later is not the cause
-        outcome, detail = "crash", f"{fin.status()}: {err}"
-        if ready is None and any(r in detail for r in REFUSALS):
-            outcome = "refused"
-    elif cut:
-        outcome, detail = "not-run", hung or ""
-    elif hung is not None and evidence is not None and evidence.still_compiling:
+        return "crash", reader.error
+    if err and not finished:  # it failed first; a deadline that fired later is not the cause
+        detail = f"{fin.status()}: {err}"
+        return _refused_or("crash", detail, ready), detail
+    if watch.cut:
+        return "not-run", watch.hung or ""
+    if watch.hung is not None and evidence is not None and evidence.still_compiling:
         # not a hang: the engine was compiling kernels on an idle GPU (a cold node's JIT caches)
-        outcome, detail = "not-run", (f"{stage_label}: still compiling kernels ({evidence.compiler}) on an idle GPU "
-                                      f"when the deadline passed: a cold node, not a hang; {evidence.describe()}")
-    elif hung is not None:
-        outcome, detail = "hang", hung + (f"; {evidence.describe()}" if evidence and evidence.describe() else "")
-    elif fin.returncode != 0 or not finished:
-        outcome, detail = "crash", f"{fin.status()}: {err or error_line(log_text)}"
-        if ready is None and any(r in detail for r in REFUSALS):
-            outcome = "refused"
-    else:
-        outcome, detail = "done", ""
+        return "not-run", (f"{watch.stage_label}: still compiling kernels ({evidence.compiler}) on an idle GPU "
+                           f"when the deadline passed: a cold node, not a hang; {evidence.describe()}")
+    if watch.hung is not None:
+        return "hang", watch.hung + (f"; {evidence.describe()}" if evidence and evidence.describe() else "")
+    if fin.returncode != 0 or not finished:
+        detail = f"{fin.status()}: {err or error_line(log_text)}"
+        return _refused_or("crash", detail, ready), detail
+    return "done", ""
+
+
+def _case_results(engine: Engine, psets: list[PromptSet], events: list[dict[str, Any]], outcome: str,
+                  detail: str) -> list[CaseResult]:
+    """Every prompt set of the engine: judged when it finished, else the engine's end marks it."""
+    ready = next((e for e in events if e["event"] == "engine_ready"), None)
     done = {e.get("case"): e for e in events if e["event"] == "case_done"}
     started = [e.get("case") for e in events if e["event"] == "case_start"]
     cases: list[CaseResult] = []
@@ -421,15 +478,31 @@ def run_engine(
         else:
             why = detail if outcome == "not-run" else (f"earlier {outcome}" if outcome != "done" else "not reached")
             cases.append(CaseResult(name, engine.name, pset.name, "not-run", why))
+    return cases
+
+
+def _engine_run(engine: Engine, psets: list[PromptSet], reader: EventReader, watch: _Watch,
+                fin: childproc.Finished, files: _EngineFiles) -> EngineRun:
+    """The finished child as a record: its outcome, its cases, and what its events said about it."""
+    events = reader.read()
+    log_text = probe.read_tail(files.path("log"), 256 << 10)
+    outcome, detail = _outcome(reader, events, watch, fin, log_text)
+    ready = next((e for e in events if e["event"] == "engine_ready"), None)
+    start_seconds = round(float(ready["t"]) - float(events[0]["t"]), 1) if ready is not None and events else None
+    loaded = [{"model": e.get("model"), "set": e.get("set"), "finalize": e.get("finalize"),
+               **{k: e[k] for k in ("tp_rank", "pp_rank") if isinstance(e.get(k), int)}}
+              for e in events if e["event"] == "loaded"]
     reserved = int(ready.get("torch_reserved_bytes", 0)) if ready is not None and isinstance(
         ready.get("torch_reserved_bytes"), int) else None
     ran = None if ready is None or ready.get("tensor_parallel_size") is None else {
         "tensor_parallel_size": int(ready["tensor_parallel_size"]),
         "pipeline_parallel_size": int(ready.get("pipeline_parallel_size") or 1)}
-    return EngineRun(engine, outcome, detail, start_seconds, fingerprint, loaded, cases, str(log_path),
-                     stage=stage_label if hung else "", start_deadline=deadlines.start,
-                     stacks=str(stacks_path), evidence=evidence, gpu_reserved_bytes=reserved, exit=fin.status(),
-                     topology=ran,
+    return EngineRun(engine, outcome, detail, start_seconds,
+                     next((e.get("data") for e in events if e["event"] == "fingerprint"), None), loaded,
+                     _case_results(engine, psets, events, outcome, detail), str(files.path("log")),
+                     stage=watch.stage_label if watch.hung else "", start_deadline=watch.deadlines.start,
+                     stacks=str(files.path("stacks.txt")), evidence=watch.evidence, gpu_reserved_bytes=reserved,
+                     exit=fin.status(), topology=ran,
                      workers=[{"pid": e.get("pid"), "installed": e.get("installed")} for e in events
                               if e["event"] == "worker"])
 
@@ -442,6 +515,63 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                 "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     return env
+
+
+@dataclass
+class _Launch:
+    """What run_cases' engine threads share: the run's plan and clock, the first engine's readiness
+    (it releases the others), the free GPU groups, and the runs so far."""
+
+    child: list[str]
+    work: Path
+    spec: dict[str, Any]
+    deadlines: Deadlines
+    env: dict[str, str]
+    groups: tuple[tuple[int, ...], ...] | None
+    t0: float = field(default_factory=time.monotonic)
+    free_groups: queue.Queue[tuple[int, ...]] = field(default_factory=queue.Queue)
+    first_ready: threading.Event = field(default_factory=threading.Event)
+    first_start: float | None = None  # the first engine's measured start (None: it never became ready)
+    runs: dict[str, EngineRun] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for g in self.groups or ():
+            self.free_groups.put(g)
+
+    @property
+    def stop_at(self) -> float:
+        return self.t0 + self.deadlines.total
+
+    def released(self, seconds: float | None) -> None:
+        """The first engine is ready (or ended): the others may start, with its start measured."""
+        self.first_start = seconds
+        self.first_ready.set()
+
+    def one(self, item: tuple[Engine, list[PromptSet]], first: bool) -> None:
+        """One engine's thread: wait for the first engine's readiness, take a GPU group, run it."""
+        engine, psets = item
+        if not first:
+            self.first_ready.wait(max(0.0, self.stop_at - time.monotonic()))
+        if time.monotonic() > self.stop_at - 10:
+            why = "no time left (the run's deadline)"
+            self.runs[engine.name] = EngineRun(engine, "not-run", why, None, None, [], [
+                CaseResult(f"{engine.name}/{p.name}", engine.name, p.name, "not-run", why) for p in psets], "")
+            return
+        start = self.deadlines.start if first else plan.warm_start_deadline(self.deadlines.start, self.first_start)
+        ed = EngineDeadlines(start=start, first_case=self.deadlines.first_case, case=self.deadlines.case)
+        group = self.free_groups.get() if self.groups else None  # as many threads as groups: never waits long
+        try:
+            launched = time.monotonic() - self.t0
+            run = run_engine(engine, psets, child=self.child, spec=self.spec, work=self.work, deadlines=ed,
+                             stop_at=self.stop_at, env=self.env if group is None else {
+                                 **self.env, "CUDA_VISIBLE_DEVICES": visible(group, self.env)},
+                             on_ready=self.released if first else None)
+        finally:
+            if group is not None:
+                self.free_groups.put(group)
+        run.launched_at = launched
+        run.devices = group
+        self.runs[engine.name] = run
 
 
 def run_cases(
@@ -476,50 +606,13 @@ def run_cases(
     by_engine: dict[str, tuple[Engine, list[PromptSet]]] = {}
     for c in cases:
         by_engine.setdefault(c.engine.name, (c.engine, []))[1].append(c.prompts)
-    t0 = time.monotonic()
-    stop_at = t0 + deadlines.total
-    env = child_env(env)
-    free_groups: queue.Queue[tuple[int, ...]] = queue.Queue()
-    for g in groups or ():
-        free_groups.put(g)
+    launch = _Launch(child, work, spec, deadlines, child_env(env), groups)
     order = [by_engine[e.name] for e in plan.engine_order([e for e, _ in by_engine.values()])]
-    runs: dict[str, EngineRun] = {}
-    first_ready = threading.Event()
-    first_start: list[float | None] = [None]
-
-    def released(seconds: float | None) -> None:
-        first_start[0] = seconds
-        first_ready.set()
-
-    def one(item: tuple[Engine, list[PromptSet]], first: bool) -> None:
-        engine, psets = item
-        if not first:
-            first_ready.wait(max(0.0, stop_at - time.monotonic()))
-        if time.monotonic() > stop_at - 10:
-            runs[engine.name] = EngineRun(engine, "not-run", "no time left (the run's deadline)", None, None, [],
-                                          [CaseResult(f"{engine.name}/{p.name}", engine.name, p.name, "not-run",
-                                                      "no time left (the run's deadline)") for p in psets], "")
-            return
-        start = deadlines.start if first else plan.warm_start_deadline(deadlines.start, first_start[0])
-        ed = EngineDeadlines(start=start, first_case=deadlines.first_case, case=deadlines.case)
-        group = free_groups.get() if groups else None  # as many threads as groups: never waits long
-        try:
-            launched = time.monotonic() - t0
-            run = run_engine(engine, psets, child=child, spec=spec, work=work, deadlines=ed, stop_at=stop_at,
-                             env=env if group is None else {**env, "CUDA_VISIBLE_DEVICES": visible(group, env)},
-                             on_ready=released if first else None)
-        finally:
-            if group is not None:
-                free_groups.put(group)
-        run.launched_at = launched
-        run.devices = group
-        runs[engine.name] = run
-
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(groups)) if groups else parallel)) as pool:
-        futures = [pool.submit(one, item, i == 0) for i, item in enumerate(order)]
+        futures = [pool.submit(launch.one, item, i == 0) for i, item in enumerate(order)]
         for f in futures:
             f.result()
-    return [runs[name] for name in by_engine]  # reported in the cases' order; ``launched_at`` says when each ran
+    return [launch.runs[name] for name in by_engine]  # in the cases' order; ``launched_at`` says when each ran
 
 
 def visible(group: tuple[int, ...], env: dict[str, str]) -> str:
@@ -664,9 +757,10 @@ def default_child(python: str) -> list[str]:
     return [python, "-X", "faulthandler", str(tmp / "child.py")]
 
 
-def python_of(given: str | None, environ: dict[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return given or env.get("DSV4PATCH_VLLM_PYTHON") or sys.executable
+def python_of(given: str | None, env_python: str | None = None) -> str:
+    """The interpreter whose vLLM is checked: ``given`` (``--python``), else ``env_python``
+    (``$DSV4PATCH_VLLM_PYTHON``, read by the command), else the one running dsv4patch."""
+    return given or env_python or sys.executable
 
 
 def probe_node(child: list[str], *, deadline: float = 180.0) -> Node:
@@ -766,6 +860,91 @@ def _regression_cannot_run(node: Node) -> str | None:
     return " and ".join(missing) + (" is" if len(missing) == 1 else " are") + " not installed" if missing else None
 
 
+@dataclass
+class _SelftestChecks:
+    """The selected checks (installed files, regression tests) of one self-test, run in a thread of their
+    own beside the engines; ``results`` is what they found (the thread appends, the caller sorts)."""
+
+    lock: Lock | None
+    pin: str | None
+    python: str
+    store: Store | None
+    progress: Progress
+    checks: tuple[str, ...]
+    work: Path
+    deadlines: Deadlines
+    node: Node
+    on_gpu: bool
+    t0: float
+    results: list[CheckResult] = field(default_factory=list)
+
+    def budget(self) -> float:
+        """The regression tests' deadline: what is left of the whole run (they run beside the engines)."""
+        return max(30.0, self.t0 + self.deadlines.total - 30.0 - time.monotonic())
+
+    def not_here(self) -> bool:
+        """The regression tests cannot run in this environment: said at once (not run, why), not as
+        one pytest crash per test file."""
+        missing = _regression_cannot_run(self.node)
+        if missing:
+            self.results.append(CheckResult("regression", None, f"not run: {missing} in {self.python} (the "
+                                            "series' tests import the installed vLLM and torch)"))
+        return missing is not None
+
+    def guarded(self) -> None:
+        """The thread's body: a bug in a check must not pass for success: it fails, named."""
+        try:
+            self.run()
+        except Exception as exc:
+            self.results.append(CheckResult("installed" if not self.results and "installed" in self.checks
+                                            else "regression", False, f"internal error: {type(exc).__name__}: {exc}"))
+
+    def run(self) -> None:
+        if not self.checks:
+            return
+        if self.lock is None or self.store is None:  # no lock (or one without its patches): the installed SBOM
+            self._from_sbom()
+        else:
+            self._from_lock(self.lock, self.store)
+
+    def _from_sbom(self) -> None:
+        """The checks against the installed wheel's SBOM (and a patch-less lock's pin, when given)."""
+        vllm = None
+        if "installed" in self.checks:
+            inst, vllm = check_installed_sbom(self.python, on_gpu=self.on_gpu, lock=self.lock, pin=self.pin)
+            self.results.append(inst)
+        if "regression" not in self.checks:
+            return
+        if vllm is None:
+            from dsv4patch.delivery import probe_installed
+
+            vllm = probe_installed(self.python, "").get("vllm")
+        if vllm is not None and self.not_here():
+            return
+        self.results.append(check_regression(None, None, self.python, None, self.progress, work=self.work,
+                                             on_gpu=self.on_gpu, deadline=self.budget(), node=self.node, vllm=vllm))
+
+    def _from_lock(self, lock: Lock, store: Store) -> None:
+        """The checks against the lock's pin: the one given, else the installed one's."""
+        chosen_pin = self.pin
+        if "installed" in self.checks:
+            inst = check_installed(lock, self.pin, self.python, store, self.progress, on_gpu=self.on_gpu)
+            self.results.append(inst)
+            chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
+        if "regression" not in self.checks or self.not_here():
+            return
+        if chosen_pin is None:
+            from dsv4patch.delivery import pick_installed_pin
+
+            try:
+                chosen_pin = pick_installed_pin(lock, None, self.node.vllm).name
+            except Dsv4Error as exc:
+                self.results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
+                return
+        self.results.append(check_regression(lock, chosen_pin, self.python, store, self.progress, work=self.work,
+                                             on_gpu=self.on_gpu, deadline=self.budget(), node=self.node))
+
+
 def run_selftest(
     *,
     lock: Lock | None,  # None, or a lock without its patches (store None): the checks use the installed SBOM
@@ -805,69 +984,8 @@ def run_selftest(
     if cases:
         plan.check_gpus(topology, node)
     on_gpu = node.gpu is not None if gpu is None else gpu
-    results: list[CheckResult] = []
-
-    def not_here() -> bool:
-        """The regression tests cannot run in this environment: said at once (not run, why), not as
-        one pytest crash per test file."""
-        missing = _regression_cannot_run(node)
-        if missing:
-            results.append(CheckResult("regression", None, f"not run: {missing} in {python} (the series' "
-                                       "tests import the installed vLLM and torch)"))
-        return missing is not None
-
-    def run_checks() -> None:
-        if not checks:
-            return
-        if lock is None or store is None:  # no lock (or one without its patches): the installed wheel's SBOM
-            vllm = None
-            if "installed" in checks:
-                inst, vllm = check_installed_sbom(python, on_gpu=on_gpu, lock=lock, pin=pin)
-                results.append(inst)
-            if "regression" in checks:
-                if vllm is None:
-                    from dsv4patch.delivery import (
-                        pick_installed_pin,
-                        probe_installed,
-                    )
-
-                    vllm = probe_installed(python, "").get("vllm")
-                if vllm is not None and not_here():
-                    return
-                budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
-                results.append(check_regression(None, None, python, None, progress, work=work, on_gpu=on_gpu,
-                                                deadline=budget, node=node, vllm=vllm))
-            return
-        chosen_pin = pin
-        if "installed" in checks:
-            inst = check_installed(lock, pin, python, store, progress, on_gpu=on_gpu)
-            results.append(inst)
-            chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
-        if "regression" in checks and not not_here():
-            if chosen_pin is None:
-                from dsv4patch.delivery import (
-                    pick_installed_pin,
-                    probe_installed,
-                )
-
-                try:
-                    chosen_pin = pick_installed_pin(lock, None, node.vllm).name
-                except Dsv4Error as exc:
-                    results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
-                    return
-            # beside the engines: what is left of the whole run
-            budget = max(30.0, t0 + deadlines.total - 30.0 - time.monotonic())
-            results.append(check_regression(lock, chosen_pin, python, store, progress, work=work, on_gpu=on_gpu,
-                                            deadline=budget, node=node))
-
-    def guarded() -> None:
-        try:
-            run_checks()
-        except Exception as exc:  # a bug in a check must not pass for success: it fails, named
-            results.append(CheckResult("installed" if not results and "installed" in checks else "regression",
-                                       False, f"internal error: {type(exc).__name__}: {exc}"))
-
-    thread = threading.Thread(target=guarded, name="selftest-checks", daemon=True)
+    run_checks = _SelftestChecks(lock, pin, python, store, progress, checks, work, deadlines, node, on_gpu, t0)
+    thread = threading.Thread(target=run_checks.guarded, name="selftest-checks", daemon=True)
     thread.start()
     runs: list[EngineRun] = []
     sizing: plan.Sizing | None = None
@@ -879,17 +997,25 @@ def run_selftest(
     elif cases and node.vllm is None:
         runs = _unrun(cases, "not-run", f"vLLM is not installed in {python}")
     elif cases:
-        if node.devices:
-            sizing = plan.size_topology(node.devices, topology, kv_cache_bytes=int(kv_cache_gib * 2**30),
-                                        most=parallel)
-        if sizing is not None and sizing.parallel == 0:
-            runs = _unrun(cases, "not-run", f"not enough GPU memory: {sizing.describe()}")
-        else:
-            runs = run_cases(cases, child=child, work=work, deadlines=deadlines,
-                             parallel=sizing.parallel if sizing is not None else parallel, kv_cache_gib=kv_cache_gib,
-                             gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25,
-                             topology=topology,
-                             groups=sizing.groups if sizing is not None and topology.gpus > 1 else None)
+        runs, sizing = _run_engines(cases, node, child=child, work=work, deadlines=deadlines, parallel=parallel,
+                                    kv_cache_gib=kv_cache_gib, topology=topology)
     thread.join()
+    results = run_checks.results
     results.sort(key=lambda c: CHECK_NAMES.index(c.name))
     return Report(python, on_gpu, force_sm120_topk, results, runs, time.monotonic() - t0, node, sizing, topology)
+
+
+def _run_engines(cases: list[Case], node: Node, *, child: list[str], work: Path, deadlines: Deadlines,
+                 parallel: int, kv_cache_gib: float, topology: plan.Topology,
+                 ) -> tuple[list[EngineRun], plan.Sizing | None]:
+    """The engine cases on a GPU node: sized from its devices' free memory, then run (or not-run, why)."""
+    sizing: plan.Sizing | None = None
+    if node.devices:
+        sizing = plan.size_topology(node.devices, topology, kv_cache_bytes=int(kv_cache_gib * 2**30), most=parallel)
+    if sizing is not None and sizing.parallel == 0:
+        return _unrun(cases, "not-run", f"not enough GPU memory: {sizing.describe()}"), sizing
+    runs = run_cases(cases, child=child, work=work, deadlines=deadlines,
+                     parallel=sizing.parallel if sizing is not None else parallel, kv_cache_gib=kv_cache_gib,
+                     gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25,
+                     topology=topology, groups=sizing.groups if sizing is not None and topology.gpus > 1 else None)
+    return runs, sizing

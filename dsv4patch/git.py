@@ -256,7 +256,7 @@ def _child_options() -> tuple[bool, Callable[[], None] | None]:
     """``(close_fds, preexec_fn)`` for Popen that tie a git child to this process's life (``run(tied=True)``).
 
     * ``close_fds=False``: the child keeps the descriptors this process marked
-      inheritable, i.e. the tree lock (``transaction.tree_lock``): the lock is released
+      inheritable, i.e. the tree lock (``transaction.exclusive_checkout``): the lock is released
       only when every git that may be writing the tree has exited.
     * ``PR_SET_PDEATHSIG``: on Linux the child gets SIGKILL when this process
       dies, so killing dsv4patch never leaves a git working on behind it.

@@ -288,7 +288,7 @@ STALE_AGE = 3600.0  # seconds after which an unlocked ``-new`` file (a writer ki
 #                     between creating and locking it) or an unowned legacy temporary is swept
 
 
-def _lock_fd(fd: int) -> bool:
+def _mutex_fd(fd: int) -> bool:
     import fcntl
 
     try:
@@ -310,7 +310,7 @@ def create_owned(directory: Path | str, stem: str, suffix: str = PARTIAL, mode: 
     new = d / f".{stem}.{token}{_NEW}"
     fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        if not _lock_fd(fd):  # nobody else has this random name: cannot happen
+        if not _mutex_fd(fd):  # nobody else has this random name: cannot happen
             raise OSError(errno.EAGAIN, f"cannot lock {new}")
         path = d / f".{stem}.{token}{suffix}"
         os.rename(new, path)
@@ -331,7 +331,7 @@ def owned_by_a_live_writer(path: Path | str) -> bool:
     except OSError:
         return False
     try:
-        if _lock_fd(fd):
+        if _mutex_fd(fd):
             return False
         return True
     finally:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from dsv4patch import safeio
 from dsv4patch.errors import (
@@ -48,7 +48,9 @@ from dsv4patch.errors import (
 from dsv4patch.hashing import hash_file
 from dsv4patch.limits import parse_number
 from dsv4patch.nextstep import Blank, Step, mention
-from dsv4patch.progress import Progress
+
+if TYPE_CHECKING:
+    from dsv4patch.progress import Progress
 
 _SEED = Step.of("fetch", sdist=Blank("FILE"))  # a file put into the cache by hand
 
@@ -56,7 +58,7 @@ CHUNK = 1 << 20
 MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
-def lock_timeout() -> float:
+def mutex_timeout() -> float:
     """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
     raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
     return parse_number(raw, what="DSV4PATCH_LOCK_TIMEOUT", low=0, high=MAX_LOCK_WAIT, low_inclusive=True,
@@ -64,7 +66,7 @@ def lock_timeout() -> float:
 
 
 @contextmanager
-def file_lock(
+def file_mutex(
     path: Path, what: str, timeout: float | None = None, inherit: bool = False
 ) -> Iterator[None]:
     """Exclusive flock on ``path``; waits up to ``timeout`` s, then BusyError.
@@ -74,7 +76,7 @@ def file_lock(
     lasts until this process *and* every child it started have exited, so a
     git still writing the tree when its parent is killed keeps the tree locked.
     """
-    timeout = lock_timeout() if timeout is None else timeout
+    timeout = mutex_timeout() if timeout is None else timeout
     path.parent.mkdir(parents=True, exist_ok=True)
     # Never through a planted link, never blocking on a FIFO: the pid written below would truncate
     # whatever a link points at.
@@ -206,8 +208,8 @@ class Store:
         """
         return _real_dirs(self.root, parts)
 
-    def lock(self, name: str) -> AbstractContextManager[None]:
-        return file_lock(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
+    def mutex(self, name: str) -> AbstractContextManager[None]:
+        return file_mutex(self.root / "locks" / f"{name}.lock", f"cache entry {name!r}")
 
     def blob_path(self, sha256: str) -> Path:
         return self.root / "blobs" / "sha256" / sha256
@@ -246,7 +248,7 @@ class Store:
     ) -> Path:
         """The verified file for ``sha256``, downloading it from ``url`` if needed."""
         dest = self.blob_path(sha256)
-        with self.lock(f"blob-{sha256}"):
+        with self.mutex(f"blob-{sha256}"):
             if os.path.lexists(dest):
                 if safeio.is_regular(dest) and hash_file(dest) == sha256:
                     return dest
@@ -316,7 +318,7 @@ class Store:
         or directory is left behind.
         """
         dest = self.blob_path(sha256)
-        with self.lock(f"blob-{sha256}"):
+        with self.mutex(f"blob-{sha256}"):
             if safeio.is_regular(dest) and hash_file(dest) == sha256:
                 return False
             safeio.remove_file(dest)  # corrupted, or a link planted there

@@ -160,7 +160,7 @@ def test_sigkill_mid_apply_is_finished_by_next_run(tmp_path, cli, two_patch_lock
 
 
 def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock, monkeypatch):
-    from dsv4patch.checkout.transaction import tree_lock
+    from dsv4patch.checkout.transaction import exclusive_checkout
     from dsv4patch.errors import EXIT_BUSY
 
     tree = tmp_path / "t"
@@ -169,7 +169,7 @@ def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock
     sh(tree, "reset", "-q", "--hard", "HEAD~1")
     before = snapshot(tree)
     monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.3")
-    with tree_lock(tree):
+    with exclusive_checkout(tree):
         res = cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache)
     assert res.rc == EXIT_BUSY and f"tree {tree}" in res.err
     assert snapshot(tree) == before

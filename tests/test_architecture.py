@@ -234,8 +234,9 @@ def _module_edges() -> dict[str, set[str]]:
 
 
 # issue 37: the longest run-time import chain from a command to the first foundation module, counted in
-# modules (both ends included). 11 before the series' records and patched tree moved; may only go down.
-MODULE_CHAIN_MOST = 8
+# modules (both ends included): 11 at the issue's branch point; 8 once the series' records and patched
+# tree moved; 7 once every import used only in annotations went under TYPE_CHECKING (ruff TC001, strict).
+MODULE_CHAIN_MOST = 7
 
 
 def test_the_import_chain_by_module_from_a_command_to_a_foundation() -> None:
@@ -683,7 +684,7 @@ ENVIRONMENT_SETTINGS_LEFT = {
     "index.py:transfer_timeout",  # DSV4PATCH_DOWNLOAD_TIMEOUT
     "index.py:min_rate",  # DSV4PATCH_DOWNLOAD_MIN_RATE
     "limits.py:env_number",  # the reader the three above use
-    "store.py:lock_timeout",  # DSV4PATCH_LOCK_TIMEOUT, read at each file lock
+    "store.py:mutex_timeout",  # DSV4PATCH_LOCK_TIMEOUT, read at each file lock
     "report.py:console",  # NO_COLOR
 }
 

@@ -75,7 +75,7 @@ def deps(env, shared_cache) -> Path:
     store = Store.open(shared_cache)
     key = "-".join(WHEELS["deps"]).replace("=", "").replace(".", "_")
     dest = store.root / "derived" / f"flashinfer-deps-{key}"
-    with store.lock(f"flashinfer-deps-{key}"):
+    with store.mutex(f"flashinfer-deps-{key}"):
         if not (dest / ".ready").exists():
             subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--no-deps",
                             "--target", str(dest), *WHEELS["deps"]], check=True)
@@ -92,7 +92,7 @@ def _flashinfer(shared_cache: Path, version: str) -> Path:
     blob = store.fetch_blob(w["url"], w["sha256"], w["size"], f"flashinfer-python {version}",
                             Progress(False))
     dest = store.root / "derived" / f"flashinfer-nodata-{w['sha256']}"
-    with store.lock(f"flashinfer-{w['sha256']}"):
+    with store.mutex(f"flashinfer-{w['sha256']}"):
         if not (dest / ".ready").exists():
             with zipfile.ZipFile(blob) as z:
                 z.extractall(dest, [n for n in z.namelist() if not n.startswith("flashinfer/data/")])

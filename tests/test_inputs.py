@@ -15,7 +15,7 @@ import pytest
 
 from conftest import git_pin, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_BUSY, EXIT_FETCH, EXIT_INPUT
-from dsv4patch.store import file_lock
+from dsv4patch.store import file_mutex
 
 
 def lock_text(tmp_path: Path, body: str) -> Path:
@@ -224,7 +224,7 @@ def test_second_run_waits_then_fails_clearly(tmp_path, upstream, cli, monkeypatc
     key = cache_key(load(lock).pin("p"))
     monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")
     (cache / "locks").mkdir(parents=True)
-    with file_lock(cache / "locks" / f"tree-{key}.lock", "x", timeout=0):
+    with file_mutex(cache / "locks" / f"tree-{key}.lock", "x", timeout=0):
         res = cli("fetch", "--lock", lock, "--cache-dir", cache)
     assert res.rc == EXIT_BUSY
     assert "locked by another dsv4patch run" in res.err and f"pid {os.getpid()}" in res.err

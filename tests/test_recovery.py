@@ -130,7 +130,7 @@ def make_base_tree(cli, lock: Path, tree: Path, cache: Path) -> tuple[str, str]:
     return base, final
 
 
-def test_tree_lock_is_in_the_tree_and_held_until_git_children_exit(tmp_path, cli, lock5, monkeypatch):
+def test_exclusive_checkout_is_in_the_tree_and_held_until_git_children_exit(tmp_path, cli, lock5, monkeypatch):
     """Two caches, one tree: the second run waits; killing only the first's main
     process keeps the tree locked while its git children still run; afterwards
     the next run removes the stale ref lock and finishes the move.

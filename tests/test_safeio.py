@@ -178,10 +178,10 @@ def test_is_regular_and_remove(tmp_path: Path) -> None:
     assert f.exists() and not link.is_symlink()
 
 
-def test_file_lock_never_truncates_through_a_planted_link(tmp_path: Path) -> None:
-    """store.file_lock writes its pid into the lock file: a link there must be refused, not followed."""
+def test_file_mutex_never_truncates_through_a_planted_link(tmp_path: Path) -> None:
+    """store.file_mutex writes its pid into the lock file: a link there must be refused, not followed."""
     from dsv4patch.errors import CacheError
-    from dsv4patch.store import file_lock
+    from dsv4patch.store import file_mutex
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -189,7 +189,7 @@ def test_file_lock_never_truncates_through_a_planted_link(tmp_path: Path) -> Non
     lock.parent.mkdir()
     lock.symlink_to(victim)
     with pytest.raises(CacheError, match="symbolic link"):
-        with file_lock(lock, "x", timeout=0):
+        with file_mutex(lock, "x", timeout=0):
             pass
     assert victim.read_text() == "precious"
     os.unlink(lock)
@@ -197,7 +197,7 @@ def test_file_lock_never_truncates_through_a_planted_link(tmp_path: Path) -> Non
     t = _watchdog()
     try:
         with pytest.raises(CacheError, match="FIFO"):
-            with file_lock(lock, "x", timeout=0):
+            with file_mutex(lock, "x", timeout=0):
                 pass
     finally:
         t.cancel()

@@ -106,6 +106,6 @@ def test_recovery_refuses_a_journal_whose_ref_leaves_the_git_dir(tmp_path: Path)
     gitdir = tree / ".git"
     (gitdir / transaction.JOURNAL).write_text(json.dumps(
         {"from": head, "to": head, "ref": "refs/heads/../../../../precious"}))
-    with pytest.raises(TreeError, match="unreadable"), transaction.tree_lock(tree) as co:
+    with pytest.raises(TreeError, match="unreadable"), transaction.exclusive_checkout(tree) as co:
         transaction.recover(co)
     assert precious.read_text() == "mine"

@@ -39,7 +39,7 @@ def _tree(tmp_path: Path) -> tuple[Path, str, str]:
 
 def test_move_tree_moves_head_index_and_files_and_leaves_no_journal(tmp_path: Path) -> None:
     tree, one, two = _tree(tmp_path)
-    with transaction.tree_lock(tree) as co:
+    with transaction.exclusive_checkout(tree) as co:
         transaction.move_tree(co, one, two)
         assert git.head(tree) == two and git.index_is(tree, two)
         assert (tree / "a.txt").read_text() == "two\n" and (tree / "b.txt").read_text() == "new\n"
@@ -73,7 +73,7 @@ def test_move_tree_never_overwrites_a_file_the_user_did_not_commit(tmp_path: Pat
         (tree / "c").write_text("mine\n")
         named, victim = "c (ignored)", tree / "c"
     before = victim.read_text()
-    with transaction.tree_lock(tree) as co:
+    with transaction.exclusive_checkout(tree) as co:
         with pytest.raises(TreeError, match=re.escape(f"the apply would overwrite files you have not committed: {named}.")):
             transaction.move_tree(co, one, two)
         assert not transaction.interrupted(co.gitdir)
@@ -82,7 +82,7 @@ def test_move_tree_never_overwrites_a_file_the_user_did_not_commit(tmp_path: Pat
 
 def test_recover_finishes_a_move_killed_before_the_work_tree_moved(tmp_path: Path) -> None:
     tree, one, two = _tree(tmp_path)
-    with transaction.tree_lock(tree) as co:
+    with transaction.exclusive_checkout(tree) as co:
         gitdir = co.gitdir
         states.write(gitdir / transaction.JOURNAL, ApplyJournal(frm=one, to=two, ref=git.current_ref(tree)))
         (gitdir / "index.lock").write_text("")  # what a killed git leaves; no process has it open
@@ -94,7 +94,7 @@ def test_recover_finishes_a_move_killed_before_the_work_tree_moved(tmp_path: Pat
 
 def test_recover_touches_nothing_when_the_user_changed_the_tree(tmp_path: Path) -> None:
     tree, one, two = _tree(tmp_path)
-    with transaction.tree_lock(tree) as co:
+    with transaction.exclusive_checkout(tree) as co:
         gitdir = co.gitdir
         states.write(gitdir / transaction.JOURNAL, ApplyJournal(frm=one, to=two, ref=git.current_ref(tree)))
         (tree / "a.txt").write_text("my edit\n")
@@ -107,19 +107,19 @@ def test_recover_touches_nothing_when_the_user_changed_the_tree(tmp_path: Path) 
 
 def test_an_unreadable_journal_is_refused(tmp_path: Path) -> None:
     tree, one, _two = _tree(tmp_path)
-    with transaction.tree_lock(tree) as co:
+    with transaction.exclusive_checkout(tree) as co:
         (co.gitdir / transaction.JOURNAL).write_text(json.dumps({"from": one, "to": "HEAD"}))
         with pytest.raises(TreeError, match="journal of an interrupted apply.*unreadable"):
             transaction.recover(co)
         assert git.head(tree) == one
 
 
-def test_tree_lock_refuses_a_planted_link(tmp_path: Path) -> None:
+def test_exclusive_checkout_refuses_a_planted_link(tmp_path: Path) -> None:
     tree, _one, _two = _tree(tmp_path)
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tree / ".git" / transaction.TREE_LOCK).symlink_to(victim)
-    with pytest.raises(TreeError, match="symbolic link"), transaction.tree_lock(tree):
+    with pytest.raises(TreeError, match="symbolic link"), transaction.exclusive_checkout(tree):
         pass
     assert victim.read_text() == "keep"
 
@@ -127,5 +127,5 @@ def test_tree_lock_refuses_a_planted_link(tmp_path: Path) -> None:
 def test_a_directory_that_is_not_a_repository_root_is_refused(tmp_path: Path) -> None:
     tree, _one, _two = _tree(tmp_path)
     (tree / "sub").mkdir()
-    with pytest.raises(TreeError, match="is not the root of a git checkout"), transaction.tree_lock(tree / "sub"):
+    with pytest.raises(TreeError, match="is not the root of a git checkout"), transaction.exclusive_checkout(tree / "sub"):
         pass

@@ -35,13 +35,13 @@ if TYPE_CHECKING:
     from dsv4patch.checkout.states import write as write_state_file
     from dsv4patch.checkout.transaction import (
         commit_message,
+        exclusive_checkout,
         interrupted,
         is_empty,
         move_tree,
         open_tree,
         plan_commits,
         reset_tree,
-        tree_lock,
     )
     from dsv4patch.checkout.transaction import recover as recover_tree
     from dsv4patch.checkout.treestatus import tree_status
@@ -74,7 +74,7 @@ FACE = {
     "recover_tree": "transaction:recover",
     "reset_tree": "transaction:reset_tree",
     "resolution_patch": "conflicts:resolution_patch",
-    "tree_lock": "transaction:tree_lock",
+    "exclusive_checkout": "transaction:exclusive_checkout",
     "tree_status": "treestatus:tree_status",
     "variants_dir": "resolving:variants_dir",
     "write_state_file": "states:write",
@@ -106,7 +106,7 @@ __all__ = [
     "recover_tree",
     "reset_tree",
     "resolution_patch",
-    "tree_lock",
+    "exclusive_checkout",
     "tree_status",
     "variants_dir",
     "write_state_file",

@@ -20,18 +20,23 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
-from dsv4patch.checkout.resolving import Invocation, Workspace
+from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.errors import BuildError, TreeError, param, writing
-from dsv4patch.guard import Checkout
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin, PinRepo, kind_of, materialize
-from dsv4patch.progress import Progress
-from dsv4patch.series import PinReport, Series, SeriesResult, carried, pin_report, run_series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.pins import Pin, kind_of, materialize
+from dsv4patch.series import carried, pin_report, run_series, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.checkout.resolving import Workspace
+    from dsv4patch.guard import Checkout
+    from dsv4patch.pins import Lock, PinRepo
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import PinReport, Series, SeriesResult
+    from dsv4patch.store import Store
 
 # Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
 KernelBuild = Callable[[Path, Pin], dict[str, Any]]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git
-from dsv4patch.series import Patch
+
+if TYPE_CHECKING:
+    from dsv4patch.series import Patch
 
 _MARKER = re.compile(r"^(<{7} |>{7} |<{7}$|>{7}$)", re.M)
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import ParameterError, TreeError, param
-from dsv4patch.guard import Checkout
-from dsv4patch.pins import PinRepo, kind_of
+from dsv4patch.pins import kind_of
+
+if TYPE_CHECKING:
+    from dsv4patch.guard import Checkout
+    from dsv4patch.pins import PinRepo
 
 
 def is_fork_checkout(path: Path, pinrepo: PinRepo, head: str | None) -> bool:

@@ -39,17 +39,22 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git, safeio
 from dsv4patch.checkout import conflicts, forkcheckout, states, transaction
 from dsv4patch.checkout.states import ResolveState
 from dsv4patch.errors import FetchError, ParameterError, TreeError, param
-from dsv4patch.guard import Checkout
 from dsv4patch.nextstep import Blank, Step, mention
-from dsv4patch.pins import Lock, Pin, PinRepo, find_lock, materialize, open_lock, set_variant, update_derived
-from dsv4patch.progress import Progress
-from dsv4patch.series import Patch, Series, SeriesResult, Status, run_series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.pins import find_lock, materialize, open_lock, set_variant, update_derived
+from dsv4patch.series import SeriesResult, Status, run_series, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.guard import Checkout
+    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import Patch, Series
+    from dsv4patch.store import Store
 
 STATE = "dsv4patch-resolve.json"
 # The operation a workspace belongs to, as messages name it (``apply --3way``, ``resolve --continue``).
@@ -330,7 +335,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
     one the state names; ``out``: the command's kernel wheel directory, only
     compared with the one the workspace was opened with.
     """
-    with transaction.tree_lock(path) as co:
+    with transaction.exclusive_checkout(path) as co:
         gitdir = co.gitdir
         state = read_state(gitdir, path)
         lock_path = _state_lock(lock, state, path)
@@ -385,7 +390,7 @@ def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress:
 
 def abort_workspace(path: Path) -> ResolveState:
     """Put ``path`` back at the commit it had before ``apply --3way``; the state that was closed."""
-    with transaction.tree_lock(path) as co:
+    with transaction.exclusive_checkout(path) as co:
         state = read_state(co.gitdir, path)
         transaction.reset_tree(co, state.orig_head, mention(Step.of("resolve", abort=True), bare=True))
         state_path(co.gitdir).unlink()

@@ -10,7 +10,7 @@ killed at any point is safe:
   tied=True)``), which also dies with its parent: the lock is free only once
   no git started by the holder can still be writing the tree.
 * The tree is a user's checkout: it is vetted and held through
-  :mod:`dsv4patch.guard` (:func:`tree_lock`, :func:`open_tree`), and no move
+  :mod:`dsv4patch.guard` (:func:`exclusive_checkout`, :func:`open_tree`), and no move
   overwrites a file the user did not commit (:func:`move_tree`, :func:`reset_tree`
   refuse untracked and ignored files on the paths they write).
 * Before the journal exists nothing but objects and dsv4patch's own scratch
@@ -34,16 +34,19 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git, guard, safeio
 from dsv4patch.checkout import states
 from dsv4patch.checkout.states import ApplyJournal
 from dsv4patch.errors import TreeError, param, writing
-from dsv4patch.guard import Checkout
-from dsv4patch.pins import PinRepo
 from dsv4patch.progress import Progress
-from dsv4patch.series import Patch, Series, SeriesResult
-from dsv4patch.store import file_lock
+from dsv4patch.store import file_mutex
+
+if TYPE_CHECKING:
+    from dsv4patch.guard import Checkout
+    from dsv4patch.pins import PinRepo
+    from dsv4patch.series import Patch, Series, SeriesResult
 
 JOURNAL = "dsv4patch-apply.json"
 TREE_LOCK = "dsv4patch.lock"
@@ -55,7 +58,7 @@ def is_empty(path: Path) -> bool:
     return not (path.exists() and any(path.iterdir()))
 
 
-def _lock_file(lock: Path, where: Path) -> Path:
+def _mutex_file(lock: Path, where: Path) -> Path:
     """``lock``, created if needed; a tree we cannot write is the tree's problem (exit 5).
 
     A link or FIFO planted at the name is refused (:func:`safeio.open_regular`):
@@ -67,11 +70,11 @@ def _lock_file(lock: Path, where: Path) -> Path:
 
 
 @contextmanager
-def tree_lock(path: Path, role: str = "--tree") -> Iterator[Checkout]:
+def exclusive_checkout(path: Path, role: str = "--tree") -> Iterator[Checkout]:
     """Vet the existing tree ``path`` (:func:`guard.guarded`) and hold its tree lock
     (``<git dir>/dsv4patch.lock``); yields the checkout."""
     with guard.guarded(path, role=role) as co:
-        with file_lock(_lock_file(co.gitdir / TREE_LOCK, path), f"tree {path}", inherit=True):
+        with file_mutex(_mutex_file(co.gitdir / TREE_LOCK, path), f"tree {path}", inherit=True):
             yield co
 
 
@@ -86,13 +89,13 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
     tree exists) keeps two creators apart.
     """
     if not is_empty(path):
-        with tree_lock(path, role) as co:
+        with exclusive_checkout(path, role) as co:
             yield co, None
         return
     create_lock = path.with_name(f".{path.name}.dsv4patch-create.lock")
-    with file_lock(_lock_file(create_lock, path.parent), f"tree {path}", inherit=True):
+    with file_mutex(_mutex_file(create_lock, path.parent), f"tree {path}", inherit=True):
         if not is_empty(path):  # another run created it while we waited
-            with tree_lock(path, role) as co:
+            with exclusive_checkout(path, role) as co:
                 yield co, None
             return
         tmp = path.with_name(f".{path.name}.dsv4patch-tmp")
@@ -109,7 +112,7 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise
-        with file_lock(tmp / ".git" / TREE_LOCK, f"tree {path}", timeout=0, inherit=True):
+        with file_mutex(tmp / ".git" / TREE_LOCK, f"tree {path}", timeout=0, inherit=True):
             try:
                 os.rename(tmp, path)  # atomic; replaces an empty directory
             except OSError as exc:

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard
 from dsv4patch.checkout import resolving, transaction
 from dsv4patch.errors import FetchError, ParameterError, TreeError
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin, find_lock, kind_of, load_lock
-from dsv4patch.series import Series, carried, series_for_pin
+from dsv4patch.pins import find_lock, kind_of, load_lock
+from dsv4patch.series import carried, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin
+    from dsv4patch.series import Series
 
 
 @dataclass(frozen=True)

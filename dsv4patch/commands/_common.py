@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
 from dsv4patch.limits import parse_number
-from dsv4patch.pins import DEFAULT_LOCK, Lock, Pin, project_root
+from dsv4patch.pins import DEFAULT_LOCK, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
 from dsv4patch.settings import Settings
@@ -22,6 +22,7 @@ from dsv4patch.store import Store
 
 if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
     from dsv4patch.checkout import ApplyResult, KernelBuild
+    from dsv4patch.pins import Lock, Pin
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,

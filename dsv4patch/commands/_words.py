@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
-from dsv4patch.nextstep import Blank, Step, substitute
+from dsv4patch.nextstep import Blank, substitute
+
+if TYPE_CHECKING:
+    from dsv4patch.nextstep import Step
 
 PROGRAM = "dsv4patch"
 

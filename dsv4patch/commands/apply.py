@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from dsv4patch.commands import _common
 from dsv4patch.errors import UsageError
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
 
 if TYPE_CHECKING:
     from dsv4patch.checkout import ApplyResult
     from dsv4patch.pins import Lock, Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project

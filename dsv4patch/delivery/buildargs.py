@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import TYPE_CHECKING
 
 from dsv4patch.errors import LockFileError
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin
 from dsv4patch.series import series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin
 
 BUILD_ARGS = ("VLLM_PIN", "VLLM_VERSION", "VLLM_COMMIT", "PATCHED_TREE", "PATCH_SET_SHA256",
               "LOCK_SHA256", "IMAGE_VERSION")

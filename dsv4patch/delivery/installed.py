@@ -31,7 +31,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import childproc, report, safeio
 from dsv4patch.delivery import sbom
@@ -39,11 +39,14 @@ from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileErr
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin
-from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json
-from dsv4patch.series import ChangedFile, PatchedTree, patched_tree
-from dsv4patch.store import Store
+from dsv4patch.series import patched_tree
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import ChangedFile, PatchedTree
+    from dsv4patch.store import Store
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
 _PROBE = r"""

@@ -35,15 +35,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard, safeio
 from dsv4patch.delivery import sbom
 from dsv4patch.errors import Dsv4Error, GitError, PatchFileError
 from dsv4patch.hashing import hash_installed, sha256
-from dsv4patch.pins import Lock, Pin
 from dsv4patch.safeio import loads_json
-from dsv4patch.series import Patch, load_patch
+from dsv4patch.series import load_patch
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin
+    from dsv4patch.series import Patch
 
 SHIPPED = "vllm/"  # the part of the tree a wheel installs
 FILE_LIMIT = 32 << 20  # bytes of one installed file read into the scratch index

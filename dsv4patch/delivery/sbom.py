@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import BuildError
-from dsv4patch.pins import Pin, WheelFile
-from dsv4patch.series import Patch
 
 if TYPE_CHECKING:
     from cyclonedx.model import HashType
     from cyclonedx.model.component import Component
+
+    from dsv4patch.pins import Pin, WheelFile
+    from dsv4patch.series import Patch
 
 SBOM_NAME = "dsv4patch.cdx.json"
 SBOM_DIR = "sboms"  # PEP 770: <name>-<version>.dist-info/sboms/

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.checkout import apply_pin
@@ -74,11 +74,14 @@ from dsv4patch.kernels import (
     stock_wheel_path,
 )
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin, WheelFile
-from dsv4patch.progress import Progress
 from dsv4patch.safeio import loads_json, read_stream
-from dsv4patch.series import ChangedFile, PatchedTree, Series, patched_tree
-from dsv4patch.store import Store
+from dsv4patch.series import patched_tree
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin, WheelFile
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import ChangedFile, PatchedTree, Series
+    from dsv4patch.store import Store
 
 PROVENANCE = "dsv4patch.json"
 LOCAL_PREFIX = "dsv4"

@@ -34,31 +34,27 @@ import tarfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomlkit
 
 from dsv4patch import git, guard, index, report, safeio
 from dsv4patch.checkout import (
-    Committed,
-    PortState,
     committed_series,
     content_tree,
+    exclusive_checkout,
     has_workspace,
     interrupted,
     is_empty,
     is_fork_checkout,
     open_tree,
     recover_tree,
-    tree_lock,
 )
 from dsv4patch.errors import FetchError, LockFileError, ParameterError, PatchFileError, TreeError, param
 from dsv4patch.forks import portspace
 from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import (
-    Lock,
     Pin,
-    PinRepo,
     Source,
     git_url_problem,
     kind_of,
@@ -67,11 +63,7 @@ from dsv4patch.pins import (
     valid_pin_name,
     version_commit,
 )
-from dsv4patch.progress import Progress
 from dsv4patch.series import (
-    Patch,
-    PatchResult,
-    Series,
     Status,
     carried,
     carried_result,
@@ -81,7 +73,23 @@ from dsv4patch.series import (
     run_series,
     series_for_pin,
 )
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.checkout import (
+        Committed,
+        PortState,
+    )
+    from dsv4patch.pins import (
+        Lock,
+        PinRepo,
+    )
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import (
+        Patch,
+        PatchResult,
+        Series,
+    )
+    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)
@@ -625,7 +633,7 @@ def own_workspace(ws: Path, new: PinRepo) -> OwnWorkspace:
     content (:func:`forkcheckout.is_fork_checkout`; the port's patches are made on that content),
     clean, with no apply or ``--3way`` workspace open; else TreeError (exit 5), nothing touched."""
     pin = new.pin
-    with tree_lock(ws, role=param("workspace")) as co:
+    with exclusive_checkout(ws, role=param("workspace")) as co:
         if git.has_object(ws, f"{new.base_commit}^{{commit}}"):
             raise TreeError(f"{param('workspace')} {ws} is a tree dsv4patch made without a port workspace "
                             f"({portspace.state_path(ws)} is missing); use a new directory")
@@ -832,7 +840,7 @@ def _take_workspace_resolution(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ser
                                ws_state: PortState, own: OwnWorkspace | None, resolutions: Path | None,
                                work: Path, notes: list[str]) -> Path:
     """The edited workspace turned into its patch's resolution; every resolution the port uses."""
-    with tree_lock(ws, role=param("workspace")) as co:
+    with exclusive_checkout(ws, role=param("workspace")) as co:
         base = new.base_commit
         if own is not None:
             done = recover_tree(co)  # a move killed while the workspace opened
@@ -888,7 +896,7 @@ def _write_port(lock: Lock, src: Pin, pin: Pin, new: PinRepo, repo: Path, ported
     files = write_result(lock, pin, ported, new, final)
     written_lock = load_lock(lock.path)
     if ws is not None and ws_state is not None and own is not None:
-        with tree_lock(ws, role=param("workspace")) as co:
+        with exclusive_checkout(ws, role=param("workspace")) as co:
             notes.append(portspace.restore(co, ws_state))
         commit = Step.of("apply", pin=pin.name, tree=ws, branch=Blank("NAME"), no_build=True)
         notes.append(f"the port used the resolutions of {param('workspace')} {ws} and is complete; next: "
@@ -959,7 +967,7 @@ def abort(*, workspace: Path) -> PortAborted:
                 where = str(portspace.state_path(workspace))
         raise TreeError(f"{param('workspace')} {workspace} holds no port workspace (no {where}); nothing to "
                         "abort")
-    with tree_lock(workspace, role=param("workspace")) as co:
+    with exclusive_checkout(workspace, role=param("workspace")) as co:
         notes = []
         if state.own:
             done = recover_tree(co)

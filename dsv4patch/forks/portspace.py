@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git, guard, safeio
 from dsv4patch.checkout import (
@@ -56,9 +57,11 @@ from dsv4patch.checkout import (
     write_state_file,
 )
 from dsv4patch.errors import TreeError, param
-from dsv4patch.guard import Checkout
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.series import Patch
+
+if TYPE_CHECKING:
+    from dsv4patch.guard import Checkout
+    from dsv4patch.series import Patch
 
 STATE = "dsv4patch-port.json"
 RESOLVED = "dsv4patch-port"  # under the git dir: the resolutions collected so far

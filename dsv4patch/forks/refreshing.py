@@ -36,24 +36,28 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard
 from dsv4patch.checkout import (
     checkout_pinrepo,
     commit_message,
+    exclusive_checkout,
     has_workspace,
     is_fork_checkout,
     plan_commits,
-    tree_lock,
     variants_dir,
 )
 from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Lock, Pin, PinRepo, materialize, open_lock, set_variant, update_derived
-from dsv4patch.progress import Progress
-from dsv4patch.series import Patch, Series, Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.pins import materialize, open_lock, set_variant, update_derived
+from dsv4patch.series import Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import Patch, Series
+    from dsv4patch.store import Store
 
 TEMPLATE = (
     "Fix: TODO one line naming the bug this fixes\n"
@@ -174,7 +178,7 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
     pinrepo = materialize(pin, store, progress, checkout=path)
     series = series_for_pin(lock, pin)
     plan = _Plan()
-    with tree_lock(path) as co:
+    with exclusive_checkout(path) as co:
         tree = _read_tree(path, co.gitdir, pinrepo, pin)
         where = _where_new_commits_go(lock, pin, as_variant=as_variant, fork=tree.fork)
         _plan_commits(path, lock, pin, series, tree, where, as_variant, plan)

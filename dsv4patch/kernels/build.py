@@ -42,16 +42,18 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError, param
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
 from dsv4patch.kernels.runtime import HOOK_MARK
-from dsv4patch.kernels.sources import KernelPlan
 from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.kernels.sources import KernelPlan
+    from dsv4patch.store import Store
 
 # What vLLM's CMake passes for _C_stable_libtorch CUDA sources (RelWithDebInfo, without -g);
 # the C++ standard comes first and is chosen per build (:func:`cxx_standard`).
@@ -256,7 +258,7 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
         spec = requirement.split()[0]
         name = f"{spec.replace('==', '-')}-{sha256(requirement.encode())[:12]}"
     dest = store.root / "kernels" / "cublas-headers" / name
-    with store.lock(f"cublas-{name}"):
+    with store.mutex(f"cublas-{name}"):
         if (dest / "include" / "cublas_v2.h").is_file():
             return dest / "include"
         tmp = store.tmpdir("cublas-")
@@ -522,7 +524,7 @@ def _tmp_name(path: Path) -> Path:
 
 
 def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:
-    with store.lock(f"kernel-{u.key}"):
+    with store.mutex(f"kernel-{u.key}"):
         if safeio.is_regular(u.obj):
             u.cached = True
             return
@@ -588,7 +590,7 @@ def _torch_cuda_stub(store: Store, tc: Toolchain, base_cmd: list[str]) -> Path:
         f'extern "C" void {n}(void) {{}}\n' for n in names)
     d = store.root / "kernels" / "stubs" / sha256((tc.nvcc_version + text).encode())[:16]
     lib = d / "libtorch_cuda.so"
-    with store.lock(f"kernel-stub-{d.name}"):
+    with store.mutex(f"kernel-stub-{d.name}"):
         if safeio.is_regular(lib):
             return d
         store.subdir("kernels", "stubs", d.name)
@@ -612,7 +614,7 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
     key = _key({"objs": [u.key for u in units], "nvcc": tc.nvcc_version, "torch_lib": str(tc.torch_lib),
                 "flags": LINK_FLAGS, "map": LINK_MAP})
     out = store.root / "kernels" / key / "libdsv4patch_kernels.so"
-    with store.lock(f"kernel-{key}"):
+    with store.mutex(f"kernel-{key}"):
         if safeio.is_regular(out):
             return out
         store.subdir("kernels", key)

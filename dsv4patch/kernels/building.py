@@ -16,15 +16,17 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import childproc, guard, report
 from dsv4patch.errors import BuildError, ChildError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources, toolchain
-from dsv4patch.pins import Pin
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 DEFAULT_OUT = Path("dist")
 FULL_BUILD_DEADLINE = 12 * 3600.0  # seconds vLLM's own build (pip install . / docker build) may take

@@ -13,12 +13,15 @@ import platform
 import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from dsv4patch import safeio
 from dsv4patch.errors import BuildError, LockFileError
-from dsv4patch.pins import Pin, WheelFile
 from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Pin, WheelFile
+    from dsv4patch.store import Store
 
 STABLE_LIBRARY = "vllm/_C_stable_libtorch.abi3.so"
 
@@ -48,7 +51,7 @@ def member(store: Store, wheel: WheelFile, name: str = STABLE_LIBRARY,
     if safeio.is_regular(dest):
         return dest
     blob = wheel_path(store, wheel, progress)
-    with store.lock(f"stock-{wheel.sha256}"):
+    with store.mutex(f"stock-{wheel.sha256}"):
         if safeio.is_regular(dest):
             return dest
         store.subdir("kernels", "stock", wheel.sha256)

@@ -42,14 +42,17 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, ParameterError, param
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Pin, ToolchainDef
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Pin, ToolchainDef
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 ENV_VERSION = "1"
 MAX_TEXT = 1 << 20  # requirements files, torch/version.py, METADATA: read at most this much
@@ -246,7 +249,7 @@ def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: P
                what: str, parts: Sequence[str]) -> Path:
     """A venv under ``<cache>/toolchains/`` holding exactly ``reqs`` (hash-checked, no deps)."""
     key, root = _env_dir(store, kind, [*parts, *(r.line() for r in reqs)])
-    with store.lock(f"toolchain-{kind}-{key}"):
+    with store.mutex(f"toolchain-{kind}-{key}"):
         store.subdir("toolchains")  # a real directory (a link planted there is removed)
         if ready(root):
             return root

@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import report
 from dsv4patch.errors import FetchError, IntegrityError
 from dsv4patch.hashing import hash_file
 from dsv4patch.pins import repository
-from dsv4patch.pins.lock import Lock
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins.lock import Lock
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)

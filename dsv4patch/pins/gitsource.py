@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git
 from dsv4patch.errors import FetchError, LockFileError, NotFetchedError
-from dsv4patch.pins.lock import LockTable, Pin, Source, git_url_problem
+from dsv4patch.pins.lock import Source, git_url_problem
 from dsv4patch.pins.source import register
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins.lock import LockTable, Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 
 class GitSource:

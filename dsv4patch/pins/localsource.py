@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard
 from dsv4patch.errors import FetchError, TreeError, param
 from dsv4patch.pins.gitsource import export_commit
-from dsv4patch.pins.lock import LockTable, Pin, Source
+from dsv4patch.pins.lock import Source
 from dsv4patch.pins.source import register
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins.lock import LockTable, Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 
 class LocalSource:

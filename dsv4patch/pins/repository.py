@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 from dsv4patch import git, guard
 from dsv4patch.errors import CacheError, FetchError, param, writing
 from dsv4patch.pins.source import kind_of
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
 
 if TYPE_CHECKING:
     from dsv4patch.pins.lock import Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 READY = "dsv4patch-ready"
 
@@ -70,7 +70,7 @@ def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | Non
     kind.check_checkout(pin, checkout)
     key = kind.cache_key(pin)
     dest = store.root / "trees" / f"{key}.git"
-    with store.lock(f"tree-{key}"):
+    with store.mutex(f"tree-{key}"):
         if not (dest / READY).exists():
             if dest.exists():
                 shutil.rmtree(dest)  # left by a killed run: build it again

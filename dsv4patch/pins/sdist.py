@@ -15,13 +15,15 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import FetchError
-from dsv4patch.pins.lock import HEX64, LockTable, Pin, Source, download_url
+from dsv4patch.pins.lock import HEX64, Source, download_url
 from dsv4patch.pins.source import register
-from dsv4patch.progress import Progress
-from dsv4patch.store import Store
 
 if TYPE_CHECKING:
     import tarfile
+
+    from dsv4patch.pins.lock import LockTable, Pin
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 
 class SdistSource:

@@ -28,10 +28,13 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, param
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.store import Store
 
 # Deadlines (docs/trust.md "Bounds"): what making and checking a test venv may take.
 VENV_DEADLINE = 600.0  # `python -m venv`
@@ -92,7 +95,7 @@ def ensure(tree: Path, store: Store, torch: str | None = None, log: Path | None 
     key = hashlib.sha256(key_src).hexdigest()[:20]
     venvs = store.subdir("venvs")  # a real directory: a link planted there is removed
     root = venvs / key
-    with store.lock(f"venv-{key}"):
+    with store.mutex(f"venv-{key}"):
         _no_link(root)  # a link planted at the entry is removed, never used
         if _ready(root):
             if not (root / ".base").exists():

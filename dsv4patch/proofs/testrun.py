@@ -24,11 +24,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import __version__, childproc, safeio
 from dsv4patch.errors import BuildError
 from dsv4patch.proofs import testenv
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.store import Store
 
 SCHEMA = "testrun-v1"
 # pytest exit codes of a session that ran to the end (all passed / some failed).
@@ -44,7 +47,7 @@ class TestResult:
     message: str = ""  # first failure message, or the skip reason
 
 
-def venv_lock(env: testenv.TestEnv) -> str:
+def venv_fingerprint(env: testenv.TestEnv) -> str:
     """What is installed in the test venv: the sorted ``name-version.dist-info`` names."""
     root = env.python.parent.parent
     names = sorted(p.name for p in root.glob("lib/python*/site-packages/*.dist-info"))
@@ -57,7 +60,7 @@ def session_key(tree_id: str, nodeids: list[str], env: testenv.TestEnv) -> str:
                 if k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "VLLM_LOGGING_LEVEL")}
     src = json.dumps({
         "schema": SCHEMA, "dsv4patch": __version__, "tree": tree_id,
-        "nodeids": sorted(set(nodeids)), "venv": venv_lock(env),
+        "nodeids": sorted(set(nodeids)), "venv": venv_fingerprint(env),
         "plugin": hashlib.sha256(plugin).hexdigest(), "env": settings,
         "args": env.pytest_args()[1:],
     }, sort_keys=True)

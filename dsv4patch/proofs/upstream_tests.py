@@ -33,15 +33,19 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import childproc, git, report, safeio
 from dsv4patch.errors import BuildError, PatchFileError, TreeError
-from dsv4patch.pins import Lock, Pin, PinRepo, materialize
-from dsv4patch.progress import Progress
+from dsv4patch.pins import materialize
 from dsv4patch.proofs import testenv, testrun
-from dsv4patch.series import Patch, run_series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.series import run_series, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import Patch
+    from dsv4patch.store import Store
 
 TRAILER = "Upstream-Test"
 DEFAULT_FROM = "0.28.0"

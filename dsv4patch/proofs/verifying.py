@@ -36,15 +36,19 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, report
 from dsv4patch.errors import TreeError
-from dsv4patch.pins import Lock, Pin, PinRepo, materialize
+from dsv4patch.pins import materialize
 from dsv4patch.progress import Progress
 from dsv4patch.proofs import testenv, testrun
-from dsv4patch.series import Patch, Status, run_series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.series import run_series, series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.series import Patch, Status
+    from dsv4patch.store import Store
 
 UPSTREAM_CONFIRMED = "upstream: tests pass unpatched"
 UPSTREAM_PARTIAL = "upstream by markers; tests inconclusive"

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import __version__, git
 from dsv4patch.series import results
 from dsv4patch.series.patches import read_series_file
-from dsv4patch.store import Store
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
+    from dsv4patch.store import Store
 
 SCHEMA = "check-v1"
 # Modules (relative to the package) whose code decides a check result.

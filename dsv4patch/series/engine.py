@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import GitError, disk_trouble
-from dsv4patch.series.patches import Patch, Series, check_paths
+from dsv4patch.series.patches import check_paths
 from dsv4patch.series.results import HunkNote, PatchResult, SeriesResult, Status
+
+if TYPE_CHECKING:
+    from dsv4patch.series.patches import Patch, Series
 
 __all__ = ["HunkNote", "PatchResult", "SeriesResult", "Status", "carried", "carried_result", "check_one",
            "has_offsets", "markers_present", "run_series"]

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch import index
 from dsv4patch.errors import FetchError
-from dsv4patch.pins import Lock, load_lock, update_derived
-from dsv4patch.progress import Progress
+from dsv4patch.pins import load_lock, update_derived
 from dsv4patch.series import pincheck
-from dsv4patch.store import Store
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)

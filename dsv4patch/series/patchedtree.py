@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from dsv4patch import git
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.series.patches import Series
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin, PinRepo
+    from dsv4patch.series.patches import Series
     from dsv4patch.series.pincheck import PinReport
     from dsv4patch.series.results import SeriesResult
 

@@ -17,15 +17,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import CacheError, NotFetchedError, writing
-from dsv4patch.pins import Lock, Pin, PinRepo, is_materialized, materialize
+from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
-from dsv4patch.series.patchedtree import PatchedTree, read_patched_tree
-from dsv4patch.series.patches import Series, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.series.patchedtree import read_patched_tree
+from dsv4patch.series.patches import series_for_pin
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.series.patchedtree import PatchedTree
+    from dsv4patch.series.patches import Series
+    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)

@@ -30,19 +30,23 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomlkit
 from packaging.version import InvalidVersion, Version
 
 from dsv4patch import git, index
 from dsv4patch.errors import FetchError, IntegrityError, LockFileError
-from dsv4patch.pins import Lock, Pin, PinRepo, Source, load_lock, materialize, version_commit
-from dsv4patch.progress import Progress
+from dsv4patch.pins import Pin, Source, load_lock, materialize, version_commit
 from dsv4patch.series import engine
-from dsv4patch.series.patches import Patch, load_patch, series_for_pin
-from dsv4patch.store import Store
+from dsv4patch.series.patches import load_patch, series_for_pin
 from dsv4patch.urls import redact
+
+if TYPE_CHECKING:
+    from dsv4patch.pins import Lock, PinRepo
+    from dsv4patch.progress import Progress
+    from dsv4patch.series.patches import Patch
+    from dsv4patch.store import Store
 
 PROJECT = "vllm"
 # What a release's state asks of the maintainer (rendered as next steps by commands/releases.py).

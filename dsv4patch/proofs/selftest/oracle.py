@@ -15,8 +15,12 @@ because how vLLM counts drafts near ``max_tokens`` is its own business.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dsv4patch.proofs.selftest.model import DESIGN, Design
+from dsv4patch.proofs.selftest.model import DESIGN
+
+if TYPE_CHECKING:
+    from dsv4patch.proofs.selftest.model import Design
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dsv4patch.errors import EXIT_USAGE, Dsv4Error, ParameterError
 from dsv4patch.proofs.selftest import model as tiny
-from dsv4patch.proofs.selftest.cases import Engine
-from dsv4patch.proofs.selftest.node import Device, Node
+
+if TYPE_CHECKING:
+    from dsv4patch.proofs.selftest.cases import Engine
+    from dsv4patch.proofs.selftest.node import Device, Node
 
 GIB = 2**30
 # What one engine of the tiny model holds on the GPU beyond its KV cache: weights (about 2 GiB in bf16/FP8),

@@ -40,23 +40,27 @@ from dsv4patch import childproc
 from dsv4patch.errors import ChildError, Dsv4Error
 from dsv4patch.proofs.selftest import model as tiny
 from dsv4patch.proofs.selftest import plan, probe
-from dsv4patch.proofs.selftest.cases import Case, Engine, PromptSet
-from dsv4patch.proofs.selftest.node import Node, ProbeError, parse_probe
+from dsv4patch.proofs.selftest.node import ProbeError, parse_probe
 from dsv4patch.proofs.selftest.oracle import (
     Acceptance,
-    Difference,
     expected_acceptance,
     expected_tokens,
     first_difference,
     min_gap,
 )
-from dsv4patch.proofs.selftest.probe import HangEvidence
-from dsv4patch.proofs.selftest.regression import RegressionResult, run_regression
+from dsv4patch.proofs.selftest.regression import run_regression
 from dsv4patch.safeio import create_exclusive
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock
     from dsv4patch.progress import Progress
+    from dsv4patch.proofs.selftest.cases import Case, Engine, PromptSet
+    from dsv4patch.proofs.selftest.node import Node
+    from dsv4patch.proofs.selftest.oracle import (
+        Difference,
+    )
+    from dsv4patch.proofs.selftest.probe import HangEvidence
+    from dsv4patch.proofs.selftest.regression import RegressionResult
     from dsv4patch.store import Store
 
 CHILD = Path(__file__).resolve().parent / "child.py"

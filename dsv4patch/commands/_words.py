@@ -58,6 +58,8 @@ OPTIONS = {
     "torch": "--torch",
     "tree": "--tree",
     "update": "--update",
+    "upstream_from": "--from",
+    "upstream_tests": "--upstream-tests",
     "workspace": "--workspace",
 }
 

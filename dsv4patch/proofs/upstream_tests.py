@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import childproc, git, report, safeio
-from dsv4patch.errors import BuildError, PatchFileError, TreeError
+from dsv4patch.errors import BuildError, PatchFileError, TreeError, param
+from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize
 from dsv4patch.proofs import testenv, testrun
 from dsv4patch.series import run_series, series_for_pin
@@ -176,7 +177,7 @@ class UpstreamResult:
     def table(self) -> tuple[report.Table, str]:
         """The terminal table and its markdown."""
         return report.simple_table(
-            f"dsv4patch verify --upstream-tests: pin {self.pin.name}, tests of vLLM "
+            f"{mention(Step.of('verify', upstream_tests=True))}: pin {self.pin.name}, tests of vLLM "
             f"{self.source.vllm_version} (CPU, TRITON_INTERPRET=1)",
             ["patch", "upstream test", "mode", "patched", "unpatched", "verdict"],
             [[r.test.patch[:4], r.test.nodeid.rsplit("/", 1)[-1], r.test.mode,
@@ -262,7 +263,7 @@ def _source_files(srcrepo: PinRepo, source: Pin, rows: list[Row]) -> dict[str, s
         if entry is None or not entry.is_blob:
             raise PatchFileError(
                 f"{r.test.patch}: {TRAILER}: {r.test.nodeid}: {r.test.path} is not in vLLM "
-                f"{source.vllm_version} (pin {source.name}); fix the header or pass --from"
+                f"{source.vllm_version} (pin {source.name}); fix the header or pass {param('upstream_from')}"
             )
         text = git.cat_blob(srcrepo.repo, entry.oid).decode("utf-8")
         files[r.test.path] = cpu_device(text) if r.test.path in rewrite else text

@@ -20,26 +20,27 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.errors import BuildError, TreeError, param, writing
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import Pin, kind_of, materialize
+from dsv4patch.pins import kind_of, materialize
 from dsv4patch.series import carried, pin_report, run_series, series_for_pin
 
 if TYPE_CHECKING:
     from dsv4patch.checkout.resolving import Workspace
     from dsv4patch.guard import Checkout
-    from dsv4patch.pins import Lock, PinRepo
+    from dsv4patch.kernels import TreeBuild
+    from dsv4patch.pins import Lock, Pin, PinRepo
     from dsv4patch.progress import Progress
     from dsv4patch.series import PinReport, Series, SeriesResult
     from dsv4patch.store import Store
 
 # Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
-KernelBuild = Callable[[Path, Pin], dict[str, Any]]
+KernelBuild: TypeAlias = "Callable[[Path, Pin], TreeBuild]"  # the kernel build apply runs last, if any
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ApplyResult:
     notes: list[str]
     head: str | None = None  # the tree's HEAD afterwards (None: left unchanged)
     workspace: Workspace | None = None
-    build: dict[str, Any] | None = None  # the kernel build's report, when one ran
+    build: TreeBuild | None = None  # the kernel build, when one ran
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"lock": str(self.lock), "tree": str(self.tree),
@@ -65,7 +66,7 @@ class ApplyResult:
             out["head"] = self.head
         out["notes"] = list(self.notes)
         if self.build is not None:
-            out["build"] = self.build
+            out["build"] = self.build.to_json()
         return out
 
 
@@ -272,7 +273,7 @@ def _above_the_series(path: Path, pin: Pin, series: Series, result: SeriesResult
 
 
 def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
-           build: KernelBuild) -> tuple[dict[str, Any] | None, list[str]]:
+           build: KernelBuild) -> tuple[TreeBuild | None, list[str]]:
     """The last step of apply: kernels the patches touch are rebuilt, or the call fails."""
     from dsv4patch.kernels import is_kernel_source, plan_kernels
 
@@ -289,4 +290,4 @@ def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
             f"on a machine with nvcc and torch, or pass {param('no_build')} to apply without it "
             "(the kernel fixes are then not in effect)"
         ) from None
-    return report, list(report.get("notes", []))
+    return report, list(report.notes)

@@ -9,7 +9,7 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dsv4patch import report
 from dsv4patch.errors import EXIT_OK, EXIT_UNEXPECTED, ParameterError, UsageError
@@ -22,6 +22,7 @@ from dsv4patch.store import Store
 
 if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
     from dsv4patch.checkout import ApplyResult, KernelBuild
+    from dsv4patch.kernels import TreeBuild
     from dsv4patch.pins import Lock, Pin
 
 
@@ -175,12 +176,12 @@ def kernel_build(store: Store, *, out: Path | None, python: str | None = None, n
     ``python``: ``--python``, else ``$DSV4PATCH_TORCH_PYTHON``."""
     python = python or settings().torch_python
 
-    def build(path: Path, pin: Pin) -> dict[str, Any]:
+    def build(path: Path, pin: Pin) -> TreeBuild:
         from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds
 
         return build_tree(tree=path, pin=pin, store=store, progress=progress,
                           python=python, nvcc=nvcc, allow_torch=allow_torch,
-                          out=out or DEFAULT_BUILD_OUT).to_json()  # apply passes its default
+                          out=out or DEFAULT_BUILD_OUT)  # apply passes its default
 
     return build
 

@@ -87,7 +87,10 @@ def _value_from_json(value: object) -> Value:
 
 _OPEN, _CLOSE = "\u27e6", "\u27e7"
 # ensure_ascii JSON holds no non-ASCII character, so no closing bracket: each mention ends at the first one.
-_MENTION = re.compile(f"{_OPEN}([\x20-\x7e]*){_CLOSE}")
+# Text from outside (a tree's line in a conflict note, a patch's name) may hold the brackets too: a
+# mention is at most MENTION_LIMIT characters, and what does not read back as a step is left as it is.
+MENTION_LIMIT = 4096
+_MENTION = re.compile(f"{_OPEN}([\x20-\x7e]{{0,{MENTION_LIMIT}}}){_CLOSE}")
 
 
 def mention(step: Step, *, bare: bool = False) -> str:
@@ -97,9 +100,9 @@ def mention(step: Step, *, bare: bool = False) -> str:
     return _OPEN + json.dumps(body, ensure_ascii=True, separators=(",", ":")) + _CLOSE
 
 
-def substitute(text: str, show: Callable[[Step, bool], str]) -> str:
+def substitute(text: str, show: Callable[[Step, bool], str | None]) -> str:
     """``text`` with each :func:`mention` replaced by ``show(step, bare)`` (what is not a mention
-    :func:`mention` wrote is left as it is)."""
+    :func:`mention` wrote, or what ``show`` refuses with None, is left as it is)."""
     if _OPEN not in text:
         return text
 
@@ -107,8 +110,9 @@ def substitute(text: str, show: Callable[[Step, bool], str]) -> str:
         try:
             body = json.loads(m.group(1))
             step = Step.from_json(body.get("step") if isinstance(body, dict) else None)
-        except ValueError:  # json's errors are ValueErrors too
+        except (ValueError, RecursionError):  # json's errors are ValueErrors; "[[[…" too deep to read
             return m.group(0)
-        return show(step, body.get("bare") is True)
+        shown = show(step, body.get("bare") is True)
+        return m.group(0) if shown is None else shown
 
     return _MENTION.sub(one, text)

@@ -81,3 +81,34 @@ def test_without_the_command_lines_words_the_core_text_is_unchanged():
     report._WORDS.clear()
     text = mention(Step.of("check"))
     assert report.words(text) == text
+
+
+def test_a_mention_forged_in_text_from_outside_is_left_as_it_is_and_bounded():
+    """A tree's line or a patch's name may hold the brackets: only a step the core could have written is
+    shown as a command; anything else (an unknown command or parameter, a blank that is not a placeholder,
+    JSON too deep to read, a mention past the limit) stays the text it was, and rendering never fails."""
+    from dsv4patch import nextstep
+
+    forged = [
+        "\u27e6" + json.dumps({"step": {"action": "rm", "params": []}}) + "\u27e7",
+        "\u27e6" + json.dumps({"step": {"action": "apply", "params": [["exec", "x"]]}}) + "\u27e7",
+        "\u27e6" + json.dumps({"step": {"action": "apply", "params": [["tree", {"blank": "x; rm -rf ~"}]]}})
+        + "\u27e7",
+        "\u27e6" + "[" * 100_000 + "\u27e7",
+        "\u27e6" + "[" * 4000 + "\u27e7",  # within the limit, too deep for json: RecursionError, caught
+        "\u27e6" + json.dumps({"step": {"action": "check", "params": [["pin", "x" * nextstep.MENTION_LIMIT]]}})
+        + "\u27e7",
+    ]
+    for text in forged:
+        assert _words.render(f"line: {text} end") == f"line: {text} end"
+    # the core's own mentions still render beside them
+    mixed = forged[0] + " " + mention(Step.of("check", pin="0.27.1"))
+    assert _words.render(mixed) == forged[0] + " dsv4patch check --pin 0.27.1"
+
+
+def test_the_commands_a_step_may_name_are_the_parsers():
+    from dsv4patch.main import build_parser
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if getattr(a, "choices", None)).choices
+    assert set(_words.COMMANDS) == set(verbs)

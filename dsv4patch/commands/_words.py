@@ -63,12 +63,29 @@ OPTIONS = {
     "workspace": "--workspace",
 }
 
+# the commands a step may name (tests/test_architecture.py checks they are the parser's)
+COMMANDS = frozenset({"apply", "build", "check", "fetch", "lock", "port", "refresh", "releases", "resolve",
+                      "selftest", "status", "verify", "wheel"})
+
 _PARAM = re.compile("\u27e8([a-z_]+)\u27e9")
 
 
 def option(name: str) -> str:
     """How the command line spells the core's parameter ``name``."""
     return OPTIONS[name]
+
+
+_BLANK = re.compile(r"[A-Z][A-Z_]{0,15}")
+
+
+def _shown(step: Step, bare: bool) -> str | None:
+    """``step``'s command line, or None for one the core could not have written (a mention forged in
+    text from outside: an unknown command or parameter, a blank that is not a placeholder word)."""
+    if step.action not in COMMANDS or any(name not in OPTIONS for name, _ in step.params):
+        return None
+    if any(isinstance(v, Blank) and not _BLANK.fullmatch(v.what) for _, v in step.params):
+        return None
+    return command(step, bare)
 
 
 def command(step: Step, bare: bool = False) -> str:
@@ -88,7 +105,7 @@ def render(text: str) -> str:
     """``text`` with each step the core mentioned shown as its command line and each parameter it
     named shown as its option."""
     if "\u27e6" in text:
-        text = substitute(text, command)
+        text = substitute(text, _shown)
     if "\u27e8" not in text:
         return text
     return _PARAM.sub(lambda m: OPTIONS.get(m.group(1), m.group(0)), text)

@@ -23,7 +23,6 @@ from dsv4patch.errors import CacheError, NotFetchedError, writing
 from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
-from dsv4patch.series.patchedtree import read_patched_tree
 from dsv4patch.series.patches import series_for_pin
 
 if TYPE_CHECKING:
@@ -232,6 +231,7 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
 def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
     """Run the series in the cache (what ``check`` does) and read every changed file
     (:func:`dsv4patch.series.patchedtree.read_patched_tree`: refused unless the result is the lock's)."""
+    from dsv4patch.series.patchedtree import read_patched_tree  # the deliveries' need: check never loads it
     checked = check_pin(lock, pin, store, progress)
     report = pin_report(pin, checked.repo, checked.result)
     return read_patched_tree(pin, checked.repo, checked.series, checked.result, report)

@@ -201,7 +201,11 @@ def test_ci_disk_report_runs_and_says_when_the_disk_ran_out(tmp_path: Path) -> N
     """.ci/disk.sh, as .ci/run uses it: the peaks and du at the end, the exit status kept; a
     failed run that had less free than DISK_LOW_BYTES (here: more than any disk) says so."""
     script = (f"set -euo pipefail; . {ROOT / '.ci' / 'disk.sh'}; DISK_INTERVAL=1; DISK_LOW_BYTES=$1; "
-              f"disk_start {tmp_path}; trap 'disk_finish $?' EXIT; disk_phase step; sleep 2; exit $2")
+              f"disk_start {tmp_path}; trap 'disk_finish $?' EXIT; disk_phase step; "
+              # the step's peak must stand out from what other processes on a shared disk do meanwhile:
+              # 1 GiB allocated during it (the first sample, "setup", otherwise wins a tie)
+              f"fallocate -l 1G {tmp_path}/grow || head -c 1G /dev/zero > {tmp_path}/grow; sleep 2; "
+              f"rm -f {tmp_path}/grow; exit $2")
     env = {k: v for k, v in os.environ.items() if k != "DSV4PATCH_CACHE"}
     env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path))  # nothing big to du at the end
 

@@ -187,6 +187,29 @@ def _seed_torch(shared_cache: Path, cache: Path, pin: str = "0.27.1") -> None:
     subprocess.run(["cp", "-al", str(root), str(cache / "toolchains" / root.name)], check=True)
 
 
+# What a cold cache downloads besides the torch (NVIDIA's nvcc wheels, ~300 MB installed; the
+# toolchain's cuBLAS headers, from a ~420 MB wheel): the first cold build of the module downloads
+# and installs each entry as any cold cache does; later cold caches get the entries it made as hard
+# links at their own paths, so a run downloads each once instead of once per pin.
+COLD_DOWNLOADS = ("toolchains/cuda-*", "kernels/cublas-headers/*")
+
+
+@pytest.fixture(scope="module")
+def cold_downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The entries the module's cold builds downloaded (hard links), for the next cold cache."""
+    return tmp_path_factory.mktemp("cold-downloads")
+
+
+def _download_entries(cache: Path) -> set[str]:
+    return {str(p.relative_to(cache)) for pattern in COLD_DOWNLOADS for p in cache.glob(pattern)}
+
+
+def _link_entries(src: Path, dest: Path, entries: set[str]) -> None:
+    for rel in sorted(entries):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(src / rel), str(dest / rel)], check=True)
+
+
 # Every pin whose series changes kernels builds against its own torch: 0.27.1 (torch 2.13.0),
 # 0.26.0 (2.11.0), 0.33.0 (2.14.0, C++20 headers; its top-k kernels live in csrc/).
 KERNEL_PINS = {"0.27.1": "2.13.0", "0.26.0": "2.11.0", "0.33.0": "2.14.0"}
@@ -201,16 +224,18 @@ BYTES_ARCH = {"0.27.1": "12.0+PTX", "0.26.0": ARCH, "0.33.0": ARCH}
 @pytest.mark.parametrize("pin", list(KERNEL_PINS))
 def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str, tree: Path, shared_cache: Path,
                                                                        pin_trees: dict[str, Path],
+                                                                       cold_downloads: Path,
                                                                        tmp_path_factory: pytest.TempPathFactory,
                                                                        tmp_path: Path) -> None:
     """Two builds of the pin's kernels in two caches at different paths, each with the pin's torch at
     its own path: one in the shared cache (system nvcc; its objects are whatever that cache holds
     for these keys, compiled there by another test or an earlier run, else now), one in a cold
-    cache (torch as hard links of the shared cache's, see _seed_torch, and nothing else) without a
-    system nvcc (hidden), so the lock's NVIDIA nvcc wheels are installed and used and every object
-    is compiled there: the same library and kernel wheel bytes, and neither library holds its
-    cache's path. build_info names the pin's torch; a warm rebuild compiles nothing; text output
-    names the torch and nvcc."""
+    cache (torch as hard links of the shared cache's, see _seed_torch; the downloads an earlier
+    cold cache of this module made, see COLD_DOWNLOADS, as hard links; nothing else) without a
+    system nvcc (hidden), so the lock's NVIDIA nvcc wheels are installed (or linked) and used from
+    there and every object is compiled there: the same library and kernel wheel bytes, and
+    neither library holds its cache's path. build_info names the pin's torch; a warm rebuild
+    compiles nothing; text output names the torch and nvcc."""
     torch, arch = KERNEL_PINS[pin], BYTES_ARCH[pin]
     if pin == "0.27.1":
         pin_trees[pin] = tree
@@ -219,6 +244,8 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     tree = pin_trees[pin]
     cold = tmp_path / "second-cache-b"
     _seed_torch(shared_cache, cold, pin)
+    linked = _download_entries(cold_downloads)
+    _link_entries(cold_downloads, cold, linked)
     a, _ = _build(tree, shared_cache, tmp_path / "out-a", pin=pin, arch=arch)
     assert a["toolchain"]["torch_origin"].startswith(f"provisioned {shared_cache}")
     assert a["toolchain"]["cxx_standard"].startswith("C++20"), a["toolchain"]
@@ -230,6 +257,14 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
         assert b["toolchain"]["nvcc"].startswith(str(cold / "toolchains"))
         assert b["toolchain"]["cuda"] == a["toolchain"]["cuda"] == "13.0"
     assert b["units"] and not any(u["cached"] for u in b["units"])  # cold: every object compiled here
+    # nvcc hidden, the nvcc wheels and cuBLAS headers b used are its own cache's: linked from an
+    # earlier cold cache, else downloaded by this build; either way kept for the next pin's.
+    made = _download_entries(cold) - linked
+    if CAN_HIDE:
+        nvcc_entry = "/".join(Path(b["toolchain"]["nvcc"]).relative_to(cold).parts[:2])
+        assert nvcc_entry in linked | made, (b["toolchain"]["nvcc"], linked, made)
+        assert any(e.startswith("kernels/cublas-headers/") for e in linked | made), (linked, made)
+    _link_entries(cold, cold_downloads, made)
     assert a["library"] != b["library"]
     assert _sha(Path(a["library"])) == _sha(Path(b["library"]))
     assert Path(a["wheel"]).name == Path(b["wheel"]).name

@@ -50,6 +50,7 @@ _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
 _END = struct.Struct("<4sHHHHIIH")
 _LIMIT = 0xFFFFFFFF
+ARCHIVE_LIMIT = _LIMIT  # the largest archive without ZIP64: the most read of a wheel whose size is not locked
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 INFLATE_LIMIT = 256 << 20  # the most a member read whole into memory may declare (docs/trust.md)
 _PIECE = 1 << 20
@@ -225,12 +226,13 @@ class Writer:
         self.fh.write(_END.pack(b"PK\x05\x06", 0, 0, n, n, size, start, 0))
 
 
-def open_members(path: Path) -> list[zipfile.ZipInfo]:
+def open_members(path: Path | BinaryIO, label: str = "") -> list[zipfile.ZipInfo]:
+    """The members of the zip ``path`` (a file, or the bytes of one already read)."""
     try:
         with zipfile.ZipFile(path) as zf:
             return zf.infolist()
     except (zipfile.BadZipFile, OSError) as exc:
-        raise BuildError(f"{path}: not a readable zip ({exc})") from None
+        raise BuildError(f"{label or path}: not a readable zip ({exc})") from None
 
 
 def record_row(name: str, data: bytes) -> tuple[str, str, str]:

@@ -102,6 +102,33 @@ def deflate(name: str, data: bytes, mode: int = 0o644,
                date_time, (0o100000 | mode) << 16)
 
 
+def deflate_reusing(name: str, data: bytes, stored: Path, mode: int = 0o644) -> Raw:
+    """:func:`deflate`, reusing the deflated bytes kept at ``stored`` (a cache file) when they inflate
+    to exactly ``data``; else deflated here and kept there for the next time.
+
+    Deflating the kernel library takes about a second, inflating it a small part of that: a warm
+    kernel wheel reuses the stream.  What is reused is checked, never trusted: read without
+    following a link and within deflate's bound for ``data``, inflated (at most one byte past
+    ``data``'s size), compared byte for byte, one whole deflate stream with nothing after it; the
+    member written is made of those very bytes.  A cache that cannot be written only loses the copy.
+    """
+    crc = zlib.crc32(data) & 0xFFFFFFFF
+    try:
+        packed = safeio.read_bytes(stored, len(data) + (len(data) >> 8) + 1024, error=IntegrityError)
+        d = zlib.decompressobj(-15)
+        if (d.decompress(packed, len(data) + 1) == data and d.eof and not d.unused_data
+                and not d.unconsumed_tail):
+            return Raw(name, packed, zipfile.ZIP_DEFLATED, crc, len(data), FIXED_DATE, (0o100000 | mode) << 16)
+    except (OSError, IntegrityError, zlib.error):
+        pass  # absent, a link, too long, not one whole stream of this content: made again
+    raw = deflate(name, data, mode)
+    try:
+        safeio.atomic_write(stored, raw.data, durable=False)
+    except OSError:
+        pass
+    return raw
+
+
 class _Tally:
     """Size and CRC of a member's content as it comes: past the declared size is refused at once."""
 

@@ -61,7 +61,7 @@ class Raw:
     """One member as stored: compressed bytes plus what the headers say about them."""
 
     name: str
-    data: bytes  # compressed
+    data: bytes | memoryview  # compressed (a view of an archive read whole: :func:`raw_in`)
     method: int
     crc: int
     size: int
@@ -71,6 +71,39 @@ class Raw:
 
 def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
     """The raw member ``info`` of the archive open as ``fh`` (validated, not inflated)."""
+    _check_member(info)
+    fh.seek(info.header_offset)
+    head = fh.read(_LOCAL.size)
+    fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
+    if fields[0] != b"PK\x03\x04":
+        raise BuildError(f"{info.filename}: bad local header in the zip")
+    fh.seek(fields[9] + fields[10], 1)
+    data = fh.read(info.compress_size)
+    if len(data) != info.compress_size:
+        raise BuildError(f"{info.filename}: the zip is truncated")
+    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
+               info.date_time, info.external_attr)
+
+
+def raw_in(archive: memoryview, info: zipfile.ZipInfo) -> Raw:
+    """:func:`read_raw` from an archive already in memory: the member's bytes are a view of
+    ``archive`` (no copy; the very bytes that were read, and hashed, once)."""
+    _check_member(info)
+    start = info.header_offset
+    head = archive[start:start + _LOCAL.size]
+    fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
+    if fields[0] != b"PK\x03\x04":
+        raise BuildError(f"{info.filename}: bad local header in the zip")
+    begin = start + _LOCAL.size + fields[9] + fields[10]
+    data = archive[begin:begin + info.compress_size]
+    if len(data) != info.compress_size:
+        raise BuildError(f"{info.filename}: the zip is truncated")
+    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
+               info.date_time, info.external_attr)
+
+
+def _check_member(info: zipfile.ZipInfo) -> None:
+    """A member dsv4patch copies: not encrypted, stored or deflated, a regular file or a directory."""
     if info.flag_bits & 0x1:
         raise BuildError(f"{info.filename}: encrypted zip members are not supported")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -80,17 +113,6 @@ def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
         what = "a symbolic link" if kind == stat.S_IFLNK else f"not a regular file (mode {kind:o})"
         raise IntegrityError(f"{info.filename}: the zip member is {what}; refused (an installer "
                              "would create it where it points)")
-    fh.seek(info.header_offset)
-    head = fh.read(_LOCAL.size)
-    fields = _LOCAL.unpack(head)
-    if fields[0] != b"PK\x03\x04":
-        raise BuildError(f"{info.filename}: bad local header in the zip")
-    fh.seek(fields[9] + fields[10], 1)
-    data = fh.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise BuildError(f"{info.filename}: the zip is truncated")
-    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
-               info.date_time, info.external_attr)
 
 
 def deflate(name: str, data: bytes, mode: int = 0o644,
@@ -123,7 +145,7 @@ def deflate_reusing(name: str, data: bytes, stored: Path, mode: int = 0o644) -> 
         pass  # absent, a link, too long, not one whole stream of this content: made again
     raw = deflate(name, data, mode)
     try:
-        safeio.atomic_write(stored, raw.data, durable=False)
+        safeio.atomic_write(stored, bytes(raw.data), durable=False)
     except OSError:
         pass
     return raw
@@ -165,13 +187,14 @@ def chunks(raw: Raw) -> Iterator[bytes]:
 def _stored(raw: Raw) -> Iterator[bytes]:
     """A stored member's bytes in pieces (counted as they go, like inflated ones)."""
     for i in range(0, len(raw.data), _PIECE):
-        yield raw.data[i:i + _PIECE]
+        yield bytes(raw.data[i:i + _PIECE])
 
 
 def _inflated(raw: Raw) -> Iterator[bytes]:
     """Raw deflate, never more than 1 MiB out per call; a stream that ends early is refused."""
     d = zlib.decompressobj(-15)
     pos = 0
+    feed: bytes | memoryview
     try:
         while not d.eof:
             if d.unconsumed_tail:

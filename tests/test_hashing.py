@@ -78,3 +78,29 @@ def test_deflate_reusing_takes_a_kept_stream_only_when_it_inflates_to_the_conten
     kept.symlink_to(target)
     assert zipcopy.deflate_reusing("k/lib.so", data, kept, 0o755) == fresh
     assert not kept.is_symlink() and target.read_bytes() == fresh.data  # the link replaced, not written through
+
+
+def test_raw_in_is_read_raw_from_memory_and_refuses_the_same(tmp_path: Path) -> None:
+    """A member viewed in an archive read whole is the member read from the file; a truncated archive
+    or a symlink member is refused the same way."""
+    import pytest
+
+    from dsv4patch.errors import BuildError, IntegrityError
+
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a/x.py", b"x = 1\n" * 1000)
+        link = zipfile.ZipInfo("a/link")
+        link.external_attr = 0o120777 << 16
+        zf.writestr(link, "/etc/passwd")
+    blob = path.read_bytes()
+    infos = zipcopy.open_members(io.BytesIO(blob))
+    with open(path, "rb") as fh:
+        assert zipcopy.raw_in(memoryview(blob), infos[0]) == zipcopy.read_raw(fh, infos[0])
+        with pytest.raises(IntegrityError, match="symbolic link"):
+            zipcopy.read_raw(fh, infos[1])
+    with pytest.raises(IntegrityError, match="symbolic link"):
+        zipcopy.raw_in(memoryview(blob), infos[1])
+    with pytest.raises(BuildError, match="truncated|bad local header"):
+        zipcopy.raw_in(memoryview(blob)[:infos[0].header_offset + 40], infos[0])
+    assert zipcopy.inflate(zipcopy.raw_in(memoryview(blob), infos[0])) == b"x = 1\n" * 1000

@@ -740,7 +740,7 @@ def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, n
     swapped = tmp_path / "swapped.whl"
     for wheel, want in ((_lying_wheel(case), needle), (_wheel_of(list(BASE_MEMBERS.items())[:2], "\n".join(
             [*(_record_row(n, d) for n, d in list(BASE_MEMBERS.items())[:2]), "vllm-0.0.1.dist-info/RECORD,,"])),
-            "is not the file the lock pins"), (_commented(good, 65), "is larger than")):
+            "is not the file the lock pins"), (_commented(good, 65), "dsv4patch reads from it; refused")):
         swapped.write_bytes(wheel)
         out = tmp_path / f"out-{len(wheel)}"
         with pytest.raises(IntegrityError) as exc:

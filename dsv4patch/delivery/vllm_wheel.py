@@ -389,7 +389,7 @@ def _read_stock_bytes(stock_path: Path, stock: WheelFile) -> bytes:
     """The stock wheel's bytes, read once (no link followed, at most the locked size or 4 GiB):
     what is hashed, parsed, checked and copied is this one immutable buffer."""
     limit = stock.size if stock.size is not None else zipcopy.ARCHIVE_LIMIT
-    return safeio.read_bytes(stock_path, limit, error=IntegrityError, what=f"stock wheel {stock_path}")
+    return safeio.read_whole(stock_path, limit, error=IntegrityError, what=f"stock wheel {stock_path}")
 
 
 @dataclass
@@ -508,17 +508,17 @@ def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kerne
     known_good = is_locked and _known_good(verdicts, stock.sha256, len(wheel.infos))
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_out(out_dir)  # partial wheels of runs that were killed
-    src = io.BytesIO(blob)
+    src = memoryview(blob)  # every member a view of the one buffer that was hashed
     # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
     with safeio.replacing(result.path) as dst:
         # The stock RECORD: hashes of every unchanged member (checked while copying:
         # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
         rec_info = wheel.infos[wheel.names.index(f"{wheel.old_info}/RECORD")]
-        stock_record = read_record(zipcopy.read_raw(src, rec_info), wheel.what)
+        stock_record = read_record(zipcopy.raw_in(src, rec_info), wheel.what)
         rp = _Repack(tree, wheel, stock, kernels, shipped, result, checks, zipcopy.Writer(dst), stock_record,
                      known_good=known_good)
         for info in wheel.infos:
-            _copy_stock_member(rp, info, zipcopy.read_raw(src, info), rec_info.filename)
+            _copy_stock_member(rp, info, zipcopy.raw_in(src, info), rec_info.filename)
         _add_new_files(rp)
         _add_kernel_package(rp)
         _seal(rp)

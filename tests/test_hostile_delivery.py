@@ -754,6 +754,30 @@ def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, n
     assert res.rc == EXIT_FETCH and needle in res.err
 
 
+@pytest.mark.parametrize("damage", ["lying", "link"])
+def test_a_damaged_cached_stock_wheel_is_never_repacked(tmp_path, cli, no_index_config, damage):
+    """The repack reads the cache's stock wheel without hashing it first (it hashes what it copies);
+    a cached file that is not the lock's (one whose member lies, or a link planted there, never
+    followed) is handed back to the cache, which drops it and fetches it anew (here from a URL
+    that refuses the connection: a fetch error, no wheel)."""
+    good = _lying_wheel("none")
+    lock, cache = _wheel_lock(tmp_path, good)
+    blob = cache / "blobs" / "sha256" / hashlib.sha256(good).hexdigest()
+    assert _wheel(cli, lock, cache, tmp_path / "a").rc == EXIT_OK
+    blob.unlink()
+    if damage == "link":
+        target = tmp_path / "elsewhere.whl"
+        target.write_bytes(good)
+        blob.symlink_to(target)
+    else:
+        blob.write_bytes(_lying_wheel("wrong-hash"))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_FETCH, res.err
+    assert "127.0.0.1:9" in res.err and not os.path.lexists(blob)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
 @pytest.mark.parametrize("content", ["not json", "[]", '{"schema": "wheel-record-v1"}', "link"])
 def test_record_verdict_of_another_shape_or_a_link_is_no_verdict(tmp_path, cli, no_index_config, content):
     """A damaged verdict, one of another shape, or a link planted where it goes is not trusted (every

@@ -894,12 +894,27 @@ def make_wheel(
     else:
         notes.append("the patches change no kernel source: no kernel library added")
     try:
-        blob = stock_wheel_path(store, wheel, progress)
-        built = build(tree, blob, wheel, kpkg, out, verdicts=store.root / VERDICTS)
+        built = _repack(store, progress, tree, wheel, kpkg, out)
     finally:
         if tmp_kernels is not None:
             store.remove_tmp(tmp_kernels)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
+
+
+def _repack(store: Store, progress: Progress, tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None,
+            out: Path) -> WheelBuild:
+    """:func:`build` from the cache's stock wheel.  The repack hashes the very bytes it copies and
+    refuses them unless they are the lock's, so a cached file is not hashed a second time first; a
+    repack that fails on a file the cache did not verify this run (a damaged entry) is made again
+    from the verified (or fetched anew) file, whose refusal, if any, is the one reported."""
+    verdicts = store.root / VERDICTS
+    cached = store.blob_path(wheel.sha256)
+    if safeio.is_regular(cached):
+        try:
+            return build(tree, cached, wheel, kpkg, out, verdicts=verdicts)
+        except IntegrityError:
+            pass  # checked again below, from the file the cache verifies (or fetches anew)
+    return build(tree, stock_wheel_path(store, wheel, progress), wheel, kpkg, out, verdicts=verdicts)
 
 
 def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,

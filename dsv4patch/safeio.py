@@ -139,6 +139,25 @@ def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Er
         os.close(fd)
 
 
+def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError, what: str = "") -> bytes:
+    """:func:`read_bytes` for a large file: the regular file ``path`` (no link, no FIFO), at most ``limit``
+    bytes, read into one buffer of the size it has (no joining of pieces: one copy in memory, not two);
+    a file larger than ``limit``, or one that grows past it while it is read, is ``error``."""
+    label = what or str(path)
+    fd = open_regular(path, error=error, what=what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise error(f"{label} is {size} bytes, more than the {limit} dsv4patch reads from it; refused")
+        first = os.read(fd, size + 1)  # the whole file in one buffer (Linux reads up to 2 GiB at once)
+        if len(first) > limit:
+            raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+        rest = _read_bounded(lambda n: os.read(fd, n), limit - len(first), label, error)
+        return first + rest if rest else first
+    finally:
+        os.close(fd)
+
+
 def read_text(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
               what: str = "") -> str:
     """:func:`read_bytes` decoded as UTF-8; a file that is not UTF-8 is ``error``."""

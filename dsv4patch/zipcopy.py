@@ -50,6 +50,7 @@ _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
 _END = struct.Struct("<4sHHHHIIH")
 _LIMIT = 0xFFFFFFFF
+ARCHIVE_LIMIT = _LIMIT  # the largest archive without ZIP64: the most read of a wheel whose size is not locked
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 INFLATE_LIMIT = 256 << 20  # the most a member read whole into memory may declare (docs/trust.md)
 _PIECE = 1 << 20
@@ -60,7 +61,7 @@ class Raw:
     """One member as stored: compressed bytes plus what the headers say about them."""
 
     name: str
-    data: bytes  # compressed
+    data: bytes | memoryview  # compressed (a view of an archive read whole: :func:`raw_in`)
     method: int
     crc: int
     size: int
@@ -70,18 +71,10 @@ class Raw:
 
 def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
     """The raw member ``info`` of the archive open as ``fh`` (validated, not inflated)."""
-    if info.flag_bits & 0x1:
-        raise BuildError(f"{info.filename}: encrypted zip members are not supported")
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise BuildError(f"{info.filename}: compression method {info.compress_type} is not supported")
-    kind = stat.S_IFMT(info.external_attr >> 16)
-    if kind not in (0, stat.S_IFREG) and not (kind == stat.S_IFDIR and info.filename.endswith("/")):
-        what = "a symbolic link" if kind == stat.S_IFLNK else f"not a regular file (mode {kind:o})"
-        raise IntegrityError(f"{info.filename}: the zip member is {what}; refused (an installer "
-                             "would create it where it points)")
+    _check_member(info)
     fh.seek(info.header_offset)
     head = fh.read(_LOCAL.size)
-    fields = _LOCAL.unpack(head)
+    fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
     if fields[0] != b"PK\x03\x04":
         raise BuildError(f"{info.filename}: bad local header in the zip")
     fh.seek(fields[9] + fields[10], 1)
@@ -92,6 +85,36 @@ def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
                info.date_time, info.external_attr)
 
 
+def raw_in(archive: memoryview, info: zipfile.ZipInfo) -> Raw:
+    """:func:`read_raw` from an archive already in memory: the member's bytes are a view of
+    ``archive`` (no copy; the very bytes that were read, and hashed, once)."""
+    _check_member(info)
+    start = info.header_offset
+    head = archive[start:start + _LOCAL.size]
+    fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
+    if fields[0] != b"PK\x03\x04":
+        raise BuildError(f"{info.filename}: bad local header in the zip")
+    begin = start + _LOCAL.size + fields[9] + fields[10]
+    data = archive[begin:begin + info.compress_size]
+    if len(data) != info.compress_size:
+        raise BuildError(f"{info.filename}: the zip is truncated")
+    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
+               info.date_time, info.external_attr)
+
+
+def _check_member(info: zipfile.ZipInfo) -> None:
+    """A member dsv4patch copies: not encrypted, stored or deflated, a regular file or a directory."""
+    if info.flag_bits & 0x1:
+        raise BuildError(f"{info.filename}: encrypted zip members are not supported")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise BuildError(f"{info.filename}: compression method {info.compress_type} is not supported")
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind not in (0, stat.S_IFREG) and not (kind == stat.S_IFDIR and info.filename.endswith("/")):
+        what = "a symbolic link" if kind == stat.S_IFLNK else f"not a regular file (mode {kind:o})"
+        raise IntegrityError(f"{info.filename}: the zip member is {what}; refused (an installer "
+                             "would create it where it points)")
+
+
 def deflate(name: str, data: bytes, mode: int = 0o644,
             date_time: tuple[int, int, int, int, int, int] = FIXED_DATE) -> Raw:
     """A new member: ``data`` deflated with fixed settings (same bytes in, same bytes out)."""
@@ -99,6 +122,33 @@ def deflate(name: str, data: bytes, mode: int = 0o644,
     packed = comp.compress(data) + comp.flush()
     return Raw(name, packed, zipfile.ZIP_DEFLATED, zlib.crc32(data) & 0xFFFFFFFF, len(data),
                date_time, (0o100000 | mode) << 16)
+
+
+def deflate_reusing(name: str, data: bytes, stored: Path, mode: int = 0o644) -> Raw:
+    """:func:`deflate`, reusing the deflated bytes kept at ``stored`` (a cache file) when they inflate
+    to exactly ``data``; else deflated here and kept there for the next time.
+
+    Deflating the kernel library takes about a second, inflating it a small part of that: a warm
+    kernel wheel reuses the stream.  What is reused is checked, never trusted: read without
+    following a link and within deflate's bound for ``data``, inflated (at most one byte past
+    ``data``'s size), compared byte for byte, one whole deflate stream with nothing after it; the
+    member written is made of those very bytes.  A cache that cannot be written only loses the copy.
+    """
+    crc = zlib.crc32(data) & 0xFFFFFFFF
+    try:
+        packed = safeio.read_bytes(stored, len(data) + (len(data) >> 8) + 1024, error=IntegrityError)
+        d = zlib.decompressobj(-15)
+        if (d.decompress(packed, len(data) + 1) == data and d.eof and not d.unused_data
+                and not d.unconsumed_tail):
+            return Raw(name, packed, zipfile.ZIP_DEFLATED, crc, len(data), FIXED_DATE, (0o100000 | mode) << 16)
+    except (OSError, IntegrityError, zlib.error):
+        pass  # absent, a link, too long, not one whole stream of this content: made again
+    raw = deflate(name, data, mode)
+    try:
+        safeio.atomic_write(stored, bytes(raw.data), durable=False)
+    except OSError:
+        pass
+    return raw
 
 
 class _Tally:
@@ -137,13 +187,14 @@ def chunks(raw: Raw) -> Iterator[bytes]:
 def _stored(raw: Raw) -> Iterator[bytes]:
     """A stored member's bytes in pieces (counted as they go, like inflated ones)."""
     for i in range(0, len(raw.data), _PIECE):
-        yield raw.data[i:i + _PIECE]
+        yield bytes(raw.data[i:i + _PIECE])
 
 
 def _inflated(raw: Raw) -> Iterator[bytes]:
     """Raw deflate, never more than 1 MiB out per call; a stream that ends early is refused."""
     d = zlib.decompressobj(-15)
     pos = 0
+    feed: bytes | memoryview
     try:
         while not d.eof:
             if d.unconsumed_tail:
@@ -225,12 +276,13 @@ class Writer:
         self.fh.write(_END.pack(b"PK\x05\x06", 0, 0, n, n, size, start, 0))
 
 
-def open_members(path: Path) -> list[zipfile.ZipInfo]:
+def open_members(path: Path | BinaryIO, label: str = "") -> list[zipfile.ZipInfo]:
+    """The members of the zip ``path`` (a file, or the bytes of one already read)."""
     try:
         with zipfile.ZipFile(path) as zf:
             return zf.infolist()
     except (zipfile.BadZipFile, OSError) as exc:
-        raise BuildError(f"{path}: not a readable zip ({exc})") from None
+        raise BuildError(f"{label or path}: not a readable zip ({exc})") from None
 
 
 def record_row(name: str, data: bytes) -> tuple[str, str, str]:

@@ -50,3 +50,57 @@ def test_one_writer_gives_a_wheel_whose_record_lists_every_member(tmp_path: Path
     assert zipcopy.write(tmp_path / "third.whl", (zipcopy.deflate(n, d) for n, d in members.items())
                          ).read_bytes() == again.read_bytes()
     assert not list(tmp_path.glob(".*.tmp*"))
+
+
+def test_deflate_reusing_takes_a_kept_stream_only_when_it_inflates_to_the_content(tmp_path: Path) -> None:
+    """The kept deflated bytes are reused when they inflate to exactly the content; a kept file with
+    other content, a truncated or overlong one, or a link planted there is never taken (nor followed)."""
+    import os
+    import zlib
+
+    data = os.urandom(1 << 16) + b"\0" * (1 << 20)
+    kept = tmp_path / "lib.so.deflate6"
+    fresh = zipcopy.deflate("k/lib.so", data, 0o755)
+    first = zipcopy.deflate_reusing("k/lib.so", data, kept, 0o755)
+    assert first == fresh and kept.read_bytes() == fresh.data
+    assert zipcopy.deflate_reusing("k/lib.so", data, kept, 0o755) == fresh
+    other = b"\x7fELF planted" + data[12:]
+    comp = zlib.compressobj(6, zlib.DEFLATED, -15)
+    planted = comp.compress(other) + comp.flush()
+    for bad in (planted, fresh.data[:-10], fresh.data + b"\0" * (len(data) // 2)):
+        kept.write_bytes(bad)
+        got = zipcopy.deflate_reusing("k/lib.so", data, kept, 0o755)
+        assert got == fresh and b"".join(zipcopy.chunks(got)) == data
+        assert kept.read_bytes() == fresh.data  # replaced by the right stream
+    kept.unlink()
+    target = tmp_path / "elsewhere"
+    target.write_bytes(fresh.data)
+    kept.symlink_to(target)
+    assert zipcopy.deflate_reusing("k/lib.so", data, kept, 0o755) == fresh
+    assert not kept.is_symlink() and target.read_bytes() == fresh.data  # the link replaced, not written through
+
+
+def test_raw_in_is_read_raw_from_memory_and_refuses_the_same(tmp_path: Path) -> None:
+    """A member viewed in an archive read whole is the member read from the file; a truncated archive
+    or a symlink member is refused the same way."""
+    import pytest
+
+    from dsv4patch.errors import BuildError, IntegrityError
+
+    path = tmp_path / "a.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a/x.py", b"x = 1\n" * 1000)
+        link = zipfile.ZipInfo("a/link")
+        link.external_attr = 0o120777 << 16
+        zf.writestr(link, "/etc/passwd")
+    blob = path.read_bytes()
+    infos = zipcopy.open_members(io.BytesIO(blob))
+    with open(path, "rb") as fh:
+        assert zipcopy.raw_in(memoryview(blob), infos[0]) == zipcopy.read_raw(fh, infos[0])
+        with pytest.raises(IntegrityError, match="symbolic link"):
+            zipcopy.read_raw(fh, infos[1])
+    with pytest.raises(IntegrityError, match="symbolic link"):
+        zipcopy.raw_in(memoryview(blob), infos[1])
+    with pytest.raises(BuildError, match="truncated|bad local header"):
+        zipcopy.raw_in(memoryview(blob)[:infos[0].header_offset + 40], infos[0])
+    assert zipcopy.inflate(zipcopy.raw_in(memoryview(blob), infos[0])) == b"x = 1\n" * 1000

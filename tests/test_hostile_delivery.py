@@ -685,6 +685,120 @@ def test_stock_wheel_that_tells_the_truth_still_repacks(tmp_path, cli, no_index_
     assert vllm_wheel.check_record(Path(json.loads(res.out)["wheel"])) == []
 
 
+# --- issue 39: the cached RECORD verdict covers exactly the bytes it was made for -------------------
+
+
+def _commented(wheel: bytes, n: int) -> bytes:
+    """``wheel`` with an ``n``-byte archive comment (the same members, another file)."""
+    buf = io.BytesIO(wheel)
+    with zipfile.ZipFile(buf, "a") as zf:
+        zf.comment = b"x" * n
+    return buf.getvalue()
+
+
+def _verdict_file(cache: Path, wheel: bytes) -> Path:
+    return cache / "wheel-records" / f"{hashlib.sha256(wheel).hexdigest()}.json"
+
+
+def test_record_verdict_is_reused_for_the_same_bytes_only(tmp_path, cli, no_index_config):
+    """A full RECORD check that passed is recorded for the wheel's sha256; the next run copies the
+    very bytes it hashed without inflating them again and writes the same wheel."""
+    good = _lying_wheel("none")
+    lock, cache = _wheel_lock(tmp_path, good)
+    first = _wheel(cli, lock, cache, tmp_path / "a")
+    assert first.rc == EXIT_OK, first.err
+    verdict = json.loads(_verdict_file(cache, good).read_text())
+    assert verdict["stock_sha256"] == hashlib.sha256(good).hexdigest() and verdict["members"] == 5
+    second = _wheel(cli, lock, cache, tmp_path / "b")
+    assert second.rc == EXIT_OK, second.err
+    a, b = Path(json.loads(first.out)["wheel"]), Path(json.loads(second.out)["wheel"])
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("case,needle", [("wrong-hash", "vllm/_version.py's sha256 is not the one its RECORD"),
+                                         ("wrong-size", "vllm/_version.py is 22 bytes, its RECORD says '999'")])
+def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, no_index_config, case, needle):
+    """The verdict for the lock's wheel exists; the file is then swapped for one with a lying member
+    (after the cache verified it, before the repack reads it).  The repack hashes the bytes it copies:
+    they are not the lock's, so every member is checked and the lie refused with the same error as
+    without any verdict; a wheel true to its own RECORD is refused for not being the lock's, and one
+    longer than the locked size is refused without reading past it."""
+    from dsv4patch.delivery import vllm_wheel
+    from dsv4patch.errors import IntegrityError
+    from dsv4patch.pins.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import patched_tree
+    from dsv4patch.store import Store
+
+    good = _commented(_lying_wheel("none"), 64)  # locked a little larger than the swapped files
+    lock_path, cache = _wheel_lock(tmp_path, good)
+    assert _wheel(cli, lock_path, cache, tmp_path / "a").rc == EXIT_OK
+    assert _verdict_file(cache, good).is_file()
+    lock = load(lock_path)
+    pin = lock.pin("s")
+    tree = patched_tree(lock, pin, Store.open(cache), Progress(False))
+    swapped = tmp_path / "swapped.whl"
+    for wheel, want in ((_lying_wheel(case), needle), (_wheel_of(list(BASE_MEMBERS.items())[:2], "\n".join(
+            [*(_record_row(n, d) for n, d in list(BASE_MEMBERS.items())[:2]), "vllm-0.0.1.dist-info/RECORD,,"])),
+            "is not the file the lock pins"), (_commented(good, 65), "dsv4patch reads from it; refused")):
+        swapped.write_bytes(wheel)
+        out = tmp_path / f"out-{len(wheel)}"
+        with pytest.raises(IntegrityError) as exc:
+            vllm_wheel.build(tree, swapped, pin.wheels["x86_64"], None, out, verdicts=cache / "wheel-records")
+        assert want in str(exc.value)
+        assert not out.exists() or list(out.iterdir()) == []
+    # without a verdict, the same lie is refused with the same words (the CLI, fetched from the lock)
+    (tmp_path / "plain").mkdir()
+    lock2, cache2 = _wheel_lock(tmp_path / "plain", _lying_wheel(case))
+    res = _wheel(cli, lock2, cache2, tmp_path / "plain-out")
+    assert res.rc == EXIT_FETCH and needle in res.err
+
+
+@pytest.mark.parametrize("damage", ["lying", "link"])
+def test_a_damaged_cached_stock_wheel_is_never_repacked(tmp_path, cli, no_index_config, damage):
+    """The repack reads the cache's stock wheel without hashing it first (it hashes what it copies);
+    a cached file that is not the lock's (one whose member lies, or a link planted there, never
+    followed) is handed back to the cache, which drops it and fetches it anew (here from a URL
+    that refuses the connection: a fetch error, no wheel)."""
+    good = _lying_wheel("none")
+    lock, cache = _wheel_lock(tmp_path, good)
+    blob = cache / "blobs" / "sha256" / hashlib.sha256(good).hexdigest()
+    assert _wheel(cli, lock, cache, tmp_path / "a").rc == EXIT_OK
+    blob.unlink()
+    if damage == "link":
+        target = tmp_path / "elsewhere.whl"
+        target.write_bytes(good)
+        blob.symlink_to(target)
+    else:
+        blob.write_bytes(_lying_wheel("wrong-hash"))
+    out = tmp_path / "out"
+    res = _wheel(cli, lock, cache, out)
+    assert res.rc == EXIT_FETCH, res.err
+    assert "127.0.0.1:9" in res.err and not os.path.lexists(blob)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", ["not json", "[]", '{"schema": "wheel-record-v1"}', "link"])
+def test_record_verdict_of_another_shape_or_a_link_is_no_verdict(tmp_path, cli, no_index_config, content):
+    """A damaged verdict, one of another shape, or a link planted where it goes is not trusted (every
+    member is checked again: the lying member is refused) and never followed."""
+    lying = _lying_wheel("wrong-hash")
+    lock, cache = _wheel_lock(tmp_path, lying)
+    path = _verdict_file(cache, lying)
+    path.parent.mkdir(parents=True)
+    if content == "link":  # a verdict that would be taken, reached through a link: not followed
+        from dsv4patch.delivery import vllm_wheel
+
+        target = tmp_path / "elsewhere.json"
+        target.write_text(json.dumps({"schema": "wheel-record-v1", "stock_sha256": path.stem,
+                                      "tool": vllm_wheel.verdict_tool(), "members": 5}))
+        path.symlink_to(target)
+    else:
+        path.write_text(content)
+    res = _wheel(cli, lock, cache, tmp_path / "out")
+    assert res.rc == EXIT_FETCH and "vllm/_version.py's sha256 is not the one its RECORD" in res.err
+
+
 def _bomb(name: str, declared: int, inflated: int) -> tuple[bytes, int]:
     """A deflated member of ``inflated`` zero bytes whose headers declare ``declared``: (raw bytes, crc)."""
     import zlib

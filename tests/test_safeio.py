@@ -258,3 +258,19 @@ def test_replacing_writes_through_an_owned_partial_and_never_through_a_link(tmp_
             fh.write(b"half")
             raise KeyboardInterrupt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.whl", "victim"]
+
+
+def test_read_whole_is_one_buffer_within_the_limit_and_never_a_link(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(3 << 20))
+    assert safeio.read_whole(big, 3 << 20) == big.read_bytes()
+    with pytest.raises(UnsafeFileError, match="more than"):
+        safeio.read_whole(big, (3 << 20) - 1)
+    link = tmp_path / "link"
+    link.symlink_to(big)
+    with pytest.raises(UnsafeFileError, match="symbolic link"):
+        safeio.read_whole(link, 4 << 20)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsafeFileError, match="not a regular file|FIFO"):
+        safeio.read_whole(fifo, 4 << 20)

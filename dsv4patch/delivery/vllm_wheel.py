@@ -56,14 +56,14 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, cast
 
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.checkout import apply_pin
 from dsv4patch.delivery import sbom
-from dsv4patch.errors import BuildError, IntegrityError, ParameterError, TreeError, param
+from dsv4patch.errors import BuildError, Dsv4Error, IntegrityError, ParameterError, TreeError, param
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import (
     KERNEL_MEMBER_LIMIT,
@@ -299,21 +299,97 @@ def _workers() -> int:
 
 
 def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
-          out_dir: Path) -> WheelBuild:
+          out_dir: Path, *, verdicts: Path | None = None) -> WheelBuild:
     """Write the patched wheel into ``out_dir`` (atomically) and return what it contains.
 
-    Every unchanged stock member is checked against the stock RECORD on a pool of
-    threads (:class:`_Checks`); the wheel is published only when all checks passed.
+    The stock wheel is read once into memory (at most its locked size) and every byte
+    written comes from that one read.  Every unchanged stock member is checked against the
+    stock RECORD on a pool of threads (:class:`_Checks`), unless ``verdicts`` (a directory of
+    the cache) holds this tool's verdict for the lock's sha256 and the bytes read hash to it
+    (:func:`_known_good`); the wheel is published only when all checks passed.  With
+    ``verdicts``, the bytes read must be the lock's (else IntegrityError), and a full check
+    that passes is recorded there for the next run.
     """
     pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="dsv4patch-record")
     checks = _Checks(pool)
     try:
-        return _build(tree, stock_path, stock, kernels, out_dir, checks)
+        return _build(tree, stock_path, stock, kernels, out_dir, checks, verdicts)
     except (IntegrityError, BuildError):
         checks.drain()  # a member before this one that failed its check is the one to report
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+VERDICT_SCHEMA = "wheel-record-v1"
+VERDICTS = "wheel-records"  # the cache's directory of RECORD verdicts (make_wheel's)
+_VERDICT_DECIDING = ("delivery/vllm_wheel.py", "zipcopy.py", "hashing.py")  # relative to dsv4patch/
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    """``<cache>/wheel-records/<stock sha256>.json``: every member of the stock wheel whose
+    bytes hash to ``stock_sha256`` matched its RECORD, as checked by ``tool`` (this
+    module's version and source): a pure function of those bytes, so a later run that
+    hashed the very bytes it copies to ``stock_sha256`` need not inflate them again."""
+
+    schema: str
+    stock_sha256: str
+    tool: str
+    members: int
+
+    @classmethod
+    def from_json(cls, data: object) -> RecordVerdict | None:
+        """The verdict, or None for anything of another shape (it is then recomputed)."""
+        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
+            return None
+        if not all(isinstance(data[k], str) for k in ("schema", "stock_sha256", "tool")):
+            return None
+        if not isinstance(data["members"], int) or isinstance(data["members"], bool):
+            return None
+        return cls(data["schema"], data["stock_sha256"], data["tool"], data["members"])
+
+
+def verdict_tool() -> str:
+    """dsv4patch's version and the sha256 of the modules that decide a RECORD verdict."""
+    from dsv4patch import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    pkg = Path(__file__).resolve().parent.parent
+    for name in _VERDICT_DECIDING:
+        h.update(b"\0" + name.encode() + b"\0" + (pkg / name).read_bytes())
+    return h.hexdigest()
+
+
+def _known_good(verdicts: Path | None, stock_sha256: str, members: int) -> bool:
+    """Is there a verdict (this tool's, same member count) that the wheel ``stock_sha256`` is true
+    to its RECORD?  A missing, damaged, linked or foreign entry is no verdict."""
+    if verdicts is None:
+        return False
+    try:
+        data = safeio.read_json(verdicts / f"{stock_sha256}.json")
+    except (OSError, Dsv4Error):
+        return False
+    verdict = RecordVerdict.from_json(data)
+    return verdict == RecordVerdict(VERDICT_SCHEMA, stock_sha256, verdict_tool(), members)
+
+
+def _save_verdict(verdicts: Path, stock_sha256: str, members: int) -> None:
+    """Record a full check that passed (atomically; a full or read-only cache only loses it)."""
+    verdict = RecordVerdict(VERDICT_SCHEMA, stock_sha256, verdict_tool(), members)
+    try:
+        verdicts.mkdir(parents=True, exist_ok=True)
+        safeio.atomic_write(verdicts / f"{stock_sha256}.json",
+                            json.dumps(asdict(verdict), sort_keys=True) + "\n", durable=False)
+    except OSError:
+        pass
+
+
+def _read_stock_bytes(stock_path: Path, stock: WheelFile) -> bytes:
+    """The stock wheel's bytes, read once (no link followed, at most the locked size or 4 GiB):
+    what is hashed, parsed, checked and copied is this one immutable buffer."""
+    limit = stock.size if stock.size is not None else zipcopy.ARCHIVE_LIMIT
+    return safeio.read_whole(stock_path, limit, error=IntegrityError, what=f"stock wheel {stock_path}")
 
 
 @dataclass
@@ -333,7 +409,7 @@ class _Stock:
         return f"stock wheel {self.filename}"
 
 
-def _open_stock(stock_path: Path, stock: WheelFile, pin: Pin) -> _Stock:
+def _open_stock(blob: bytes, stock: WheelFile, pin: Pin) -> _Stock:
     """The stock wheel's name, tags and members; refused unless it is a plain wheel of the pin's vLLM.
 
     Every member name is checked first: a name that would install outside site-packages is
@@ -345,7 +421,7 @@ def _open_stock(stock_path: Path, stock: WheelFile, pin: Pin) -> _Stock:
         raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
     name, old_version, tags = m.groups()
     old_info = f"{name}-{old_version}.dist-info"
-    infos = zipcopy.open_members(stock_path)
+    infos = zipcopy.open_members(io.BytesIO(blob), stock_name)
     names = [i.filename for i in infos]
     for n in names:
         problem = member_problem(n)
@@ -395,6 +471,7 @@ class _Repack:
     files: list[dict[str, Any]] = field(default_factory=list)  # the provenance's changed files
     seen: set[str] = field(default_factory=set)
     dist_info: list[zipcopy.Raw] = field(default_factory=list)  # the stock dist-info, written last
+    known_good: bool = False  # a verdict covers these very bytes: no member is inflated again
 
     @property
     def new_info(self) -> str:
@@ -419,28 +496,40 @@ class _Repack:
 
 
 def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
-           out_dir: Path, checks: _Checks) -> WheelBuild:
-    """The repack as named steps: check the stock wheel, plan, copy the members, add, seal."""
-    wheel = _open_stock(stock_path, stock, tree.pin)
+           out_dir: Path, checks: _Checks, verdicts: Path | None) -> WheelBuild:
+    """The repack as named steps: read and check the stock wheel, plan, copy the members, add, seal."""
+    blob = _read_stock_bytes(stock_path, stock)
+    whole = checks.pool.submit(hashlib.sha256, blob)  # beside the parse (hashlib releases the GIL)
+    wheel = _open_stock(blob, stock, tree.pin)
     version = local_version(tree.pin, tree.series, kernels.members if kernels else None)
     result = WheelBuild(out_dir / f"{wheel.dist}-{version}-{wheel.tags}.whl", version)
     shipped = _shipped(tree, wheel, kernels, result)
+    is_locked = whole.result().hexdigest() == stock.sha256
+    known_good = is_locked and _known_good(verdicts, stock.sha256, len(wheel.infos))
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_out(out_dir)  # partial wheels of runs that were killed
+    src = memoryview(blob)  # every member a view of the one buffer that was hashed
     # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
-    with safeio.replacing(result.path) as dst, open(stock_path, "rb") as src:
+    with safeio.replacing(result.path) as dst:
         # The stock RECORD: hashes of every unchanged member (checked while copying:
         # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
         rec_info = wheel.infos[wheel.names.index(f"{wheel.old_info}/RECORD")]
-        stock_record = read_record(zipcopy.read_raw(src, rec_info), wheel.what)
-        rp = _Repack(tree, wheel, stock, kernels, shipped, result, checks, zipcopy.Writer(dst), stock_record)
+        stock_record = read_record(zipcopy.raw_in(src, rec_info), wheel.what)
+        rp = _Repack(tree, wheel, stock, kernels, shipped, result, checks, zipcopy.Writer(dst), stock_record,
+                     known_good=known_good)
         for info in wheel.infos:
-            _copy_stock_member(rp, info, zipcopy.read_raw(src, info), rec_info.filename)
+            _copy_stock_member(rp, info, zipcopy.raw_in(src, info), rec_info.filename)
         _add_new_files(rp)
         _add_kernel_package(rp)
         _seal(rp)
         checks.drain()  # every stock member matched RECORD, or the partial wheel goes
+        if verdicts is not None and not is_locked:
+            raise IntegrityError(f"{wheel.what} ({stock_path}) is not the file the lock pins (sha256 "
+                                 f"{whole.result().hexdigest()[:16]}, the lock says {stock.sha256[:16]}); it "
+                                 "changed after it was verified; run the command again to fetch it anew")
         rp.writer.close()
+    if verdicts is not None and not known_good:
+        _save_verdict(verdicts, stock.sha256, len(wheel.infos))
     missing = set(shipped) - set(result.replaced) - set(result.added) - set(result.removed)
     if missing:  # a deletion of a file the stock wheel lacks: nothing to do, but say so
         result.not_shipped += sorted(missing)
@@ -453,7 +542,7 @@ def _copy_stock_member(rp: _Repack, info: zipfile.ZipInfo, raw: zipcopy.Raw, rec
     The dist-info is kept aside: it is renamed and rewritten once the new version is known.
     """
     rp.seen.add(info.filename)
-    if info.filename != record_name and info.filename not in rp.shipped:
+    if info.filename != record_name and info.filename not in rp.shipped and not rp.known_good:
         rp.checks.submit(_check(raw, rp.stock_record, rp.wheel.what), len(raw.data))
     if info.filename.startswith(rp.wheel.old_info + "/"):
         rp.dist_info.append(raw)
@@ -805,12 +894,27 @@ def make_wheel(
     else:
         notes.append("the patches change no kernel source: no kernel library added")
     try:
-        blob = stock_wheel_path(store, wheel, progress)
-        built = build(tree, blob, wheel, kpkg, out)
+        built = _repack(store, progress, tree, wheel, kpkg, out)
     finally:
         if tmp_kernels is not None:
             store.remove_tmp(tmp_kernels)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
+
+
+def _repack(store: Store, progress: Progress, tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None,
+            out: Path) -> WheelBuild:
+    """:func:`build` from the cache's stock wheel.  The repack hashes the very bytes it copies and
+    refuses them unless they are the lock's, so a cached file is not hashed a second time first; a
+    repack that fails on a file the cache did not verify this run (a damaged entry) is made again
+    from the verified (or fetched anew) file, whose refusal, if any, is the one reported."""
+    verdicts = store.root / VERDICTS
+    cached = store.blob_path(wheel.sha256)
+    if safeio.is_regular(cached):
+        try:
+            return build(tree, cached, wheel, kpkg, out, verdicts=verdicts)
+        except IntegrityError:
+            pass  # checked again below, from the file the cache verifies (or fetches anew)
+    return build(tree, stock_wheel_path(store, wheel, progress), wheel, kpkg, out, verdicts=verdicts)
 
 
 def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,

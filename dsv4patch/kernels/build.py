@@ -38,7 +38,7 @@ import shutil
 import sys
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -648,14 +648,18 @@ def link(units: list[UnitBuild], tc: Toolchain, store: Store) -> Path:
     return out
 
 
+DEFLATED_SUFFIX = ".deflate6"  # the library's deflated bytes (zipcopy.deflate's settings), kept beside it
+
 # The plugin package's __init__.py: a plain module of this package, copied verbatim.
 RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")
 
 
 def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
                 entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "",
-                requires: Sequence[str] = ()) -> Path:
-    """A wheel (zip + .dist-info) with ``files``; deterministic bytes for the same input."""
+                requires: Sequence[str] = (), stored: Mapping[str, Path] | None = None) -> Path:
+    """A wheel (zip + .dist-info) with ``files``; deterministic bytes for the same input.
+
+    ``stored``: member -> a cache file that keeps its deflated bytes (:func:`zipcopy.deflate_reusing`)."""
     info = f"{name}-{version}.dist-info"
     meta = {
         f"{info}/METADATA": (
@@ -671,9 +675,14 @@ def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
     allf[f"{info}/RECORD"] = zipcopy.record((zipcopy.record_row(p, d) for p, d in allf.items()),
                                             f"{info}/RECORD")
     out_dir.mkdir(parents=True, exist_ok=True)
+    keep = stored or {}
     return zipcopy.write(out_dir / f"{name}-{version}-{tag}.whl",
-                         (zipcopy.deflate(arc, data, 0o755 if arc.endswith(".so") else 0o644)
-                          for arc, data in allf.items()))
+                         (zipcopy.deflate_reusing(arc, data, keep[arc], _mode(arc)) if arc in keep
+                          else zipcopy.deflate(arc, data, _mode(arc)) for arc, data in allf.items()))
+
+
+def _mode(arc: str) -> int:
+    return 0o755 if arc.endswith(".so") else 0o644
 
 
 def wheel_version(vllm_version: str, tree_id: str, info: dict[str, Any]) -> str:
@@ -720,9 +729,11 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
         f"{name}/{lib}": result.library.read_bytes(),
     }
     eps = f"[{PLUGIN_GROUP}]\n{name} = {name}:register\n"
+    # The library's deflated bytes are kept beside it in the link's cache entry: a warm build reuses them.
     return write_wheel(out_dir, name, version, files, eps, tag=wheel_tag(tc.machine),
                        summary=f"dsv4patch-rebuilt vLLM {vllm_version} kernels: {', '.join(result.ops)}",
-                       requires=[f"vllm=={vllm_version}"])
+                       requires=[f"vllm=={vllm_version}"],
+                       stored={f"{name}/{lib}": result.library.with_name(lib + DEFLATED_SUFFIX)})
 
 
 def build(

@@ -694,15 +694,9 @@ ENVIRONMENT_READS_ALLOWED = {
     "proofs/selftest/child.py:main": "runs in the engine child under test, told its paths by the runner",
     "proofs/selftest/child.py:<module>": "runs in the engine child under test, told its paths by the runner",
 }
-# Environment settings still read in the core (issue 37: into dsv4patch/settings.py): may only shrink.
-ENVIRONMENT_SETTINGS_LEFT = {
-    "git.py:_execute",  # DSV4PATCH_GIT_TIMEOUT, read at each git call
-    "index.py:transfer_timeout",  # DSV4PATCH_DOWNLOAD_TIMEOUT
-    "index.py:min_rate",  # DSV4PATCH_DOWNLOAD_MIN_RATE
-    "limits.py:env_number",  # the reader the three above use
-    "store.py:mutex_timeout",  # DSV4PATCH_LOCK_TIMEOUT, read at each file lock
-    "report.py:console",  # NO_COLOR
-}
+# Environment settings still read in the core: none (issue 37 moved the bounds and NO_COLOR into
+# dsv4patch/settings.py, read once by main); an entry here needs a reason that holds.
+ENVIRONMENT_SETTINGS_LEFT: set[str] = set()
 
 
 def test_the_core_reads_no_setting_from_the_environment() -> None:

@@ -17,13 +17,14 @@ from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
-from dsv4patch.settings import Settings
+from dsv4patch.settings import active as active_settings
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
     from dsv4patch.checkout import ApplyResult, KernelBuild
     from dsv4patch.kernels import TreeBuild
     from dsv4patch.pins import Lock, Pin
+    from dsv4patch.settings import Settings
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
@@ -79,9 +80,10 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 
 def settings() -> Settings:
-    """The environment's defaults (``$DSV4PATCH_LOCK``, ``$DSV4PATCH_TORCH_PYTHON``, ...) as they are
-    now: the one place a command reads them; the core gets each value as an explicit keyword."""
-    return Settings.from_environ(os.environ)
+    """The environment's defaults (``$DSV4PATCH_LOCK``, ``$DSV4PATCH_TORCH_PYTHON``, ...) of this run:
+    read and validated once by ``main`` (:func:`dsv4patch.settings.in_effect`); the core gets each
+    value as an explicit keyword, or in the :class:`dsv4patch.context.Context`."""
+    return active_settings()
 
 
 def open_lock(args: argparse.Namespace) -> Lock:

@@ -78,10 +78,8 @@ from dsv4patch.safeio import loads_json, read_stream
 from dsv4patch.series import patched_tree
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, WheelFile
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Pin, WheelFile
     from dsv4patch.series import ChangedFile, PatchedTree, Series
-    from dsv4patch.store import Store
 
 PROVENANCE = "dsv4patch.json"
 LOCAL_PREFIX = "dsv4"
@@ -757,10 +755,8 @@ class PatchedWheel:
 
 def make_wheel(
     *,
-    lock: Lock,
+    ctx: Context,
     pin: Pin,
-    store: Store,
-    progress: Progress,
     out: Path,
     platform: str | None = None,
     kernels: Path | None = None,
@@ -777,9 +773,10 @@ def make_wheel(
     tree is created in the cache and its kernels built (``archs``, ``python``, ``nvcc``,
     ``allow_torch``, ``extra_include`` as for :func:`dsv4patch.kernels.building.build_tree`).
     """
+    store, progress = ctx.store, ctx.progress
     plat = platform or host_platform()
     wheel = stock_wheel_for(pin, plat)
-    tree = patched_tree(lock, pin, store, progress)
+    tree = patched_tree(ctx=ctx, pin=pin)
     kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
     notes: list[str] = []
     kpkg = None
@@ -792,7 +789,7 @@ def make_wheel(
                 f"{param('platform')} {plat}: the kernel library is built for this machine "
                 f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
                 f"{pin.name}` and pass the wheel with {param('kernels')}")
-        kwheel = _build_kernels(lock, pin, store, progress, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}",
+        kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", ctx=ctx,
                                 archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
                                 extra_include=extra_include)
         if kwheel is None:
@@ -813,7 +810,7 @@ def make_wheel(
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
-def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,
+def _build_kernels(pin: Pin, key: str, *, ctx: Context,
                    archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
                    extra_include: Sequence[Path]) -> Path | None:
     """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
@@ -821,12 +818,13 @@ def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: 
     The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that an
     older dsv4patch or other patch texts left in a state ``apply`` does not take is made again.
     """
+    store, progress = ctx.store, ctx.progress
     path = store.root / "wheel-trees" / f"{pin.name}-{key}"
     try:
-        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     except TreeError:
         shutil.rmtree(path, ignore_errors=True)
-        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")

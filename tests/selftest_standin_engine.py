@@ -17,7 +17,8 @@ predicts; STANDIN_MODE changes that to exercise each verdict:
 
 ``--probe`` answers the environment probe as the real child does, for a
 STAND-IN GPU (STANDIN_GPU: "h200" by default, "none" for a machine without one,
-"small" for one with 4 GiB free; STANDIN_GPUS=N: N such devices): the sizing and the no-GPU paths run for real.
+"small" for one with 4 GiB free; STANDIN_GPUS=N: N such devices; STANDIN_PROBE_DELAY=S: it answers after S seconds, as a node whose torch and
+vLLM import slowly): the sizing and the no-GPU paths run for real.
 Like vLLM 0.26.0's engine config, a speculative engine (MTP, DSpark) asked for pipeline parallelism is refused
 at start with vLLM's own message (``config/model.py:1240-1247``, for the draft); ``engine_ready`` reports the
 spec's TP and PP sizes
@@ -62,6 +63,7 @@ def probe() -> dict:
 
 def main() -> int:
     if sys.argv[1] == "--probe":
+        time.sleep(float(os.environ.get("STANDIN_PROBE_DELAY", "0")))  # a node whose torch and vLLM import slowly
         print(json.dumps(probe()))
         return 0
     spec = json.loads(Path(sys.argv[1]).read_text())

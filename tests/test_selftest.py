@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,21 @@ def test_json_validates_and_a_pass_exits_0(cli, tmp_path):
     assert 0 < mtp["acceptance"]["accepted"] < mtp["acceptance"]["drafted"]
     assert mtp["acceptance"] == mtp["expected_acceptance"]
     assert data["work"] == str(tmp_path / "w") and Path(data["engines"][0]["log"]).is_file()
+
+
+def test_the_run_ends_by_its_deadline_counted_from_its_start_not_from_the_engines(cli, tmp_path, monkeypatch):
+    """--deadline bounds the whole verb: a slow environment probe (torch and vLLM importing on a busy node)
+    comes out of the engines' time.  On the H200 (2026-12-04) a run with --deadline 145 was still going at
+    190 s: the engines' deadline was counted from their launch, after the probe."""
+    monkeypatch.setenv("STANDIN_PROBE_DELAY", "6")
+    monkeypatch.setenv("STANDIN_MODE", "hang_start")
+    t0 = time.monotonic()
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--deadline", "20",
+              "--start-deadline", "60", "--work", tmp_path / "w", "--format", "json")
+    took = time.monotonic() - t0
+    data = validate_json("selftest", res.out)
+    assert data["cases"][0]["verdict"] == "not-run" and "the run's deadline" in data["cases"][0]["error"]
+    assert data["seconds"] < 20 + 3 and took < 20 + 6, (data["seconds"], took)
 
 
 def test_a_differing_case_exits_1_and_the_table_names_it(cli, tmp_path, monkeypatch):

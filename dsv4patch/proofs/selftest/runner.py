@@ -531,6 +531,7 @@ class _Launch:
     deadlines: Deadlines
     env: dict[str, str]
     groups: tuple[tuple[int, ...], ...] | None
+    stop_at: float  # the run's deadline (monotonic): counted from the self-test's start, not the engines'
     t0: float = field(default_factory=time.monotonic)
     free_groups: queue.Queue[tuple[int, ...]] = field(default_factory=queue.Queue)
     first_ready: threading.Event = field(default_factory=threading.Event)
@@ -540,10 +541,6 @@ class _Launch:
     def __post_init__(self) -> None:
         for g in self.groups or ():
             self.free_groups.put(g)
-
-    @property
-    def stop_at(self) -> float:
-        return self.t0 + self.deadlines.total
 
     def released(self, seconds: float | None) -> None:
         """The first engine is ready (or ended): the others may start, with its start measured."""
@@ -590,6 +587,7 @@ def run_cases(
     env: dict[str, str] | None = None,
     topology: plan.Topology | None = None,
     groups: tuple[tuple[int, ...], ...] | None = None,
+    stop_at: float | None = None,
 ) -> list[EngineRun]:
     """Every engine the cases need, in :func:`.plan.engine_order`: the first alone until it is ready, then
     the rest PARALLEL at once, each with a warm start deadline from the first one's measured start.
@@ -598,7 +596,9 @@ def run_cases(
     others then find; its readiness (or its end) releases them.  Each engine
     is spread as TOPOLOGY (one GPU by default); with GROUPS (the probe's device
     indices, :func:`.plan.size_topology`) each engine running at once holds
-    one group alone, given to it as ``CUDA_VISIBLE_DEVICES``.
+    one group alone, given to it as ``CUDA_VISIBLE_DEVICES``.  STOP_AT (monotonic
+    seconds) is the run's deadline when the run began before the engines (the
+    probe, the model's files): else ``deadlines.total`` from now.
     """
     topology = topology or plan.Topology()
     model_dir = tiny.write_model(work / "tiny-dsv4")
@@ -609,7 +609,8 @@ def run_cases(
     by_engine: dict[str, tuple[Engine, list[PromptSet]]] = {}
     for c in cases:
         by_engine.setdefault(c.engine.name, (c.engine, []))[1].append(c.prompts)
-    launch = _Launch(child, work, spec, deadlines, child_env(env), groups)
+    launch = _Launch(child, work, spec, deadlines, child_env(env), groups,
+                     stop_at=time.monotonic() + deadlines.total if stop_at is None else stop_at)
     order = [by_engine[e.name] for e in plan.engine_order([e for e, _ in by_engine.values()])]
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(groups)) if groups else parallel)) as pool:
         futures = [pool.submit(launch.one, item, i == 0) for i, item in enumerate(order)]
@@ -766,7 +767,10 @@ def python_of(given: str | None, env_python: str | None = None) -> str:
     return given or env_python or sys.executable
 
 
-def probe_node(child: list[str], *, deadline: float = 180.0) -> Node:
+PROBE_DEADLINE = 180.0  # seconds for ``child.py --probe`` (imports torch and vLLM, asks CUDA), at most
+
+
+def probe_node(child: list[str], *, deadline: float = PROBE_DEADLINE) -> Node:
     """``child.py --probe`` under the environment's interpreter: what it has (:mod:`.node`)."""
     try:
         fin = childproc.run([*child, "--probe"], deadline=deadline, what="the environment probe",
@@ -981,9 +985,10 @@ def run_selftest(
     starts (:func:`.plan.check_gpus`, exit 2).
     """
     t0 = time.monotonic()
+    stop_at = t0 + deadlines.total  # every step below ends by it: the probe, the checks, the engines
     topology = (topology or plan.Topology()).validated()
     child = child or default_child(python)
-    node = probe_node(child)
+    node = probe_node(child, deadline=max(1.0, min(PROBE_DEADLINE, stop_at - time.monotonic())))
     if cases:
         plan.check_gpus(topology, node)
     on_gpu = node.gpu is not None if gpu is None else gpu
@@ -1001,7 +1006,7 @@ def run_selftest(
         runs = _unrun(cases, "not-run", f"vLLM is not installed in {python}")
     elif cases:
         runs, sizing = _run_engines(cases, node, child=child, work=work, deadlines=deadlines, parallel=parallel,
-                                    kv_cache_gib=kv_cache_gib, topology=topology)
+                                    kv_cache_gib=kv_cache_gib, topology=topology, stop_at=stop_at)
     thread.join()
     results = run_checks.results
     results.sort(key=lambda c: CHECK_NAMES.index(c.name))
@@ -1009,7 +1014,7 @@ def run_selftest(
 
 
 def _run_engines(cases: list[Case], node: Node, *, child: list[str], work: Path, deadlines: Deadlines,
-                 parallel: int, kv_cache_gib: float, topology: plan.Topology,
+                 parallel: int, kv_cache_gib: float, topology: plan.Topology, stop_at: float,
                  ) -> tuple[list[EngineRun], plan.Sizing | None]:
     """The engine cases on a GPU node: sized from its devices' free memory, then run (or not-run, why)."""
     sizing: plan.Sizing | None = None
@@ -1020,5 +1025,6 @@ def _run_engines(cases: list[Case], node: Node, *, child: list[str], work: Path,
     runs = run_cases(cases, child=child, work=work, deadlines=deadlines,
                      parallel=sizing.parallel if sizing is not None else parallel, kv_cache_gib=kv_cache_gib,
                      gpu_memory_utilization=sizing.gpu_memory_utilization if sizing is not None else 0.25,
-                     topology=topology, groups=sizing.groups if sizing is not None and topology.gpus > 1 else None)
+                     topology=topology, groups=sizing.groups if sizing is not None and topology.gpus > 1 else None,
+                     stop_at=stop_at)
     return runs, sizing

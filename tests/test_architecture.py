@@ -748,12 +748,14 @@ def _shared_parameters(m: Module) -> dict[str, list[str]]:
 
 
 # Core functions that still take two of (lock, store, progress) apart, and why; may only shrink.
-_KERNEL_CHAIN = ("the kernel build's chain (build_tree -> kernels.build -> toolchain) takes the cache and "
-                 "progress but no lock; not converted yet (issue 37), and build_tree is also called by "
-                 "delivery.vllm_wheel, whose internals another branch is rewriting")
-_SOURCE_CHAIN = ("the pin repository's fetch (materialize -> a SourceKind's fetch_files) takes the cache and "
-                 "progress but no lock; not converted yet (issue 37): the SourceKind protocol and its kinds "
-                 "change together")
+# Both chains are mechanisms on the cache below the lock: they take a pin (or its toolchain, a wheel) and never
+# read the lock, so a Context would hand them a lock file they must not depend on (tests and benchmarks call
+# them with a store alone). The operations above them take ctx and pass ctx.store and ctx.progress down.
+_KERNEL_CHAIN = ("the kernel build's chain (build_tree -> kernels.build -> toolchain, the stock wheel's "
+                 "members): a cache mechanism on a tree, a pin and its toolchain; no lock")
+_SOURCE_CHAIN = ("the pin repository (materialize -> a SourceKind's fetch_files, the sdist extractor): a "
+                 "cache mechanism on one pin; no lock (the check cache's lookup, tests and benchmarks call "
+                 "materialize with a store alone)")
 SHARED_PARAMETERS_LEFT = {
     "checkout/resolving.py:continue_workspace":
         "the lock is not known until the workspace's state names it (read under the tree lock): "
@@ -779,8 +781,9 @@ SHARED_PARAMETERS_LEFT = {
     "pins/sdist.py:extract_sdist": _SOURCE_CHAIN,
     "pins/sdist.py:SdistSource.fetch_files": _SOURCE_CHAIN,
     "pins/source.py:SourceKind.fetch_files": _SOURCE_CHAIN,
-    "proofs/verifying.py:Sessions.__init__": "the pytest sessions of one verify: built by verify from its "
-                                                "Context's store and progress; not converted yet (issue 37)",
+    "proofs/verifying.py:Sessions.__init__": "the pytest sessions of one tree state: a cache mechanism (results "
+                                                "cache, work trees), no lock; verify builds it from ctx.store "
+                                                "and ctx.progress",
 }
 
 

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4patch import childproc, limits
+from dsv4patch import childproc, settings
 from dsv4patch.errors import ChildError, GitError, Interrupted
 
 # Identity and date used for every commit dsv4patch makes: same inputs, same ids.
@@ -61,9 +61,7 @@ IDENTITY = {
 # git apply or checkout do.
 # Every git call ends: a generous deadline (a git on the largest fork takes seconds), so a FIFO planted
 # after the guard looked, or a hung disk, is an error (exit 8) and never a hang.
-GIT_TIMEOUT_ENV = "DSV4PATCH_GIT_TIMEOUT"
-GIT_TIMEOUT = 3600.0  # a clone of a large remote on a slow link included
-GIT_TIMEOUT_MAX = 86400.0
+# The deadline is the run's setting (settings.Settings.git_timeout, from $DSV4PATCH_GIT_TIMEOUT).
 
 KEEP_ENV = (
     "PATH", "HOME", "TMPDIR", "SSH_AUTH_SOCK",
@@ -231,7 +229,7 @@ def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
     if not cwd.is_dir():
         raise GitError(f"internal: git would run in {cwd}, which is not a directory")
     close_fds, preexec_fn = _child_options() if tied else (True, None)
-    deadline = limits.env_number(GIT_TIMEOUT_ENV, GIT_TIMEOUT, low=0, high=GIT_TIMEOUT_MAX, example="3600")
+    deadline = settings.active().git_timeout
     try:
         proc = subprocess.run(
             ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
@@ -244,7 +242,7 @@ def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
         verb = next((a for a in args if not a.startswith("-")), "")
         raise ChildError(f"git {verb} in {cwd} did not finish within {deadline:g} s "
                          "(a file git opens there may block, e.g. a FIFO, or the disk hangs); look at that "
-                         f"directory, or raise {GIT_TIMEOUT_ENV}") from None
+                         f"directory, or raise {settings.GIT_TIMEOUT_ENV}") from None
     # A git that failed or died while an interrupt arrived (a SIGINT to the group reaches it too) was
     # stopped by it: never read as a conflict or a failure (childproc.interrupted sees it in any thread).
     if proc.returncode != 0 and childproc.interrupted(0.2 if proc.returncode < 0 else 0.0):

@@ -44,8 +44,8 @@ from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from dsv4patch import settings
 from dsv4patch.errors import FetchError, ParameterError
-from dsv4patch.limits import env_number
 from dsv4patch.safeio import loads_json
 from dsv4patch.urls import http_url_problem, redact, redact_text
 
@@ -55,9 +55,7 @@ _ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 # Bounds (docs/trust.md "Bounds"): what one index page or one transfer may take.
 PAGE_LIMIT = 32 << 20  # an index page: 32 MiB (PyPI's largest simple pages are a few MiB)
 READ_TIMEOUT = 60.0  # seconds one read (or the connection) may stay silent
-DEFAULT_TRANSFER_TIMEOUT = 1800.0  # seconds a whole page or file transfer may take
-MAX_TRANSFER_TIMEOUT = 7 * 86400.0  # DSV4PATCH_DOWNLOAD_TIMEOUT's ceiling (never inf)
-DEFAULT_MIN_RATE = 1024.0  # bytes/s a transfer must average over any RATE_WINDOW (DSV4PATCH_DOWNLOAD_MIN_RATE)
+# A transfer's total deadline and minimum rate: settings.Settings.download_timeout / download_min_rate.
 RATE_WINDOW = 30.0  # seconds over which the rate is measured (a trickling server is cut after about this long)
 _CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -134,16 +132,15 @@ def open_url(url: str, auth_from: str | None = None, accept: str | None = None,
 
 
 def transfer_timeout() -> float:
-    """``DSV4PATCH_DOWNLOAD_TIMEOUT``: seconds one page or file transfer may take in all (default 1800)."""
-    return env_number("DSV4PATCH_DOWNLOAD_TIMEOUT", DEFAULT_TRANSFER_TIMEOUT, low=0, high=MAX_TRANSFER_TIMEOUT,
-                      example=f"{DEFAULT_TRANSFER_TIMEOUT:g}, the most one download may take in seconds")
+    """``DSV4PATCH_DOWNLOAD_TIMEOUT``: seconds one page or file transfer may take in all (default 1800),
+    as the run's settings hold it."""
+    return settings.active().download_timeout
 
 
 def min_rate() -> float:
     """``DSV4PATCH_DOWNLOAD_MIN_RATE``: bytes per second a transfer must keep up over any
-    :data:`RATE_WINDOW` (default 1024; 0: only the total deadline bounds it)."""
-    return env_number("DSV4PATCH_DOWNLOAD_MIN_RATE", DEFAULT_MIN_RATE, low=0, high=1 << 30, low_inclusive=True,
-                      example=f"{DEFAULT_MIN_RATE:g} bytes per second")
+    :data:`RATE_WINDOW` (default 1024; 0: only the total deadline bounds it), as the run's settings hold it."""
+    return settings.active().download_min_rate
 
 
 class TooLarge(FetchError):
@@ -189,14 +186,14 @@ def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterat
         left = deadline - time.monotonic()
         if left <= 0:
             raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
-                          f"default {DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes")
+                          f"default {settings.DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes")
         _set_read_timeout(resp, min(READ_TIMEOUT, left))
         try:
             chunk = read(min(_CHUNK, limit + 1 - got))
         except TimeoutError:
             if deadline - time.monotonic() <= 0.05:
                 raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
-                              f"default {DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes") from None
+                              f"default {settings.DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes") from None
             raise
         if not chunk:
             return

@@ -6,7 +6,7 @@ Why: a bound that an option or a variable can switch off is no bound.
 forever, a size of ``nan`` compares false with everything.  Every number
 dsv4patch takes from a user goes through :func:`parse_number` (an option's
 argparse type is ``commands._common.number(...)``, an environment variable's
-reader :func:`env_number`): it must be finite and between its bounds, and a
+reader ``settings.Settings.from_environ``): it must be finite and between its bounds, and a
 whole number where one is meant; anything else names the option or variable,
 the range and an example.
 """
@@ -14,7 +14,6 @@ the range and an example.
 from __future__ import annotations
 
 import math
-import os
 
 from dsv4patch.errors import ParameterError
 
@@ -39,13 +38,3 @@ def parse_number(raw: str, *, what: str, low: float, high: float, low_inclusive:
         hint = f" (e.g. {example})" if example else ""
         raise ParameterError(f"{what}={raw!r}: must be {kind} with {low:g} {op} value <= {high:g}{hint}")
     return value
-
-
-def env_number(name: str, default: float, *, low: float, high: float, low_inclusive: bool = False,
-               integer: bool = False, example: str = "") -> float:
-    """The environment variable ``name`` through :func:`parse_number`; ``default`` when unset or empty."""
-    raw = os.environ.get(name, "")
-    if not raw.strip():
-        return default
-    return parse_number(raw, what=name, low=low, high=high, low_inclusive=low_inclusive, integer=integer,
-                        example=example)

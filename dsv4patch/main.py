@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from dsv4patch import __version__, childproc, report
+from dsv4patch import __version__, childproc, report, settings
 from dsv4patch.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -36,6 +36,7 @@ from dsv4patch.errors import (
     UsageError,
 )
 from dsv4patch.report import SCHEMA_VERSION, literal
+from dsv4patch.settings import Settings
 
 COMMANDS = ("check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port", "resolve", "refresh",
             "selftest", "releases")
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int
     state: dict[str, Any] = {"command": "", "args": None}
     report.reset_emitted()
     try:
-        with childproc.interrupts(exiting=entry, early=early):
+        with settings.in_effect(Settings.for_output(os.environ)), childproc.interrupts(exiting=entry, early=early):
             return _main(argv, state)
     except KeyboardInterrupt:  # an interrupt that arrived while an error was reported or children ended
         return _interrupted(state["command"], _wants_json(argv, state["args"]))
@@ -197,7 +198,9 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
         _use_words()
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")
-        code = int(module.run(args))
+        # The environment's settings, read and validated once for the run (a bad bound: exit 2 here).
+        with settings.in_effect(Settings.from_environ(os.environ)):
+            code = int(module.run(args))
         sys.stdout.flush()  # a closed stdout is found here, not in the interpreter's last flush
         return code
     except Dsv4Error as exc:

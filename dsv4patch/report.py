@@ -9,12 +9,13 @@ table: a JSON or Markdown run (``check`` on a cache hit, a CI job) never loads i
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from dsv4patch import settings
 
 if TYPE_CHECKING:  # rich is loaded only where a terminal table is printed (see console)
     from rich.console import Console, OverflowMethod, RenderableType
@@ -83,7 +84,7 @@ def console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    colour = stream.isatty() and not os.environ.get("NO_COLOR")
+    colour = stream.isatty() and not settings.active().no_color
     return Console(file=stream, stderr=stderr, color_system="auto" if colour else None,
                    force_terminal=stream.isatty(), no_color=not colour, highlight=False)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from dsv4patch import safeio
+from dsv4patch import safeio, settings
 from dsv4patch.errors import (
     BusyError,
     CacheError,
@@ -46,7 +46,6 @@ from dsv4patch.errors import (
     param,
 )
 from dsv4patch.hashing import hash_file
-from dsv4patch.limits import parse_number
 from dsv4patch.nextstep import Blank, Step, mention
 
 if TYPE_CHECKING:
@@ -55,14 +54,11 @@ if TYPE_CHECKING:
 _SEED = Step.of("fetch", sdist=Blank("FILE"))  # a file put into the cache by hand
 
 CHUNK = 1 << 20
-MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
 def mutex_timeout() -> float:
-    """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600); a bad value is a usage error."""
-    raw = os.environ.get("DSV4PATCH_LOCK_TIMEOUT", "600")
-    return parse_number(raw, what="DSV4PATCH_LOCK_TIMEOUT", low=0, high=MAX_LOCK_WAIT, low_inclusive=True,
-                        example="600 seconds, or 0 to fail at once when another run holds a lock")
+    """``DSV4PATCH_LOCK_TIMEOUT`` in seconds (default 600), as the run's settings hold it (validated there)."""
+    return settings.active().lock_timeout
 
 
 @contextmanager

@@ -694,15 +694,9 @@ ENVIRONMENT_READS_ALLOWED = {
     "proofs/selftest/child.py:main": "runs in the engine child under test, told its paths by the runner",
     "proofs/selftest/child.py:<module>": "runs in the engine child under test, told its paths by the runner",
 }
-# Environment settings still read in the core (issue 37: into dsv4patch/settings.py): may only shrink.
-ENVIRONMENT_SETTINGS_LEFT = {
-    "git.py:_execute",  # DSV4PATCH_GIT_TIMEOUT, read at each git call
-    "index.py:transfer_timeout",  # DSV4PATCH_DOWNLOAD_TIMEOUT
-    "index.py:min_rate",  # DSV4PATCH_DOWNLOAD_MIN_RATE
-    "limits.py:env_number",  # the reader the three above use
-    "store.py:mutex_timeout",  # DSV4PATCH_LOCK_TIMEOUT, read at each file lock
-    "report.py:console",  # NO_COLOR
-}
+# Environment settings still read in the core: none (issue 37 moved the bounds and NO_COLOR into
+# dsv4patch/settings.py, read once by main); an entry here needs a reason that holds.
+ENVIRONMENT_SETTINGS_LEFT: set[str] = set()
 
 
 def test_the_core_reads_no_setting_from_the_environment() -> None:
@@ -726,3 +720,92 @@ def test_the_environment_scan_sees_each_kind_of_read() -> None:
            "def child(): return {**os.environ, 'Y': '1'}, dict(os.environ)\n")
     m = Module(Path("probe.py"), "dsv4patch.probe", ast.parse(src))
     assert sorted(_environment_reads(m)) == ["probe.py:a", "probe.py:b", "probe.py:c", "probe.py:d", "probe.py:e"]
+
+
+# --- One context object (issue 37) -------------------------------------------------------------------------
+SHARED = ("lock", "store", "progress")  # what every operation of a run shares: dsv4patch.pins.Context
+
+
+def _shared_parameters(m: Module) -> dict[str, list[str]]:
+    """``path:function`` (``path:Class.method`` for a method) -> the names of ``SHARED`` it takes as
+    separate parameters, for each function that takes two or more."""
+    found: dict[str, list[str]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+                shared = [s for s in SHARED if s in names]
+                if len(shared) >= 2:
+                    found[f"{m.path.as_posix()}:{prefix}{child.name}"] = shared
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(m.tree, "")
+    return found
+
+
+# Core functions that still take two of (lock, store, progress) apart, and why; may only shrink.
+# Both chains are mechanisms on the cache below the lock: they take a pin (or its toolchain, a wheel) and never
+# read the lock, so a Context would hand them a lock file they must not depend on (tests and benchmarks call
+# them with a store alone). The operations above them take ctx and pass ctx.store and ctx.progress down.
+_KERNEL_CHAIN = ("the kernel build's chain (build_tree -> kernels.build -> toolchain, the stock wheel's "
+                 "members): a cache mechanism on a tree, a pin and its toolchain; no lock")
+_SOURCE_CHAIN = ("the pin repository (materialize -> a SourceKind's fetch_files, the sdist extractor): a "
+                 "cache mechanism on one pin; no lock (the check cache's lookup, tests and benchmarks call "
+                 "materialize with a store alone)")
+SHARED_PARAMETERS_LEFT = {
+    "checkout/resolving.py:continue_workspace":
+        "the lock is not known until the workspace's state names it (read under the tree lock): "
+        "commands/resolve.py builds the Context from what this returns",
+    "kernels/build.py:fetch_cublas_headers": _KERNEL_CHAIN,
+    "kernels/build.py:compile_units": _KERNEL_CHAIN,
+    "kernels/build.py:build": _KERNEL_CHAIN,
+    "kernels/building.py:build_tree": _KERNEL_CHAIN,
+    "kernels/stock.py:wheel_path": _KERNEL_CHAIN,
+    "kernels/stock.py:member": _KERNEL_CHAIN,
+    "kernels/toolchain.py:_provision": _KERNEL_CHAIN,
+    "kernels/toolchain.py:ensure_torch": _KERNEL_CHAIN,
+    "kernels/toolchain.py:ensure_cuda_wheels": _KERNEL_CHAIN,
+    "kernels/toolchain.py:choose_nvcc": _KERNEL_CHAIN,
+    "kernels/toolchain.py:cublas_include": _KERNEL_CHAIN,
+    "kernels/toolchain.py:resolve": _KERNEL_CHAIN,
+    "kernels/toolchain.py:_lock_torch": _KERNEL_CHAIN,
+    "kernels/toolchain.py:_include_dirs": _KERNEL_CHAIN,
+    "pins/gitsource.py:GitSource.fetch_files": _SOURCE_CHAIN,
+    "pins/localsource.py:LocalSource.fetch_files": _SOURCE_CHAIN,
+    "pins/repository.py:materialize": _SOURCE_CHAIN,
+    "pins/repository.py:_build": _SOURCE_CHAIN,
+    "pins/sdist.py:extract_sdist": _SOURCE_CHAIN,
+    "pins/sdist.py:SdistSource.fetch_files": _SOURCE_CHAIN,
+    "pins/source.py:SourceKind.fetch_files": _SOURCE_CHAIN,
+    "proofs/verifying.py:Sessions.__init__": "the pytest sessions of one tree state: a cache mechanism (results "
+                                                "cache, work trees), no lock; verify builds it from ctx.store "
+                                                "and ctx.progress",
+}
+
+
+def test_no_core_function_takes_the_lock_the_store_and_progress_apart() -> None:
+    """What a run shares travels as one ``ctx: Context`` (``dsv4patch/pins/context.py``), built once by
+    ``commands/``: a core function that takes two or more of lock, store and progress as separate
+    parameters is refused, unless listed above with its reason."""
+    found = {k: v for m in _core() for k, v in _shared_parameters(m).items()}
+    bad = sorted(f"dsv4patch/{k} takes {', '.join(v)}" for k, v in found.items() if k not in SHARED_PARAMETERS_LEFT)
+    assert bad == [], "take ctx: Context instead (or say why in SHARED_PARAMETERS_LEFT)"
+    stale = sorted(set(SHARED_PARAMETERS_LEFT) - set(found))
+    assert stale == [], "these take one Context now: take them off SHARED_PARAMETERS_LEFT"
+    print(f"{len(found)} core function(s) still take two of lock/store/progress apart")
+
+
+def test_the_shared_parameter_scan_sees_functions_and_methods() -> None:
+    """The scan above must see a plain function, a method and a nested function (else it passes vacuously),
+    and not count a function that takes a Context."""
+    src = ("def a(lock, pin, store): ...\n"
+           "def b(*, ctx, pin): ...\n"
+           "class K:\n    def m(self, store, progress): ...\n"
+           "def outer(ctx):\n    def inner(lock, progress): ...\n")
+    m = Module(Path("probe.py"), "dsv4patch.probe", ast.parse(src))
+    assert _shared_parameters(m) == {"probe.py:a": ["lock", "store"], "probe.py:K.m": ["store", "progress"],
+                                     "probe.py:outer.inner": ["lock", "progress"]}

@@ -12,6 +12,7 @@ import pytest
 from conftest import LOCK
 from dsv4patch.checkout import applying
 from dsv4patch.kernels import building, sources
+from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -23,8 +24,8 @@ pytestmark = [pytest.mark.network]
 def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
     lock = load(LOCK)
     path = tmp_path_factory.mktemp("bt") / "vllm"
-    res = applying.apply_pin(lock=lock, pin=lock.pin("0.27.1"), store=Store.open(shared_cache), tree_path=path,
-                             progress=Progress(False))
+    ctx = Context(lock=lock, store=Store.open(shared_cache), progress=Progress(False))
+    res = applying.apply_pin(ctx=ctx, pin=lock.pin("0.27.1"), tree_path=path)
     assert res.ok, res.notes
     return path
 

@@ -167,7 +167,9 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from conftest import LOCK
+    from dsv4patch.pins import Context
     from dsv4patch.pins.lock import load
+    from dsv4patch.progress import Progress
     from dsv4patch.series import checkcache as cc
     from dsv4patch.series.pincheck import CachedCheck
     from dsv4patch.store import Store
@@ -180,7 +182,7 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cc, "tool_identity", slow_identity)
     lock = load(LOCK)
-    ctx = CachedCheck(lock, Store.open(tmp_path / "store"), use=True)
+    ctx = CachedCheck(Context(lock=lock, store=Store.open(tmp_path / "store"), progress=Progress(False)), use=True)
     pin = lock.pin("0.27.1")
     repo = SimpleNamespace(base_tree=pin.base_tree, base_commit="0" * 40)
     keys, errors = [], []

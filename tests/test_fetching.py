@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsv4patch.errors import FetchError, IntegrityError, NotFetchedError
-from dsv4patch.pins import fetching
+from dsv4patch.pins import Context, fetching
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -26,12 +26,12 @@ def test_seed_then_materialize(tmp_path: Path) -> None:
     (cache / "blobs" / "sha256" / digest).unlink()
     lock, store = load(lock_path), Store.open(cache)
     with pytest.raises(NotFetchedError):  # neither cached nor downloadable: the seed is what fetches it
-        fetching.fetch(lock=lock, store=store, progress=Progress(False))
-    res = fetching.fetch(lock=lock, store=store, progress=Progress(False), sdists=[sdist])
+        fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)))
+    res = fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)), sdists=[sdist])
     assert [(s.kind, s.sha256, s.pins, s.added) for s in res.seeded] == [("sdist", digest, ("s",), True)]
     assert [m.pin for m in res.pins] == ["s"] and (res.pins[0].repo / "HEAD").exists()
     assert res.to_json()["seeded"] == {str(sdist): ["s"]}
-    again = fetching.fetch(lock=lock, store=store, progress=Progress(False), sdists=[sdist], pins=["s"])
+    again = fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)), sdists=[sdist], pins=["s"])
     assert again.seeded[0].added is False and "already in the cache" in again.seeded[0].note()
     assert again.pins == res.pins
 
@@ -42,9 +42,9 @@ def test_a_file_the_lock_does_not_pin_is_refused(tmp_path: Path) -> None:
     other.write_bytes(sdist.read_bytes() + b"\0")
     lock, store = load(lock_path), Store.open(cache)
     with pytest.raises(IntegrityError, match="is not pinned by any selected pin"):
-        fetching.fetch(lock=lock, store=store, progress=Progress(False), sdists=[other])
+        fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)), sdists=[other])
     with pytest.raises(IntegrityError, match="is not a stock wheel any selected pin locks"):
-        fetching.fetch(lock=lock, store=store, progress=Progress(False), wheels=[sdist])
+        fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)), wheels=[sdist])
     with pytest.raises(FetchError, match="cannot read the sdist"):
-        fetching.fetch(lock=lock, store=store, progress=Progress(False), sdists=[tmp_path / "missing"])
+        fetching.fetch(ctx=Context(lock=lock, store=store, progress=Progress(False)), sdists=[tmp_path / "missing"])
     assert not list((cache / "trees").glob("*.git"))

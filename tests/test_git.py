@@ -160,15 +160,16 @@ def test_a_git_call_that_blocks_ends_at_its_deadline(tmp_path: Path, monkeypatch
 
     repo, _head = _repo(tmp_path)
     os.mkfifo(repo / ".gitignore")
-    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "2")
+    from dsv4patch import settings
+
     start = time.monotonic()
-    with pytest.raises(ChildError) as err:
+    with settings.in_effect(settings.Settings.from_environ({"DSV4PATCH_GIT_TIMEOUT": "2"})), \
+            pytest.raises(ChildError) as err:
         git.dirty_paths(repo)
     assert time.monotonic() - start < 30
     assert err.value.exit_code == EXIT_CHILD
     assert "git status" in str(err.value) and str(repo) in str(err.value) and "DSV4PATCH_GIT_TIMEOUT" in str(err.value)
-    monkeypatch.setenv("DSV4PATCH_GIT_TIMEOUT", "inf")
     from dsv4patch.errors import ParameterError
 
-    with pytest.raises(ParameterError):
-        git.dirty_paths(repo)
+    with pytest.raises(ParameterError, match="DSV4PATCH_GIT_TIMEOUT='inf'"):
+        settings.Settings.from_environ({"DSV4PATCH_GIT_TIMEOUT": "inf"})

@@ -24,6 +24,7 @@ import pytest
 
 from dsv4patch.delivery import installed, provenance
 from dsv4patch.kernels.build import dist_name
+from dsv4patch.pins import Context
 from dsv4patch.progress import Progress
 from dsv4patch.proofs.selftest import runner
 from dsv4patch.series.pincheck import patched_tree
@@ -67,8 +68,8 @@ def test_every_patch_of_the_sbom_is_present_in_the_installed_files(site):
 def test_a_file_put_back_to_stock_and_a_local_edit_are_named(site, shared_cache):
     rel = "vllm/v1/attention/backends/mla/indexer.py"  # fix 6's only shipped file
     fix6 = "0006-DSV4-fix-6-Clamp-indexer-MTP-decode-context-lengths-.patch"
-    stock = patched_tree(site["lock"], site["pin"], Store.open(shared_cache), Progress(False)) \
-        .by_path()[rel].base
+    ctx = Context(lock=site["lock"], store=Store.open(shared_cache), progress=Progress(False))
+    stock = patched_tree(ctx=ctx, pin=site["pin"]).by_path()[rel].base
     target = site["site"] / rel
     saved = target.read_bytes()
     try:
@@ -88,7 +89,8 @@ def test_a_file_put_back_to_stock_and_a_local_edit_are_named(site, shared_cache)
 def test_the_regression_tests_from_the_sbom_are_the_locks(site, shared_cache):
     found = installed.probe(site["python"], "")
     from_sbom = provenance.tests_for(found["vllm"])
-    from_lock = runner.series_tests(site["lock"], PIN, Store.open(shared_cache), Progress(False))
+    from_lock = runner.series_tests(PIN, ctx=Context(lock=site["lock"], store=Store.open(shared_cache),
+                                                     progress=Progress(False)))
     assert from_sbom == from_lock and len(from_sbom) == 10
 
 

@@ -30,6 +30,7 @@ import pytest
 from conftest import LOCK
 from dsv4patch.delivery import sbom, vllm_wheel
 from dsv4patch.main import main
+from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -72,7 +73,8 @@ def make_patched(base: Path, shared_cache: Path, kernel_wheel: Path, dirs: tuple
     lock = load(LOCK)
     pin = lock.pin(PIN)
     store = Store.open(shared_cache)
-    wheels = {d: vllm_wheel.make_wheel(lock=lock, pin=pin, store=store, progress=Progress(False), out=base / d,
+    ctx = Context(lock=lock, store=store, progress=Progress(False))
+    wheels = {d: vllm_wheel.make_wheel(ctx=ctx, pin=pin, out=base / d,
                                        kernels=kernel_wheel) for d in dirs}
     return {**wheels, "pin": pin, "lock": lock}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.proofs.selftest import cases, plan, runner
@@ -240,7 +241,8 @@ def lock_and_store(shared_cache):
 
 def test_check_installed_without_vllm_fails_and_says_so(lock_and_store):
     lock, store = lock_and_store
-    res = runner.check_installed(lock, "0.26.0", sys.executable, store, Progress.for_output("json"), on_gpu=False)
+    ctx = Context(lock=lock, store=store, progress=Progress.for_output("json"))
+    res = runner.check_installed("0.26.0", sys.executable, ctx=ctx, on_gpu=False)
     assert res.ok is False and "vLLM is not installed" in res.note
 
 
@@ -248,7 +250,8 @@ def test_check_regression_runs_each_series_test_file_in_its_own_process(lock_and
     # This interpreter has no vLLM: every test file of the series fails to import it, each in its own
     # pytest process, and the check says so file by file with the error of each.
     lock, store = lock_and_store
-    res = runner.check_regression(lock, "0.26.0", sys.executable, store, Progress.for_output("json"),
+    ctx = Context(lock=lock, store=store, progress=Progress.for_output("json"))
+    res = runner.check_regression("0.26.0", sys.executable, ctx=ctx, progress=ctx.progress,
                                   work=tmp_path, on_gpu=False, deadline=300)
     assert res.ok is False
     files = {f["file"]: f for f in res.data["files"]}

@@ -30,6 +30,7 @@ from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock
 from dsv4patch.kernels.build import hook_line
+from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.series.pincheck import patched_tree
@@ -75,7 +76,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict
     store = Store.open(shared_cache)
     lock = load(LOCK)
     pin = lock.pin(PIN)
-    tree = patched_tree(lock, pin, store, Progress(False))
+    tree = patched_tree(ctx=Context(lock=lock, store=store, progress=Progress(False)), pin=pin)
     stock_path = stock.wheel_path(store, stock.wheel_for(pin, "x86_64"))
     return {"a": Path(reports[0]["wheel"]), "b": Path(reports[1]["wheel"]), "report": reports[0],
             "tree": tree, "stock": stock_path, "pin": pin, "base": base}

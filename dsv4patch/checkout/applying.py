@@ -34,10 +34,9 @@ if TYPE_CHECKING:
     from dsv4patch.checkout.resolving import Workspace
     from dsv4patch.guard import Checkout
     from dsv4patch.kernels import TreeBuild
-    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.pins import Context, Pin, PinRepo
     from dsv4patch.progress import Progress
     from dsv4patch.series import PinReport, Series, SeriesResult
-    from dsv4patch.store import Store
 
 # Rebuilds the kernels of a patched tree for a pin: returns the build's report (its "notes" are shown).
 KernelBuild: TypeAlias = "Callable[[Path, Pin], TreeBuild]"  # the kernel build apply runs last, if any
@@ -72,11 +71,9 @@ class ApplyResult:
 
 def apply_pin(
     *,
-    lock: Lock,
+    ctx: Context,
     pin: Pin,
-    store: Store,
     tree_path: Path,
-    progress: Progress,
     three_way: bool = False,
     build: KernelBuild | None = None,
     before_build: Callable[[ApplyResult], None] | None = None,
@@ -85,7 +82,7 @@ def apply_pin(
     invocation: Invocation | None = None,
     branch: str | None = None,
 ) -> ApplyResult:
-    """Commit ``pin``'s series (of ``lock``) into the tree at ``tree_path`` (created from the pin if absent).
+    """Commit ``pin``'s series (of the context's lock) into the tree at ``tree_path`` (created from the pin if absent).
 
     ``three_way``: a conflict opens the conflict workspace, and a patch that
     applies with an offset is committed too.  ``build``: rebuild the kernels
@@ -97,7 +94,7 @@ def apply_pin(
     a new ``branch`` made at HEAD.  Raises TreeError (exit
     5) for a tree it must not touch, BuildError when the kernels cannot be built.
     """
-    path = tree_path
+    path, lock, store, progress = tree_path, ctx.lock, ctx.store, ctx.progress
     pinrepo = materialize(pin, store, progress, checkout=tree_path)
     series = series_for_pin(lock, pin)
     out_notes = list(notes)
@@ -111,8 +108,8 @@ def apply_pin(
         if three_way and result.final_tree is None:  # a conflict: the workspace to resolve it in
             with writing(TreeError, str(path), _ADVICE.format(path=path)):
                 ws = resolving.open_workspace(
-                    co=co, lock=lock, pin=pin, pinrepo=pinrepo, series=series, result=result, head=head,
-                    store=store, progress=progress, invocation=invocation or Invocation(build=build is not None),
+                    ctx=ctx, co=co, pin=pin, pinrepo=pinrepo, series=series, result=result, head=head,
+                    invocation=invocation or Invocation(build=build is not None),
                     orig_head=orig_head, branch=branch)
             if ws is not None:
                 return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + ws.notes + rep.notes,

@@ -51,7 +51,7 @@ from dsv4patch.series import SeriesResult, Status, run_series, series_for_pin
 
 if TYPE_CHECKING:
     from dsv4patch.guard import Checkout
-    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.pins import Context, Lock, Pin, PinRepo
     from dsv4patch.progress import Progress
     from dsv4patch.series import Patch, Series
     from dsv4patch.store import Store
@@ -130,8 +130,7 @@ class Workspace:
                 "state": str(self.state)}
 
 
-def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store,
-                    progress: Progress) -> list[str]:
+def _seed_preimages(path: Path, pin: Pin, patch: Patch, *, ctx: Context) -> list[str]:
     """Copy the blobs the patch was made against into the tree's repository.
 
     ``git apply --3way`` merges only when it has the preimage blob named in
@@ -140,6 +139,7 @@ def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
     running their series (which writes every intermediate blob); returns
     the ids still missing.
     """
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
     wanted = {m.group(1).decode() for m in _INDEX_LINE.finditer(patch.path.read_bytes())}
     missing = sorted(a for a in wanted if set(a) != {"0"} and git.resolve_blob(path, a) is None)
     others = sorted((p for p in lock.pins.values() if p.name != pin.name),
@@ -166,15 +166,13 @@ def _seed_preimages(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store
 
 def open_workspace(
     *,
+    ctx: Context,
     co: Checkout,
-    lock: Lock,
     pin: Pin,
     pinrepo: PinRepo,
     series: Series,
     result: SeriesResult,
     head: str | None,
-    store: Store,
-    progress: Progress,
     invocation: Invocation,
     orig_head: str | None = None,
     branch: str | None = None,
@@ -187,7 +185,7 @@ def open_workspace(
     new branch is made at ``head`` once every check passed (:func:`forkcheckout.start_branch`), and
     the workspace commits onto it.
     """
-    path = co.path
+    path, lock = co.path, ctx.lock
     k = next(i for i, r in enumerate(result.patches) if r.status.blocks)
     failing, patch = result.patches[k], series.patches[k]
     if failing.status is not Status.CONFLICT:
@@ -196,7 +194,7 @@ def open_workspace(
     commits = transaction.plan_commits(path, pinrepo.base_commit, series, prefix)
     at = commits[-1] if commits else pinrepo.base_commit
     head = _workspace_head(path, pin, pinrepo, head, commits)
-    _seed_or_refuse(path, lock, pin, patch, store, progress)
+    _seed_or_refuse(path, pin, patch, ctx=ctx)
     # Nothing the user did not commit is overwritten: not by the prefix, not by the files the
     # 3-way merge creates.
     co.refuse_in_the_way(at, APPLY_3WAY, extra=[f.path for f in patch.files if f.source_path is None])
@@ -223,10 +221,11 @@ def _workspace_head(path: Path, pin: Pin, pinrepo: PinRepo, head: str | None, co
     return head
 
 
-def _seed_or_refuse(path: Path, lock: Lock, pin: Pin, patch: Patch, store: Store, progress: Progress) -> None:
+def _seed_or_refuse(path: Path, pin: Pin, patch: Patch, *, ctx: Context) -> None:
     """The files the patch was made against, into the checkout's objects (a 3-way merge needs
     them); refused, the tree unchanged, when no pin of the lock has them."""
-    missing = _seed_preimages(path, lock, pin, patch, store, progress)
+    missing = _seed_preimages(path, pin, patch, ctx=ctx)
+    lock = ctx.lock
     if missing:
         raise TreeError(
             f"{patch.name} conflicts on pin {pin.name}, and a 3-way merge needs the files the "
@@ -327,18 +326,18 @@ class Continued:
     notes: list[str]
 
 
-def continue_workspace(*, path: Path, lock: Path | None, store: Store, progress: Progress,
+def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, progress: Progress,
                        out: Path | None = None) -> Continued:
     """Write the resolution in ``path`` as the pin's variant and put the tree back at the prefix.
 
-    ``lock``: the lock the command was given (else found), which must be the
+    ``lock_path``: the lock file the command was given (else found), which must be the
     one the state names; ``out``: the command's kernel wheel directory, only
     compared with the one the workspace was opened with.
     """
     with transaction.exclusive_checkout(path) as co:
         gitdir = co.gitdir
         state = read_state(gitdir, path)
-        lock_path = _state_lock(lock, state, path)
+        lock_path = _state_lock(lock_path, state, path)
         opened = open_lock(lock_path, state.series)
         pin = opened.pin(state.pin)
         series = series_for_pin(opened, pin)

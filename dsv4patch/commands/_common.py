@@ -17,13 +17,14 @@ from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
-from dsv4patch.settings import Settings
+from dsv4patch.settings import active as active_settings
 from dsv4patch.store import Store
 
 if TYPE_CHECKING:  # the apply and build machinery: imported by the commands that run it, not by check
     from dsv4patch.checkout import ApplyResult, KernelBuild
     from dsv4patch.kernels import TreeBuild
-    from dsv4patch.pins import Lock, Pin
+    from dsv4patch.pins import Context, Lock, Pin
+    from dsv4patch.settings import Settings
 
 
 def number(*, low: float, high: float, what: str = "value", low_inclusive: bool = False, integer: bool = False,
@@ -79,9 +80,10 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 
 def settings() -> Settings:
-    """The environment's defaults (``$DSV4PATCH_LOCK``, ``$DSV4PATCH_TORCH_PYTHON``, ...) as they are
-    now: the one place a command reads them; the core gets each value as an explicit keyword."""
-    return Settings.from_environ(os.environ)
+    """The environment's defaults (``$DSV4PATCH_LOCK``, ``$DSV4PATCH_TORCH_PYTHON``, ...) of this run:
+    read and validated once by ``main`` (:func:`dsv4patch.settings.in_effect`); the core gets each
+    value as an explicit keyword, or in the :class:`dsv4patch.context.Context`."""
+    return active_settings()
 
 
 def open_lock(args: argparse.Namespace) -> Lock:
@@ -98,6 +100,17 @@ def open_store(args: argparse.Namespace) -> Store:
 
 def progress(args: argparse.Namespace) -> Progress:
     return Progress.for_output(args.format)
+
+
+def context(args: argparse.Namespace, lock: Lock | None = None, prog: Progress | None = None) -> Context:
+    """The run's :class:`dsv4patch.pins.Context`, built once here: ``lock`` (else the one ``--lock``
+    names, :func:`open_lock`), the cache (:func:`open_store`), ``prog`` (else progress for ``--format``),
+    the settings ``main`` read.  Opened in that order, so the first problem reported is the lock's."""
+    from dsv4patch.pins import Context
+
+    lock = open_lock(args) if lock is None else lock
+    return Context(lock=lock, store=open_store(args), progress=progress(args) if prog is None else prog,
+                   settings=settings())
 
 
 def tree_path(args: argparse.Namespace) -> Path:
@@ -170,8 +183,8 @@ def render_notes(fmt: str, notes: list[str], result: ApplyResult) -> int:
     return EXIT_OK if result.ok else EXIT_UNEXPECTED
 
 
-def kernel_build(store: Store, *, out: Path | None, python: str | None = None, nvcc: str | None = None,
-                 allow_torch: str | None = None, progress: Progress) -> KernelBuild:
+def kernel_build(*, ctx: Context, out: Path | None, python: str | None = None, nvcc: str | None = None,
+                 allow_torch: str | None = None) -> KernelBuild:
     """The kernel rebuild ``apply`` runs last (``dsv4patch build``'s kernel mode on the tree);
     ``python``: ``--python``, else ``$DSV4PATCH_TORCH_PYTHON``."""
     python = python or settings().torch_python
@@ -179,7 +192,7 @@ def kernel_build(store: Store, *, out: Path | None, python: str | None = None, n
     def build(path: Path, pin: Pin) -> TreeBuild:
         from dsv4patch.kernels import DEFAULT_BUILD_OUT, build_tree  # the kernel build: only when apply builds
 
-        return build_tree(tree=path, pin=pin, store=store, progress=progress,
+        return build_tree(tree=path, pin=pin, store=ctx.store, progress=ctx.progress,
                           python=python, nvcc=nvcc, allow_torch=allow_torch,
                           out=out or DEFAULT_BUILD_OUT)  # apply passes its default
 

@@ -17,9 +17,7 @@ from dsv4patch.errors import UsageError
 
 if TYPE_CHECKING:
     from dsv4patch.checkout import ApplyResult
-    from dsv4patch.pins import Lock, Pin
-    from dsv4patch.progress import Progress
-    from dsv4patch.store import Store
+    from dsv4patch.pins import Context, Pin
 
 HELP = "apply a pin's patch series to a tree as commits (creates the tree if absent)"
 DEFAULT_TREE_DIR = _common.DEFAULT_TREE_DIR  # without --tree: vllm-src/<pin> in the lock's project
@@ -71,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
     out, out_note = _common.default_out(args.out, lock.path)
     if out_note is not None and args.build:
         notes.append(out_note)
-    store = _common.open_store(args)
+    ctx = _common.context(args, lock)
     shown: list[ApplyResult] = []
 
-    prog = _common.progress(args)
+    prog = ctx.progress
 
     def before_build(done: ApplyResult) -> None:
         # Text output: what apply did is shown before the kernel step, which takes minutes.
@@ -85,21 +83,21 @@ def run(args: argparse.Namespace) -> int:
 
     # One line on the terminal for the whole command, the steps below it: the screen never stands still.
     with prog.step(f"apply pin {pin.name} into {path}"):
-        result = _apply(args, lock, pin, path, store, prog, before_build, notes, out)
+        result = _apply(args, ctx, pin, path, before_build, notes, out)
     if shown:  # the table is out: only what the kernel step added
         return _common.render_notes(args.format, result.notes[len(shown[0].notes):], result)
     return _common.render_apply(args.format, result)
 
 
-def _apply(args: argparse.Namespace, lock: Lock, pin: Pin, path: Path, store: Store, prog: Progress,
+def _apply(args: argparse.Namespace, ctx: Context, pin: Pin, path: Path,
            before_build: Callable[[ApplyResult], None], notes: list[str], out: Path) -> ApplyResult:
     from dsv4patch.checkout import Invocation, apply_pin
 
     return apply_pin(
-        lock=lock, pin=pin, store=store, tree_path=path, progress=prog,
+        ctx=ctx, pin=pin, tree_path=path,
         three_way=args.three_way,
-        build=_common.kernel_build(store, out=out, python=args.python, nvcc=args.nvcc,
-                                   allow_torch=args.allow_torch, progress=prog) if args.build else None,
+        build=_common.kernel_build(ctx=ctx, out=out, python=args.python, nvcc=args.nvcc,
+                                   allow_torch=args.allow_torch) if args.build else None,
         before_build=before_build,
         notes=notes,
         branch=args.branch,

@@ -28,13 +28,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from dsv4patch.series import Status, check_pins
 
-    lock = _common.open_lock(args)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
+    ctx = _common.context(args)
+    lock, prog = ctx.lock, ctx.progress
     out: dict[str, Any] = {"lock": str(lock.path), "ok": True, "pins": {}, "notes": []}
     pins = lock.select(args.pin)
     with prog.step(f"check {len(pins)} pin(s)"):  # the screen never stands still
-        outcomes = check_pins(lock, pins, store, prog, use_cache=not args.no_cache)
+        outcomes = check_pins(ctx=ctx, pins=pins, use_cache=not args.no_cache)
     not_fetched: list[str] = []
     expected: dict[str, dict[str, list[str]]] = {}  # status -> pin -> patches, as the lock expects
     for o in outcomes:

@@ -33,7 +33,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from dsv4patch.pins import fetch
 
-    res = fetch(lock=_common.open_lock(args), store=_common.open_store(args),
-                progress=_common.progress(args), pins=args.pin, sdists=args.sdist, wheels=args.wheel)
+    res = fetch(ctx=_common.context(args), pins=args.pin, sdists=args.sdist, wheels=args.wheel)
     report.emit(args.format, res.to_json(), *res.table())
     return EXIT_OK

@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.build_args or args.check_build_args:
         return _build_args(args)
-    lock = _common.open_lock(args)
-    res = update_lock(lock=lock, pins=args.pin, store=_common.open_store(args),
-                      progress=_common.progress(args))
+    ctx = _common.context(args)
+    lock = ctx.lock
+    res = update_lock(ctx=ctx, pins=args.pin)
     rows = [[p.pin, p.base_tree[:12], (p.patched_tree or "-")[:12], p.state] for p in res.pins]
     table, md = report.simple_table(
         f"dsv4patch lock --update: {lock.path}", ["pin", "base tree", "patched tree", "lock"], rows

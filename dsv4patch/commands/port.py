@@ -68,9 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     lock = _common.open_lock(args)
     src = lock.pin(args.from_pin)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
-    res = port(lock=lock, src=src, store=store, progress=prog, to=args.to, git_url=args.git,
+    ctx = _common.context(args, lock)
+    res = port(ctx=ctx, src=src, to=args.to, git_url=args.git,
                local=args.local, name=args.name, resolutions=args.resolutions,
                workspace=args.workspace, dry_run=args.dry_run)
     out = res.to_json()
@@ -80,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
     report.emit(args.format, out, table, md)
     if res.ok and args.verify and not args.dry_run:
         written = open_lock(lock.path)  # with the new pin, as `dsv4patch verify` reads it
-        proof = verify(lock=written, pin=written.pin(res.pin.name), store=store, progress=prog,
-                       torch=args.torch)
+        proof = verify(ctx=ctx.on(written), pin=written.pin(res.pin.name), torch=args.torch)
         report.emit(args.format, proof.to_json(), *proof.table())
         return EXIT_OK if proof.ok else EXIT_UNEXPECTED
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

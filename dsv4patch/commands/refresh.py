@@ -30,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
-    res = refresh(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args), tree_path=path,
-                  progress=_common.progress(args), as_variant=args.as_variant, chosen_series=args.series)
+    pin = lock.pin(args.pin)
+    res = refresh(ctx=_common.context(args, lock), pin=pin, tree_path=path, as_variant=args.as_variant,
+                  chosen_series=args.series)
     rows = [[name, v["action"], v["file"]] for name, v in res.patches.items()]
     table, md = report.simple_table(f"dsv4patch refresh {path}", ["patch", "action", "file"], rows)
     report.emit(args.format, res.to_json(), table, md)

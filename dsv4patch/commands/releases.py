@@ -84,10 +84,9 @@ def _summary(r: ReleaseReport) -> str:
 def run(args: argparse.Namespace) -> int:
     from dsv4patch.series import RELEASE_ADOPT, watch_releases, write_release_entry
 
-    lock = _common.open_lock(args)
-    store = _common.open_store(args)
-    prog = _common.progress(args)
-    result = watch_releases(lock=lock, store=store, progress=prog, pre=args.pre, only=args.release)
+    ctx = _common.context(args)
+    lock = ctx.lock
+    result = watch_releases(ctx=ctx, pre=args.pre, only=args.release)
     reports = list(result.releases)
     if args.write:
         reports = [write_release_entry(lock.path, r) if r.decision == RELEASE_ADOPT and r.entry else r

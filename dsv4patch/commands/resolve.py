@@ -36,17 +36,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from dsv4patch.checkout import Invocation, abort_workspace, apply_pin, continue_workspace
+    from dsv4patch.pins import Context
 
     path = _common.tree_path(args)
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
-        done = continue_workspace(path=path, lock=args.lock or _common.settings().lock, store=store,
+        done = continue_workspace(path=path, lock_path=args.lock or _common.settings().lock, store=store,
                                   progress=prog, out=args.out)
         state = done.state
+        # The lock is the one the workspace's state names (read under the tree lock): the run's context now.
+        ctx = Context(lock=done.lock, store=store, progress=prog, settings=_common.settings())
         result = apply_pin(
-            lock=done.lock, pin=done.pin, store=store, tree_path=path, progress=prog, three_way=True,
-            build=_common.kernel_build(store, out=args.out, progress=prog) if state.build else None,
+            ctx=ctx, pin=done.pin, tree_path=path, three_way=True,
+            build=_common.kernel_build(ctx=ctx, out=args.out) if state.build else None,
             notes=done.notes, orig_head=state.orig_head,
             invocation=Invocation(series=tuple(state.series) if state.series else None,
                                   cache_dir=args.cache_dir, build=state.build, out=args.out),

@@ -237,22 +237,23 @@ def run(args: argparse.Namespace) -> int:
     engine_patterns = None if patterns is None else [p for p in patterns if p not in CHECK_NAMES]
     chosen = every if engine_patterns is None else (select_cases(every, engine_patterns) if engine_patterns else [])
     python = _interpreter(args.python)
-    lock = store = None
+    prog = _common.progress(args)
+    ctx = sbom_lock = None
     if checks and args.lock is not None and args.lock.startswith(("https://", "http://")):
         from dsv4patch.delivery import lock_from_url
 
-        lock = lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
+        sbom_lock = lock_from_url(args.lock)  # without its patches: matched against the installed SBOM
     elif checks and (args.lock is not None or _lock_here()):
         from dsv4patch.pins import open_lock
 
         lock = open_lock(Path(args.lock) if args.lock is not None else _common.settings().lock)
-        store = _common.open_store(args)
+        ctx = _common.context(args, lock, prog)
     work = work_dir(args.work)
     deadlines = Deadlines(start=args.start_deadline, first_case=2 * args.case_deadline,
                           case=args.case_deadline, total=args.deadline)
     topology = Topology(args.tensor_parallel_size, args.pipeline_parallel_size)
-    rep = run_selftest(lock=lock, pin=args.pin, python=python, store=store,
-                       progress=_common.progress(args), checks=checks, cases=chosen, work=work,
+    rep = run_selftest(ctx=ctx, sbom_lock=sbom_lock, pin=args.pin, python=python,
+                       progress=prog, checks=checks, cases=chosen, work=work,
                        deadlines=deadlines, parallel=args.parallel, force_sm120_topk=args.force_sm120_topk,
                        kv_cache_gib=args.kv_cache_gib, topology=topology)
     out = rep.to_json()

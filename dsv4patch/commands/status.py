@@ -66,8 +66,7 @@ def _installed(args: argparse.Namespace) -> InstalledReport:
         path = find_lock(Path(given) if given is not None else settings.lock)
     except ParameterError:  # no lock anywhere: a serving node with only dsv4patch installed
         return check_from_sbom(python=python)
-    return check_installed(lock=open_lock(path), store=_common.open_store(args),
-                           progress=_common.progress(args), pin_name=args.pin, python=python)
+    return check_installed(ctx=_common.context(args, open_lock(path)), pin_name=args.pin, python=python)
 
 
 def _found_lock(args: argparse.Namespace) -> Path | None:

@@ -49,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
         source = upstream_source_pin(lock, args.upstream_from)
         prog = _common.progress(args)
         with prog.step(f"verify --upstream-tests: pin {pin.name}, tests of {source.name}"):
-            up = run_upstream_tests(lock=lock, pin=pin, source=source, store=_common.open_store(args),
-                                    progress=prog, patches=args.patch, torch=args.torch)
+            up = run_upstream_tests(ctx=_common.context(args, lock, prog), pin=pin, source=source,
+                                    patches=args.patch, torch=args.torch)
         report.emit(args.format, up.to_json(), *up.table())
         return EXIT_OK if up.ok else EXIT_UNEXPECTED
     prog = _common.progress(args)
     with prog.step(f"verify pin {pin.name}"):  # the screen never stands still
-        res = verify(lock=lock, pin=pin, store=_common.open_store(args), progress=prog,
+        res = verify(ctx=_common.context(args, lock, prog), pin=pin,
                      patches=args.patch, torch=args.torch, keep=args.keep, use_cache=not args.no_cache)
     report.emit(args.format, res.to_json(), *res.table())
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     out, out_note = _common.default_out(args.out, lock.path)
     prog = _common.progress(args)
     with prog.step(f"wheel: pin {lock.pin(args.pin).name}"):  # the screen never stands still
-        res = make_wheel(lock=lock, pin=lock.pin(args.pin), store=_common.open_store(args),
-                         progress=prog, out=out, platform=args.platform,
+        res = make_wheel(ctx=_common.context(args, lock, prog), pin=lock.pin(args.pin), out=out,
+                         platform=args.platform,
                          kernels=args.kernels, archs=args.arch,
                          python=args.python or _common.settings().torch_python, nvcc=args.nvcc,
                          allow_torch=args.allow_torch, extra_include=args.extra_include)

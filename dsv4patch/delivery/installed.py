@@ -43,10 +43,8 @@ from dsv4patch.safeio import loads_json
 from dsv4patch.series import patched_tree
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Lock, Pin
     from dsv4patch.series import ChangedFile, PatchedTree
-    from dsv4patch.store import Store
 
 # Runs in the target interpreter: standard library only, vLLM is located, not imported.
 _PROBE = r"""
@@ -203,11 +201,11 @@ _STATE_WHY = {
 }
 
 
-def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progress: Progress) -> dict[str, Any]:
+def inspect(pin_name: str | None, python: str, *, ctx: Context) -> dict[str, Any]:
     """The report (``ok`` and per-patch states) for the vLLM ``python`` sees."""
     first = probe(python, "")
     version = (first.get("vllm") or {}).get("version")
-    pin = pick_pin(lock, pin_name, version)
+    pin = pick_pin(ctx.lock, pin_name, version)
     kdist = kernel_dist_name(pin.name)
     found = probe(python, kdist)
     vllm = found.get("vllm")
@@ -223,7 +221,7 @@ def inspect(lock: Lock, pin_name: str | None, python: str, store: Store, progres
                             f"{pin.vllm_version}")
     if vllm.get("provenance"):
         out["installed"]["provenance"] = _provenance_summary(vllm["provenance"])
-    tree = patched_tree(lock, pin, store, progress)
+    tree = patched_tree(ctx=ctx, pin=pin)
     out["patch_set_sha256"] = tree.series.hash()
     out["patched_tree"] = tree.patched_tree
     root, top = Path(vllm["root"]), Path(vllm["package"]).name
@@ -567,9 +565,7 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
 
 def check(
     *,
-    lock: Lock,
-    store: Store,
-    progress: Progress,
+    ctx: Context,
     pin_name: str | None = None,
     python: str | None = None,
 ) -> InstalledReport:
@@ -577,7 +573,7 @@ def check(
     ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
     the kernel package whether its kernels are the ones torch runs."""
     python = python or sys.executable
-    out = inspect(lock, pin_name, python, store, progress)
+    out = inspect(pin_name, python, ctx=ctx)
     kernel = out.get("kernels") or {}
     if kernel.get("installed"):
         if _gpu_present():

@@ -78,10 +78,8 @@ from dsv4patch.safeio import loads_json, read_stream
 from dsv4patch.series import patched_tree
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, WheelFile
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Pin, WheelFile
     from dsv4patch.series import ChangedFile, PatchedTree, Series
-    from dsv4patch.store import Store
 
 PROVENANCE = "dsv4patch.json"
 LOCAL_PREFIX = "dsv4"
@@ -846,10 +844,8 @@ class PatchedWheel:
 
 def make_wheel(
     *,
-    lock: Lock,
+    ctx: Context,
     pin: Pin,
-    store: Store,
-    progress: Progress,
     out: Path,
     platform: str | None = None,
     kernels: Path | None = None,
@@ -868,7 +864,7 @@ def make_wheel(
     """
     plat = platform or host_platform()
     wheel = stock_wheel_for(pin, plat)
-    tree = patched_tree(lock, pin, store, progress)
+    tree = patched_tree(ctx=ctx, pin=pin)
     kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
     notes: list[str] = []
     kpkg = None
@@ -881,7 +877,7 @@ def make_wheel(
                 f"{param('platform')} {plat}: the kernel library is built for this machine "
                 f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
                 f"{pin.name}` and pass the wheel with {param('kernels')}")
-        kwheel = _build_kernels(lock, pin, store, progress, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}",
+        kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", ctx=ctx,
                                 archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
                                 extra_include=extra_include)
         if kwheel is None:
@@ -894,30 +890,30 @@ def make_wheel(
     else:
         notes.append("the patches change no kernel source: no kernel library added")
     try:
-        built = _repack(store, progress, tree, wheel, kpkg, out)
+        built = _repack(tree, wheel, kpkg, out, ctx=ctx)
     finally:
         if tmp_kernels is not None:
-            store.remove_tmp(tmp_kernels)
+            ctx.store.remove_tmp(tmp_kernels)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
-def _repack(store: Store, progress: Progress, tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None,
-            out: Path) -> WheelBuild:
+def _repack(tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None, out: Path, *,
+            ctx: Context) -> WheelBuild:
     """:func:`build` from the cache's stock wheel.  The repack hashes the very bytes it copies and
     refuses them unless they are the lock's, so a cached file is not hashed a second time first; a
     repack that fails on a file the cache did not verify this run (a damaged entry) is made again
     from the verified (or fetched anew) file, whose refusal, if any, is the one reported."""
-    verdicts = store.root / VERDICTS
-    cached = store.blob_path(wheel.sha256)
+    verdicts = ctx.store.root / VERDICTS
+    cached = ctx.store.blob_path(wheel.sha256)
     if safeio.is_regular(cached):
         try:
             return build(tree, cached, wheel, kpkg, out, verdicts=verdicts)
         except IntegrityError:
             pass  # checked again below, from the file the cache verifies (or fetches anew)
-    return build(tree, stock_wheel_path(store, wheel, progress), wheel, kpkg, out, verdicts=verdicts)
+    return build(tree, stock_wheel_path(ctx.store, wheel, ctx.progress), wheel, kpkg, out, verdicts=verdicts)
 
 
-def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: str, *,
+def _build_kernels(pin: Pin, key: str, *, ctx: Context,
                    archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
                    extra_include: Sequence[Path]) -> Path | None:
     """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
@@ -925,12 +921,13 @@ def _build_kernels(lock: Lock, pin: Pin, store: Store, progress: Progress, key: 
     The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that an
     older dsv4patch or other patch texts left in a state ``apply`` does not take is made again.
     """
+    store, progress = ctx.store, ctx.progress
     path = store.root / "wheel-trees" / f"{pin.name}-{key}"
     try:
-        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     except TreeError:
         shutil.rmtree(path, ignore_errors=True)
-        applied = apply_pin(lock=lock, pin=pin, store=store, tree_path=path, progress=progress)
+        applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
     out_dir = store.tmpdir("kernels-wheel-")

@@ -80,16 +80,15 @@ if TYPE_CHECKING:
         PortState,
     )
     from dsv4patch.pins import (
+        Context,
         Lock,
         PinRepo,
     )
-    from dsv4patch.progress import Progress
     from dsv4patch.series import (
         Patch,
         PatchResult,
         Series,
     )
-    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class Ported:
     merged: dict[str, bytes] = field(default_factory=dict)
 
 
-def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | None,
+def new_pin(*, ctx: Context, src: Pin, to: str | None,
             git_url: str | None = None, local: Path | None = None, name: str | None = None,
             dry_run: bool = False) -> Pin:
     """The pin to port to: vLLM ``to`` on PyPI, commit ``to`` of ``git_url``, or the checkout ``local``.
@@ -140,7 +139,7 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
         to = _local_commit(local, to)
     to = _checked_to(to, git_url, local)
     name = _new_pin_name(name, to, git_url, local)
-    existing = _existing_pin(lock, name, to, dry_run)
+    existing = _existing_pin(ctx.lock, name, to, dry_run)
     if existing is not None:
         return existing
     if local is not None:
@@ -149,7 +148,7 @@ def new_pin(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str |
                    cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
     if git_url:
         return _git_pin(name, to, git_url, src)
-    return _pypi_pin(name, to, src, store, progress)
+    return _pypi_pin(name, to, src, ctx=ctx)
 
 
 def _local_commit(local: Path, to: str | None) -> str:
@@ -223,11 +222,11 @@ def _git_pin(name: str, to: str, git_url: str, src: Pin) -> Pin:
                cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
 
 
-def _pypi_pin(name: str, to: str, src: Pin, store: Store, progress: Progress) -> Pin:
+def _pypi_pin(name: str, to: str, src: Pin, *, ctx: Context) -> Pin:
     """vLLM ``to`` on PyPI: its sdist fetched and pinned by hash, the commit read from its
     ``vllm/_version.py``."""
     info = index.find_sdist("vllm", to)
-    blob = store.fetch_blob(info.url, info.sha256, info.size, f"vllm {to} sdist", progress)
+    blob = ctx.store.fetch_blob(info.url, info.sha256, info.size, f"vllm {to} sdist", ctx.progress)
     what = f"vllm {to} sdist"
     try:
         with tarfile.open(blob, "r:gz") as tar:
@@ -743,7 +742,7 @@ class PortResult:
         return out
 
 
-def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | None,
+def port(*, ctx: Context, src: Pin, to: str | None,
          git_url: str | None = None, local: Path | None = None, name: str | None = None,
          resolutions: Path | None = None, workspace: Path | None = None,
          dry_run: bool = False) -> PortResult:
@@ -756,8 +755,8 @@ def port(*, lock: Lock, src: Pin, store: Store, progress: Progress, to: str | No
     """
     resolutions = Path(os.path.abspath(resolutions)) if resolutions is not None else None
     ws = Path(os.path.abspath(workspace)) if workspace is not None else None
-    pin = new_pin(lock=lock, src=src, store=store, progress=progress, to=to, git_url=git_url,
-                  local=local, name=name, dry_run=dry_run)
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
+    pin = new_pin(ctx=ctx, src=src, to=to, git_url=git_url, local=local, name=name, dry_run=dry_run)
     existing = lock.pins.get(pin.name) is pin  # dry run against a pin the lock already has
     old = materialize(src, store, progress)
     # A local pin's checkout that is the workspace may be mid-port (HEAD detached above the commit).

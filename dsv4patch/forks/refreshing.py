@@ -54,10 +54,8 @@ from dsv4patch.pins import materialize, open_lock, set_variant, update_derived
 from dsv4patch.series import Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, PinRepo
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Lock, Pin, PinRepo
     from dsv4patch.series import Patch, Series
-    from dsv4patch.store import Store
 
 TEMPLATE = (
     "Fix: TODO one line naming the bug this fixes\n"
@@ -124,18 +122,18 @@ class RefreshResult:
                 "patched_tree": self.patched_tree, "patches": self.patches, "notes": list(self.notes)}
 
 
-def refresh(*, lock: Lock, pin: Pin, store: Store, tree_path: Path, progress: Progress,
-            as_variant: bool = False, chosen_series: Sequence[str] | None = None) -> RefreshResult:
+def refresh(*, ctx: Context, pin: Pin, tree_path: Path, as_variant: bool = False,
+            chosen_series: Sequence[str] | None = None) -> RefreshResult:
     """Write the commits of ``tree_path`` on top of ``pin``'s base back as its series.
 
-    ``lock`` was opened with ``chosen_series`` (``--series``, if any: then
+    The context's lock was opened with ``chosen_series`` (``--series``, if any: then
     the lock's derived tree ids are not rewritten); ``as_variant``: changed
     patches become the pin's variants instead of overwriting shared series files.
     The tree is vetted and held through :func:`guard.guarded` for the whole refresh.
     """
     with guard.guarded(tree_path):
-        return _refresh(lock=lock, pin=pin, store=store, path=Path(os.path.abspath(tree_path)),
-                        progress=progress, as_variant=as_variant, chosen_series=chosen_series)
+        return _refresh(ctx=ctx, pin=pin, path=Path(os.path.abspath(tree_path)), as_variant=as_variant,
+                        chosen_series=chosen_series)
 
 
 @dataclass(frozen=True)
@@ -173,9 +171,10 @@ class _Plan:
     seen: list[str] = field(default_factory=list)
 
 
-def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progress,
-             as_variant: bool, chosen_series: Sequence[str] | None) -> RefreshResult:
-    pinrepo = materialize(pin, store, progress, checkout=path)
+def _refresh(*, ctx: Context, pin: Pin, path: Path, as_variant: bool,
+             chosen_series: Sequence[str] | None) -> RefreshResult:
+    lock = ctx.lock
+    pinrepo = materialize(pin, ctx.store, ctx.progress, checkout=path)
     series = series_for_pin(lock, pin)
     plan = _Plan()
     with exclusive_checkout(path) as co:
@@ -186,7 +185,7 @@ def _refresh(*, lock: Lock, pin: Pin, store: Store, path: Path, progress: Progre
     lock = _write_series_entries(lock, pin, where, plan, chosen_series)
     for name, dest in plan.variants:
         set_variant(lock.path, pin.name, name, dest)
-    return _check_written(lock, pin, store, progress, path, tree, pinrepo, plan, chosen_series)
+    return _check_written(pin, path, tree, pinrepo, plan, chosen_series, ctx=ctx.on(lock))
 
 
 def _read_tree(path: Path, gitdir: Path, pinrepo: PinRepo, pin: Pin) -> _Tree:
@@ -366,9 +365,10 @@ def _line_after(sfile: Path, lines: list[str], after: str | None) -> int:
     return len(lines)
 
 
-def _check_written(lock: Lock, pin: Pin, store: Store, progress: Progress, path: Path, tree: _Tree,
-                   pinrepo: PinRepo, plan: _Plan, chosen_series: Sequence[str] | None) -> RefreshResult:
+def _check_written(pin: Pin, path: Path, tree: _Tree, pinrepo: PinRepo, plan: _Plan,
+                   chosen_series: Sequence[str] | None, *, ctx: Context) -> RefreshResult:
     """Run the written series: it must give the tree's HEAD; the lock's derived tree ids follow."""
+    lock = ctx.lock
     notes = plan.notes
     fresh = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     fpin = fresh.pin(pin.name)
@@ -384,7 +384,7 @@ def _check_written(lock: Lock, pin: Pin, store: Store, progress: Progress, path:
         elif not keep_ids:
             update_derived(fresh.path, pin.name, {"patched_tree": res.final_tree}, {})
     else:
-        checked = check_pin(fresh, fpin, store, progress)
+        checked = check_pin(ctx=ctx.on(fresh), pin=fpin)
         repo, res = checked.repo, checked.result
         if not chosen_series:
             update_derived(fresh.path, pin.name,
@@ -398,7 +398,7 @@ def _check_written(lock: Lock, pin: Pin, store: Store, progress: Progress, path:
         notes.append(f"pin {pin.name}: the written series gives {path}'s tree {head_tree}"
                      + ("" if keep_ids else f" (patched_tree in {fresh.path})"))
     if plan.writes and not keep_ids:
-        notes += _update_other_pins(fresh, pin.name, {d.resolve() for d, _t in plan.writes}, store, progress)
+        notes += _update_other_pins(pin.name, {d.resolve() for d, _t in plan.writes}, ctx=ctx.on(fresh))
     if plan.writes:
         notes.append(f"the commits in {path} carry the old patch hashes; `{mention(Step.of('apply'))}` makes "
                      f"the refreshed series' commits on a new {param('tree')}")
@@ -437,10 +437,10 @@ def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
     os.replace(tmp, lock_path)
 
 
-def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Store,
-                       progress: Progress) -> list[str]:
+def _update_other_pins(done_pin: str, written: set[Path], *, ctx: Context) -> list[str]:
     """The other pins that read a rewritten patch file get their derived tree ids
     recomputed too (as ``lock --update`` would), so the lock stays true for all of them."""
+    lock = ctx.lock
     notes = []
     for other in lock.pins.values():
         if other.name == done_pin:
@@ -452,7 +452,7 @@ def _update_other_pins(lock: Lock, done_pin: str, written: set[Path], store: Sto
         if not files & written:
             continue
         try:
-            checked = check_pin(lock, other, store, progress)
+            checked = check_pin(ctx=ctx, pin=other)
             repo, res = checked.repo, checked.result
         except Exception as exc:
             notes.append(f"pin {other.name} also reads a rewritten patch; its tree ids were not "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from dsv4patch import face
 
 if TYPE_CHECKING:
+    from dsv4patch.pins.context import Context
     from dsv4patch.pins.fetching import fetch
     from dsv4patch.pins.lock import (
         DEFAULT_LOCK,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 # The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
 FACE = {
+    "Context": "context:Context",
     "DEFAULT_LOCK": "lock:DEFAULT_LOCK",
     "Lock": "lock:Lock",
     "Pin": "lock:Pin",
@@ -59,6 +61,7 @@ FACE = {
     "version_commit": "sdist:version_commit",
 }
 __all__ = [
+    "Context",
     "DEFAULT_LOCK",
     "Lock",
     "Pin",

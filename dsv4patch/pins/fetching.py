@@ -19,9 +19,7 @@ from dsv4patch.hashing import hash_file
 from dsv4patch.pins import repository
 
 if TYPE_CHECKING:
-    from dsv4patch.pins.lock import Lock
-    from dsv4patch.progress import Progress
-    from dsv4patch.store import Store
+    from dsv4patch.pins.context import Context
 
 
 @dataclass(frozen=True)
@@ -68,15 +66,14 @@ class FetchResult:
 
 def fetch(
     *,
-    lock: Lock,
-    store: Store,
-    progress: Progress,
+    ctx: Context,
     pins: Sequence[str] | None = None,
     sdists: Sequence[Path] = (),
     wheels: Sequence[Path] = (),
 ) -> FetchResult:
     """Seed ``wheels`` then ``sdists`` (refused unless a selected pin locks their sha256),
     then materialize the pins named (default: all)."""
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
     selected = lock.select(list(pins) if pins else None)
     sdist_pins: dict[str, list[str]] = {}
     for p in selected:

@@ -43,10 +43,8 @@ from dsv4patch.proofs import testenv, testrun
 from dsv4patch.series import run_series, series_for_pin
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, PinRepo
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Lock, Pin, PinRepo
     from dsv4patch.series import Patch
-    from dsv4patch.store import Store
 
 TRAILER = "Upstream-Test"
 DEFAULT_FROM = "0.28.0"
@@ -188,16 +186,15 @@ class UpstreamResult:
 
 def run(
     *,
-    lock: Lock,
+    ctx: Context,
     pin: Pin,
-    store: Store,
-    progress: Progress,
     source: Pin | None = None,
     patches: Sequence[str] | None = None,
     torch: str | None = None,
 ) -> UpstreamResult:
     """Run upstream's tests of ``pin``'s patches (``patches``: only those) from ``source``'s
     sdist (default: the lock's pin 0.28.0) on the patched and the unpatched pin."""
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
     source = source or source_pin(lock, None)
     pinrepo = materialize(pin, store, progress)
     srcrepo = materialize(source, store, progress)

@@ -46,7 +46,7 @@ from dsv4patch.proofs import testenv, testrun
 from dsv4patch.series import run_series, series_for_pin
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.pins import Context, Pin, PinRepo
     from dsv4patch.series import Patch, Status
     from dsv4patch.store import Store
 
@@ -188,10 +188,8 @@ def _why(where: str) -> str:
 
 def verify(
     *,
-    lock: Lock,
+    ctx: Context,
     pin: Pin,
-    store: Store,
-    progress: Progress,
     patches: Sequence[str] | None = None,
     torch: str | None = None,
     keep: bool = False,
@@ -203,6 +201,7 @@ def verify(
     ``keep`` leaves the work trees in the cache; ``use_cache=False`` runs every session
     even when its results are cached.  Raises TreeError when the series does not apply.
     """
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
     clock = _Phases()
     with clock("prepare"):
         pinrepo = materialize(pin, store, progress)

@@ -19,9 +19,7 @@ from dsv4patch.pins import load_lock, update_derived
 from dsv4patch.series import pincheck
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock
-    from dsv4patch.progress import Progress
-    from dsv4patch.store import Store
+    from dsv4patch.pins import Context
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,9 @@ class LockUpdate:
         return {"lock": str(self.lock), "pins": {p.pin: p.to_json() for p in self.pins}, "ok": self.ok}
 
 
-def update(*, lock: Lock, pins: list[str] | None, store: Store, progress: Progress) -> LockUpdate:
-    """Recompute and write the derived fields of ``pins`` (default: all) in ``lock``'s file."""
+def update(*, ctx: Context, pins: list[str] | None) -> LockUpdate:
+    """Recompute and write the derived fields of ``pins`` (default: all) in the lock's file."""
+    lock = ctx.lock
     done = []
     for pin in lock.select(pins):
         src_values: dict[str, Any] = {}
@@ -75,7 +74,7 @@ def update(*, lock: Lock, pins: list[str] | None, store: Store, progress: Progre
             src_values = {"url": info.url, "size": info.size}
             lock = load_lock(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
             pin = lock.pin(pin.name)
-        checked = pincheck.check_pin(lock, pin, store, progress)
+        checked = pincheck.check_pin(ctx=ctx.on(lock), pin=pin)
         repo, result = checked.repo, checked.result
         final = result.final_tree
         changed = update_derived(lock.path, pin.name, {"base_tree": repo.base_tree, "patched_tree": final}, {})

@@ -26,10 +26,9 @@ from dsv4patch.series import checkcache, engine, hints
 from dsv4patch.series.patches import series_for_pin
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, Pin, PinRepo
+    from dsv4patch.pins import Context, Pin, PinRepo
     from dsv4patch.series.patchedtree import PatchedTree
     from dsv4patch.series.patches import Series
-    from dsv4patch.store import Store
 
 
 @dataclass(frozen=True)
@@ -41,12 +40,12 @@ class PinCheck:
     result: engine.SeriesResult
 
 
-def check_pin(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PinCheck:
+def check_pin(*, ctx: Context, pin: Pin) -> PinCheck:
     """Materialize ``pin`` and run its series in a scratch index (never touches a tree)."""
-    repo = materialize(pin, store, progress)
-    series = series_for_pin(lock, pin)
-    with writing(CacheError, str(store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"), \
-            progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) with git apply --check"):
+    repo = materialize(pin, ctx.store, ctx.progress)
+    series = series_for_pin(ctx.lock, pin)
+    with writing(CacheError, str(ctx.store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"), \
+            ctx.progress.step(f"check pin {pin.name}: {len(series.patches)} patch(es) with git apply --check"):
         return PinCheck(repo, series, engine.run_series(repo.repo, repo.base_commit, series))
 
 
@@ -148,8 +147,8 @@ class PinOutcome:
 class CachedCheck:
     """:func:`check_pin` through the check cache (checkcache.py)."""
 
-    def __init__(self, lock: Lock, store: Store, use: bool) -> None:
-        self.lock, self.store, self.use = lock, store, use
+    def __init__(self, ctx: Context, use: bool) -> None:
+        self.ctx, self.lock, self.store, self.use = ctx, ctx.lock, ctx.store, use
         self._ident: tuple[str, str] | None = None  # (git --version, dsv4patch identity)
 
     def _inputs(self, pin: Pin, repo: PinRepo) -> checkcache.Inputs | None:
@@ -174,22 +173,22 @@ class CachedCheck:
         # The key is taken before the check reads the patches: a file edited meanwhile
         # can only make the entry unreachable, never wrong.
         inputs = self._inputs(pin, materialize(pin, self.store, progress))
-        checked = check_pin(self.lock, pin, self.store, progress)
+        checked = check_pin(ctx=self.ctx.reporting_to(progress), pin=pin)
         if inputs is not None:
             checkcache.save(self.store, inputs.key(), checked.result)
         return checked.repo, checked.result
 
 
-def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
-               use_cache: bool = True) -> list[PinOutcome]:
+def check_pins(*, ctx: Context, pins: list[Pin], use_cache: bool = True) -> list[PinOutcome]:
     """Check ``pins`` (cached results where the inputs are unchanged, the rest in parallel), in order.
 
     A pin that is not fetched while offline is reported (``not_fetched``), the others go on."""
-    ctx = CachedCheck(lock, store, use=use_cache)
+    cache = CachedCheck(ctx, use=use_cache)
+    progress = ctx.progress
     results: dict[str, tuple[PinRepo, engine.SeriesResult] | NotFetchedError] = {}
     todo = []
     for pin in pins:
-        hit = ctx.lookup(pin)  # only for a pin whose tree is already materialized
+        hit = cache.lookup(pin)  # only for a pin whose tree is already materialized
         if hit is not None:
             results[pin.name] = hit
         else:
@@ -198,7 +197,7 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
 
     def compute(pin: Pin, prog: Progress) -> tuple[PinRepo, engine.SeriesResult] | NotFetchedError:
         try:
-            return ctx.compute(pin, prog)
+            return cache.compute(pin, prog)
         except NotFetchedError as exc:  # offline and not cached: reported, the others go on
             return exc
 
@@ -223,15 +222,15 @@ def check_pins(lock: Lock, pins: list[Pin], store: Store, progress: Progress,
         if isinstance(res, NotFetchedError):
             outcomes.append(PinOutcome(pin, None, res))
         else:
-            outcomes.append(PinOutcome(pin, pin_report(pin, res[0], res[1], lock.path),
+            outcomes.append(PinOutcome(pin, pin_report(pin, res[0], res[1], ctx.lock.path),
                                        cached=pin.name in cached))
     return outcomes
 
 
-def patched_tree(lock: Lock, pin: Pin, store: Store, progress: Progress) -> PatchedTree:
+def patched_tree(*, ctx: Context, pin: Pin) -> PatchedTree:
     """Run the series in the cache (what ``check`` does) and read every changed file
     (:func:`dsv4patch.series.patchedtree.read_patched_tree`: refused unless the result is the lock's)."""
     from dsv4patch.series.patchedtree import read_patched_tree  # the deliveries' need: check never loads it
-    checked = check_pin(lock, pin, store, progress)
+    checked = check_pin(ctx=ctx, pin=pin)
     report = pin_report(pin, checked.repo, checked.result)
     return read_patched_tree(pin, checked.repo, checked.series, checked.result, report)

@@ -43,10 +43,8 @@ from dsv4patch.series.patches import load_patch, series_for_pin
 from dsv4patch.urls import redact
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock, PinRepo
-    from dsv4patch.progress import Progress
+    from dsv4patch.pins import Context, Lock, PinRepo
     from dsv4patch.series.patches import Patch
-    from dsv4patch.store import Store
 
 PROJECT = "vllm"
 # What a release's state asks of the maintainer (rendered as next steps by commands/releases.py).
@@ -193,14 +191,14 @@ def _since(lock: Lock) -> Version | None:
     return min(pinned) if pinned else None
 
 
-def watch(*, lock: Lock, store: Store, progress: Progress, pre: bool = False,
-          only: list[str] | None = None) -> WatchResult:
-    """The releases on the configured index that ``lock`` does not pin, each checked (see module doc).
+def watch(*, ctx: Context, pre: bool = False, only: list[str] | None = None) -> WatchResult:
+    """The releases on the configured index that the lock does not pin, each checked (see module doc).
 
     ``only``: just these versions (pinned or not: a pinned one is checked as if it were new).
     """
     where = index.index_url()
     releases = list_releases(where, PROJECT)
+    lock = ctx.lock
     pinned = _pinned_versions(lock)
     since = _since(lock)
     reports: list[ReleaseReport] = []
@@ -213,7 +211,7 @@ def watch(*, lock: Lock, store: Store, progress: Progress, pre: bool = False,
         parsed = _version(rel.version)
         if wanted:
             if rel.version in wanted:
-                reports.append(check_release(lock=lock, store=store, progress=progress, release=rel))
+                reports.append(check_release(ctx=ctx, release=rel))
             continue
         if rel.version in pinned:
             flag = _pinned_flag(pinned[rel.version], rel)
@@ -231,7 +229,7 @@ def watch(*, lock: Lock, store: Store, progress: Progress, pre: bool = False,
         elif rel.prerelease and not pre:
             reports.append(ReleaseReport(rel.version, "pre-release", NONE, "a pre-release: not checked"))
         else:
-            reports.append(check_release(lock=lock, store=store, progress=progress, release=rel))
+            reports.append(check_release(ctx=ctx, release=rel))
     return WatchResult(lock.path, redact(where), reports, [r.version for r in releases if r.version in pinned],
                        older)
 
@@ -358,8 +356,9 @@ def classify(lock: Lock, pin: Pin, repo: PinRepo) -> tuple[list[PatchClass], dic
     return classes, chosen
 
 
-def check_release(*, lock: Lock, store: Store, progress: Progress, release: Release) -> ReleaseReport:
+def check_release(*, ctx: Context, release: Release) -> ReleaseReport:
     """Fetch ``release``'s sdist (the index's sha256), check the series on it, build the entry."""
+    lock, store, progress = ctx.lock, ctx.store, ctx.progress
     v = release.version
     f = release.sdist_file
     if f is None or release.sdist is None:

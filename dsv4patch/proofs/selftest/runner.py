@@ -52,7 +52,7 @@ from dsv4patch.proofs.selftest.regression import run_regression
 from dsv4patch.safeio import create_exclusive
 
 if TYPE_CHECKING:
-    from dsv4patch.pins import Lock
+    from dsv4patch.pins import Context, Lock
     from dsv4patch.progress import Progress
     from dsv4patch.proofs.selftest.cases import Case, Engine, PromptSet
     from dsv4patch.proofs.selftest.node import Node
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     )
     from dsv4patch.proofs.selftest.probe import HangEvidence
     from dsv4patch.proofs.selftest.regression import RegressionResult
-    from dsv4patch.store import Store
 
 CHILD = Path(__file__).resolve().parent / "child.py"
 # needs-gpu: the case needs a CUDA device and this node has none (not a failure; the summary says so);
@@ -645,8 +644,7 @@ class CheckResult:
         return {"name": self.name, "ok": self.ok, "note": self.note or None, **self.data}
 
 
-def check_installed(lock: Lock, pin: str | None, python: str, store: Store, progress: Progress, *,
-                    on_gpu: bool) -> CheckResult:
+def check_installed(pin: str | None, python: str, *, ctx: Context, on_gpu: bool) -> CheckResult:
     """What ``status --installed`` checks (its core function), the kernel package's GPU check on a GPU."""
     from dsv4patch.delivery import (
         check_kernels_active,
@@ -654,7 +652,7 @@ def check_installed(lock: Lock, pin: str | None, python: str, store: Store, prog
     )
 
     try:
-        out = inspect_installed(lock, pin, python, store, progress)
+        out = inspect_installed(pin, python, ctx=ctx)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}")
     kernel = out.get("kernels") or {}
@@ -691,11 +689,11 @@ def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
     return CheckResult("installed", rep.ok, note, {"report": {**out, "source": "sbom"}}), vllm
 
 
-def series_tests(lock: Lock, pin: str, store: Store, progress: Progress) -> dict[str, bytes]:
+def series_tests(pin: str, *, ctx: Context) -> dict[str, bytes]:
     """The series' regression test files (``tests/**/test_*.py`` the patches add or change), patched content."""
     from dsv4patch.series import patched_tree
 
-    tree = patched_tree(lock, lock.pin(pin), store, progress)
+    tree = patched_tree(ctx=ctx, pin=ctx.lock.pin(pin))
     return {rel: ch.patched for rel, ch in tree.by_path().items()
             if rel.startswith("tests/") and rel.endswith(".py") and ch.patched is not None
             and Path(rel).name.startswith("test_")}
@@ -715,13 +713,14 @@ def regression_check(result: RegressionResult, node: Node | None) -> CheckResult
     return CheckResult("regression", result.ok, note, result.to_json())
 
 
-def check_regression(lock: Lock | None, pin: str | None, python: str, store: Store | None, progress: Progress, *,
+def check_regression(pin: str | None, python: str, *, ctx: Context | None, progress: Progress,
                      work: Path, on_gpu: bool, deadline: float = 1200.0, env: dict[str, str] | None = None,
                      node: Node | None = None, vllm: dict[str, Any] | None = None) -> CheckResult:
     """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
 
-    The test files come from the lock's patched tree, or without a lock from
-    the installed wheel's SBOM (``vllm``: the probe's answer).  They are
+    The test files come from the patched tree of the context's lock, or without one
+    (``ctx`` None) from the installed wheel's SBOM (``vllm``: the probe's answer); ``progress``
+    is the run's (``ctx.progress`` when there is a context).  They are
     written into the work directory without vLLM's source beside them, so
     ``import vllm`` is the installed package; each file runs in its own
     pytest process (:mod:`.regression`), on the GPU when there is one.
@@ -729,8 +728,8 @@ def check_regression(lock: Lock | None, pin: str | None, python: str, store: Sto
     from dsv4patch.delivery import sbom_tests_for
 
     try:
-        if lock is not None and store is not None and pin is not None:
-            tests = series_tests(lock, pin, store, progress)
+        if ctx is not None and pin is not None:
+            tests = series_tests(pin, ctx=ctx)
         elif vllm is not None:
             tests = sbom_tests_for(vllm)
         else:
@@ -873,10 +872,10 @@ class _SelftestChecks:
     """The selected checks (installed files, regression tests) of one self-test, run in a thread of their
     own beside the engines; ``results`` is what they found (the thread appends, the caller sorts)."""
 
-    lock: Lock | None
+    ctx: Context | None  # the lock with its patches and the cache; None: the checks use the installed SBOM
+    sbom_lock: Lock | None  # without ctx: a lock without its patches (a URL) whose pin the SBOM is matched to
     pin: str | None
     python: str
-    store: Store | None
     progress: Progress
     checks: tuple[str, ...]
     work: Path
@@ -910,16 +909,16 @@ class _SelftestChecks:
     def run(self) -> None:
         if not self.checks:
             return
-        if self.lock is None or self.store is None:  # no lock (or one without its patches): the installed SBOM
+        if self.ctx is None:  # no lock (or one without its patches): the installed SBOM
             self._from_sbom()
         else:
-            self._from_lock(self.lock, self.store)
+            self._from_lock(self.ctx)
 
     def _from_sbom(self) -> None:
         """The checks against the installed wheel's SBOM (and a patch-less lock's pin, when given)."""
         vllm = None
         if "installed" in self.checks:
-            inst, vllm = check_installed_sbom(self.python, on_gpu=self.on_gpu, lock=self.lock, pin=self.pin)
+            inst, vllm = check_installed_sbom(self.python, on_gpu=self.on_gpu, lock=self.sbom_lock, pin=self.pin)
             self.results.append(inst)
         if "regression" not in self.checks:
             return
@@ -929,14 +928,14 @@ class _SelftestChecks:
             vllm = probe_installed(self.python, "").get("vllm")
         if vllm is not None and self.not_here():
             return
-        self.results.append(check_regression(None, None, self.python, None, self.progress, work=self.work,
+        self.results.append(check_regression(None, self.python, ctx=None, progress=self.progress, work=self.work,
                                              on_gpu=self.on_gpu, deadline=self.budget(), node=self.node, vllm=vllm))
 
-    def _from_lock(self, lock: Lock, store: Store) -> None:
+    def _from_lock(self, ctx: Context) -> None:
         """The checks against the lock's pin: the one given, else the installed one's."""
         chosen_pin = self.pin
         if "installed" in self.checks:
-            inst = check_installed(lock, self.pin, self.python, store, self.progress, on_gpu=self.on_gpu)
+            inst = check_installed(self.pin, self.python, ctx=ctx, on_gpu=self.on_gpu)
             self.results.append(inst)
             chosen_pin = chosen_pin or (inst.data.get("report") or {}).get("pin")
         if "regression" not in self.checks or self.not_here():
@@ -945,21 +944,21 @@ class _SelftestChecks:
             from dsv4patch.delivery import pick_installed_pin
 
             try:
-                chosen_pin = pick_installed_pin(lock, None, self.node.vllm).name
+                chosen_pin = pick_installed_pin(ctx.lock, None, self.node.vllm).name
             except Dsv4Error as exc:
                 self.results.append(CheckResult("regression", False, f"{type(exc).__name__}: {exc}"))
                 return
-        self.results.append(check_regression(lock, chosen_pin, self.python, store, self.progress, work=self.work,
+        self.results.append(check_regression(chosen_pin, self.python, ctx=ctx, progress=ctx.progress, work=self.work,
                                              on_gpu=self.on_gpu, deadline=self.budget(), node=self.node))
 
 
 def run_selftest(
     *,
-    lock: Lock | None,  # None, or a lock without its patches (store None): the checks use the installed SBOM
+    ctx: Context | None,  # the lock with its patches and the cache; None: the checks use the installed SBOM
+    sbom_lock: Lock | None = None,  # without ctx: a lock without its patches (a URL) the SBOM is matched to
     pin: str | None,
     python: str,
-    store: Store | None,
-    progress: Progress,
+    progress: Progress,  # the run's (ctx.progress when there is a ctx)
     checks: tuple[str, ...],
     cases: list[Case],
     work: Path,
@@ -993,7 +992,7 @@ def run_selftest(
     if cases:
         plan.check_gpus(topology, node)
     on_gpu = node.gpu is not None if gpu is None else gpu
-    run_checks = _SelftestChecks(lock, pin, python, store, progress, checks, work, deadlines, node, on_gpu, t0)
+    run_checks = _SelftestChecks(ctx, sbom_lock, pin, python, progress, checks, work, deadlines, node, on_gpu, t0)
     thread = threading.Thread(target=run_checks.guarded, name="selftest-checks", daemon=True)
     thread.start()
     runs: list[EngineRun] = []

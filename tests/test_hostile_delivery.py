@@ -725,6 +725,7 @@ def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, n
     longer than the locked size is refused without reading past it."""
     from dsv4patch.delivery import vllm_wheel
     from dsv4patch.errors import IntegrityError
+    from dsv4patch.pins import Context
     from dsv4patch.pins.lock import load
     from dsv4patch.progress import Progress
     from dsv4patch.series import patched_tree
@@ -736,7 +737,7 @@ def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, n
     assert _verdict_file(cache, good).is_file()
     lock = load(lock_path)
     pin = lock.pin("s")
-    tree = patched_tree(lock, pin, Store.open(cache), Progress(False))
+    tree = patched_tree(ctx=Context(lock=lock, store=Store.open(cache), progress=Progress(False)), pin=pin)
     swapped = tmp_path / "swapped.whl"
     for wheel, want in ((_lying_wheel(case), needle), (_wheel_of(list(BASE_MEMBERS.items())[:2], "\n".join(
             [*(_record_row(n, d) for n, d in list(BASE_MEMBERS.items())[:2]), "vllm-0.0.1.dist-info/RECORD,,"])),

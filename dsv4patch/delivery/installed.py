@@ -32,7 +32,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dsv4patch import childproc, report, safeio
 from dsv4patch.delivery import sbom
@@ -477,8 +477,8 @@ class InstalledReport:
     sbom: SbomCheck | None = None  # the installed SBOM checked (check_sbom); None: no vLLM
     sbom_document: str | None = None  # its text, as installed (``status --installed --format cyclonedx``)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
                                "installed": self.installed.to_json() if self.installed is not None else None,
                                "patches": {name: p.to_json() for name, p in self.patches.items()},
                                "kernels": self.kernels.to_json() if self.kernels is not None else None,

@@ -35,7 +35,7 @@ class Reported(Protocol):
     """A record of a later layer carried as it reports itself: the SBOM's facts (``sbom.SbomFacts``), the
     installed wheel's SBOM account (``provenance.Provenance``)."""
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> dict[str, JsonValue]: ...
 
 
 # --- the probe's answer (the interpreter under test prints it: checked on read) --------------------
@@ -133,8 +133,8 @@ class FileState:
     sha256: str | None = None  # other: the installed content's
     diff: str | None = None  # other: a summary against the patched file
 
-    def to_json(self) -> dict[str, str]:
-        out = {"state": self.state}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"state": self.state}
         for key, value in (("problem", self.problem), ("sha256", self.sha256), ("diff", self.diff)):
             if value is not None:
                 out[key] = value
@@ -149,8 +149,8 @@ class PatchState:
     files: dict[str, FileState] = field(default_factory=dict)
     problem: str | None = None  # the SBOM check's ``other``: why the patch does not peel off
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": self.state, "files": {k: v.to_json() for k, v in self.files.items()}}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"state": self.state, "files": {k: v.to_json() for k, v in self.files.items()}}
         if self.problem is not None:
             out["problem"] = self.problem
         return out
@@ -249,8 +249,8 @@ class SbomCheck:
     others: tuple[str, ...] | None = None  # absent or outside the site: the other SBOM files listed
     facts: Reported | None = None  # read: what it says (``sbom.SbomFacts``)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": self.state, "path": self.path}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"state": self.state, "path": self.path}
         if self.others is not None:
             out["others"] = list(self.others)
         out["problems"] = list(self.problems)
@@ -297,8 +297,8 @@ class InstalledPackage:
     # None: it has none
     provenance: WheelProvenance | Reported | Literal["unreadable"] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"package": self.package, "version": self.version}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"package": self.package, "version": self.version}
         if self.provenance is not None:
             out["provenance"] = self.provenance if isinstance(self.provenance, str) else self.provenance.to_json()
         return out

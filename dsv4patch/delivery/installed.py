@@ -21,7 +21,9 @@ line or the ``vllm.general_plugins`` entry point); on a machine with a GPU,
 torch's dispatcher runs.  ``ok`` only when everything matches.
 
 :func:`check` is the whole inspection (``dsv4patch status --installed`` renders
-its :class:`InstalledReport`).
+its :class:`InstalledReport`).  What it finds are the frozen records of
+:mod:`.installed_state` (each writes its part of the JSON report); the probe's
+answer is checked there on read.
 """
 
 from __future__ import annotations

@@ -413,6 +413,7 @@ def test_lock_update_records_the_sdist_url_without_index_credentials(monkeypatch
 def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
     """build_info.json naming ../../x (a file that exists) does not make the library 'present'."""
     from dsv4patch.delivery import installed
+    from dsv4patch.delivery.installed_state import ProbedKernels
 
     pkg = tmp_path / "site" / "dsv4patch_kernels_x"
     pkg.mkdir(parents=True)
@@ -421,10 +422,9 @@ def test_installed_kernel_library_must_be_a_file_of_the_package(tmp_path):
     init.parent.mkdir()
     init.write_text("")
     for name in ("../../decoy.so", str(tmp_path / "decoy.so")):
-        found = {"dir": str(pkg), "build_info": {"tree_id": "t" * 40, "library": name},
-                 "entry_points": ["dsv4patch_kernels_x:register"]}
+        found = ProbedKernels(str(pkg), {"tree_id": "t" * 40, "library": name}, ("dsv4patch_kernels_x:register",))
         res = installed._kernels(found, "t" * 40, init, "dsv4patch_kernels_x")
-        assert res["library_present"] is False and res["ok"] is False
+        assert res.library_present is False and res.ok is False
 
 
 def test_kernel_wheel_member_outside_its_package_is_refused(tmp_path):

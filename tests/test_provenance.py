@@ -49,20 +49,26 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, kernel_wh
     return {"site": target, "python": str(python), **built}
 
 
-def _inspect(site: dict) -> dict:
+def _inspect(site: dict) -> provenance.SbomInspection:
     found = installed.probe(site["python"], dist_name(PIN))
-    return provenance.inspect(found["vllm"], found.get("kernels") and {
-        "library": str(Path(found["kernels"]["dir"]) / found["kernels"]["build_info"]["library"])})
+    assert found.vllm is not None
+    kernels = found.kernels
+    library = None
+    if kernels is not None:
+        assert isinstance(kernels.build_info, dict) and isinstance(kernels.build_info["library"], str)
+        library = str(Path(kernels.dir) / kernels.build_info["library"])
+    return provenance.inspect(found.vllm, library)
 
 
 def test_every_patch_of_the_sbom_is_present_in_the_installed_files(site):
     rep = _inspect(site)
-    assert rep["ok"], rep
-    states = {n: p["state"] for n, p in rep["patches"].items()}
+    assert rep.ok, rep
+    states = {n: p.state for n, p in rep.patches.items()}
     assert states["0001-DSV4-fix-1-Carry-the-dense-SWA-index-width-for-DSpar.patch"] == "present"
     assert states["0007-DSV4-fix-7-Clamp-top-k-row-lengths-before-any-path-d.patch"] == "present"  # kernel lib
     assert set(states.values()) == {"present"} and len(states) == 10
-    assert rep["provenance"]["pin"] == PIN and rep["lock_checked"] is False
+    assert rep.provenance.pin == PIN and rep.lock_checked is False
+    assert list(rep.to_json()) == ["source", "provenance", "patches", "problems", "ok", "lock_checked"]
 
 
 def test_a_file_put_back_to_stock_and_a_local_edit_are_named(site, shared_cache):
@@ -75,20 +81,22 @@ def test_a_file_put_back_to_stock_and_a_local_edit_are_named(site, shared_cache)
     try:
         target.write_bytes(stock)  # the pin's own file: fix 6 is not there
         rep = _inspect(site)
-        assert not rep["ok"] and rep["patches"][fix6]["state"] == "stock"
-        others = {n: p["state"] for n, p in rep["patches"].items() if n != fix6}
+        assert not rep.ok and rep.patches[fix6].state == "stock"
+        others = {n: p.state for n, p in rep.patches.items() if n != fix6}
         assert set(others.values()) == {"present"}
         target.write_bytes(saved.replace(b"tl.maximum(", b"tl.minimum(", 1))  # a local edit inside the fix
         rep = _inspect(site)
-        assert rep["patches"][fix6]["state"] == "other" and "problem" in rep["patches"][fix6]
+        assert rep.patches[fix6].state == "other" and rep.patches[fix6].problem
+        assert "problem" in rep.patches[fix6].to_json()
     finally:
         target.write_bytes(saved)
-    assert _inspect(site)["ok"]
+    assert _inspect(site).ok
 
 
 def test_the_regression_tests_from_the_sbom_are_the_locks(site, shared_cache):
     found = installed.probe(site["python"], "")
-    from_sbom = provenance.tests_for(found["vllm"])
+    assert found.vllm is not None
+    from_sbom = provenance.tests_for(found.vllm)
     from_lock = runner.series_tests(PIN, ctx=Context(lock=site["lock"], store=Store.open(shared_cache),
                                                      progress=Progress(False)))
     assert from_sbom == from_lock and len(from_sbom) == 10
@@ -96,7 +104,8 @@ def test_the_regression_tests_from_the_sbom_are_the_locks(site, shared_cache):
 
 def test_a_lock_that_describes_another_patched_tree_disagrees(site):
     found = installed.probe(site["python"], "")
-    prov = provenance.read(found["vllm"]["sboms"])
+    assert found.vllm is not None
+    prov = provenance.read(list(found.vllm.sboms))
     assert provenance.lock_problems(prov, site["pin"]) == []
     other = dataclasses.replace(site["pin"], patched_tree="0" * 40)
     assert provenance.lock_problems(prov, other) == [

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         inst = _installed(args)
         if args.format == "cyclonedx":
             if inst.sbom_document is None:
-                reason = "; ".join((inst.sbom or {}).get("problems") or ["vLLM is not installed"])
+                reason = "; ".join((inst.sbom.problems if inst.sbom is not None else ()) or ["vLLM is not installed"])
                 raise SbomError(f"status --installed --format cyclonedx: no SBOM to print ({reason}); "
                                        "run `dsv4patch status --installed` for the whole report")
             # As installed (byte for byte) into a file or a pipe; on a terminal its control characters

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dsv4patch.delivery.installed import inspect as inspect_installed
     from dsv4patch.delivery.installed import pick_pin as pick_installed_pin
     from dsv4patch.delivery.installed import probe as probe_installed
+    from dsv4patch.delivery.installed_state import ProbedVllm
     from dsv4patch.delivery.provenance import lock_from_url
     from dsv4patch.delivery.provenance import tests_for as sbom_tests_for
     from dsv4patch.delivery.vllm_wheel import make_wheel
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 FACE = {
     "BUILD_ARGS": "buildargs:BUILD_ARGS",
     "InstalledReport": "installed:InstalledReport",
+    "ProbedVllm": "installed_state:ProbedVllm",
     "SbomError": "installed:SbomError",
     "build_arg_mismatches": "buildargs:mismatches",
     "check_from_sbom": "installed:check_from_sbom",
@@ -42,6 +44,7 @@ FACE = {
 __all__ = [
     "BUILD_ARGS",
     "InstalledReport",
+    "ProbedVllm",
     "SbomError",
     "build_arg_mismatches",
     "check_from_sbom",

@@ -21,7 +21,9 @@ line or the ``vllm.general_plugins`` entry point); on a machine with a GPU,
 torch's dispatcher runs.  ``ok`` only when everything matches.
 
 :func:`check` is the whole inspection (``dsv4patch status --installed`` renders
-its :class:`InstalledReport`).
+its :class:`InstalledReport`).  What it finds are the frozen records of
+:mod:`.installed_state` (each writes its part of the JSON report); the probe's
+answer is checked there on read.
 """
 
 from __future__ import annotations
@@ -29,12 +31,26 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dsv4patch import childproc, report, safeio
 from dsv4patch.delivery import sbom
+from dsv4patch.delivery.installed_state import (
+    KERNEL_LIBRARY,
+    ActiveCheck,
+    FileState,
+    InstalledPackage,
+    KernelCheck,
+    KernelUnit,
+    PatchState,
+    Probe,
+    SbomCheck,
+    TorchFit,
+    WheelProvenance,
+)
 from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, ParameterError, param
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
@@ -43,6 +59,11 @@ from dsv4patch.safeio import loads_json
 from dsv4patch.series import patched_tree
 
 if TYPE_CHECKING:
+    from dsv4patch.delivery.installed_state import (
+        JsonValue,
+        ProbedKernels,
+        ProbedVllm,
+    )
     from dsv4patch.pins import Context, Lock, Pin
     from dsv4patch.series import ChangedFile, PatchedTree
 
@@ -125,48 +146,20 @@ def run_bounded(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
     return fin.returncode, fin.stdout, fin.stderr
 
 
-def _probe_problem(data: Any) -> str | None:
-    """Why the probe's answer is not the shape _PROBE prints, or None."""
-    if not isinstance(data, dict) or not isinstance(data.get("python"), str):
-        return "the answer is not an object with a \"python\" string"
-    v = data.get("vllm")
-    if v is not None:
-        if not isinstance(v, dict) or not all(isinstance(v.get(k), str) for k in ("package", "root")):
-            return "\"vllm\" has no string \"package\" and \"root\""
-        if any(v.get(k) is not None and not isinstance(v.get(k), str) for k in ("version", "provenance")):
-            return "\"vllm\" has a version or provenance that is not a string"
-        sboms = v.get("sboms", [])
-        if not isinstance(sboms, list) or not all(isinstance(x, str) for x in sboms):
-            return "\"vllm\".sboms is not a list of strings"
-    if data.get("torch") is not None and not isinstance(data.get("torch"), str):
-        return "\"torch\" is not a version string"
-    k = data.get("kernels")
-    if k is not None:
-        if not isinstance(k, dict) or not isinstance(k.get("dir"), str):
-            return "\"kernels\" has no string \"dir\""
-        eps = k.get("entry_points", [])
-        if not isinstance(eps, list) or not all(isinstance(e, str) for e in eps):
-            return "\"kernels\".entry_points is not a list of strings"
-    return None
-
-
-def probe(python: str, kernel_dist: str) -> dict[str, Any]:
+def probe(python: str, kernel_dist: str) -> Probe:
     """What ``python`` has installed (vLLM, torch, the kernel package), located, not imported.
 
     Cannot run, not a Python, an answer that is not JSON or not the probe's shape: ParameterError (2);
     hangs or floods: ChildError (8).
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
-    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=f"{param('python')} {python}",
+    label = f"{param('python')} {python}"
+    fin, data = childproc.ask_python(python, _PROBE, kernel_dist, marker="DSV4PATCH-PROBE", label=label,
                                      env=env, cwd="/")
     if fin.returncode != 0 or data is None:
-        raise ParameterError(f"{param('python')} {python}: not a working Python interpreter ({fin.status()}: "
+        raise ParameterError(f"{label}: not a working Python interpreter ({fin.status()}: "
                          f"{fin.last_line()})")
-    problem = _probe_problem(data)
-    if problem:
-        raise ParameterError(f"{param('python')} {python}: the probe's answer is not what it prints ({problem}); "
-                         "is this a Python interpreter?")
-    return dict(data)
+    return Probe.from_json(data, label=label)
 
 
 def _diff_summary(have: bytes, want: bytes) -> str:
@@ -201,66 +194,58 @@ _STATE_WHY = {
 }
 
 
-def inspect(pin_name: str | None, python: str, *, ctx: Context) -> dict[str, Any]:
-    """The report (``ok`` and per-patch states) for the vLLM ``python`` sees."""
+def inspect(pin_name: str | None, python: str, *, ctx: Context) -> InstalledReport:
+    """The report (``ok`` and per-patch states) for the vLLM ``python`` sees.
+
+    Without the kernel package's GPU check and the summary notes: :func:`check` adds them.
+    """
     first = probe(python, "")
-    version = (first.get("vllm") or {}).get("version")
-    pin = pick_pin(ctx.lock, pin_name, version)
+    pin = pick_pin(ctx.lock, pin_name, first.vllm.version if first.vllm else None)
     kdist = kernel_dist_name(pin.name)
     found = probe(python, kdist)
-    vllm = found.get("vllm")
-    out: dict[str, Any] = {"python": found["python"], "pin": pin.name, "vllm_version": pin.vllm_version,
-                           "installed": None, "patches": {}, "kernels": None, "ok": False, "notes": []}
+    vllm = found.vllm
     if vllm is None:
-        out["notes"].append(f"vLLM is not installed in {found['python']}")
-        return out
-    out["installed"] = {"package": vllm["package"], "version": vllm.get("version")}
-    version_ok = (vllm.get("version") or "").split("+", 1)[0] == pin.vllm_version
+        return InstalledReport(found.python, pin.name, pin.vllm_version, None, {}, None, False,
+                               notes=[f"vLLM is not installed in {found.python}"])
+    notes = []
+    version_ok = (vllm.version or "").split("+", 1)[0] == pin.vllm_version
     if not version_ok:
-        out["notes"].append(f"installed vLLM {vllm.get('version')} is not pin {pin.name}'s "
-                            f"{pin.vllm_version}")
-    if vllm.get("provenance"):
-        out["installed"]["provenance"] = _provenance_summary(vllm["provenance"])
+        notes.append(f"installed vLLM {vllm.version} is not pin {pin.name}'s "
+                     f"{pin.vllm_version}")
+    package = InstalledPackage(vllm.package, vllm.version,
+                               WheelProvenance.from_text(vllm.provenance) if vllm.provenance else None)
     tree = patched_tree(ctx=ctx, pin=pin)
-    out["patch_set_sha256"] = tree.series.hash()
-    out["patched_tree"] = tree.patched_tree
-    root, top = Path(vllm["root"]), Path(vllm["package"]).name
-    kernel = _kernels(found.get("kernels"), tree.patched_tree, root / top / "__init__.py", kdist,
-                      found.get("torch"))
-    out["kernels"] = kernel
-    ok = version_ok
+    root, top = Path(vllm.root), Path(vllm.package).name
+    kernel = _kernels(found.kernels, tree.patched_tree, root / top / "__init__.py", kdist, found.torch)
+    patches = _patch_states(tree, root, top, kernel_ok=kernel.ok)
+    checked, document = check_sbom(vllm, tree, kernel)
+    ok = (version_ok and all(p.state in ("present", "upstream") for p in patches.values())
+          and (kernel.ok or not any(p.startswith("csrc/") for p in tree.by_path()))
+          and checked.state != "mismatch")  # an SBOM that contradicts the installed files fails
+    return InstalledReport(found.python, pin.name, pin.vllm_version, package, patches, kernel, ok, notes,
+                           patch_set_sha256=tree.series.hash(), patched_tree=tree.patched_tree, sbom=checked,
+                           sbom_document=document)
+
+
+def _patch_states(tree: PatchedTree, root: Path, top: str, *, kernel_ok: bool) -> dict[str, PatchState]:
+    """Each patch of the series in the installed files (in series order); ``upstream`` when not applied."""
     changes = tree.by_path()
+    out: dict[str, PatchState] = {}
     for patch in tree.series.patches:
         paths = tree.patch_files.get(patch.name)
-        if paths is None:  # not applied: the lock expects it upstream already
-            out["patches"][patch.name] = {"state": "upstream", "files": {}}
-            continue
-        out["patches"][patch.name] = _patch_state(paths, changes, root, top, kernel_ok=kernel["ok"])
-        ok &= out["patches"][patch.name]["state"] == "present"
-    ok &= kernel["ok"] or not any(p.startswith("csrc/") for p in changes)
-    out["sbom"], out["sbom_document"] = check_sbom(vllm, tree, kernel)
-    ok &= out["sbom"]["state"] != "mismatch"  # an SBOM that contradicts the installed files fails
-    out["ok"] = bool(ok)
+        # not applied: the lock expects it upstream already
+        out[patch.name] = (PatchState("upstream") if paths is None
+                           else _patch_state(paths, changes, root, top, kernel_ok=kernel_ok))
     return out
 
 
-def _provenance_summary(text: str) -> dict[str, Any] | str:
-    """What the installed wheel's ``dsv4patch.json`` says (reported, never trusted), or "unreadable"."""
-    try:
-        prov = loads_json(text, label="dsv4patch.json")
-    except safeio.UnsafeFileError:
-        prov = None
-    return ({k: prov.get(k) for k in ("pin", "version", "patch_set_sha256", "patched_tree")}
-            if isinstance(prov, dict) else "unreadable")
-
-
 def _patch_state(paths: list[str], changes: dict[str, ChangedFile], root: Path, top: str, *,
-                 kernel_ok: bool) -> dict[str, Any]:
+                 kernel_ok: bool) -> PatchState:
     """One applied patch: each shipped file it changes, and the worst file's state as the patch's.
 
     A patch that changes only kernel sources is as present as the installed kernel library.
     """
-    files: dict[str, Any] = {}
+    files: dict[str, FileState] = {}
     for rel in paths:
         change = changes.get(rel)
         if change is None or not rel.startswith(top + "/"):
@@ -268,36 +253,35 @@ def _patch_state(paths: list[str], changes: dict[str, ChangedFile], root: Path, 
         files[rel] = _file_state(root / rel, change)
     kernel_only = not files and any(p.startswith("csrc/") for p in paths)
     if kernel_only:
-        files["<kernel library>"] = {"state": "present" if kernel_ok else "missing"}
-    states = {f["state"] for f in files.values()}
+        files[KERNEL_LIBRARY] = FileState("present" if kernel_ok else "missing")
+    states = {f.state for f in files.values()}
     # The worst file decides: missing, then other, then stock (the files say which).
     state = next((s for s in ("missing", "other", "stock") if s in states), "present")
-    return {"state": state, "files": files}
+    return PatchState(state, files)
 
 
-def _file_state(target: Path, change: ChangedFile) -> dict[str, Any]:
+def _file_state(target: Path, change: ChangedFile) -> FileState:
     """An installed file against the pin's patched and unpatched content: present, stock, missing, other."""
     if change.patched is None:
-        return {"state": "present" if not os.path.lexists(target) else "stock"}
+        return FileState("present" if not os.path.lexists(target) else "stock")
     # Bounded: the larger of the two contents it may rightly have, plus room for a local edit
     # (reported with its diff summary); anything larger is reported as too large, never read whole.
     limit = max(len(change.patched), len(change.base or b"")) + EDIT_SLACK
     try:
         have = safeio.read_bytes(target, limit, what=str(target))
     except FileNotFoundError:
-        return {"state": "missing"}
+        return FileState("missing")
     except (safeio.UnsafeFileError, OSError) as exc:
-        return {"state": "other", "problem": str(exc) if isinstance(exc, safeio.UnsafeFileError)
-                else f"{target}: {exc.strerror or exc}"}
+        return FileState("other", problem=str(exc) if isinstance(exc, safeio.UnsafeFileError)
+                         else f"{target}: {exc.strerror or exc}")
     if have == change.patched:
-        return {"state": "present"}
+        return FileState("present")
     if change.base is not None and have == change.base:
-        return {"state": "stock"}
-    return {"state": "other", "sha256": sha256(have), "diff": _diff_summary(have, change.patched)}
+        return FileState("stock")
+    return FileState("other", sha256=sha256(have), diff=_diff_summary(have, change.patched))
 
 
-def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
-               kernel: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def check_sbom(vllm: ProbedVllm, tree: PatchedTree, kernel: KernelCheck) -> tuple[SbomCheck, str | None]:
     """The installed SBOM (``<dist-info>/sboms/dsv4patch.cdx.json``) against what is installed.
 
     (report, the document's text or None).  ``state``: ``ok``, ``mismatch`` (it
@@ -313,41 +297,38 @@ def check_sbom(vllm: dict[str, Any], tree: PatchedTree,
         raw = safeio.read_bytes(path, sbom.SBOM_LIMIT, what=path)
         doc = loads_json(raw, label=path, limit=sbom.SBOM_LIMIT)
     except FileNotFoundError:
-        rep["problems"].append(f"{path}: listed in RECORD but missing")
-        return rep, None
+        return replace(rep, problems=(f"{path}: listed in RECORD but missing",)), None
     except (OSError, safeio.UnsafeFileError) as exc:
-        rep["problems"].append(str(exc) if isinstance(exc, safeio.UnsafeFileError) else f"{path}: {exc}")
-        return rep, None
+        return replace(rep, problems=(str(exc) if isinstance(exc, safeio.UnsafeFileError) else f"{path}: {exc}",)), None
     facts = sbom.read(doc)
-    problems = list(facts.problems) + _sbom_against_install(facts, vllm.get("version"), tree, kernel)
-    rep.update({"state": "mismatch" if problems else "ok", "problems": problems, "facts": facts.to_json()})
-    return rep, raw.decode("utf-8", "replace")
+    problems = list(facts.problems) + _sbom_against_install(facts, vllm.version, tree, kernel)
+    return SbomCheck("mismatch" if problems else "ok", path, tuple(problems), facts=facts), raw.decode("utf-8", "replace")
 
 
-def _sbom_path(vllm: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+def _sbom_path(vllm: ProbedVllm) -> tuple[str | None, SbomCheck]:
     """Our SBOM among the installed RECORD's ``sboms/`` files, and the report so far (unreadable until read).
 
     Only RECORD rows that stay in the site directory, in a .dist-info of it: a row
     ``../../../outside/evil-1.0.dist-info/sboms/...`` is never read (nor shown as vLLM's SBOM).
     None, with the final report, when there is none to read.
     """
-    listed = list(vllm.get("sboms") or [])
-    outside = [p for p in listed if _outside_site(p, vllm["root"])]
+    listed = list(vllm.sboms)
+    outside = [p for p in listed if _outside_site(p, vllm.root)]
     paths = [p for p in listed if p not in outside]
     mine = [p for p in paths if Path(p).name == sbom.SBOM_NAME]
     if outside and not mine:
-        return None, {"state": "unreadable", "path": None, "others": paths,
-                      "problems": [f"the installed RECORD lists {p!r} outside the site directory {vllm['root']}; "
-                                   "not read" for p in outside[:5]]}
+        return None, SbomCheck("unreadable", None, others=tuple(paths), problems=tuple(
+            f"the installed RECORD lists {p!r} outside the site directory {vllm.root}; not read"
+            for p in outside[:5]))
     if not mine:
-        return None, {"state": "absent", "path": None, "others": paths,
-                      "problems": [f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
-                                   "(not installed from a `dsv4patch wheel` wheel)"]}
-    return mine[0], {"state": "unreadable", "path": mine[0], "problems": []}
+        return None, SbomCheck("absent", None, others=tuple(paths), problems=(
+            f"the installed vLLM has no {sbom.SBOM_DIR}/{sbom.SBOM_NAME} in its .dist-info "
+            "(not installed from a `dsv4patch wheel` wheel)",))
+    return mine[0], SbomCheck("unreadable", mine[0])
 
 
 def _sbom_against_install(facts: sbom.SbomFacts, version: str | None, tree: PatchedTree,
-                          kernel: dict[str, Any]) -> list[str]:
+                          kernel: KernelCheck) -> list[str]:
     """Where the SBOM contradicts the installed vLLM's version, the lock's applied patches or the
     installed kernel library (one line each)."""
     problems: list[str] = []
@@ -365,12 +346,12 @@ def _sbom_against_install(facts: sbom.SbomFacts, version: str | None, tree: Patc
                         + ", ".join(n for n, _ in diff[:5]) + ")")
     if sorted(facts.diff_sha256) != sorted(applied.values()):
         problems.append("the SBOM's pedigree patch texts do not hash to the lock's patches")
-    if kernel.get("installed"):
-        have = hash_installed(Path(kernel["library"]), KERNEL_MEMBER_LIMIT)
+    if kernel.installed:
+        have = hash_installed(Path(kernel.library), KERNEL_MEMBER_LIMIT)
         if facts.kernel_library_sha256 is None:
             problems.append("the SBOM names no kernel library, one is installed")
         elif have != facts.kernel_library_sha256:
-            problems.append(f"the installed kernel library {kernel['library']} has sha256 "
+            problems.append(f"the installed kernel library {kernel.library} has sha256 "
                             f"{str(have)[:16]}, the SBOM says {facts.kernel_library_sha256[:16]}")
     elif facts.kernel_library_sha256 is not None:
         problems.append(f"the SBOM names the kernel library {facts.kernel_library_sha256[:16]}, none is installed")
@@ -395,7 +376,7 @@ def _outside_site(path: str, root: str) -> bool:
     return os.path.commonpath([real_site, os.path.realpath(norm)]) != real_site
 
 
-def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | None:
+def torch_problem(info: Mapping[str, object], installed_torch: str | None) -> str | None:
     """Why the kernel library does not fit this environment's torch, or None.
 
     The library is compiled and linked against one torch (``build_info.json``
@@ -415,102 +396,109 @@ def torch_problem(info: dict[str, Any], installed_torch: str | None) -> str | No
     return None
 
 
-def _kernels(found: dict[str, Any] | None, tree_id: str, init: Path, kdist: str,
-             installed_torch: str | None = None) -> dict[str, Any]:
+def _kernels(found: ProbedKernels | None, tree_id: str, init: Path, kdist: str,
+             installed_torch: str | None = None) -> KernelCheck:
+    """The installed kernel package (the probe's ``kernels``) against the pin's patched tree ``tree_id``."""
     if found is None:
-        return {"package": kdist, "installed": False, "ok": False,
-                "note": f"{kdist} is not installed: the kernel fixes are not in effect"}
-    info = found.get("build_info") or {}
+        return KernelCheck(kdist, installed=False, ok=False,
+                           note=f"{kdist} is not installed: the kernel fixes are not in effect")
+    raw = found.build_info or {}
     shape = None
-    if not isinstance(info, dict):
-        shape, info = f"build_info.json is a {type(info).__name__}, not an object", {}
-    # build_info.json is the installed package's word: its library must be a file in the package.
-    name = info.get("library", "")
-    name = name if isinstance(name, str) else ""
-    lib = Path(found["dir"]) / name
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        lib = Path(found["dir"]) / "<no library named>"
+    info: dict[str, JsonValue] = {}
+    if isinstance(raw, dict):
+        info = raw
+    else:
+        shape = f"build_info.json is a {type(raw).__name__}, not an object"
+    lib = _library(found.dir, info.get("library", ""))
     try:  # bytes, not text: a vllm/__init__.py that is not UTF-8 simply has no hook line
         hooked = hook_line(kdist).encode() in safeio.read_bytes(init, INIT_LIMIT)
     except (OSError, safeio.UnsafeFileError):
         hooked = False
     units = info.get("units", [])
     tree = info.get("tree_id")
-    res: dict[str, Any] = {
-        "package": kdist, "installed": True, "dir": found["dir"],
-        "tree_id": tree if isinstance(tree, str) else None, "library": str(lib),
-        "library_present": safeio.is_regular(lib),
-        "units": [{"unit": u.get("unit"), "sass": u.get("sass"), "ptx": u.get("ptx")}
-                  for u in (units if isinstance(units, list) else []) if isinstance(u, dict)],
-        "routes": {"vllm-hook": hooked, "entry-point": bool(found.get("entry_points"))},
-    }
-    res["torch"] = {"built": info.get("torch_version"), "required": info.get("torch_required"),
-                    "installed": installed_torch}
+    built_from = tree if isinstance(tree, str) else None
+    present, entry_point = safeio.is_regular(lib), bool(found.entry_points)
     problem = torch_problem(info, installed_torch)
-    res["ok"] = bool(res["tree_id"] == tree_id and res["library_present"] and (hooked or res["routes"]["entry-point"])
-                     and problem is None)
-    if res["tree_id"] != tree_id:
-        res["note"] = f"built from tree {res['tree_id']}, the pin's patched tree is {tree_id}"
-    elif problem is not None:
-        res["note"] = problem
-    if shape:
-        res["note"] = shape
-    return res
+    note = f"built from tree {built_from}, the pin's patched tree is {tree_id}" if built_from != tree_id else problem
+    return KernelCheck(
+        kdist, installed=True, ok=bool(built_from == tree_id and present and (hooked or entry_point) and problem is None),
+        note=shape or note, dir=found.dir, tree_id=built_from, library=str(lib), library_present=present,
+        units=tuple(KernelUnit(u.get("unit"), u.get("sass"), u.get("ptx"))
+                    for u in (units if isinstance(units, list) else []) if isinstance(u, dict)),
+        hooked=hooked, entry_point=entry_point,
+        torch=TorchFit(info.get("torch_version"), info.get("torch_required"), installed_torch))
+
+
+def _library(package_dir: str, name: JsonValue) -> Path:
+    """The library build_info.json names (the installed package's word): it must be a file in the package."""
+    name = name if isinstance(name, str) else ""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        return Path(package_dir) / "<no library named>"
+    return Path(package_dir) / name
 
 
 def _gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
-def active_check(python: str, kdist: str) -> dict[str, Any]:
+def active_check(python: str, kdist: str) -> ActiveCheck:
     """On a GPU machine: the kernel package's own dispatcher check."""
     try:
         rc, stdout, stderr = run_bounded([python, "-m", kdist, "check", "--json"], 600)
     except ChildError as exc:
-        return {"checked": True, "exit_code": None, "report": {"output": str(exc)}, "active": False}
-    data: Any
+        return ActiveCheck(checked=True, active=False, exit_code=None, report={"output": str(exc)})
+    data: JsonValue
     try:
         data = loads_json(stdout[stdout.index("{"):], label=f"{kdist} check --json")
     except (ValueError, safeio.UnsafeFileError):
         data = {"output": stdout[-2000:] + stderr[-2000:]}
-    return {"checked": True, "exit_code": rc, "report": data, "active": rc == 0}
+    return ActiveCheck(checked=True, active=rc == 0, exit_code=rc, report=data)
 
 
-@dataclass
+def _activity(python: str, kernel: KernelCheck) -> ActiveCheck:
+    """The installed kernel library's GPU check, or why it was not asked (no GPU here)."""
+    if _gpu_present():
+        return active_check(python, kernel.package)
+    return ActiveCheck(checked=False, active=None, reason="no GPU on this machine")
+
+
+@dataclass(frozen=True)
 class InstalledReport:
     """Does the vLLM an interpreter sees carry the lock's patched files and kernels?"""
 
     python: str
     pin: str
     vllm_version: str
-    installed: dict[str, Any] | None  # package, version, provenance (the wheel's word)
-    patches: dict[str, dict[str, Any]]  # patch -> state and per-file states
-    kernels: dict[str, Any] | None
+    installed: InstalledPackage | None  # package, version, provenance (the wheel's word)
+    patches: dict[str, PatchState]  # patch -> state and per-file states
+    kernels: KernelCheck | None
     ok: bool
     notes: list[str] = field(default_factory=list)
     patch_set_sha256: str | None = None  # None: vLLM is not installed (nothing compared)
     patched_tree: str | None = None
-    sbom: dict[str, Any] | None = None  # the installed SBOM checked (check_sbom); None: no vLLM
+    sbom: SbomCheck | None = None  # the installed SBOM checked (check_sbom); None: no vLLM
     sbom_document: str | None = None  # its text, as installed (``status --installed --format cyclonedx``)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
-                               "installed": self.installed, "patches": self.patches,
-                               "kernels": self.kernels, "ok": self.ok, "notes": self.notes}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"python": self.python, "pin": self.pin, "vllm_version": self.vllm_version,
+                               "installed": self.installed.to_json() if self.installed is not None else None,
+                               "patches": {name: p.to_json() for name, p in self.patches.items()},
+                               "kernels": self.kernels.to_json() if self.kernels is not None else None,
+                               "ok": self.ok, "notes": list(self.notes)}
         if self.patch_set_sha256 is not None:
             out["patch_set_sha256"] = self.patch_set_sha256
             out["patched_tree"] = self.patched_tree
         if self.sbom is not None:
-            out["sbom"] = self.sbom
+            out["sbom"] = self.sbom.to_json()
         return out
 
     def table(self) -> tuple[report.Table, str]:
         """The terminal table (one row per patch) and its markdown."""
         rows = []
         for name, p in self.patches.items():
-            detail = ", ".join(f"{f}: {v['state']}" + (f" ({v['diff']})" if "diff" in v else "")
-                               for f, v in p["files"].items() if v["state"] != "present")
-            rows.append([name, p["state"], detail])
+            detail = ", ".join(f"{f}: {v.state}" + (f" ({v.diff})" if v.diff is not None else "")
+                               for f, v in p.not_present().items())
+            rows.append([name, p.state, detail])
         return report.simple_table(f"{mention(Step.of('status', installed=True))}: {self.python}",
                                    ["patch", "state", "files not present"], rows)
 
@@ -524,11 +512,11 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
 
     python = python or sys.executable
     first = probe(python, "")
-    vllm = first.get("vllm")
+    vllm = first.vllm
     if vllm is None:
-        return InstalledReport(first["python"], "?", "?", None, {}, None, False,
-                               notes=[f"vLLM is not installed in {first['python']}"])
-    prov = provenance.read(list(vllm.get("sboms") or []))
+        return InstalledReport(first.python, "?", "?", None, {}, None, False,
+                               notes=[f"vLLM is not installed in {first.python}"])
+    prov = provenance.read(list(vllm.sboms))
     lock_pin = None
     if lock is not None:
         lock_pin = lock.pin(pin_name) if pin_name else lock.pins.get(prov.pin or "")
@@ -537,19 +525,17 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
                                 "compare with")
     kdist = kernel_dist_name(prov.pin or "")
     found = probe(python, kdist)
-    top = Path(vllm["package"]).name
-    kernel = _kernels(found.get("kernels"), str(prov.patched_tree), Path(vllm["root"]) / top / "__init__.py", kdist,
-                      found.get("torch"))
-    rep = provenance.inspect(vllm, {"library": kernel["library"]} if kernel.get("installed") else None, lock_pin)
-    ok = bool(rep["ok"]) and (kernel["ok"] or not kernel.get("installed") and prov.kernel_library_sha256 is None)
-    if kernel.get("installed"):
-        if _gpu_present():
-            kernel["active"] = active_check(python, kdist)
-            ok &= bool(kernel["active"]["active"])
-        else:
-            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
-    names = ", ".join(p["name"] for p in rep["provenance"]["patches"])
-    notes = [f"python {first['python']}: vLLM {vllm.get('version')} at {vllm.get('package')}",
+    top = Path(vllm.package).name
+    kernel = _kernels(found.kernels, str(prov.patched_tree), Path(vllm.root) / top / "__init__.py", kdist,
+                      found.torch)
+    rep = provenance.inspect(vllm, kernel.library if kernel.installed else None, lock_pin)
+    ok = rep.ok and (kernel.ok or not kernel.installed and prov.kernel_library_sha256 is None)
+    if kernel.installed:
+        active = _activity(python, kernel)
+        kernel = replace(kernel, active=active)
+        ok = ok and (bool(active.active) or not active.checked)
+    names = ", ".join(p.name for p in rep.provenance.patches)
+    notes = [f"python {first.python}: vLLM {vllm.version} at {vllm.package}",
              f"checked against the installed wheel's own SBOM ({prov.path}): pin {prov.pin}, patched tree "
              f"{str(prov.patched_tree)[:12]}, patches {names}"]
     if lock_pin is None:
@@ -557,10 +543,10 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
                      "check them against the series you expect")
     elif not provenance.lock_problems(prov, lock_pin):
         notes.append(f"the lock's pin {lock_pin.name} describes the same patched tree, sdist and stock wheel")
-    notes += rep["problems"]
-    return InstalledReport(first["python"], str(prov.pin), (prov.version or "").split("+", 1)[0],
-                           {"package": vllm["package"], "version": vllm.get("version"), "provenance": rep["provenance"]},
-                           rep["patches"], kernel, ok, notes, patched_tree=prov.patched_tree)
+    notes += rep.problems
+    return InstalledReport(first.python, str(prov.pin), (prov.version or "").split("+", 1)[0],
+                           InstalledPackage(vllm.package, vllm.version, rep.provenance),
+                           rep.patches, kernel, ok, notes, patched_tree=prov.patched_tree)
 
 
 def check(
@@ -573,68 +559,66 @@ def check(
     ``pin_name`` (default: the pin of the installed version); on a GPU machine, also ask
     the kernel package whether its kernels are the ones torch runs."""
     python = python or sys.executable
-    out = inspect(pin_name, python, ctx=ctx)
-    kernel = out.get("kernels") or {}
-    if kernel.get("installed"):
-        if _gpu_present():
-            kernel["active"] = active_check(python, kernel["package"])
-            out["ok"] &= kernel["active"]["active"]
-        else:
-            kernel["active"] = {"checked": False, "active": None, "reason": "no GPU on this machine"}
-    inst = out.get("installed")
-    out["notes"] = list(out["notes"]) + [
-        f"python {out['python']}: " + (f"vLLM {inst.get('version')} at {inst.get('package')}" if inst
-                                        else "no vLLM installed"),
-        f"pin {out['pin']} (vLLM {out['vllm_version']}), patched tree {out.get('patched_tree', '?')[:12]}",
-    ]
-    if kernel:
-        out["notes"] += _kernel_notes(kernel)
-    patch_notes = _patch_notes(out["patches"], out["pin"], ours=isinstance(inst, dict) and bool(inst.get("provenance")))
-    out["notes"] += patch_notes
-    if out.get("sbom") is not None:
-        out["notes"].append(_sbom_note(out["sbom"], patches_differ=bool(patch_notes)))
+    rep = inspect(pin_name, python, ctx=ctx)
+    kernel, ok = rep.kernels, rep.ok
+    if kernel is not None and kernel.installed:
+        active = _activity(python, kernel)
+        kernel = replace(kernel, active=active)
+        ok = ok and (bool(active.active) or not active.checked)
+    inst = rep.installed
+    notes = [*rep.notes,
+             f"python {rep.python}: " + (f"vLLM {inst.version} at {inst.package}" if inst else "no vLLM installed"),
+             f"pin {rep.pin} (vLLM {rep.vllm_version}), patched tree "
+             f"{(rep.patched_tree if rep.patched_tree is not None else '?')[:12]}"]
+    if kernel is not None:
+        notes += _kernel_notes(kernel)
+    patch_notes = _patch_notes(rep.patches, rep.pin, ours=inst is not None and inst.provenance is not None)
+    notes += patch_notes
+    if rep.sbom is not None:
+        notes.append(_sbom_note(rep.sbom, patches_differ=bool(patch_notes)))
     if inst:
         # Files and kernels only: nothing here runs the engine (the selftest does, on a GPU).
-        out["notes"].append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "
-                            "this vLLM on this node's GPU (docs/selftest.md)")
-    out["notes"].append("everything matches the lock" if out["ok"] else "DOES NOT MATCH the lock")
-    return InstalledReport(
-        python=out["python"], pin=out["pin"], vllm_version=out["vllm_version"], installed=out["installed"],
-        patches=out["patches"], kernels=out["kernels"], ok=bool(out["ok"]), notes=out["notes"],
-        patch_set_sha256=out.get("patch_set_sha256"), patched_tree=out.get("patched_tree"),
-        sbom=out.get("sbom"), sbom_document=out.get("sbom_document"),
-    )
+        notes.append("the engine was not run: `dsv4patch selftest` runs a tiny DeepSeek-V4 through "
+                     "this vLLM on this node's GPU (docs/selftest.md)")
+    notes.append("everything matches the lock" if ok else "DOES NOT MATCH the lock")
+    return replace(rep, kernels=kernel, ok=bool(ok), notes=notes)
 
 
-def _kernel_notes(kernel: dict[str, Any]) -> list[str]:
+def _words(value: JsonValue) -> str:
+    """A build_info.json list (a unit's archs) as words, as it says them."""
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return str(value) if value else ""
+
+
+def _kernel_notes(kernel: KernelCheck) -> list[str]:
     """The kernel library's lines: its state, routes, archs and whether it is active; or why it is absent."""
-    if not kernel.get("installed"):
-        return [kernel["note"]]
-    routes = ", ".join(k for k, v in kernel["routes"].items() if v) or "none"
-    archs = "; ".join(f"{Path(str(u['unit'])).name}: {' '.join(u['sass'] or [])}"
-                      for u in kernel["units"])
-    notes = [f"kernel library {kernel['package']}: "
-             f"{'ok' if kernel['ok'] else 'NOT OK'} (tree {str(kernel['tree_id'])[:12]}, "
+    if not kernel.installed:
+        return [str(kernel.note)]
+    routes = ", ".join(k for k, v in kernel.routes().items() if v) or "none"
+    archs = "; ".join(f"{Path(str(u.unit)).name}: {_words(u.sass)}" for u in kernel.units)
+    act = kernel.active
+    notes = [f"kernel library {kernel.package}: "
+             f"{'ok' if kernel.ok else 'NOT OK'} (tree {str(kernel.tree_id)[:12]}, "
              f"routes: {routes}; archs {archs}); active: "
-             + (str(kernel["active"]["active"]) if kernel["active"]["checked"]
-                else f"not checked ({kernel['active']['reason']})")]
-    if kernel.get("note"):
-        notes.append(f"kernel library {kernel['package']}: {kernel['note']}")
+             + (str(act.active) if act is not None and act.checked
+                else f"not checked ({act.reason if act is not None else 'not asked'})")]
+    if kernel.note:
+        notes.append(f"kernel library {kernel.package}: {kernel.note}")
     return notes
 
 
-def _patch_notes(patches: dict[str, dict[str, Any]], pin: str, *, ours: bool) -> list[str]:
+def _patch_notes(patches: dict[str, PatchState], pin: str, *, ours: bool) -> list[str]:
     """One line per cause (the patches it touches by number; the table has their files), and one
     next step: installing the patched wheel, "again" only where one was installed (``ours``).
     No line when every patch is present or upstream."""
     by_state: dict[str, list[str]] = {}
     for name, p in patches.items():
-        if p["state"] not in ("present", "upstream"):
-            by_state.setdefault(p["state"], []).append(name)
+        if p.state not in ("present", "upstream"):
+            by_state.setdefault(p.state, []).append(name)
     notes = []
     for state, names in by_state.items():
-        files = ["; ".join(f"{f}: {v['state']}" for f, v in patches[n]["files"].items()
-                           if v["state"] != "present") for n in names]
+        files = ["; ".join(f"{f}: {v.state}" for f, v in patches[n].not_present().items()) for n in names]
         notes.append(f"{state} ({_STATE_WHY.get(state, state)}): "
                      + ", ".join(f"{report.patch_key(n)} ({f or 'its kernels: see the kernel library line'})"
                                  for n, f in zip(names, files, strict=True)))
@@ -646,12 +630,12 @@ def _patch_notes(patches: dict[str, dict[str, Any]], pin: str, *, ours: bool) ->
     return notes
 
 
-def _sbom_note(rep: dict[str, Any], *, patches_differ: bool) -> str:
+def _sbom_note(rep: SbomCheck, *, patches_differ: bool) -> str:
     """The installed SBOM's line: it matches, or its state and problems (and the next step on a
     mismatch, unless the patches' line already gave it)."""
-    if rep["state"] == "ok":
-        return f"SBOM {rep['path']}: matches the installed vLLM, patch set and kernel library"
-    return (f"SBOM: {rep['state']}" + (f" ({rep['path']})" if rep.get("path") else "")
-            + "".join(f"\n  {line}" for line in rep["problems"])
+    if rep.state == "ok":
+        return f"SBOM {rep.path}: matches the installed vLLM, patch set and kernel library"
+    return (f"SBOM: {rep.state}" + (f" ({rep.path})" if rep.path else "")
+            + "".join(f"\n  {line}" for line in rep.problems)
             + ("\n  next: install the patched wheel again (`dsv4patch wheel`)"
-               if rep["state"] == "mismatch" and not patches_differ else ""))
+               if rep.state == "mismatch" and not patches_differ else ""))

@@ -39,12 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard, safeio
 from dsv4patch.delivery import sbom
+from dsv4patch.delivery.installed_state import KERNEL_LIBRARY, FileState, PatchState
 from dsv4patch.errors import Dsv4Error, GitError, PatchFileError
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.safeio import loads_json
 from dsv4patch.series import load_patch
 
 if TYPE_CHECKING:
+    from dsv4patch.delivery.installed_state import ProbedVllm
     from dsv4patch.pins import Lock, Pin
     from dsv4patch.series import Patch
 
@@ -169,9 +171,8 @@ def series_tests(prov: Provenance) -> dict[str, bytes]:
     return out
 
 
-def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | None) -> dict[str, Any]:
+def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | None) -> dict[str, PatchState]:
     """Each SBOM patch's state in the installed files (see the module docstring); the kernel library's too."""
-    patches: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dsv4patch-sbom-check-") as tmp, \
             guard.owned(Path(tmp) / "repo"):  # a work tree dsv4patch makes (git runs in one only while held)
         repo, texts = Path(tmp) / "repo", Path(tmp) / "patches"
@@ -180,72 +181,95 @@ def check_files(prov: Provenance, site_root: Path, kernel_library_sha256: str | 
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         loaded = [(p, _loaded(p, texts)) for p in prov.patches]
         shipped = sorted({f.path for _, lp in loaded for f in lp.files if f.path.startswith(SHIPPED)})
-        absent: list[str] = []
-        for rel in shipped:
-            try:
-                data = safeio.read_bytes(site_root / rel, FILE_LIMIT, what=str(site_root / rel))
-            except FileNotFoundError:
-                absent.append(rel)
-                continue
-            except (OSError, safeio.UnsafeFileError) as exc:
-                patches.setdefault("<files>", {})[rel] = f"cannot be read: {exc}"
-                continue
-            git.update_index_blob(repo, env, rel, git.hash_object(repo, data))
+        absent = _index_installed(repo, env, site_root, shipped)
+        patches: dict[str, PatchState] = {}
         for p, lp in reversed(loaded):  # peel the series off, last patch first
-            mine = [f.path for f in lp.files if f.path.startswith(SHIPPED)]
-            if not mine:
-                kernel = any(f.path.startswith("csrc/") for f in lp.files)
-                if kernel:
-                    ok = kernel_library_sha256 is not None and kernel_library_sha256 == prov.kernel_library_sha256
-                    patches[p.name] = {"state": "present" if ok else "missing",
-                                       "files": {"<kernel library>": {"state": "present" if ok else "missing"}}}
-                else:
-                    patches[p.name] = {"state": "not-shipped", "files": {}}
-                continue
-            missing = [r for r in mine if r in absent and not any(f.is_added for f in lp.files if f.path == r)]
-            args = ["apply", "--cached", f"--include={SHIPPED}*", "--whitespace=nowarn"]
-            peel = git.run(repo, [*args, "-R", str(lp.path)], env=env, check=False)
-            if missing:
-                state = "missing"
-            elif peel.ok:
-                state = "present"
-            elif git.run(repo, [*args, "--check", str(lp.path)], env=env, check=False).ok:
-                state = "stock"
-            else:
-                state = "other"
-            patches[p.name] = {"state": state, "files": {r: {"state": state} for r in mine},
-                               **({"problem": peel.stderr.strip()[:300]} if state == "other" else {})}
+            patches[p.name] = _peeled(repo, env, lp, absent, kernel_ok=kernel_library_sha256 is not None
+                                      and kernel_library_sha256 == prov.kernel_library_sha256)
     return patches
 
 
-def _order(patches: dict[str, Any], prov: Provenance) -> dict[str, Any]:
-    return {p.name: patches[p.name] for p in prov.patches if p.name in patches}
+def _index_installed(repo: Path, env: dict[str, str], site_root: Path, shipped: list[str]) -> list[str]:
+    """Put the installed files into the scratch index; the ones that are not installed.
+
+    A file that cannot be read is left out of the index (its patch then does not peel off).
+    """
+    absent: list[str] = []
+    for rel in shipped:
+        try:
+            data = safeio.read_bytes(site_root / rel, FILE_LIMIT, what=str(site_root / rel))
+        except FileNotFoundError:
+            absent.append(rel)
+            continue
+        except (OSError, safeio.UnsafeFileError):
+            continue
+        git.update_index_blob(repo, env, rel, git.hash_object(repo, data))
+    return absent
 
 
-def inspect(vllm: dict[str, Any], kernels: dict[str, Any] | None, lock_pin: Pin | None = None) -> dict[str, Any]:
-    """The installed vLLM (``installed.probe``'s answer) checked against its SBOM, and a lock's pin if given."""
-    prov = read(list(vllm.get("sboms") or []))
-    root = Path(vllm["root"])
-    lib_sha = None
-    if kernels is not None and isinstance(kernels.get("library"), str):
-        lib_sha = hash_installed(Path(kernels["library"]), LIBRARY_LIMIT)
+def _peeled(repo: Path, env: dict[str, str], lp: Patch, absent: list[str], *, kernel_ok: bool) -> PatchState:
+    """One patch peeled off the scratch index (``git apply --cached -R``): its state and its files'."""
+    mine = [f.path for f in lp.files if f.path.startswith(SHIPPED)]
+    if not mine:
+        if any(f.path.startswith("csrc/") for f in lp.files):
+            state = "present" if kernel_ok else "missing"
+            return PatchState(state, {KERNEL_LIBRARY: FileState(state)})
+        return PatchState("not-shipped")
+    missing = [r for r in mine if r in absent and not any(f.is_added for f in lp.files if f.path == r)]
+    args = ["apply", "--cached", f"--include={SHIPPED}*", "--whitespace=nowarn"]
+    peel = git.run(repo, [*args, "-R", str(lp.path)], env=env, check=False)
+    if missing:
+        state = "missing"
+    elif peel.ok:
+        state = "present"
+    elif git.run(repo, [*args, "--check", str(lp.path)], env=env, check=False).ok:
+        state = "stock"
+    else:
+        state = "other"
+    return PatchState(state, {r: FileState(state) for r in mine},
+                      problem=peel.stderr.strip()[:300] if state == "other" else None)
+
+
+@dataclass(frozen=True)
+class SbomInspection:
+    """The installed vLLM checked against its own SBOM (and a lock's pin, when one was given)."""
+
+    provenance: Provenance
+    patches: dict[str, PatchState]  # in the SBOM's order
+    problems: list[str]
+    ok: bool
+    lock_checked: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": "sbom", "provenance": self.provenance.to_json(),
+                "patches": {n: p.to_json() for n, p in self.patches.items()}, "problems": list(self.problems),
+                "ok": self.ok, "lock_checked": self.lock_checked}
+
+
+def inspect(vllm: ProbedVllm, library: str | None, lock_pin: Pin | None = None) -> SbomInspection:
+    """The installed vLLM (``installed.probe``'s answer) checked against its SBOM, and a lock's pin if given.
+
+    ``library``: the installed kernel library (None: none is installed).
+    """
+    prov = read(list(vllm.sboms))
+    lib_sha = hash_installed(Path(library), LIBRARY_LIMIT) if library is not None else None
     try:
-        states = _order(check_files(prov, root, lib_sha), prov)
+        found = check_files(prov, Path(vllm.root), lib_sha)
     except (GitError, PatchFileError) as exc:
         raise ProvenanceError(f"{prov.path}: its patches cannot be checked ({exc})") from None
+    states = {p.name: found[p.name] for p in prov.patches if p.name in found}
     problems = list(prov.problems)
-    if (vllm.get("version") or "") != (prov.version or ""):
-        problems.append(f"the SBOM describes vLLM {prov.version}, the installed vLLM is {vllm.get('version')}")
+    if (vllm.version or "") != (prov.version or ""):
+        problems.append(f"the SBOM describes vLLM {prov.version}, the installed vLLM is {vllm.version}")
     if lock_pin is not None:
         problems += lock_problems(prov, lock_pin)
-    ok = not problems and all(s["state"] in ("present", "not-shipped") for s in states.values())
-    return {"source": "sbom", "provenance": prov.to_json(), "patches": states, "problems": problems, "ok": ok,
-            "lock_checked": lock_pin is not None}
+    ok = not problems and all(s.state in ("present", "not-shipped") for s in states.values())
+    return SbomInspection(prov, states, problems, ok, lock_pin is not None)
 
 
-def tests_for(vllm: dict[str, Any]) -> dict[str, bytes]:
+def tests_for(vllm: ProbedVllm) -> dict[str, bytes]:
     """The series' regression tests from the installed vLLM's SBOM (the self-test's regression case)."""
-    return series_tests(read(list(vllm.get("sboms") or [])))
+    return series_tests(read(list(vllm.sboms)))
 
 
 def pin_for(lock: Lock, prov: Provenance) -> Pin | None:

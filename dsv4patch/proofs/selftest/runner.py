@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from dsv4patch.proofs.selftest.regression import run_regression
 from dsv4patch.safeio import create_exclusive
 
 if TYPE_CHECKING:
+    from dsv4patch.delivery import ProbedVllm
     from dsv4patch.pins import Context, Lock
     from dsv4patch.progress import Progress
     from dsv4patch.proofs.selftest.cases import Case, Engine, PromptSet
@@ -652,21 +653,24 @@ def check_installed(pin: str | None, python: str, *, ctx: Context, on_gpu: bool)
     )
 
     try:
-        out = inspect_installed(pin, python, ctx=ctx)
+        rep = inspect_installed(pin, python, ctx=ctx)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}")
-    kernel = out.get("kernels") or {}
-    if kernel.get("installed") and on_gpu:
-        kernel["active"] = check_kernels_active(python, kernel["package"])
-        out["ok"] = bool(out["ok"] and kernel["active"]["active"])
-    bad = [f"{n}: {p['state']}" for n, p in out.get("patches", {}).items() if p["state"] not in ("present", "upstream")]
-    note = "every patched file and the kernel library match the lock" if out["ok"] else "; ".join(
-        bad + [str(n) for n in out.get("notes", [])])
-    return CheckResult("installed", bool(out["ok"]), note, {"report": out})
+    kernel = rep.kernels
+    if kernel is not None and kernel.installed and on_gpu:
+        active = check_kernels_active(python, kernel.package)
+        rep = replace(rep, kernels=replace(kernel, active=active), ok=bool(rep.ok and active.active))
+    bad = [f"{n}: {p.state}" for n, p in rep.patches.items() if p.state not in ("present", "upstream")]
+    note = "every patched file and the kernel library match the lock" if rep.ok else "; ".join(
+        bad + [str(n) for n in rep.notes])
+    out = rep.to_json()
+    if rep.installed is not None:  # the SBOM's text too, as installed
+        out["sbom_document"] = rep.sbom_document
+    return CheckResult("installed", rep.ok, note, {"report": out})
 
 
 def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
-                         pin: str | None = None) -> tuple[CheckResult, dict[str, Any] | None]:
+                         pin: str | None = None) -> tuple[CheckResult, ProbedVllm | None]:
     """Without the lock's patch files: the installed vLLM against its own SBOM, and against ``lock``'s pin
     when a lock came without them (a URL): ``installed.check_from_sbom``.  Also the probe's vLLM."""
     from dsv4patch.delivery import (
@@ -675,14 +679,14 @@ def check_installed_sbom(python: str, *, on_gpu: bool, lock: Lock | None = None,
     )
 
     try:
-        vllm = probe_installed(python, "").get("vllm")
+        vllm = probe_installed(python, "").vllm
         rep = check_from_sbom(python=python, lock=lock, pin_name=pin)
     except Dsv4Error as exc:
         return CheckResult("installed", False, f"{type(exc).__name__}: {exc}"), None
     if vllm is None:
         return CheckResult("installed", False, f"vLLM is not installed in {python}"), None
     out = rep.to_json()
-    bad = [f"{n}: {p['state']}" for n, p in rep.patches.items() if p["state"] not in ("present", "not-shipped")]
+    bad = [f"{n}: {p.state}" for n, p in rep.patches.items() if p.state not in ("present", "not-shipped")]
     note = "; ".join(rep.notes[1:]) if rep.ok else "; ".join(bad + rep.notes[2:])
     if not on_gpu and rep.ok:
         note += " (kernels not checked active: no GPU)"
@@ -715,7 +719,7 @@ def regression_check(result: RegressionResult, node: Node | None) -> CheckResult
 
 def check_regression(pin: str | None, python: str, *, ctx: Context | None, progress: Progress,
                      work: Path, on_gpu: bool, deadline: float = 1200.0, env: dict[str, str] | None = None,
-                     node: Node | None = None, vllm: dict[str, Any] | None = None) -> CheckResult:
+                     node: Node | None = None, vllm: ProbedVllm | None = None) -> CheckResult:
     """The series' own regression tests (its patched ``tests/`` files), run against the installed vLLM.
 
     The test files come from the patched tree of the context's lock, or without one
@@ -925,7 +929,7 @@ class _SelftestChecks:
         if vllm is None:
             from dsv4patch.delivery import probe_installed
 
-            vllm = probe_installed(self.python, "").get("vllm")
+            vllm = probe_installed(self.python, "").vllm
         if vllm is not None and self.not_here():
             return
         self.results.append(check_regression(None, self.python, ctx=None, progress=self.progress, work=self.work,

@@ -422,6 +422,23 @@ def ls_tree_entry(repo: Path, treeish: str, path: str) -> TreeEntry | None:
     return TreeEntry(mode, typ, oid)
 
 
+def tree_entries(repo: Path, treeish: str, paths: Sequence[str]) -> dict[str, TreeEntry]:
+    """The entries of ``paths`` in ``treeish``, each name taken literally (one ``git ls-tree``; a path it
+    lacks is absent; a directory asked for is listed even when a path below it is asked too)."""
+    if not paths:
+        return {}
+    res = run(repo, ["--literal-pathspecs", "ls-tree", "-z", "-t", "--full-tree", treeish, "--", *paths])
+    wanted, found = set(paths), {}
+    for item in res.stdout.split("\0"):
+        if not item:
+            continue
+        meta, name = item.split("\t", 1)
+        mode, typ, oid = meta.split()
+        if name in wanted:
+            found[name] = TreeEntry(mode, typ, oid)
+    return found
+
+
 def tree_files(repo: Path, treeish: str) -> dict[str, TreeEntry]:
     """Every file of ``treeish`` (recursively), by path."""
     res = run(repo, ["ls-tree", "-r", "-z", "--full-tree", treeish])
@@ -485,6 +502,29 @@ def out_bytes(repo: Path, *args: str) -> bytes:
 
 def cat_blob(repo: Path, oid: str) -> bytes:
     return out_bytes(repo, "cat-file", "blob", oid)
+
+
+def cat_blobs(repo: Path, oids: Sequence[str]) -> dict[str, bytes]:
+    """The content of each blob ``oids`` names, from one ``git cat-file --batch``; GitError for an
+    object that is missing or not a blob."""
+    wanted = list(dict.fromkeys(oids))
+    if not wanted:
+        return {}
+    raw = _execute(repo, ["cat-file", "--batch"], None, "".join(f"{o}\n" for o in wanted).encode())
+    if raw.returncode != 0:
+        raise GitError(f"git cat-file --batch failed in {repo}: {raw.stderr.decode(errors='replace')}")
+    data, pos, blobs = raw.stdout, 0, {}
+    for oid in wanted:
+        end = data.find(b"\n", pos)
+        head = data[pos:end].decode(errors="replace").split() if end >= 0 else []
+        if len(head) != 3 or head[1] != "blob" or not head[2].isdigit():
+            raise GitError(f"git cat-file --batch in {repo}: {oid} is not a blob ({' '.join(head) or 'no answer'})")
+        size = int(head[2])
+        blobs[oid] = data[end + 1:end + 1 + size]
+        if len(blobs[oid]) != size or data[end + 1 + size:end + 2 + size] != b"\n":
+            raise GitError(f"git cat-file --batch in {repo}: the answer for {oid} is cut short")
+        pos = end + 2 + size
+    return blobs
 
 
 def refresh_index(repo: Path) -> None:

@@ -47,6 +47,38 @@ def test_tree_entries(tmp_path: Path) -> None:
     assert (files["bin/run"].mode, files["link"].mode) == ("100755", "120000")
 
 
+def test_tree_entries_and_blobs_in_one_call_each_take_names_literally(tmp_path: Path) -> None:
+    """tree_entries and cat_blobs (the patched tree's reader: two git calls for every path) answer
+    what ls_tree_entry and cat_blob answer one path at a time; a name that looks like a pattern or
+    pathspec magic names only itself; a missing path is absent; a missing object is an error."""
+    repo, _ = _repo(tmp_path)
+    odd = ["a*", ":(glob)**", "sp ace/x [1].txt", "d\u00e9j\u00e0.py", "new\nline"]
+    for name in odd:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(name.encode() * 3)
+    (repo / "a-decoy").write_text("not asked for\n")
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "odd names")
+    head = sh(repo, "rev-parse", "HEAD")
+    asked = ["a.txt", "bin/run", "link", "bin", "nope", "bin/nope", *odd]
+    got = git.tree_entries(repo, head, asked)
+    plain = [p for p in asked if not p.startswith(":(")]  # ls_tree_entry reads pathspec magic as magic
+    want = {p: e for p in plain if (e := git.ls_tree_entry(repo, head, p)) is not None}
+    assert {p: e for p, e in got.items() if p in plain} == want
+    assert got[":(glob)**"].oid == sh(repo, "rev-parse", f"{head}:./:(glob)**")
+    assert set(got) == {"a.txt", "bin/run", "link", "bin", *odd}
+    assert got["bin"].type == "tree" and got["link"].mode == "120000"
+    blobs = git.cat_blobs(repo, [got[p].oid for p in ("a.txt", "link", *odd, "a.txt")])
+    for p in ("a.txt", "link", *odd):
+        assert blobs[got[p].oid] == git.cat_blob(repo, got[p].oid)
+    assert blobs[got["a.txt"].oid] == b"one\ntwo\n" and blobs[got["link"].oid] == b"a.txt"
+    assert git.tree_entries(repo, head, []) == {} and git.cat_blobs(repo, []) == {}
+    with pytest.raises(git.GitError, match="is not a blob"):
+        git.cat_blobs(repo, [got["a.txt"].oid, "0" * 40])
+    with pytest.raises(git.GitError, match="is not a blob"):
+        git.cat_blobs(repo, [got["bin"].oid])
+
+
 def test_commit_info_and_trailers(tmp_path: Path) -> None:
     repo, head = _repo(tmp_path)
     info = git.commit_info(repo, head)

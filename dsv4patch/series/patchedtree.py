@@ -70,10 +70,9 @@ def read_patched_tree(pin: Pin, repo: PinRepo, series: Series, result: SeriesRes
             patch_files[p.name] = list(p.touched)
             for path in p.touched:
                 touched.setdefault(path, []).append(p.name)
-    files = []
-    for path in git.changed_paths(repo.repo, repo.base_tree, final):
-        files.append(ChangedFile(path, _blob(repo.repo, repo.base_tree, path),
-                                 _blob(repo.repo, final, path), tuple(touched.get(path, ()))))
+    paths = git.changed_paths(repo.repo, repo.base_tree, final)
+    old, new = (_blobs(repo.repo, tree, paths) for tree in (repo.base_tree, final))
+    files = [ChangedFile(path, old.get(path), new.get(path), tuple(touched.get(path, ()))) for path in paths]
     return PatchedTree(pin, series, repo.base_tree, final, files, patch_files)
 
 
@@ -84,8 +83,9 @@ class PatchSetError(BuildError):
     kind = "build"
 
 
-def _blob(repo: Path, treeish: str, path: str) -> bytes | None:
-    entry = git.ls_tree_entry(repo, treeish, path)
-    if entry is None or not entry.is_blob:
-        return None
-    return git.cat_blob(repo, entry.oid)
+def _blobs(repo: Path, treeish: str, paths: list[str]) -> dict[str, bytes]:
+    """The content of each of ``paths`` that is a file (a blob) in ``treeish``: two git calls for
+    all of them (a warm wheel reads some 30 paths of each side)."""
+    entries = {p: e for p, e in git.tree_entries(repo, treeish, paths).items() if e.is_blob}
+    blobs = git.cat_blobs(repo, [e.oid for e in entries.values()])
+    return {p: blobs[e.oid] for p, e in entries.items()}

@@ -715,6 +715,23 @@ def test_record_verdict_is_reused_for_the_same_bytes_only(tmp_path, cli, no_inde
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_record_verdicts_never_go_through_a_link_planted_in_the_cache(tmp_path, cli, no_index_config):
+    """``<cache>/wheel-records`` planted as a link to a directory outside the cache (with a forged
+    verdict there): the wheel neither reads the forged verdict nor writes its own through the link;
+    the link is replaced by a real directory, its target left as it was."""
+    good = _lying_wheel("none")
+    lock, cache = _wheel_lock(tmp_path, good)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    forged = outside / _verdict_file(cache, good).name
+    forged.write_text("not a verdict\n")
+    (cache / "wheel-records").symlink_to(outside, target_is_directory=True)
+    res = _wheel(cli, lock, cache, tmp_path / "a")
+    assert res.rc == EXIT_OK, res.err
+    assert sorted(p.name for p in outside.iterdir()) == [forged.name] and forged.read_text() == "not a verdict\n"
+    assert not (cache / "wheel-records").is_symlink() and _verdict_file(cache, good).is_file()
+
+
 @pytest.mark.parametrize("case,needle", [("wrong-hash", "vllm/_version.py's sha256 is not the one its RECORD"),
                                          ("wrong-size", "vllm/_version.py is 22 bytes, its RECORD says '999'")])
 def test_record_verdict_never_covers_a_member_tampered_after_it(tmp_path, cli, no_index_config, case, needle):

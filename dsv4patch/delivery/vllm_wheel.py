@@ -903,7 +903,7 @@ def _repack(tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None, out
     refuses them unless they are the lock's, so a cached file is not hashed a second time first; a
     repack that fails on a file the cache did not verify this run (a damaged entry) is made again
     from the verified (or fetched anew) file, whose refusal, if any, is the one reported."""
-    verdicts = ctx.store.root / VERDICTS
+    verdicts = ctx.store.subdir(VERDICTS)  # a real directory: a link planted there is removed, never followed
     cached = ctx.store.blob_path(wheel.sha256)
     if safeio.is_regular(cached):
         try:

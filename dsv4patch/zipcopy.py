@@ -37,7 +37,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -71,31 +71,29 @@ class Raw:
 
 def read_raw(fh: BinaryIO, info: zipfile.ZipInfo) -> Raw:
     """The raw member ``info`` of the archive open as ``fh`` (validated, not inflated)."""
-    _check_member(info)
-    fh.seek(info.header_offset)
-    head = fh.read(_LOCAL.size)
-    fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
-    if fields[0] != b"PK\x03\x04":
-        raise BuildError(f"{info.filename}: bad local header in the zip")
-    fh.seek(fields[9] + fields[10], 1)
-    data = fh.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise BuildError(f"{info.filename}: the zip is truncated")
-    return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,
-               info.date_time, info.external_attr)
+
+    def read_at(offset: int, n: int) -> bytes:
+        fh.seek(offset)
+        return fh.read(n)
+
+    return _raw(info, read_at)
 
 
 def raw_in(archive: memoryview, info: zipfile.ZipInfo) -> Raw:
     """:func:`read_raw` from an archive already in memory: the member's bytes are a view of
     ``archive`` (no copy; the very bytes that were read, and hashed, once)."""
+    return _raw(info, lambda offset, n: archive[offset:offset + n])
+
+
+def _raw(info: zipfile.ZipInfo, read_at: Callable[[int, int], bytes | memoryview]) -> Raw:
+    """The member ``info`` checked (:func:`_check_member`, its local header) and its stored bytes,
+    ``read_at(offset, n)`` giving at most ``n`` bytes of the archive from ``offset``."""
     _check_member(info)
-    start = info.header_offset
-    head = archive[start:start + _LOCAL.size]
+    head = read_at(info.header_offset, _LOCAL.size)
     fields = _LOCAL.unpack(head) if len(head) == _LOCAL.size else (b"",) * 11
     if fields[0] != b"PK\x03\x04":
         raise BuildError(f"{info.filename}: bad local header in the zip")
-    begin = start + _LOCAL.size + fields[9] + fields[10]
-    data = archive[begin:begin + info.compress_size]
+    data = read_at(info.header_offset + _LOCAL.size + fields[9] + fields[10], info.compress_size)
     if len(data) != info.compress_size:
         raise BuildError(f"{info.filename}: the zip is truncated")
     return Raw(info.filename, data, info.compress_type, info.CRC, info.file_size,

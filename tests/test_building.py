@@ -5,6 +5,7 @@ on the real patched 0.27.1 tree (made by applying.apply_pin).  Compiling the ker
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,41 @@ def test_full_build_dry_run_says_what_would_run_and_runs_nothing(tree: Path) -> 
     docker = building.full_build(tree=tree, pin=pin, archs=["9.0a"], docker=True, dry_run=True)
     assert docker.command[:4] == ["docker", "build", "-f", "docker/Dockerfile"] and docker.env == {}
     assert "torch_cuda_arch_list=9.0a" in docker.command and f"vllm-dsv4patch:{pin.name}" in docker.command
+
+
+def test_expect_tree_builds_only_the_exact_clean_tree(tree: Path, shared_cache: Path) -> None:
+    """``expect_tree`` (``wheel``'s warm kernel step: the cache's tree is built as it is only while it
+    holds exactly the locked patched tree): another tree id, a changed tracked file or an untracked
+    file is NotThatTree before anything is planned; the exact, clean tree is planned (dry run)."""
+    pin = load(LOCK).pin("0.27.1")
+    store = Store.open(shared_cache)
+    assert pin.patched_tree is not None
+    held = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert held == pin.patched_tree
+
+    def build(expect: str) -> building.TreeBuild:
+        return building.build_tree(tree=tree, pin=pin, store=store, progress=Progress(False), dry_run=True,
+                                   expect_tree=expect, archs=["9.0a"])
+
+    with pytest.raises(building.NotThatTree, match=f"HEAD holds tree {held}, not {pin.base_tree}"):
+        build(str(pin.base_tree))
+    source = tree / "csrc" / "topk.cu"
+    if not source.exists():
+        source = next(p for p in sorted((tree / "csrc").rglob("*.cu")))
+    original = source.read_bytes()
+    try:
+        source.write_bytes(original + b"// not the patched tree\n")
+        with pytest.raises(building.NotThatTree, match=f"changed or untracked: {source.relative_to(tree)}"):
+            build(held)
+    finally:
+        source.write_bytes(original)
+    planted = tree / "csrc" / "planted.cuh"
+    try:
+        planted.write_text("#error planted\n")
+        with pytest.raises(building.NotThatTree, match="changed or untracked: csrc/planted.cuh"):
+            build(held)
+    finally:
+        planted.unlink()
+    res = build(held)
+    assert res.dry_run and res.result.units, res.to_json()

@@ -376,3 +376,24 @@ def test_wheel_table_keeps_words_whole(cli, wheels: dict, shared_cache: Path,
     assert rc == 0, out
     assert_no_word_split(table, 80, out)
     assert_no_word_split(table, 100)
+
+
+def test_a_changed_cache_tree_is_made_again_never_built_as_it_is(wheels: dict, shared_cache: Path) -> None:
+    """A warm wheel builds the kernels in the cache's own patched tree without checking the series
+    into it again, only while that tree is exactly the locked patched tree: a kernel source changed
+    there (here one that would not compile) sends it through apply again (made anew), and the wheel
+    is byte for byte the first one."""
+    tree = wheels["tree"]
+    path = shared_cache / "wheel-trees" / f"{PIN}-{tree.patched_tree[:12]}-{tree.series.hash()[:12]}"
+    held = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert held == wheels["pin"].patched_tree
+    source = path / next(f.path for f in tree.files if f.path.startswith("csrc/") and f.path.endswith(".cu"))
+    source.write_bytes(source.read_bytes() + b"\n#error changed in the cache's tree\n")
+    out = wheels["base"] / "c"
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", "wheel", "--lock", str(LOCK), "--pin", PIN,
+                          "--out", str(out), "--cache-dir", str(shared_cache)],
+                         capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / wheels["a"].name).read_bytes() == wheels["a"].read_bytes()
+    assert b"#error changed" not in source.read_bytes()

@@ -67,6 +67,7 @@ from dsv4patch.errors import BuildError, Dsv4Error, IntegrityError, ParameterErr
 from dsv4patch.hashing import record_b64, record_hash, sha256
 from dsv4patch.kernels import (
     KERNEL_MEMBER_LIMIT,
+    NotThatTree,
     build_tree,
     hook_line,
     kernel_dist_name,
@@ -877,7 +878,8 @@ def make_wheel(
                 f"{param('platform')} {plat}: the kernel library is built for this machine "
                 f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
                 f"{pin.name}` and pass the wheel with {param('kernels')}")
-        kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", ctx=ctx,
+        kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", tree.patched_tree,
+                                ctx=ctx,
                                 archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
                                 extra_include=extra_include)
         if kwheel is None:
@@ -913,16 +915,24 @@ def _repack(tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None, out
     return build(tree, stock_wheel_path(ctx.store, wheel, ctx.progress), wheel, kpkg, out, verdicts=verdicts)
 
 
-def _build_kernels(pin: Pin, key: str, *, ctx: Context,
+def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context,
                    archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
                    extra_include: Sequence[Path]) -> Path | None:
     """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
 
-    The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that an
-    older dsv4patch or other patch texts left in a state ``apply`` does not take is made again.
+    The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that
+    still holds exactly the locked patched tree (``patched``: HEAD's tree, nothing changed in it,
+    checked under the build's vetting) is built as it is, without checking the series into it a
+    second time; one that an older dsv4patch or other patch texts left in a state ``apply`` does
+    not take is made again.
     """
-    store, progress = ctx.store, ctx.progress
-    path = store.root / "wheel-trees" / f"{pin.name}-{key}"
+    path = ctx.store.root / "wheel-trees" / f"{pin.name}-{key}"
+    how = _KernelBuild(archs, python, nvcc, allow_torch, tuple(extra_include))
+    if path.is_dir():
+        try:
+            return _kernel_wheel(pin, path, how, ctx=ctx, expect_tree=patched)
+        except NotThatTree:
+            pass  # not yet (or no longer) the patched tree: apply the series, as below
     try:
         applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     except TreeError:
@@ -930,11 +940,29 @@ def _build_kernels(pin: Pin, key: str, *, ctx: Context,
         applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     if not applied.ok:
         raise BuildError(f"pin {pin.name}: apply into {path} failed: {'; '.join(applied.notes)[-2000:]}")
+    return _kernel_wheel(pin, path, how, ctx=ctx, expect_tree=None)
+
+
+@dataclass(frozen=True)
+class _KernelBuild:
+    """How the kernels are built (:func:`build_tree`'s options, as ``make_wheel`` got them)."""
+
+    archs: Sequence[str] | None
+    python: str | None
+    nvcc: str | None
+    allow_torch: str | None
+    extra_include: tuple[Path, ...]
+
+
+def _kernel_wheel(pin: Pin, path: Path, how: _KernelBuild, *, ctx: Context, expect_tree: str | None) -> Path | None:
+    """The kernel wheel of the tree at ``path`` (:func:`build_tree` into a cache tmp dir), None when
+    it builds none; a failed build leaves nothing in the cache."""
+    store = ctx.store
     out_dir = store.tmpdir("kernels-wheel-")
     try:
-        built = build_tree(tree=path, pin=pin, store=store, progress=progress, archs=archs,
-                           python=python,
-                           nvcc=nvcc, allow_torch=allow_torch, extra_include=extra_include, out=out_dir)
+        built = build_tree(tree=path, pin=pin, store=store, progress=ctx.progress, archs=how.archs,
+                           python=how.python, nvcc=how.nvcc, allow_torch=how.allow_torch,
+                           extra_include=how.extra_include, out=out_dir, expect_tree=expect_tree)
     except BaseException:
         store.remove_tmp(out_dir)  # a failed build leaves nothing in the cache
         raise

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from dsv4patch.kernels.build import KERNEL_MEMBER_LIMIT, hook_line
     from dsv4patch.kernels.build import dist_name as kernel_dist_name
     from dsv4patch.kernels.building import DEFAULT_OUT as DEFAULT_BUILD_OUT
-    from dsv4patch.kernels.building import TreeBuild, build_tree, full_build
+    from dsv4patch.kernels.building import NotThatTree, TreeBuild, build_tree, full_build
     from dsv4patch.kernels.runtime import HOOK_MARK
     from dsv4patch.kernels.sources import is_kernel_source
     from dsv4patch.kernels.sources import plan as plan_kernels
@@ -28,6 +28,7 @@ FACE = {
     "DEFAULT_BUILD_OUT": "building:DEFAULT_OUT",
     "HOOK_MARK": "runtime:HOOK_MARK",
     "KERNEL_MEMBER_LIMIT": "build:KERNEL_MEMBER_LIMIT",
+    "NotThatTree": "building:NotThatTree",
     "TreeBuild": "building:TreeBuild",
     "build_tree": "building:build_tree",
     "full_build": "building:full_build",
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_BUILD_OUT",
     "HOOK_MARK",
     "KERNEL_MEMBER_LIMIT",
+    "NotThatTree",
     "TreeBuild",
     "build_tree",
     "full_build",

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import childproc, guard, report
-from dsv4patch.errors import BuildError, ChildError
+from dsv4patch import childproc, git, guard, report
+from dsv4patch.errors import BuildError, ChildError, GitError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import sources, toolchain
 
@@ -104,9 +104,14 @@ def build_tree(
     out: Path = DEFAULT_OUT,
     base: str | None = None,
     dry_run: bool = False,
+    expect_tree: str | None = None,
 ) -> TreeBuild:
     """Compile the kernel units the patches of ``tree`` change (since ``base``, default the
     tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only.
+
+    ``expect_tree``: build only if ``tree``'s HEAD holds exactly that git tree and nothing in its
+    work tree differs from it (no tracked change, no untracked file), checked under the same
+    vetting as the build; else :class:`NotThatTree` before anything is built.
 
     The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` builds
     against that interpreter's torch, which must be the pin's
@@ -114,6 +119,8 @@ def build_tree(
     into the cache); ``nvcc`` is the compiler to use, or fail.
     """
     with guard.guarded(tree):  # the user's checkout: vetted before git reads it
+        if expect_tree is not None:
+            _require_tree(tree, expect_tree)
         plan = sources.plan(tree, base)
     with progress.step(f"kernels of pin {pin.name}: toolchain, {len(plan.units)} unit(s), link, wheel"):
         tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
@@ -125,6 +132,23 @@ def build_tree(
             nvcc_threads=pin.build.nvcc_threads, progress=progress, dry_run=dry_run, arch_origin=origin,
         )
     return TreeBuild(pin.name, dry_run, tc, result)
+
+
+class NotThatTree(Exception):
+    """:func:`build_tree`'s ``expect_tree`` is not what the tree holds (why: the message)."""
+
+
+def _require_tree(tree: Path, expect: str) -> None:
+    """HEAD's tree is ``expect`` and the work tree is clean, or :class:`NotThatTree`."""
+    try:
+        held: str | None = git.tree_of(tree, "HEAD")
+    except GitError:  # no commit yet
+        held = None
+    if held != expect:
+        raise NotThatTree(f"{tree}: HEAD holds tree {held}, not {expect}")
+    dirty = git.dirty_paths(tree)
+    if dirty:
+        raise NotThatTree(f"{tree}: changed or untracked: {', '.join(dirty[:5])}")
 
 
 @dataclass

@@ -83,6 +83,21 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
     assert len(ran) == 28 and all(c["verdict"] == "pass" for c in ran) and now["min_gap"] > 19.99
     assert {c["verdict"] for c in now["cases"] if c["engine"] == "dspark5"} == {"not-run"}
     assert any(c["case"] == "mtp1-sm120topk/trio_b3" and c["acceptance"] == c["expected_acceptance"] for c in ran)
+    # Session 4: the current verb and wheel (deadline from the run's start, one Context, the one-read repack) on a
+    # fresh machine: installed and the series' tests pass on the GPU, the run ends inside its deadline with every
+    # engine cut while mtp1 compiled; then fix 6/7's case and plain on the caches it left: every token exact.
+    s4 = _selftest("selftest-patched-2337ce6")
+    reg = _regression(s4)
+    assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
+    assert all(f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
+    assert next(c for c in s4["checks"] if c["name"] == "installed")["ok"] is True
+    assert {c["verdict"] for c in s4["cases"]} == {"not-run"} and s4["seconds"] < 555
+    for name, engine, cases in (("selftest-patched-2337ce6-sm120-warm", "mtp1-sm120topk", 4),
+                                ("selftest-patched-2337ce6-plain-warm", "plain", 6)):
+        rep = _selftest(name)
+        assert rep["ok"] is True and rep["counts"]["pass"] == cases and rep["min_gap"] > 19.99
+        assert {c["engine"] for c in rep["cases"]} == {engine}
+        assert all(c["acceptance"] == c["expected_acceptance"] for c in rep["cases"])
     readme = (SELFTEST / "README.md").read_text()
     assert "2 passed, 86 failed" in readme and "88 passed, 0 failed, 0 skipped" in readme
     assert "`vllm::persistent::persistent_topk_kernel<512, 4u>()` resident" in readme

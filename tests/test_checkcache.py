@@ -200,3 +200,49 @@ def test_parallel_pins_share_one_identity_without_a_race(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert errors == [] and len(keys) == 2 and keys[0] == keys[1]
+
+
+def test_the_patched_tree_reads_checks_result_while_its_tree_is_in_the_pin_repository(setup, tmp_path, cli,
+                                                                                     monkeypatch):
+    """``wheel``/``image`` take the series' result as ``check`` does (pincheck.patched_tree): a cached
+    result with its patched tree still an object of the pin's repository is read without running the
+    series (the engine is made to fail here to show it); one that names a tree the repository no
+    longer holds (pruned, or a forged entry) runs the series again, and the files are the right ones."""
+    from dsv4patch.pins import Context
+    from dsv4patch.pins.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.series import engine, pincheck
+    from dsv4patch.store import Store
+
+    d, upstream = setup
+    cache = tmp_path / "cache"
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch", "0002-b.patch"]})
+    assert run(cli, lock, cache)["ok"]
+    (entry,) = (cache / "checks").glob("*.json")
+    ctx = Context(lock=load(lock), store=Store.open(cache), progress=Progress(False))
+    real = engine.run_series
+
+    def not_again(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the series ran again although check's result is cached")
+
+    monkeypatch.setattr(engine, "run_series", not_again)
+    first = pincheck.patched_tree(ctx=ctx, pin=ctx.lock.pin("p"))
+    assert {f.path for f in first.files} == {"vllm/envs.py", "csrc/kernel.cuh"}
+    assert next(f for f in first.files if f.path == "csrc/kernel.cuh").patched == \
+        b"int length = max(row_len, 0);\nint k = 4;\n"
+
+    forged = json.loads(entry.read_text())
+    assert forged["patches"][-1]["tree"] == first.patched_tree, forged
+    forged["patches"][-1]["tree"] = "1" * 40  # the series' last tree: one no repository holds
+    entry.write_text(json.dumps(forged))
+    calls = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "run_series", counted)
+    again = pincheck.patched_tree(ctx=ctx, pin=ctx.lock.pin("p"))
+    assert len(calls) == 1 and again.patched_tree == first.patched_tree
+    assert [(f.path, f.patched) for f in again.files] == [(f.path, f.patched) for f in first.files]
+    assert json.loads(entry.read_text())["patches"][-1]["tree"] == first.patched_tree  # the entry made anew

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsv4patch import git
 from dsv4patch.errors import CacheError, NotFetchedError, writing
 from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
@@ -228,9 +229,20 @@ def check_pins(*, ctx: Context, pins: list[Pin], use_cache: bool = True) -> list
 
 
 def patched_tree(*, ctx: Context, pin: Pin) -> PatchedTree:
-    """Run the series in the cache (what ``check`` does) and read every changed file
+    """The series' result in the cache (what ``check`` reads: the check cache's entry for these very
+    inputs, else the series run and its result kept there) and every changed file read
     (:func:`dsv4patch.series.patchedtree.read_patched_tree`: refused unless the result is the lock's)."""
     from dsv4patch.series.patchedtree import read_patched_tree  # the deliveries' need: check never loads it
-    checked = check_pin(ctx=ctx, pin=pin)
-    report = pin_report(pin, checked.repo, checked.result)
-    return read_patched_tree(pin, checked.repo, checked.series, checked.result, report)
+    cache = CachedCheck(ctx, use=True)
+    hit = cache.lookup(pin)
+    if hit is not None and not _objects_present(*hit):
+        hit = None  # the result's trees are gone from the pin's repository (pruned): run the series again
+    repo, result = hit if hit is not None else cache.compute(pin, ctx.progress)
+    report = pin_report(pin, repo, result)
+    return read_patched_tree(pin, repo, series_for_pin(ctx.lock, pin), result, report)
+
+
+def _objects_present(repo: PinRepo, result: engine.SeriesResult) -> bool:
+    """The patched tree a cached result names is an object of the pin's repository (a cached verdict
+    is only a shortcut: the files are read from there; the base tree is the materialized pin's)."""
+    return result.final_tree is None or git.has_object(repo.repo, f"{result.final_tree}^{{tree}}")

@@ -298,7 +298,7 @@ def _workers() -> int:
 
 
 def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
-          out_dir: Path, *, verdicts: Path | None = None) -> WheelBuild:
+          out_dir: Path, *, verdicts: Path | None = None, loaded: StockBytes | None = None) -> WheelBuild:
     """Write the patched wheel into ``out_dir`` (atomically) and return what it contains.
 
     The stock wheel is read once into memory (at most its locked size) and every byte
@@ -307,12 +307,14 @@ def build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kernel
     the cache) holds this tool's verdict for the lock's sha256 and the bytes read hash to it
     (:func:`_known_good`); the wheel is published only when all checks passed.  With
     ``verdicts``, the bytes read must be the lock's (else IntegrityError), and a full check
-    that passes is recorded there for the next run.
+    that passes is recorded there for the next run.  ``loaded``: :func:`load_stock` of
+    ``stock_path`` made already (while the kernels were built).
     """
     pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="dsv4patch-record")
     checks = _Checks(pool)
     try:
-        return _build(tree, stock_path, stock, kernels, out_dir, checks, verdicts)
+        loaded = loaded or load_stock(stock_path, stock, tree.pin, pool)
+        return _build(tree, stock_path, stock, kernels, out_dir, checks, verdicts, loaded)
     except (IntegrityError, BuildError):
         checks.drain()  # a member before this one that failed its check is the one to report
         raise
@@ -433,6 +435,24 @@ def _open_stock(blob: bytes, stock: WheelFile, pin: Pin) -> _Stock:
     return _Stock(stock_name, name, tags, old_info, infos, names, top)
 
 
+@dataclass(frozen=True)
+class StockBytes:
+    """The stock wheel read once: its bytes, their sha256, its name and members (checked)."""
+
+    blob: bytes
+    sha256: str
+    wheel: _Stock
+
+
+def load_stock(stock_path: Path, stock: WheelFile, pin: Pin, pool: ThreadPoolExecutor) -> StockBytes:
+    """Read the stock wheel once and check its name and members (:func:`_open_stock`), hashing the
+    bytes on ``pool`` beside the parse (hashlib releases the GIL)."""
+    blob = _read_stock_bytes(stock_path, stock)
+    whole = pool.submit(hashlib.sha256, blob)
+    wheel = _open_stock(blob, stock, pin)
+    return StockBytes(blob, whole.result().hexdigest(), wheel)
+
+
 def _shipped(tree: PatchedTree, wheel: _Stock, kernels: KernelPackage | None,
              result: WheelBuild) -> dict[str, ChangedFile]:
     """The changed files the wheel ships (those under its top-level packages); the rest are noted
@@ -495,15 +515,13 @@ class _Repack:
 
 
 def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: KernelPackage | None,
-           out_dir: Path, checks: _Checks, verdicts: Path | None) -> WheelBuild:
-    """The repack as named steps: read and check the stock wheel, plan, copy the members, add, seal."""
-    blob = _read_stock_bytes(stock_path, stock)
-    whole = checks.pool.submit(hashlib.sha256, blob)  # beside the parse (hashlib releases the GIL)
-    wheel = _open_stock(blob, stock, tree.pin)
+           out_dir: Path, checks: _Checks, verdicts: Path | None, loaded: StockBytes) -> WheelBuild:
+    """The repack as named steps: the stock wheel (read and checked), plan, copy the members, add, seal."""
+    blob, wheel = loaded.blob, loaded.wheel
     version = local_version(tree.pin, tree.series, kernels.members if kernels else None)
     result = WheelBuild(out_dir / f"{wheel.dist}-{version}-{wheel.tags}.whl", version)
     shipped = _shipped(tree, wheel, kernels, result)
-    is_locked = whole.result().hexdigest() == stock.sha256
+    is_locked = loaded.sha256 == stock.sha256
     known_good = is_locked and _known_good(verdicts, stock.sha256, len(wheel.infos))
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_out(out_dir)  # partial wheels of runs that were killed
@@ -524,7 +542,7 @@ def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kerne
         checks.drain()  # every stock member matched RECORD, or the partial wheel goes
         if verdicts is not None and not is_locked:
             raise IntegrityError(f"{wheel.what} ({stock_path}) is not the file the lock pins (sha256 "
-                                 f"{whole.result().hexdigest()[:16]}, the lock says {stock.sha256[:16]}); it "
+                                 f"{loaded.sha256[:16]}, the lock says {stock.sha256[:16]}); it "
                                  "changed after it was verified; run the command again to fetch it anew")
         rp.writer.close()
     if verdicts is not None and not known_good:
@@ -866,58 +884,71 @@ def make_wheel(
     plat = platform or host_platform()
     wheel = stock_wheel_for(pin, plat)
     tree = patched_tree(ctx=ctx, pin=pin)
-    kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
-    notes: list[str] = []
-    kpkg = None
-    tmp_kernels: Path | None = None
-    if kernels is not None:
-        kpkg = read_kernels(kernels, pin, tree.patched_tree, plat)
-    elif kernel_sources:
-        if plat != host_platform():
-            raise ParameterError(
-                f"{param('platform')} {plat}: the kernel library is built for this machine "
-                f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
-                f"{pin.name}` and pass the wheel with {param('kernels')}")
-        kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", tree.patched_tree,
-                                ctx=ctx,
-                                archs=archs, python=python, nvcc=nvcc, allow_torch=allow_torch,
-                                extra_include=extra_include)
-        if kwheel is None:
-            raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
-                             "`dsv4patch build` produced no kernel library")
-        tmp_kernels = kwheel.parent
-        kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
-        notes.append(f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
-                     f"CUDA {kpkg.info.get('cuda_version')}")
-    else:
-        notes.append("the patches change no kernel source: no kernel library added")
-    try:
-        built = _repack(tree, wheel, kpkg, out, ctx=ctx)
-    finally:
-        if tmp_kernels is not None:
-            ctx.store.remove_tmp(tmp_kernels)
+    # The stock wheel in the cache is read and checked while the kernels are built (git and nvcc
+    # children, file reads): one thread, bounded work, done before the repack needs it.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsv4patch-stock") as pre:
+        cached = ctx.store.blob_path(wheel.sha256)
+        preload = pre.submit(load_stock, cached, wheel, pin, pre) if safeio.is_regular(cached) else None
+        kpkg, tmp_kernels, notes = _kernel_package(
+            tree, plat, kernels, ctx=ctx,
+            how=_KernelBuild(archs, python, nvcc, allow_torch, tuple(extra_include)))
+        try:
+            built = _repack(tree, wheel, kpkg, out, ctx=ctx, preload=preload)
+        finally:
+            if tmp_kernels is not None:
+                ctx.store.remove_tmp(tmp_kernels)
+    kernel_sources = _kernel_sources(tree)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
+def _kernel_sources(tree: PatchedTree) -> list[str]:
+    return [f.path for f in tree.files if f.path.startswith("csrc/")]
+
+
+def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, *, ctx: Context,
+                    how: _KernelBuild) -> tuple[KernelPackage | None, Path | None, list[str]]:
+    """The kernel package the wheel adds (``kernels`` read, else built here when the patches change
+    kernel sources), the cache tmp dir it was built in (to remove after the repack), and notes."""
+    pin = tree.pin
+    kernel_sources = _kernel_sources(tree)
+    if kernels is not None:
+        return read_kernels(kernels, pin, tree.patched_tree, plat), None, []
+    if not kernel_sources:
+        return None, None, ["the patches change no kernel source: no kernel library added"]
+    if plat != host_platform():
+        raise ParameterError(
+            f"{param('platform')} {plat}: the kernel library is built for this machine "
+            f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
+            f"{pin.name}` and pass the wheel with {param('kernels')}")
+    kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", tree.patched_tree,
+                            ctx=ctx, how=how)
+    if kwheel is None:
+        raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
+                         "`dsv4patch build` produced no kernel library")
+    kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
+    return kpkg, kwheel.parent, [f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
+                                 f"CUDA {kpkg.info.get('cuda_version')}"]
+
+
 def _repack(tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None, out: Path, *,
-            ctx: Context) -> WheelBuild:
-    """:func:`build` from the cache's stock wheel.  The repack hashes the very bytes it copies and
+            ctx: Context, preload: Future[StockBytes] | None) -> WheelBuild:
+    """:func:`build` from the cache's stock wheel (``preload``: read and checked from there already).
+    The repack hashes the very bytes it copies and
     refuses them unless they are the lock's, so a cached file is not hashed a second time first; a
     repack that fails on a file the cache did not verify this run (a damaged entry) is made again
     from the verified (or fetched anew) file, whose refusal, if any, is the one reported."""
     verdicts = ctx.store.subdir(VERDICTS)  # a real directory: a link planted there is removed, never followed
     cached = ctx.store.blob_path(wheel.sha256)
-    if safeio.is_regular(cached):
+    if preload is not None or safeio.is_regular(cached):
         try:
-            return build(tree, cached, wheel, kpkg, out, verdicts=verdicts)
+            loaded = preload.result() if preload is not None else None
+            return build(tree, cached, wheel, kpkg, out, verdicts=verdicts, loaded=loaded)
         except IntegrityError:
             pass  # checked again below, from the file the cache verifies (or fetches anew)
     return build(tree, stock_wheel_path(ctx.store, wheel, ctx.progress), wheel, kpkg, out, verdicts=verdicts)
 
 
-def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context,
-                   archs: Sequence[str] | None, python: str | None, nvcc: str | None, allow_torch: str | None,
-                   extra_include: Sequence[Path]) -> Path | None:
+def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context, how: _KernelBuild) -> Path | None:
     """Create the patched tree in the cache (as ``apply`` does) and build its kernels; the kernel wheel.
 
     The tree is the cache's own, keyed by the patched tree and the patch texts (``key``): one that
@@ -927,7 +958,6 @@ def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context,
     not take is made again.
     """
     path = ctx.store.root / "wheel-trees" / f"{pin.name}-{key}"
-    how = _KernelBuild(archs, python, nvcc, allow_torch, tuple(extra_include))
     if path.is_dir():
         try:
             return _kernel_wheel(pin, path, how, ctx=ctx, expect_tree=patched)

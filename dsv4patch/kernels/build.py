@@ -448,8 +448,10 @@ class BuildResult:
         }
 
 
-def _closure_hashes(tree: Path, rel: str) -> list[tuple[str, str]]:
-    files = [rel, *sources.include_closure(tree, rel)]
+def _closure_hashes(tree: Path, rel: str, closure: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(file, sha256) of ``rel`` and every local header it includes (``closure``: the plan's scan of
+    them, else scanned here)."""
+    files = [rel, *(sources.include_closure(tree, rel) if closure is None else closure)]
     return [(f, sha256((tree / f).read_bytes())) for f in files]
 
 
@@ -495,7 +497,7 @@ def plan_build(
         if not ua:
             notes.append(f"{u.path}: CMake builds it for none of {', '.join(archs)}; skipped")
             continue
-        key = _key({**ident, "unit": u.path, "files": _closure_hashes(plan.tree, u.path), "archs": ua})
+        key = _key({**ident, "unit": u.path, "files": _closure_hashes(plan.tree, u.path, u.headers), "archs": ua})
         obj = store.root / "kernels" / key / (Path(u.path).stem + ".o")
         cmd = [str(tc.nvcc), *common]
         for a in ua:

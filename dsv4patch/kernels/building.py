@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import childproc, git, guard, report
 from dsv4patch.errors import BuildError, ChildError, GitError
 from dsv4patch.kernels import build as kbuild
-from dsv4patch.kernels import sources, toolchain
+from dsv4patch.kernels import plancache, sources, toolchain
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin
@@ -111,7 +111,8 @@ def build_tree(
 
     ``expect_tree``: build only if ``tree``'s HEAD holds exactly that git tree and nothing in its
     work tree differs from it (no tracked change, no untracked file), checked under the same
-    vetting as the build; else :class:`NotThatTree` before anything is built.
+    vetting as the build; else :class:`NotThatTree` before anything is built.  Such a tree's plan
+    is kept per commit in the cache (:mod:`dsv4patch.kernels.plancache`).
 
     The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` builds
     against that interpreter's torch, which must be the pin's
@@ -119,9 +120,11 @@ def build_tree(
     into the cache); ``nvcc`` is the compiler to use, or fail.
     """
     with guard.guarded(tree):  # the user's checkout: vetted before git reads it
-        if expect_tree is not None:
+        if expect_tree is not None:  # exactly HEAD's tree: its plan may come from the cache
             _require_tree(tree, expect_tree)
-        plan = sources.plan(tree, base)
+            plan = plancache.plan(tree, base, store)
+        else:
+            plan = sources.plan(tree, base)
     with progress.step(f"kernels of pin {pin.name}: toolchain, {len(plan.units)} unit(s), link, wheel"):
         tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
                                allow_torch=allow_torch, extra_includes=extra_include)

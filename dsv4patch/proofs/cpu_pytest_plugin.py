@@ -7,9 +7,17 @@ process-group teardown), which raise on a CPU-only torch build
 tests the patches carry exercise index/metadata logic that runs on CPU tensors
 (Triton kernels under ``TRITON_INTERPRET=1``), so on such a host the cleanup is
 made a no-op.  Nothing else in vLLM is touched.
+
+With ``$DSV4PATCH_SELECT`` naming a file of node ids (one a line), only those tests
+run (a parametrized test's cases, a class's tests), the others are deselected: the
+caller names the test *files* on the command line, so a module that cannot be
+imported is one collection error beside the others' results, where named node ids
+would end the whole session ("found no collectors") and need a second one.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def pytest_configure(config: object) -> None:
@@ -62,3 +70,24 @@ def pytest_collectreport(report: object) -> None:
     if getattr(report, "outcome", "") == "failed":
         _record({"nodeid": getattr(report, "nodeid", ""), "when": "collect", "outcome": "failed",
                  "message": "collection failure"})
+
+
+def _wanted(nodeid: str, wanted: list[str]) -> bool:
+    return any(nodeid == w or nodeid.startswith((w + "[", w + "::")) for w in wanted)
+
+
+def pytest_collection_modifyitems(config: Any, items: list[object]) -> None:
+    import os
+
+    path = os.environ.get("DSV4PATCH_SELECT")
+    if not path:
+        return
+    with open(path, encoding="utf-8") as f:
+        wanted = [line.strip() for line in f if line.strip()]
+    keep: list[object] = []
+    drop: list[object] = []
+    for item in items:
+        (keep if _wanted(str(getattr(item, "nodeid", "")), wanted) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

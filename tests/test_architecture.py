@@ -690,6 +690,8 @@ ENVIRONMENT_READS_ALLOWED = {
     "kernels/runtime.py:_activate": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
     "kernels/runtime.py:_entry_point_route": "runs inside vLLM (the installed kernel plugin), not in dsv4patch",
     "proofs/cpu_pytest_plugin.py:_record": "runs inside the pytest child, told where to write by its parent",
+    "proofs/cpu_pytest_plugin.py:pytest_collection_modifyitems": "runs inside the pytest child, told which tests to "
+                                                                  "run by its parent",
     "proofs/selftest/child.py:run": "runs in the engine child under test: sets vLLM's switches for itself",
     "proofs/selftest/child.py:main": "runs in the engine child under test, told its paths by the runner",
     "proofs/selftest/child.py:<module>": "runs in the engine child under test, told its paths by the runner",

@@ -92,3 +92,27 @@ def test_every_declared_upstream_test_file_is_not_in_this_repository():
              for t in upstream_tests.declared(load_patch(p))}
     assert paths
     assert not [p for p in paths if (ROOT / p).exists() or (ROOT / "tests" / Path(p).name).exists()]
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_one_session_runs_the_listed_tests_beside_a_module_that_does_not_collect(cpu_testenv, tmp_path):
+    """pytest given node ids runs nothing when one of their modules cannot be imported ("found no
+    collectors"); run_nodeids names the files and the CPU plugin picks the node ids, so one session
+    reports the broken module's tests as not collected and runs the others (a parametrized test's
+    cases; a test not listed is not run), and a node id that names no test is said to have run nothing."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_b(n):\n    assert n == 1\n\n"
+        "def test_other():\n    raise AssertionError('not listed: never run')\n\n"
+        "def test_m():\n    pass\n")
+    (tmp_path / "tests" / "test_broken.py").write_text("from nowhere import x\n\ndef test_z():\n    pass\n")
+    ids = ["tests/test_broken.py::test_z", "tests/test_x.py::test_b", "tests/test_x.py::test_m",
+           "tests/test_x.py::test_nope"]
+    out = upstream_tests.run_nodeids(cpu_testenv, tmp_path, ids, tmp_path / "r.xml")
+    assert out[ids[0]].status == "not collected" and "nowhere" in out[ids[0]].detail, out
+    assert (out[ids[1]].status, out[ids[1]].cases) == ("failed", 2) and "assert 2 == 1" in out[ids[1]].detail
+    assert (out[ids[2]].status, out[ids[2]].cases) == ("passed", 1), out
+    assert out[ids[3]].status == "not run" and "ran no test" in out[ids[3]].detail, out
+    log = (tmp_path / "r.xml.log").read_text()
+    assert "1 deselected" in log  # test_other: not listed, not run

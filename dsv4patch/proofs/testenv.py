@@ -54,7 +54,9 @@ class TestEnv:
     torch: str
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        # The plugin's own variables are set by the caller of each session, never inherited.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DSV4PATCH_RESULTS", "DSV4PATCH_SELECT")}
         env.update(
             TRITON_INTERPRET="1",
             CUDA_VISIBLE_DEVICES="",

@@ -2,11 +2,11 @@
 
 ``verify`` used to start pytest twice per patch, and most of that time was
 vLLM's import and pytest's start-up, not the tests.  Here every patch whose
-tests run on the same tree state shares one session: the node ids of all of
-them are passed at once (``--continue-on-collection-errors``, so one test file
-that cannot be imported does not hide the others), and the CPU plugin
-(cpu_pytest_plugin.py) writes one JSON line per report, mapped back to each
-patch by node id.
+tests run on the same tree state shares one session: their files are passed at
+once, and the CPU plugin (cpu_pytest_plugin.py) runs just their node ids
+(``--continue-on-collection-errors``: one test file that cannot be imported is a
+collection error beside the others' results) and writes one JSON line per report,
+mapped back to each patch by node id.
 
 A session's results are a function of the tree it runs on (a git tree id,
 which covers the test files), the node ids, the test venv (its packages,
@@ -33,7 +33,7 @@ from dsv4patch.proofs import testenv
 if TYPE_CHECKING:
     from dsv4patch.store import Store
 
-SCHEMA = "testrun-v1"
+SCHEMA = "testrun-v2"  # v2: files on the command line, the node ids chosen by the plugin
 # pytest exit codes of a session that ran to the end (all passed / some failed).
 COMPLETE = (0, 1)
 SESSION_DEADLINE = 3 * 3600.0  # seconds one pytest session may take (CPU, Triton interpreted); then it is ended
@@ -68,11 +68,20 @@ def session_key(tree_id: str, nodeids: list[str], env: testenv.TestEnv) -> str:
 
 
 def run_session(env: testenv.TestEnv, cwd: Path, nodeids: list[str], results: Path) -> tuple[int, list[TestResult]]:
-    """Run ``nodeids`` in one pytest session in ``cwd``; pytest's exit code and the results."""
+    """Run ``nodeids`` in one pytest session in ``cwd``; pytest's exit code and the results.
+
+    pytest is given the node ids' files and the CPU plugin runs only the node ids
+    (``$DSV4PATCH_SELECT``): a file that cannot be imported is one collection error
+    beside the other files' results, where named node ids would end the session with
+    nothing run ("found no collectors", exit 4)."""
     results.unlink(missing_ok=True)
-    cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", *dict.fromkeys(nodeids)]
+    select = results.with_name(results.name + ".select")
+    select.write_text("".join(f"{n}\n" for n in dict.fromkeys(nodeids)), encoding="utf-8")
+    files = dict.fromkeys(n.split("::", 1)[0] for n in nodeids)
+    cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", *files]
     run_env = env.env()
     run_env["DSV4PATCH_RESULTS"] = str(results)
+    run_env["DSV4PATCH_SELECT"] = str(select)
     proc = childproc.run(cmd, cwd=cwd, env=run_env, deadline=SESSION_DEADLINE, what="the pytest session",
                          output=results.with_name(results.name + ".log"))
     # A session a signal ended is not complete (and is never cached): -1.

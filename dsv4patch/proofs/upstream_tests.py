@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from dsv4patch.series import run_series, series_for_pin
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Context, Lock, Pin, PinRepo
+    from dsv4patch.progress import Task
     from dsv4patch.series import Patch
 
 TRAILER = "Upstream-Test"
@@ -229,11 +231,9 @@ def run(
             torch_version = env.torch
             nodeids = [r.test.nodeid for r in runnable]
             with progress.task(f"pytest: upstream's {len(nodeids)} test(s) of vLLM {source.vllm_version} on the "
-                               f"patched, then the unpatched pin {pin.name}", 2, unit="sessions") as task:
-                on_patched = run_nodeids(env, patched, nodeids, work / "patched.xml")
-                task.advance(1)
-                on_unpatched = run_nodeids(env, unpatched, nodeids, work / "unpatched.xml")
-                task.advance(1)
+                               f"patched and the unpatched pin {pin.name}, at the same time", 2,
+                               unit="sessions") as task:
+                on_patched, on_unpatched = _both(env, (patched, unpatched), nodeids, work, task)
             for r in runnable:
                 r.patched, r.unpatched = on_patched[r.test.nodeid], on_unpatched[r.test.nodeid]
     finally:
@@ -267,21 +267,30 @@ def _source_files(srcrepo: PinRepo, source: Pin, rows: list[Row]) -> dict[str, s
     return files
 
 
-def run_nodeids(env: testenv.TestEnv, cwd: Path, nodeids: list[str], xml: Path) -> dict[str, CaseResult]:
-    """Run ``nodeids`` in ``cwd``; one aggregated result per node id (its cases).
+def _both(env: testenv.TestEnv, trees: tuple[Path, Path], nodeids: list[str], work: Path,
+          task: Task) -> tuple[dict[str, CaseResult], dict[str, CaseResult]]:
+    """``nodeids`` on both trees at the same time: two processes that each mostly wait on one
+    core (vLLM's import, the Triton interpreter); ``task`` counts the sessions as they end."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(run_nodeids, env, d, nodeids, work / f"{d.name}.xml") for d in trees]
+        found = []
+        for fut in runs:
+            found.append(fut.result())
+            task.advance(1)
+    return found[0], found[1]
 
-    pytest runs nothing when a named module fails to collect ("found no
-    collectors"), even with ``--continue-on-collection-errors``: the node ids
-    of such modules are marked and the rest are run again without them.
+
+def run_nodeids(env: testenv.TestEnv, cwd: Path, nodeids: list[str], xml: Path) -> dict[str, CaseResult]:
+    """Run ``nodeids`` in ``cwd`` in one pytest session; one aggregated result per node id (its cases).
+
+    pytest is given the node ids' files, and the CPU plugin runs only the node ids
+    (``$DSV4PATCH_SELECT``): a module that fails to collect is then one ``not collected``
+    beside the others' results, where named node ids would make pytest run nothing
+    ("found no collectors", even with ``--continue-on-collection-errors``) and a second
+    session would be needed for the rest.
     """
     out = {n: CaseResult() for n in nodeids}
-    pending = list(nodeids)
-    for _attempt in range(2):
-        _run_once(env, cwd, pending, xml, out)
-        broken = [n for n in pending if out[n].status == "not collected"]
-        pending = [n for n in pending if out[n].status == "not run"]
-        if not broken or not pending:
-            break
+    _run_once(env, cwd, nodeids, xml, out)
     return out
 
 
@@ -290,9 +299,14 @@ def _run_once(
 ) -> None:
     """One pytest session over NODEIDS; each one's result from the junit report, or why there is none."""
     xml.unlink(missing_ok=True)
+    select = xml.with_name(xml.name + ".select")
+    select.write_text("".join(f"{n}\n" for n in nodeids), encoding="utf-8")
+    files = dict.fromkeys(n.split("::", 1)[0] for n in nodeids)
     cmd = env.pytest_args() + ["-q", "--continue-on-collection-errors", "--junitxml", str(xml),
-                               "-o", "junit_family=xunit1", *nodeids]
-    proc = childproc.run(cmd, cwd=cwd, env=env.env(), deadline=testrun.SESSION_DEADLINE,
+                               "-o", "junit_family=xunit1", *files]
+    run_env = env.env()
+    run_env["DSV4PATCH_SELECT"] = str(select)
+    proc = childproc.run(cmd, cwd=cwd, env=run_env, deadline=testrun.SESSION_DEADLINE,
                          what="upstream's tests (pytest)", output=xml.with_name(xml.name + ".log"))
     if not xml.exists():
         for n in nodeids:
@@ -307,6 +321,9 @@ def _run_once(
     for case in root.iter("testcase"):
         for nodeid, res in wanted.items():
             _take_case(res, nodeid, case)
+    for res in wanted.values():
+        if res.status == "not run":
+            res.detail = f"pytest ran no test of this node id ({proc.status()})"
 
 
 def _take_case(res: CaseResult, nodeid: str, case: ET.Element) -> None:

@@ -653,6 +653,12 @@ def symlinks_in_index(repo: Path, env: Mapping[str, str]) -> set[str]:
     }
 
 
+def _plain_path(pathspec: str) -> bool:
+    """A pathspec git matches as a path only: no magic, no wildcard, nothing for git to normalise."""
+    return not pathspec.startswith(":") and not any(c in "*?[\\" or c.isspace() for c in pathspec) and all(
+        part not in ("", ".", "..") for part in pathspec.split("/"))
+
+
 def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> str | None:
     """First indexed file matching ``pathspec`` (a path or a directory) that contains ``text``.
 
@@ -663,6 +669,14 @@ def grep_index(repo: Path, env: Mapping[str, str], text: str, pathspec: str) -> 
     specs = [pathspec]
     if "/" in pathspec and not pathspec.endswith("/"):
         specs.append(f":(glob)**/{pathspec.rsplit('/', 1)[1]}")
+        if _plain_path(pathspec):
+            # One grep for both: git lists the hits in index order whichever pathspec matched, and
+            # a plain path matches itself or what is below it.
+            res = run(repo, ["grep", "--cached", "-F", "-l", "-e", text, "--", *specs], env=env, check=False)
+            hits = res.stdout.split()
+            exact = [h for h in hits if h == pathspec or h.startswith(pathspec + "/")]
+            first = exact or hits
+            return first[0] if first else None
     for spec in specs:
         res = run(repo, ["grep", "--cached", "-F", "-l", "-e", text, "--", spec], env=env, check=False)
         hits = res.stdout.split()

@@ -204,25 +204,52 @@ def _special_files(root: Path, what: str, problems: list[str]) -> None:
 
     git opens the files of its own directory without asking what they are, and ``open`` of a FIFO
     blocks until a writer comes: a planted FIFO at ``HEAD``, ``index``, ``packed-refs``, a loose ref
-    or ``info/exclude`` would hang every git call on the checkout.  The walk never enters a linked
-    directory (``os.walk`` does not follow links) and stops at ``_WALK_LIMIT`` entries.
+    or ``info/exclude`` would hang every git call on the checkout.  The walk is ``os.walk``'s (top
+    down, a directory's other entries before its subdirectories, never into a linked directory) and
+    stops at ``_WALK_LIMIT`` entries; an entry the directory listing already types as a regular file
+    or a directory costs no ``stat`` (a link, or a listing that does not type, is stat'ed through).
     """
     seen = 0
-    for top, dirs, files in os.walk(root):
-        for name in files + dirs:
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                entries = list(listing)
+        except OSError:
+            continue  # as os.walk: a directory that cannot be listed is passed over
+        typed = [(e, _is_dir(e)) for e in entries]
+        dirs = [e for e, is_dir in typed if is_dir]
+        for entry in [e for e, is_dir in typed if not is_dir] + dirs:
             seen += 1
             if seen > _WALK_LIMIT:
                 problems.append(f"{what} has more than {_WALK_LIMIT} entries; not vetted")
                 return
-            full = os.path.join(top, name)
-            try:
-                st = os.stat(full)  # a link is judged by what git would open through it
-            except OSError:
-                continue  # a dangling link: git finds nothing there either
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
-                problems.append(f"{what}: {full} is {kind} (git would block or read without end on it); "
+            kind = _special_kind(entry)
+            if kind:
+                problems.append(f"{what}: {entry.path} is {kind} (git would block or read without end on it); "
                                 "remove it")
+        stack += reversed([e.path for e in dirs if not e.is_symlink()])
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _special_kind(entry: os.DirEntry[str]) -> str | None:
+    """What git would open at ``entry`` when it is neither a regular file nor a directory (a link is
+    judged by what it points to; a dangling one is nothing: git finds nothing there either)."""
+    if not entry.is_symlink() and (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+        return None  # typed by the listing: no stat
+    try:
+        st = os.stat(entry.path)
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
 
 
 def _ignore_files(path: Path, problems: list[str]) -> None:

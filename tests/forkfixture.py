@@ -101,8 +101,9 @@ class Fork:
         heads = {}
         for name, where in (("checkout", self.path), ("worktree", self.worktree),
                             ("submodule", self.path / self.submodule)):
-            sym = run_git(where, "symbolic-ref", "-q", "HEAD", check=False)
-            heads[name] = f"{sym} {run_git(where, 'rev-parse', 'HEAD')}"
+            # One call: the commit, then the branch HEAD names ("HEAD" when detached: no branch).
+            oid, sym = run_git(where, "rev-parse", "HEAD", "--symbolic-full-name", "HEAD").splitlines()
+            heads[name] = f"{'' if sym == 'HEAD' else sym} {oid}"
         reflog = {}
         for logs in [gitdir / "logs", *sorted((gitdir / "worktrees").glob("*/logs")),
                      gitdir / "modules" / self.submodule / "logs"]:
@@ -112,8 +113,8 @@ class Fork:
         loose = {}
         for name, where in (("checkout", self.path), ("worktree", self.worktree),
                             ("submodule", self.path / self.submodule)):
-            out = run_git(where, "ls-files", "-z", "--others", "--ignored", "--exclude-standard")
-            out += "\0" + run_git(where, "ls-files", "-z", "--others", "--exclude-standard")
+            # Without exclude options every untracked file is listed, ignored or not (one call, not two).
+            out = run_git(where, "ls-files", "-z", "--others")
             for rel in sorted({p for p in out.split("\0") if p}):
                 full = where / rel
                 loose[f"{name}:{rel}"] = _sha(full) if full.is_file() or full.is_symlink() else "<dir>"

@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -394,6 +395,14 @@ def _context(tmp: Path, cache: Path, sdist_sha: str, python_version: str) -> Pat
     return ctx
 
 
+def _step_times(log: str) -> list[str]:
+    """BuildKit's plain progress as "seconds step" strings, slowest first (the steps that ran, not cached)."""
+    names = dict(re.findall(r"^(#\d+) (\[.+)$", log, re.M))
+    done = re.findall(r"^(#\d+) DONE (\d+\.\d+)s$", log, re.M)
+    steps = sorted(((float(t), names[n]) for n, t in done if n in names), reverse=True)
+    return [f"{t:.1f}s {name[:90]}" for t, name in steps]
+
+
 @pytest.fixture(scope="module")
 def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):
     t0 = time.monotonic()
@@ -438,6 +447,7 @@ def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathF
     print(f"\ndocker build timings: prep {t_prep:.0f}s (base image, contexts; the stand-in image build {t_base:.0f}s of it), "
           f"--target final {t_final:.0f}s (patch -> wheel -> final), --target patch {t_patch:.0f}s "
           f"(cached stages); image sizes: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in sizes.items()))
+    print("docker build --target final, its slowest steps: " + "; ".join(_step_times(log)[:8]))
     yield {"docker": docker, "want": want, "ctx": ctx, "common": common, "args": args, "pyver": pyver,
            "lock": lock_path, "log": log, "cache": shared_cache, "final": final, "tmp": tmp}
     shutil.rmtree(tmp, ignore_errors=True)  # the contexts (sdist, stock wheel, kernel wheel); the

@@ -47,7 +47,10 @@ copy_back() {  # $1 = run name: what is there of its results, into $OUT (at most
 wait_for() {  # $1 = run name: until its background run is done or this call is nearly over, copying as it goes
   local n="$1" limit=$(( ${ST_CALL_LIMIT:-600} - 20 ))
   [[ -f "$ST/$n.started" ]] || { echo "no run $n on this machine (a fresh machine: start it again)"; return 0; }
-  while [[ ! -f "$ST/$n.done" ]] && (( $(date +%s) - T_CALL < limit )); do copy_back "$n"; sleep 10; done
+  while [[ ! -f "$ST/$n.done" ]] && (( $(date +%s) - T_CALL < limit )); do  # results copied every 10 s, the end seen within 1 s
+    copy_back "$n"
+    for _ in 1 2 3 4 5 6 7 8 9 10; do [[ -f "$ST/$n.done" ]] && break; sleep 1; done
+  done
   copy_back "$n"
   if [[ -f "$ST/$n.done" ]]; then echo "run $n finished: $(cat "$ST/$n.done")"; cat "$ST/out-$n/selftest-$n.txt" 2> /dev/null || true
   else echo "run $n still going ($(( $(date +%s) - $(stat -c %Y "$ST/$n.started") )) s): collect again"; tail -3 "$ST/$n.log" 2> /dev/null || true; fi

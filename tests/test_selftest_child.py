@@ -89,8 +89,11 @@ def test_tensor_parallel_engines_reach_one_vllm_worker_per_rank_with_the_oracle_
         error = _error(run)
         assert "WorkerProc initialization failed" in error["error"], error["error"]
         assert "multiproc_executor.py" in error["traceback"] and "LLM(" in error["traceback"]
+        # The ranks stop at their device check; vLLM's executor ends the other rank when the first one fails, so
+        # under load the second can be ended before it logs its own (seen once at load 5-8): that both started
+        # and installed the oracle is what their ``worker`` events show.
         stopped = [ln for ln in log.splitlines() if "is out of bounds for 0 devices" in ln]
-        assert len(stopped) == 2 and "in init_device" in log, log[-4000:]  # both ranks, at the device check
+        assert 1 <= len(stopped) <= 2 and "in init_device" in log, log[-4000:]
         assert len(run.workers) == 2, run.workers
         for w in run.workers:
             assert "load format dsv4selftest_oracle" in w["installed"]
@@ -110,7 +113,8 @@ def test_pipeline_parallel_plain_reaches_its_workers_and_vllm_refuses_every_draf
     plain = runs["plain"]
     log = Path(plain.log).read_text(errors="replace")
     assert plain.outcome == "crash" and "WorkerProc initialization failed" in _error(plain)["error"], plain.detail
-    assert len([ln for ln in log.splitlines() if "is out of bounds for 0 devices" in ln]) == 2, log[-4000:]
+    # Its two stages' workers stop at the device check (one may be ended by the executor first, as above).
+    assert 1 <= len([ln for ln in log.splitlines() if "is out of bounds for 0 devices" in ln]) <= 2, log[-4000:]
     for name in ("mtp1", "dspark5"):
         run = runs[name]
         assert run.outcome == "refused", (name, run.outcome, run.detail)

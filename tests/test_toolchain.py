@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK
+from conftest import LOCK, PTX_ARCH
 from dsv4patch.delivery import installed
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import toolchain
@@ -214,9 +214,9 @@ def _link_entries(src: Path, dest: Path, entries: set[str]) -> None:
 # 0.26.0 (2.11.0), 0.33.0 (2.14.0, C++20 headers; its top-k kernels live in csrc/).
 KERNEL_PINS = {"0.27.1": "2.13.0", "0.26.0": "2.11.0", "0.33.0": "2.14.0"}
 # The arch each pin's two builds compile for: one arch keeps a compile within minutes.  0.27.1's is
-# test_kernels' narrowed PTX build's (same tree, toolchain and flags: the same object keys), so a
-# run compiles those objects once for both tests.
-BYTES_ARCH = {"0.27.1": "12.0+PTX", "0.26.0": ARCH, "0.33.0": ARCH}
+# test_kernels' narrowed PTX build's (same tree, toolchain and flags: the same object keys, which
+# test_kernels asserts), so a run compiles those objects once for both tests.
+BYTES_ARCH = {"0.27.1": PTX_ARCH, "0.26.0": ARCH, "0.33.0": ARCH}
 
 
 @pytest.mark.slow

@@ -188,6 +188,23 @@ def _module_tmp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
                 shutil.rmtree(path, ignore_errors=True)
 
 
+def applied_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, name: str,
+                 pin: str = "0.27.1") -> Path:
+    """A new tree with ``pin``'s series applied by ``applying.apply_pin`` (the pin from the shared cache)."""
+    from dsv4patch.checkout import applying
+    from dsv4patch.pins import Context
+    from dsv4patch.pins.lock import load
+    from dsv4patch.progress import Progress
+    from dsv4patch.store import Store
+
+    lock = load(LOCK)
+    path = tmp_path_factory.mktemp(name) / "vllm"
+    ctx = Context(lock=lock, store=Store.open(shared_cache), progress=Progress(False))
+    res = applying.apply_pin(ctx=ctx, pin=lock.pin(pin), tree_path=path)
+    assert res.ok, res.notes
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
     """``$DSV4PATCH_TEST_CACHE``, else the cache the CLI uses (``Settings.cache_root``)."""

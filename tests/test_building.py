@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK
-from dsv4patch.checkout import applying
+from conftest import LOCK, applied_tree
 from dsv4patch.kernels import building, sources
-from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
 from dsv4patch.store import Store
@@ -23,12 +21,7 @@ pytestmark = [pytest.mark.network]
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    lock = load(LOCK)
-    path = tmp_path_factory.mktemp("bt") / "vllm"
-    ctx = Context(lock=lock, store=Store.open(shared_cache), progress=Progress(False))
-    res = applying.apply_pin(ctx=ctx, pin=lock.pin("0.27.1"), tree_path=path)
-    assert res.ok, res.notes
-    return path
+    return applied_tree(tmp_path_factory, shared_cache, "bt")
 
 
 def test_archs_from_the_caller_else_the_lock_else_the_trees_release_list(tree: Path) -> None:

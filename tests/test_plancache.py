@@ -13,13 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK
+from conftest import applied_tree
 from dsv4patch import guard
-from dsv4patch.checkout import applying
 from dsv4patch.kernels import plancache, sources
-from dsv4patch.pins import Context
-from dsv4patch.pins.lock import load
-from dsv4patch.progress import Progress
 from dsv4patch.store import Store
 
 pytestmark = [pytest.mark.network]
@@ -27,11 +23,7 @@ pytestmark = [pytest.mark.network]
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    lock = load(LOCK)
-    path = tmp_path_factory.mktemp("pc") / "vllm"
-    ctx = Context(lock=lock, store=Store.open(shared_cache), progress=Progress(False))
-    assert applying.apply_pin(ctx=ctx, pin=lock.pin("0.27.1"), tree_path=path).ok
-    return path
+    return applied_tree(tmp_path_factory, shared_cache, "pc")
 
 
 def _kept(tree: Path, base: str | None, store: Store) -> sources.KernelPlan:

@@ -884,33 +884,28 @@ def make_wheel(
     plat = platform or host_platform()
     wheel = stock_wheel_for(pin, plat)
     tree = patched_tree(ctx=ctx, pin=pin)
+    kernel_sources = [f.path for f in tree.files if f.path.startswith("csrc/")]
     # The stock wheel in the cache is read and checked while the kernels are built (git and nvcc
     # children, file reads): one thread, bounded work, done before the repack needs it.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dsv4patch-stock") as pre:
         cached = ctx.store.blob_path(wheel.sha256)
         preload = pre.submit(load_stock, cached, wheel, pin, pre) if safeio.is_regular(cached) else None
         kpkg, tmp_kernels, notes = _kernel_package(
-            tree, plat, kernels, ctx=ctx,
+            tree, plat, kernels, kernel_sources, ctx=ctx,
             how=_KernelBuild(archs, python, nvcc, allow_torch, tuple(extra_include)))
         try:
             built = _repack(tree, wheel, kpkg, out, ctx=ctx, preload=preload)
         finally:
             if tmp_kernels is not None:
                 ctx.store.remove_tmp(tmp_kernels)
-    kernel_sources = _kernel_sources(tree)
     return PatchedWheel(pin, plat, wheel, tree, built, kpkg, kernels is not None, kernel_sources, notes)
 
 
-def _kernel_sources(tree: PatchedTree) -> list[str]:
-    return [f.path for f in tree.files if f.path.startswith("csrc/")]
-
-
-def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, *, ctx: Context,
-                    how: _KernelBuild) -> tuple[KernelPackage | None, Path | None, list[str]]:
+def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_sources: list[str], *,
+                    ctx: Context, how: _KernelBuild) -> tuple[KernelPackage | None, Path | None, list[str]]:
     """The kernel package the wheel adds (``kernels`` read, else built here when the patches change
-    kernel sources), the cache tmp dir it was built in (to remove after the repack), and notes."""
+    ``kernel_sources``), the cache tmp dir it was built in (to remove after the repack), and notes."""
     pin = tree.pin
-    kernel_sources = _kernel_sources(tree)
     if kernels is not None:
         return read_kernels(kernels, pin, tree.patched_tree, plat), None, []
     if not kernel_sources:

@@ -9,6 +9,7 @@ predicts; STANDIN_MODE changes that to exercise each verdict:
 
   pass (default), differs (engine mtp1: token 7 of request 1 moved on by one),
   hang_case (sleeps in the second prompt set), hang_start (never ready),
+  busy_start (never ready either, but working on the CPU all along, as a slow start does),
   crash_case (exits 3 in the first prompt set), refuse (DSpark engines raise
   fix 5's refusal at start), all_accept (reports every draft accepted),
   bad_event (a case_done whose tokens are not integers), flood (prints 40 MiB
@@ -86,7 +87,7 @@ def main() -> int:
         for _ in range(40 * 1024):
             sys.stdout.write(chunk)
         sys.stdout.flush()
-    if mode in ("hang_start", "hang_case") and stacks is not None:
+    if mode in ("hang_start", "hang_case", "busy_start") and stacks is not None:
         import faulthandler
         import signal
 
@@ -94,6 +95,10 @@ def main() -> int:
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
     if mode == "hang_start":
         time.sleep(3600)
+    if mode == "busy_start":  # what vLLM's graph capture did in gc.collect() on the H200: the host busy, no GPU work
+        end = time.monotonic() + 3600
+        while time.monotonic() < end:
+            sum(i * i for i in range(10_000))
     if mode == "refuse" and engine["method"] == "dspark":
         print("RuntimeError: DeepSeek-V4 sparse MLA on SM120: FlashInfer lacks (num_q_heads=64, top_k=192); "
               "needs flashinfer-ai/flashinfer#4380", file=sys.stderr)

@@ -49,6 +49,8 @@ def test_collect_dumps_the_stacks_and_names_the_main_threads_frames(tmp_path):
         assert ev.tools[tool] == ("absent" if shutil.which(tool) is None else ev.tools[tool])
     assert out.is_file() and "py-spy dump" in out.read_text()
     assert ev.process.startswith("process S (sleeping), threads 1 S, 0.0 CPU s in ")
+    assert ev.cpu_used is not None and ev.probed is not None and ev.probed >= 2.0 and ev.cpu_used < 0.5
+    assert not ev.working_on_cpu and ev.to_json()["probed"] == ev.probed
     assert "; main thread in spin_in_kernel (sleeper.py:6) <- <module> (sleeper.py:8)" in ev.describe()
     assert "State:\tS (sleeping)" in out.read_text()
 
@@ -105,3 +107,25 @@ def test_a_cold_compile_on_an_idle_gpu_is_not_a_hang_a_spinning_kernel_is():
     assert not hang.still_compiling
     busy = probe.HangEvidence("x", gpu="100 %, 1 MiB, 2 MiB", compiler=probe.compiling(COLD))
     assert not busy.still_compiling  # compiling, but the GPU is busy too: a hang is not ruled out
+
+
+def test_a_start_busy_on_the_host_is_told_from_a_spinning_kernel_and_a_deadlock():
+    # The hang probes of the H200 runs of 2026-12-04 (tests/gpu/results/selftest/*-5d918fa-*): dspark5's start in
+    # vLLM's graph capture (gc.collect(), GPU idle, no kernel resident, 2.1 CPU s in 2 s), and stock's trio_b3
+    # (persistent_topk resident, GPU 100 %, the main thread spinning beside it in Triton's module load, 10.2 CPU s
+    # in 10 s).
+    slow = probe.HangEvidence("x", gpu="0 %, 11269 MiB, 143771 MiB", cpu_used=2.1, probed=2.0)
+    assert slow.working_on_cpu and not slow.still_compiling
+    hang = probe.HangEvidence("x", gpu="100 %, 11115 MiB, 143771 MiB", cpu_used=10.2, probed=10.0,
+                              kernels=["vllm::persistent::persistent_topk_kernel<512, 4u>() "])
+    assert not hang.working_on_cpu
+    resident = probe.HangEvidence("x", gpu="0 %, 1 MiB, 2 MiB", cpu_used=10.2, probed=10.0, kernels=["k()"])
+    assert not resident.working_on_cpu  # a resident kernel at 0 % still rules nothing out
+    asleep = probe.HangEvidence("x", gpu="0 %, 11269 MiB, 143771 MiB", cpu_used=0.1, probed=10.0)
+    assert not asleep.working_on_cpu  # a deadlock sleeps
+    assert not probe.HangEvidence("x", gpu="0 %, 1 MiB, 2 MiB").working_on_cpu  # nothing measured: no claim
+    assert not probe.HangEvidence("x", gpu="", cpu_used=2.0, probed=2.0).working_on_cpu  # no nvidia-smi
+    # on a loaded host a busy process gets part of a CPU and waits for the rest: it still wanted the CPU
+    loaded = probe.HangEvidence("x", gpu="0 %, 1 MiB, 2 MiB", cpu_used=0.8, waited=1.1, probed=2.0)
+    assert loaded.working_on_cpu and not probe.HangEvidence("x", gpu="0 %, 1 MiB, 2 MiB", cpu_used=0.8,
+                                                            waited=0.0, probed=2.0).working_on_cpu

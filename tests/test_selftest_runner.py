@@ -85,6 +85,28 @@ def test_a_hung_engine_start_is_a_hang_of_its_first_case(tmp_path):
     assert got["mtp2/short_b1"].verdict == "not-run"
 
 
+def test_an_engine_start_busy_on_the_cpu_on_an_idle_gpu_is_a_slow_start_not_a_hang(tmp_path, monkeypatch):
+    # nvidia-smi is a stand-in (this machine has no GPU): it reports the idle H200 of the run of 2026-12-04, where
+    # dspark5's start, in vLLM's graph capture (gc.collect) with five engines starting, passed its 180 s deadline
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\necho "0 %, 11269 MiB, 143771 MiB"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    quick = runner.Deadlines(start=1.5, first_case=20, case=20, total=60)
+    got, runs = _run(tmp_path, ["dspark5/short_b5", "dspark5/short_b1"], mode="busy_start", deadlines=quick)
+    ev = runs[0].evidence
+    assert ev is not None and ev.gpu_idle and ev.working_on_cpu, ev
+    assert runs[0].outcome == "not-run" and got["dspark5/short_b5"].verdict == "not-run"
+    assert got["dspark5/short_b5"].error.startswith("engine start: not ready within 2 s: still working on the CPU")
+    assert "a slow start, not a hang" in got["dspark5/short_b5"].error
+    # the same idle GPU with an engine that sleeps at start (a deadlock): a hang, as before
+    got, runs = _run(tmp_path / "work", ["dspark5/short_b5"], mode="hang_start", deadlines=quick)
+    ev = runs[0].evidence
+    assert ev is not None and ev.gpu_idle and not ev.working_on_cpu, ev
+    assert got["dspark5/short_b5"].verdict == "hang"
+
+
 def test_engines_start_in_plan_order_and_a_hang_of_the_first_costs_only_its_deadline(tmp_path):
     # mtp1 warms the caches alone; when it hangs at start the others start once its deadline passed,
     # with the cold start deadline (the first engine never measured a start)
@@ -103,7 +125,7 @@ def test_a_warm_engine_gets_a_start_deadline_from_the_first_ones_measured_start(
     got, runs = _run(tmp_path, ["plain/short_b1", "mtp1/short_b1"], parallel=2)
     first, later = sorted(runs, key=lambda r: r.launched_at)
     assert (first.engine.name, later.engine.name) == ("mtp1", "plain") and first.start_deadline == FAST.start
-    assert later.start_deadline == min(FAST.start, max(180.0, 1.5 * first.start_seconds))
+    assert later.start_deadline == min(FAST.start, max(plan.MIN_WARM_START, 1.5 * first.start_seconds))
 
 
 def test_a_malformed_child_event_is_a_crash_that_says_so(tmp_path):

@@ -60,6 +60,9 @@ class HangEvidence:
     tools: dict[str, str] = field(default_factory=dict)  # each probe: "ok", "absent" or why it failed
     process: str = ""  # /proc: state, threads by state, CPU seconds used while probed
     compiler: str = ""  # the JIT compiler the main thread was in, if any (TileLang, CuTe DSL, Triton, ...)
+    cpu_used: float | None = None  # CPU seconds the process used while it was probed (all threads)
+    waited: float | None = None  # seconds its threads were ready to run but waited for a CPU (a loaded host)
+    probed: float | None = None  # over how many seconds of wall time
 
     @property
     def gpu_idle(self) -> bool:
@@ -70,6 +73,19 @@ class HangEvidence:
     def still_compiling(self) -> bool:
         """Not a hang: the engine was compiling kernels on an idle GPU when its deadline passed (a cold node)."""
         return bool(self.compiler) and self.gpu_idle
+
+    @property
+    def working_on_cpu(self) -> bool:
+        """The process ran on the CPU for at least half the time it was probed, on an idle GPU: busy, not stuck.
+
+        A kernel that never retires keeps the GPU at 100 % (and may keep a host thread spinning beside it);
+        a deadlock sleeps.  What is left is work on the host: at engine start, vLLM's CUDA-graph capture
+        collecting garbage before each graph (``breakable_cudagraph.py``'s ``gc.collect()``, measured on the
+        H200 with five engines starting at once), a compile in a frame no compiler name matches.
+        """
+        if not self.gpu_idle or self.cpu_used is None or self.probed is None or self.probed < 1.0:
+            return False
+        return self.cpu_used + (self.waited or 0.0) >= 0.5 * self.probed
 
     def describe(self) -> str:
         parts = []
@@ -86,7 +102,8 @@ class HangEvidence:
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "main_frames": self.main_frames, "gpu": self.gpu or None,
                 "kernels": self.kernels, "tools": self.tools, "process": self.process or None,
-                "compiler": self.compiler or None}
+                "compiler": self.compiler or None, "cpu_used": self.cpu_used, "waited": self.waited,
+                "probed": self.probed}
 
 
 def _small(path: str, limit: int = 64 << 10) -> str:
@@ -110,6 +127,22 @@ def cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (IndexError, ValueError, OSError):
         return None
+
+
+def waited_seconds(pid: int) -> float | None:
+    """Seconds PID's threads have spent ready to run but waiting for a CPU (/proc/PID/task/*/schedstat, second
+    field), or None where the kernel keeps no such count.  On a loaded host a busy process gets only part of a
+    CPU: its CPU time plus this wait is what it wanted."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")[:512]
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tids:
+        fields = _small(f"/proc/{pid}/task/{tid}/schedstat", 256).split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            total, seen = total + int(fields[1]), True
+    return total / 1e9 if seen else None
 
 
 def process_report(pid: int) -> tuple[str, str]:
@@ -230,7 +263,7 @@ def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: f
     ev = HangEvidence(str(out))
     sections: list[str] = []
     pid_n = child.pid
-    cpu0, t0 = cpu_seconds(pid_n), time.monotonic()
+    cpu0, wait0, t0 = cpu_seconds(pid_n), waited_seconds(pid_n), time.monotonic()
     summary, text = process_report(pid_n)
     sections.append(f"===== /proc/{pid_n} =====\n{text}")
     before = stacks.stat().st_size if stacks.exists() else 0
@@ -242,8 +275,13 @@ def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: f
             break
     if sent and not (stacks.exists() and stacks.stat().st_size > before):
         ev.tools["faulthandler"] = "no dump within 10 s (a thread in uninterruptible sleep takes no signal)"
-    cpu1 = cpu_seconds(pid_n)
-    used = f"{cpu1 - cpu0:.1f} CPU s in {time.monotonic() - t0:.0f} s" if cpu0 is not None and cpu1 is not None else ""
+    cpu1, wait1, spent = cpu_seconds(pid_n), waited_seconds(pid_n), time.monotonic() - t0
+    if cpu0 is not None and cpu1 is not None:
+        ev.cpu_used, ev.probed = round(cpu1 - cpu0, 2), round(spent, 2)
+    if wait0 is not None and wait1 is not None:
+        ev.waited = round(max(0.0, wait1 - wait0), 2)
+    used = "" if ev.cpu_used is None else (
+        f"{ev.cpu_used:.1f} CPU s" + (f" (+{ev.waited:.1f} s waiting for a CPU)" if ev.waited else "") + f" in {spent:.0f} s")
     ev.process = summary + (f", {used}" if used else "")
     try:
         usage = shutil.disk_usage(out.parent)

@@ -426,7 +426,8 @@ def _stop_watch(proc: childproc.Child, watch: _Watch, files: _EngineFiles, *, cu
         watch.hung = f"cut by the run's deadline during {watch.stage}"
         return
     last = probe.last_log_line(proc.tail(64 << 10))
-    watch.hung = (f"{watch.stage}: no progress within {watch.deadline:.0f} s"
+    what = "not ready within" if watch.stage == "engine start" else "no progress within"
+    watch.hung = (f"{watch.stage}: {what} {watch.deadline:.0f} s"
                   + (f" ({watch.batch})" if watch.batch else "") + (f" (last logged: {last})" if last else ""))
     watch.evidence = probe.collect(proc, stacks=files.path("stacks.txt"), out=files.path("probe.txt"))
 
@@ -454,6 +455,12 @@ def _outcome(reader: EventReader, events: list[dict[str, Any]], watch: _Watch, f
         # not a hang: the engine was compiling kernels on an idle GPU (a cold node's JIT caches)
         return "not-run", (f"{watch.stage_label}: still compiling kernels ({evidence.compiler}) on an idle GPU "
                            f"when the deadline passed: a cold node, not a hang; {evidence.describe()}")
+    if watch.hung is not None and evidence is not None and watch.stage_label == "engine start" and \
+            evidence.working_on_cpu:
+        # not a hang either: the start was still working on the host (H200, five engines starting at once: DSpark's
+        # graph capture in vLLM's gc.collect() past 180 s; alone on the same caches it started in 87 s)
+        return "not-run", (f"{watch.hung}: still working on the CPU on an idle GPU when its start deadline passed, "
+                           f"a slow start, not a hang; {evidence.describe()}")
     if watch.hung is not None:
         return "hang", watch.hung + (f"; {evidence.describe()}" if evidence and evidence.describe() else "")
     if fin.returncode != 0 or not finished:

@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from dsv4patch.proofs.selftest import probe
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "gpu" / "results"
 SELFTEST = RESULTS / "selftest"
@@ -47,57 +49,50 @@ def _regression(report: dict) -> dict:
 
 def test_the_selftest_verdict_holds_stock_against_patched() -> None:
     """Stock 0.26.0 fails installed, every series test file and fix 6/7's case; the patched wheel passes all."""
-    stock, warm = _selftest("selftest-stock"), _selftest("selftest-stock-sm120-warm")
+    cold = _selftest("selftest-stock")  # session 1, empty JIT caches: the cold compile the runs below start from
+    assert next(c for c in cold["checks"] if c["name"] == "installed")["ok"] is False
+    assert _regression(cold)["counts"] == {"passed": 2, "failed": 86, "skipped": 0}
+    stock = _selftest("selftest-stock-5d918fa-warm")  # session 5, the current verb
     assert next(c for c in stock["checks"] if c["name"] == "installed")["ok"] is False
     reg = _regression(stock)
     assert reg["ok"] is False and reg["counts"] == {"passed": 2, "failed": 86, "skipped": 0}
     assert all(f["status"] == "failed" and f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
-    hang = warm["engines"][0]
+    hang = stock["engines"][0]
     assert hang["outcome"] == "hang" and hang["stage"] == "prompt set trio_b3"
     assert "(3 running, 0 waiting, 0 tokens generated)" in hang["detail"]
     assert hang["hang_evidence"]["kernels"] == ["vllm::persistent::persistent_topk_kernel<512, 4u>() "]
     assert hang["hang_evidence"]["gpu"].startswith("100 %")
-    for name in ("selftest-patched-d85b47f", "selftest-patched-warm"):
-        rep = _selftest(name)
-        assert rep["ok"] is True and rep["counts"]["pass"] == 34 and rep["min_gap"] > 19.99
-        reg = _regression(rep)
-        assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
-        assert all(f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
-        spec = [c for c in rep["cases"] if c["acceptance"] is not None]
-        assert spec and all(0 < c["acceptance"]["accepted"] < c["acceptance"]["drafted"] for c in spec)
-    assert _selftest("selftest-patched-warm")["seconds"] < 300  # the warm second run: at most 5 minutes
-    # Session 2: the TP/PP-shardable model on one GPU, from empty JIT caches, DSpark's null block measured.
+    # Session 2: the TP/PP-shardable model on one GPU, every case in one run from empty JIT caches.
     fresh = _selftest("selftest-patched-d85b47f")
-    assert fresh["topology"]["tensor_parallel_size"] == 1 and fresh["topology"]["pipeline_parallel_size"] == 1
+    assert fresh["ok"] is True and fresh["counts"]["pass"] == 34 and fresh["min_gap"] > 19.99
     dspark = [c for c in fresh["cases"] if c["engine"] == "dspark5"]
     assert len(dspark) == 6 and all(c["null_block"]["layers"] > 0 and c["null_block"]["written"] == {}
                                     and c["null_block"]["unmeasured"] == {} for c in dspark)
-    # Session 3: the restructured child/runner/model (issue 37) on a fresh machine: every case that ran exact;
-    # DSpark cut by the run's deadline at its cold start (its GPU evidence stays session 2's, above).
-    now = _selftest("selftest-patched")
-    reg = _regression(now)
-    assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0}
-    assert all(f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
-    assert next(c for c in now["checks"] if c["name"] == "installed")["ok"] is True
-    ran = [c for c in now["cases"] if c["engine"] != "dspark5"]
-    assert len(ran) == 28 and all(c["verdict"] == "pass" for c in ran) and now["min_gap"] > 19.99
-    assert {c["verdict"] for c in now["cases"] if c["engine"] == "dspark5"} == {"not-run"}
-    assert any(c["case"] == "mtp1-sm120topk/trio_b3" and c["acceptance"] == c["expected_acceptance"] for c in ran)
-    # Session 4: the current verb and wheel (deadline from the run's start, one Context, the one-read repack) on a
-    # fresh machine: installed and the series' tests pass on the GPU, the run ends inside its deadline with every
-    # engine cut while mtp1 compiled; then fix 6/7's case and plain on the caches it left: every token exact.
-    s4 = _selftest("selftest-patched-2337ce6")
-    reg = _regression(s4)
+    # Session 5: the current verb and wheel, a fresh machine: installed and the series' tests on the GPU in one
+    # call that ends inside its deadline (mtp1's cold start cut); then every engine on the caches it left.
+    s5 = _selftest("selftest-patched-5d918fa")
+    reg = _regression(s5)
     assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
     assert all(f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
-    assert next(c for c in s4["checks"] if c["name"] == "installed")["ok"] is True
-    assert {c["verdict"] for c in s4["cases"]} == {"not-run"} and s4["seconds"] < 555
-    for name, engine, cases in (("selftest-patched-2337ce6-sm120-warm", "mtp1-sm120topk", 4),
-                                ("selftest-patched-2337ce6-plain-warm", "plain", 6)):
-        rep = _selftest(name)
-        assert rep["ok"] is True and rep["counts"]["pass"] == cases and rep["min_gap"] > 19.99
-        assert {c["engine"] for c in rep["cases"]} == {engine}
-        assert all(c["acceptance"] == c["expected_acceptance"] for c in rep["cases"])
+    assert next(c for c in s5["checks"] if c["name"] == "installed")["ok"] is True
+    assert {c["verdict"] for c in s5["cases"]} == {"not-run"} and s5["seconds"] < 555
+    warm, alone = _selftest("selftest-patched-5d918fa-warm"), _selftest("selftest-patched-5d918fa-dspark5-warm")
+    passed = {c["case"]: c for rep in (warm, alone) for c in rep["cases"] if c["verdict"] == "pass"}
+    assert len(passed) == 34 and min(c["min_gap"] for c in passed.values()) > 19.99
+    spec = [c for c in passed.values() if c["acceptance"] is not None]
+    assert spec and all(0 < c["acceptance"]["accepted"] < c["acceptance"]["drafted"] for c in spec)
+    assert all(c["acceptance"] == c["expected_acceptance"] for c in spec if c["engine"].startswith("mtp1"))
+    assert all(c["null_block"]["layers"] > 0 and c["null_block"]["written"] == {}
+               for c in passed.values() if c["engine"] == "dspark5")
+    # dspark5 in the warm run of all six: its start past the 180 s warm deadline in vLLM's graph capture on an
+    # idle GPU, which that verb called a hang; the current rule reads the same evidence as a slow start
+    slow = next(e for e in warm["engines"] if e["engine"]["name"] == "dspark5")
+    ev = slow["hang_evidence"]
+    used = re.search(r"(\d+\.\d) CPU s in (\d+) s", ev["process"])
+    assert slow["outcome"] == "hang" and slow["stage"] == "engine start" and used is not None
+    assert probe.HangEvidence("x", gpu=ev["gpu"], kernels=ev["kernels"], cpu_used=float(used[1]),
+                              probed=float(used[2])).working_on_cpu
+    assert ev["main_frames"][0] == "_capture (breakable_cudagraph.py:375)"
     readme = (SELFTEST / "README.md").read_text()
     assert "2 passed, 86 failed" in readme and "88 passed, 0 failed, 0 skipped" in readme
     assert "`vllm::persistent::persistent_topk_kernel<512, 4u>()` resident" in readme

@@ -161,9 +161,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
+@dataclass
+class _ModuleTime:
+    """One module, as its reports arrive: its worker, its first start and last stop (wall clock), its phases'
+    seconds.  Printed at the end beside --durations: what each worker spent the run on and when it went idle
+    (SLOW_FIRST's order is checked against these figures)."""
+
+    worker: str
+    start: float
+    stop: float
+    seconds: float = 0.0
+
+
+_MODULES: dict[str, _ModuleTime] = {}
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Where reports arrive (the controller under xdist): collect the cold run's over-budget setups."""
+    """Where reports arrive (the controller under xdist): collect the cold run's over-budget setups and each
+    module's time."""
     _OVER_BUDGET.extend((report.nodeid, float(v)) for k, v in report.user_properties if k == "setup_over_budget")
+    worker = str(getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main"))
+    row = _MODULES.setdefault(report.nodeid.split("::", 1)[0], _ModuleTime(worker, report.start, report.stop))
+    row.start, row.stop, row.seconds = min(row.start, report.start), max(row.stop, report.stop), row.seconds + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -171,6 +190,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section(f"setups over the {SETUP_BUDGET:g} s warm-cache budget (cold run)")
         for nodeid, seconds in sorted(_OVER_BUDGET, key=lambda x: -x[1]):
             terminalreporter.line(f"{seconds:7.1f}s {nodeid}")
+    if _MODULES:
+        t0 = min(m.start for m in _MODULES.values())
+        terminalreporter.section("slowest modules (seconds, worker, from..to in s after the first test)")
+        for name, m in sorted(_MODULES.items(), key=lambda x: -x[1].seconds)[:25]:
+            terminalreporter.line(f"{m.seconds:7.1f}s {m.worker:>4} {m.start - t0:7.1f}..{m.stop - t0:7.1f} {name}")
+        ends: dict[str, float] = {}
+        for m in _MODULES.values():
+            ends[m.worker] = max(ends.get(m.worker, 0.0), m.stop - t0)
+        terminalreporter.line("each worker's last test ended at: "
+                              + ", ".join(f"{w} {e:.0f} s" for w, e in sorted(ends.items())))
 
 
 @pytest.fixture(scope="module", autouse=True)

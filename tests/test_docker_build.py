@@ -193,6 +193,8 @@ def docker() -> Iterator[Docker]:
         log.close()
         shutil.rmtree(data_root, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+        if shm is not None:
+            _TMPFS_GRANTED[0] -= DOCKER_ROOT_TMPFS_NEED
         print(f"\ndockerd data root: {used[0] if used else '?'} MB on {'tmpfs' if shm else 'disk'}; stopped in "
               f"{t1 - t0:.0f}s, removed in {time.monotonic() - t1:.0f}s")
 
@@ -521,6 +523,9 @@ class _TorchJob:
             self.pool.shutdown(wait=True)  # pip runs to its end (or its timeout) first
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+            if self.where == "tmpfs":
+                _TMPFS_GRANTED[0] -= TORCH_TMPFS_NEED
 
 
 def _module_wants(request: pytest.FixtureRequest, fixture: str) -> bool:

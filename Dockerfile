@@ -29,16 +29,6 @@ ARG KERNELS_STAGE=kernels
 # ----------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS patch
 
-ARG VLLM_PIN=0.27.1
-# Label values: compute them with `dsv4patch lock --build-args`; this stage fails unless
-# they equal what it derives from locks/vllm.toml.
-ARG VLLM_VERSION
-ARG VLLM_COMMIT=
-ARG PATCHED_TREE=
-ARG PATCH_SET_SHA256=
-ARG LOCK_SHA256=
-ARG IMAGE_VERSION=
-
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 ENV DSV4PATCH_CACHE=/var/cache/dsv4patch \
@@ -72,6 +62,17 @@ RUN python3 -m venv /opt/dsv4patch-venv \
         pip install . ; \
     fi \
     && dsv4patch --version
+
+ARG VLLM_PIN=0.27.1
+# Label values: compute them with `dsv4patch lock --build-args`; this stage fails unless
+# they equal what it derives from locks/vllm.toml.  Declared after the install steps, so
+# that a build with other values (a new IMAGE_VERSION, a wrong arg) reuses their layers.
+ARG VLLM_VERSION
+ARG VLLM_COMMIT=
+ARG PATCHED_TREE=
+ARG PATCH_SET_SHA256=
+ARG LOCK_SHA256=
+ARG IMAGE_VERSION=
 
 ENV VLLM_PIN=${VLLM_PIN} \
     VLLM_VERSION=${VLLM_VERSION} \

@@ -10,6 +10,7 @@ downloaded once into a shared cache so a warm machine never re-downloads:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = over_budget((yield), SETUP_BUDGET, COLD)
     if report.failed:
         _FAILED_MODULES.add(str(item.path))
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]  # read by tmp_path's teardown
     return report
 
 
@@ -238,6 +241,19 @@ def _remove_behind(path: Path) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for proc in _REMOVALS:
         proc.wait()
+
+
+@pytest.fixture
+def tmp_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """pytest's own ``tmp_path`` (the same name and place; kept when the test failed, as
+    tmp_path_retention_policy = "failed" says), but a passing test's directory is removed beside the next
+    test (:func:`_remove_behind`): the byte-identity builds leave a cache with a toolchain in theirs."""
+    name = re.sub(r"[\W]", "_", request.node.name)[:30]
+    path = tmp_path_factory.mktemp(name, numbered=True)
+    yield path
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.passed:
+        _remove_behind(path)
 
 
 def applied_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path, name: str,

@@ -10,6 +10,8 @@ predicts; STANDIN_MODE changes that to exercise each verdict:
   pass (default), differs (engine mtp1: token 7 of request 1 moved on by one),
   hang_case (sleeps in the second prompt set), hang_start (never ready),
   busy_start (never ready either, but working on the CPU all along, as a slow start does),
+  with STANDIN_CUDA=1 (a GPU node, tests/gpu/selftest_probe_h200.py) both start modes hold a CUDA context
+  first, and hang_start then waits on a kernel that never retires (torch.cuda._sleep) instead of sleeping,
   crash_case (exits 3 in the first prompt set), refuse (DSpark engines raise
   fix 5's refusal at start), all_accept (reports every draft accepted),
   bad_event (a case_done whose tokens are not integers), flood (prints 40 MiB
@@ -93,6 +95,13 @@ def main() -> int:
 
         fh = stacks.open("a")
         faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
+    if mode in ("hang_start", "busy_start") and os.environ.get("STANDIN_CUDA") == "1":
+        import torch
+
+        torch.zeros(1, device="cuda")  # a CUDA context, as an engine at start holds one
+        if mode == "hang_start":
+            torch.cuda._sleep(1 << 62)  # a spinning kernel: the GPU busy, the host blocked behind it
+            torch.cuda.synchronize()
     if mode == "hang_start":
         time.sleep(3600)
     if mode == "busy_start":  # what vLLM's graph capture did in gc.collect() on the H200: the host busy, no GPU work

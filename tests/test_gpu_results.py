@@ -93,6 +93,14 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
     assert probe.HangEvidence("x", gpu=ev["gpu"], kernels=ev["kernels"], cpu_used=float(used[1]),
                               probed=float(used[2])).working_on_cpu
     assert ev["main_frames"][0] == "_capture (breakable_cudagraph.py:375)"
+    # the rule on the H200 itself, with the real tools: a host spinning on an idle GPU is a slow start, a kernel
+    # that never retires a hang although its host thread spins as well
+    runs = {r["mode"]: r for r in json.loads((SELFTEST / "selftest-probe-h200.json").read_text())["runs"]}
+    busy, stuck = runs["busy_start"], runs["hang_start"]
+    assert busy["outcome"] == "not-run" and "a slow start, not a hang" in busy["detail"]
+    assert busy["evidence"]["gpu"].startswith("0 %") and busy["evidence"]["kernels"] == []
+    assert stuck["outcome"] == "hang" and stuck["evidence"]["gpu"].startswith("100 %")
+    assert any("spin_kernel" in k for k in stuck["evidence"]["kernels"]) and stuck["evidence"]["cpu_used"] > 1.0
     readme = (SELFTEST / "README.md").read_text()
     assert "2 passed, 86 failed" in readme and "88 passed, 0 failed, 0 skipped" in readme
     assert "`vllm::persistent::persistent_topk_kernel<512, 4u>()` resident" in readme

@@ -129,16 +129,20 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def _task_ids(pid: int) -> list[str]:
+    """PID's threads (/proc/PID/task), oldest first, at most 512; none when the process is gone."""
+    try:
+        return sorted(os.listdir(f"/proc/{pid}/task"), key=int)[:512]
+    except (OSError, ValueError):
+        return []
+
+
 def waited_seconds(pid: int) -> float | None:
     """Seconds PID's threads have spent ready to run but waiting for a CPU (/proc/PID/task/*/schedstat, second
     field), or None where the kernel keeps no such count.  On a loaded host a busy process gets only part of a
     CPU: its CPU time plus this wait is what it wanted."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")[:512]
-    except OSError:
-        return None
     total, seen = 0, False
-    for tid in tids:
+    for tid in _task_ids(pid):
         fields = _small(f"/proc/{pid}/task/{tid}/schedstat", 256).split()
         if len(fields) >= 2 and fields[1].isdigit():
             total, seen = total + int(fields[1]), True
@@ -151,11 +155,7 @@ def process_report(pid: int) -> tuple[str, str]:
     state = next((ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("State:")), "gone")
     threads: dict[str, int] = {}
     rows = []
-    try:
-        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)[:512]
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in _task_ids(pid):
         st = _small(f"/proc/{pid}/task/{tid}/stat")
         tstate = st[st.rfind(")") + 2:].split()[0] if ")" in st else "?"
         comm = _small(f"/proc/{pid}/task/{tid}/comm").strip()

@@ -311,6 +311,9 @@ class EngineDeadlines:
                 for k, v in (("start", self.start), ("first_case", self.first_case), ("case", self.case))}
 
 
+START_STAGE = "engine start"  # the stage an engine is in until it is ready (its own start deadline)
+
+
 @dataclass
 class _Watch:
     """Where an engine's child is, as its events say, and how the watch over it ended.
@@ -320,7 +323,7 @@ class _Watch:
     """
 
     deadlines: EngineDeadlines
-    stage: str = "engine start"
+    stage: str = START_STAGE
     stage_start: float = field(default_factory=time.monotonic)
     deadline: float = 0.0
     batch: str = ""  # the batch when the stage last changed shape (step events)
@@ -328,7 +331,7 @@ class _Watch:
     ready_seen: bool = False
     hung: str | None = None
     cut: bool = False  # ended by the run's deadline, not the stage's
-    stage_label: str = "engine start"
+    stage_label: str = START_STAGE
     evidence: HangEvidence | None = None
 
     def __post_init__(self) -> None:
@@ -426,7 +429,7 @@ def _stop_watch(proc: childproc.Child, watch: _Watch, files: _EngineFiles, *, cu
         watch.hung = f"cut by the run's deadline during {watch.stage}"
         return
     last = probe.last_log_line(proc.tail(64 << 10))
-    what = "not ready within" if watch.stage == "engine start" else "no progress within"
+    what = "not ready within" if watch.stage == START_STAGE else "no progress within"
     watch.hung = (f"{watch.stage}: {what} {watch.deadline:.0f} s"
                   + (f" ({watch.batch})" if watch.batch else "") + (f" (last logged: {last})" if last else ""))
     watch.evidence = probe.collect(proc, stacks=files.path("stacks.txt"), out=files.path("probe.txt"))
@@ -455,7 +458,7 @@ def _outcome(reader: EventReader, events: list[dict[str, Any]], watch: _Watch, f
         # not a hang: the engine was compiling kernels on an idle GPU (a cold node's JIT caches)
         return "not-run", (f"{watch.stage_label}: still compiling kernels ({evidence.compiler}) on an idle GPU "
                            f"when the deadline passed: a cold node, not a hang; {evidence.describe()}")
-    if watch.hung is not None and evidence is not None and watch.stage_label == "engine start" and \
+    if watch.hung is not None and evidence is not None and watch.stage_label == START_STAGE and \
             evidence.working_on_cpu:
         # not a hang either: the start was still working on the host (H200, five engines starting at once: DSpark's
         # graph capture in vLLM's gc.collect() past 180 s; alone on the same caches it started in 87 s)

@@ -234,8 +234,9 @@ def _remove_behind(path: Path) -> None:
     except OSError:
         shutil.rmtree(path, ignore_errors=True)
         return
+    # in a session of its own: a Ctrl-C of the run does not stop a removal halfway (nothing is left aside)
     _REMOVALS.append(subprocess.Popen(["rm", "-rf", "--one-file-system", "--", str(aside)],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

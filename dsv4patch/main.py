@@ -11,7 +11,8 @@ It is also the one place that handles interrupts and a closed stdout: the
 whole run is inside :func:`dsv4patch.childproc.interrupts`, so SIGINT, SIGTERM
 or SIGHUP (to the process or its group, on a terminal or not) become exit 130
 with "interrupted" after every ``finally`` has removed its temporary files and
-every child tree is ended; a reader that closed stdout (``| head -c 0``) ends
+every child tree is ended (then the cache work directories the run still owns
+are removed: :func:`dsv4patch.store.remove_owned`); a reader that closed stdout (``| head -c 0``) ends
 the run with exit 141 and no traceback.
 """
 
@@ -175,6 +176,16 @@ def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    finally:
+        _remove_work_dirs()
+
+
+def _remove_work_dirs() -> None:
+    """The cache work directories the run still owns (its child programs have ended): removed, so an
+    interrupt that landed between one's creation and the ``try`` that removes it leaves none."""
+    store = sys.modules.get("dsv4patch.store")  # not imported: the run made none (start-up stays light)
+    if store is not None:
+        store.remove_owned()
 
 
 def _interrupted(command: str, as_json: bool) -> int:

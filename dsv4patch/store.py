@@ -14,7 +14,12 @@ Every entry of ``tmp/`` is *owned*: a file is flocked by the run writing it, a
 directory holds a flocked ``.owner`` file, for as long as that run lives (a
 lock ends with its process, even one killed with SIGKILL).  Each
 :meth:`Store.open` removes the entries no live run owns (:func:`stale_tmp`):
-what a killed or interrupted run left.
+what a killed or interrupted run left.  A run also removes, as it exits
+(:func:`remove_owned`, called by ``main`` after its child programs have
+ended), every work directory it still owns, so an interrupt that lands
+between a directory's creation and the ``try`` that would remove it leaves
+nothing behind either; only one handed to :meth:`Store.keep_tmp` (``verify
+--keep``) outlives its run, until a later run sweeps it.
 
 A download is streamed into ``tmp/``, hashed, and moved into ``blobs/`` only
 when its size and sha256 match the lock, so a bad or truncated download never
@@ -103,6 +108,7 @@ def file_mutex(
 
 # The flocked ``.owner`` descriptor of each work directory this process made in ``tmp/``.
 _OWNERS: dict[str, int] = {}
+_KEPT: list[int] = []  # the descriptors of the directories handed to Store.keep_tmp
 _OWNER = ".owner"
 _NEW_DIR = ".new-"
 
@@ -159,6 +165,19 @@ def stale_tmp(store: Store) -> list[Path]:
         elif now - st.st_mtime > safeio.STALE_AGE and not safeio.owned_by_a_live_writer(p):
             stale.append(p)
     return stale
+
+
+def remove_owned() -> list[Path]:
+    """Remove every work directory this process made in a cache's ``tmp/`` and still owns (a run
+    that exits, however, leaves none; see the module docstring); the removed paths."""
+    removed = []
+    for name in list(_OWNERS):
+        fd = _OWNERS.pop(name, None)
+        shutil.rmtree(name, ignore_errors=True)  # never follows a link inside
+        if fd is not None:
+            os.close(fd)
+        removed.append(Path(name))
+    return removed
 
 
 def sweep_tmp(store: Store) -> list[Path]:
@@ -220,16 +239,18 @@ class Store:
         """
         tmp = self.root / "tmp"
         new = Path(tempfile.mkdtemp(prefix=_NEW_DIR + prefix, dir=tmp))
+        final = tmp / (prefix + new.name[len(_NEW_DIR + prefix):])
         fd = os.open(new / _OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            final = tmp / (prefix + new.name[len(_NEW_DIR + prefix):])
+            _OWNERS[str(final)] = fd  # before the rename: remove_owned finds it whenever an interrupt lands
             os.rename(new, final)
         except BaseException:
+            _OWNERS.pop(str(final), None)
             os.close(fd)
             shutil.rmtree(new, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
             raise
-        _OWNERS[str(final)] = fd
         return final
 
     def remove_tmp(self, path: Path) -> None:
@@ -238,6 +259,13 @@ class Store:
         fd = _OWNERS.pop(str(path), None)
         if fd is not None:
             os.close(fd)
+
+    def keep_tmp(self, path: Path) -> None:
+        """Leave a work directory :meth:`tmpdir` made in place when this run exits (the user asked to
+        keep it); it stays owned while the run lives, and a later run sweeps it."""
+        fd = _OWNERS.pop(str(path), None)
+        if fd is not None:
+            _KEPT.append(fd)
 
     def fetch_blob(
         self, url: str, sha256: str, size: int | None, what: str, progress: Progress

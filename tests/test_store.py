@@ -103,3 +103,42 @@ def test_a_blob_that_is_a_link_is_not_a_cache_hit(tmp_path: Path) -> None:
     with pytest.raises(NotFetchedError):  # no url: it must be fetched again, the link is not used
         s.fetch_blob("", sha, len(data), "x", Progress(False))
     assert not os.path.lexists(s.blob_path(sha)) and target.read_bytes() == data
+
+
+_EXITING = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from dsv4patch.store import Store
+from dsv4patch.main import main
+s = Store.open(Path({cache!r}))
+left = s.tmpdir("kernels-wheel-")  # as an interrupt between a directory's creation and its try leaves it
+kept = s.tmpdir("verify-x-")
+s.keep_tmp(kept)  # verify --keep
+print(left, kept, flush=True)
+raise SystemExit(main(["--version"]))
+"""
+
+
+def test_a_run_removes_the_work_directories_it_still_owns_as_it_exits(tmp_path: Path) -> None:
+    """main's exit removes what no finally did (the random interrupts of tests/test_recovery.py once
+    left a kernels-wheel- directory: SIGINT between its creation and the try that removes it); a
+    directory the user asked to keep stays until a later run sweeps it."""
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-c", _EXITING.format(root=str(ROOT), cache=str(cache))],
+                          capture_output=True, text=True, check=True)
+    left, kept = (Path(p) for p in done.stdout.split("\n")[0].split())
+    assert not left.exists() and kept.is_dir()
+    assert store.stale_tmp(Store(cache)) == [kept]  # its run is over: the next run sweeps it
+    Store.open(cache)
+    assert list((cache / "tmp").iterdir()) == []
+
+
+def test_remove_owned_removes_only_this_runs_directories(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "cache")
+    other = s.root / "tmp" / "kernels-wheel-other"  # another run's (no owner, young: never touched)
+    other.mkdir()
+    mine = [s.tmpdir("port-a-"), s.tmpdir("tree-a-")]
+    assert sorted(store.remove_owned()) == sorted(mine)
+    assert not any(p.exists() for p in mine) and other.is_dir() and store._OWNERS == {}
+    assert store.remove_owned() == []

@@ -920,7 +920,11 @@ def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_s
     if kwheel is None:
         raise BuildError(f"pin {pin.name}: the patches change {', '.join(kernel_sources)} but "
                          "`dsv4patch build` produced no kernel library")
-    kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
+    try:
+        kpkg = read_kernels(kwheel, pin, tree.patched_tree, plat)
+    except BaseException:
+        ctx.store.remove_tmp(kwheel.parent)  # an unreadable library (or an interrupt) leaves nothing in the cache
+        raise
     return kpkg, kwheel.parent, [f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
                                  f"CUDA {kpkg.info.get('cuda_version')}"]
 

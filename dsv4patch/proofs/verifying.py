@@ -230,7 +230,9 @@ def verify(
         proofs = [_verify_patch(patch, status[patch.name], before.get(patch.name), after.get(patch.name))
                   for patch in chosen]
     finally:
-        if not keep:
+        if keep:
+            store.keep_tmp(work)  # the run's exit would remove it
+        else:
             _remove_work(pinrepo, work, store)
     return VerifyResult(pin.name, final, env.torch, proofs, sessions.ran, sessions.cached, clock.seconds)
 

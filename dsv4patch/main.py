@@ -11,8 +11,9 @@ It is also the one place that handles interrupts and a closed stdout: the
 whole run is inside :func:`dsv4patch.childproc.interrupts`, so SIGINT, SIGTERM
 or SIGHUP (to the process or its group, on a terminal or not) become exit 130
 with "interrupted" after every ``finally`` has removed its temporary files and
-every child tree is ended (then the cache work directories the run still owns
-are removed: :func:`dsv4patch.store.remove_owned`); a reader that closed stdout (``| head -c 0``) ends
+every child tree is ended (then the cache work directories and partial files
+the run still owns are removed: :func:`dsv4patch.store.remove_owned`,
+:func:`dsv4patch.safeio.remove_partials`); a reader that closed stdout (``| head -c 0``) ends
 the run with exit 141 and no traceback.
 """
 
@@ -181,11 +182,13 @@ def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int
 
 
 def _remove_work_dirs() -> None:
-    """The cache work directories the run still owns (its child programs have ended): removed, so an
-    interrupt that landed between one's creation and the ``try`` that removes it leaves none."""
-    store = sys.modules.get("dsv4patch.store")  # not imported: the run made none (start-up stays light)
-    if store is not None:
-        store.remove_owned()
+    """The cache work directories the run still owns and the partial files it left (its child programs
+    have ended): removed, so an interrupt that landed between one's creation and the ``try`` that
+    removes it leaves none."""
+    for name, remove in (("dsv4patch.store", "remove_owned"), ("dsv4patch.safeio", "remove_partials")):
+        module = sys.modules.get(name)  # not imported: the run made none (start-up stays light)
+        if module is not None:
+            getattr(module, remove)()
 
 
 def _interrupted(command: str, as_json: bool) -> int:

@@ -327,18 +327,43 @@ def create_owned(directory: Path | str, stem: str, suffix: str = PARTIAL, mode: 
     d = Path(directory)
     token = secrets.token_hex(6)
     new = d / f".{stem}.{token}{_NEW}"
+    path = d / f".{stem}.{token}{suffix}"
     fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
+        st = os.fstat(fd)
+        _MADE.append((str(path), st.st_dev, st.st_ino))  # before the rename: remove_partials finds it
         if not _mutex_fd(fd):  # nobody else has this random name: cannot happen
             raise OSError(errno.EAGAIN, f"cannot lock {new}")
-        path = d / f".{stem}.{token}{suffix}"
         os.rename(new, path)
     except BaseException:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(new)
+        for p in (new, path):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
         raise
     return fd, path
+
+
+# The partial files this process made (path, device, inode): what :func:`remove_partials` checks.
+_MADE: list[tuple[str, int, int]] = []
+
+
+def remove_partials() -> list[Path]:
+    """Remove the partial files this process made that are still there under their partial name (never
+    renamed into place nor removed: an interrupt landed between their creation and the ``try`` that
+    removes them); the removed paths.  Called by ``main`` as the run exits."""
+    removed: list[Path] = []
+    while _MADE:
+        name, dev, ino = _MADE.pop()
+        try:
+            st = os.lstat(name)
+        except OSError:
+            continue  # renamed into place, or removed
+        if (st.st_dev, st.st_ino) == (dev, ino) and stat.S_ISREG(st.st_mode):  # ours, not a later file
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+                removed.append(Path(name))
+    return removed
 
 
 def owned_by_a_live_writer(path: Path | str) -> bool:
@@ -406,7 +431,12 @@ def replacing(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
     """
     p = Path(path)
     fd, tmp = create_owned(p.parent, p.name, mode=mode)
-    fh = os.fdopen(fd, "w+b")
+    try:
+        fh = os.fdopen(fd, "w+b")
+    except BaseException:
+        os.close(fd)
+        remove_file(tmp)
+        raise
     try:
         yield fh
         fh.flush()

@@ -274,3 +274,21 @@ def test_read_whole_is_one_buffer_within_the_limit_and_never_a_link(tmp_path: Pa
     os.mkfifo(fifo)
     with pytest.raises(UnsafeFileError, match="not a regular file|FIFO"):
         safeio.read_whole(fifo, 4 << 20)
+
+
+def test_remove_partials_removes_only_this_runs_unfinished_partial_files(tmp_path: Path) -> None:
+    """What ``main`` calls as a run exits: a partial file still under its partial name is removed (an
+    interrupt between its creation and its writer's try left it); one renamed into place, one
+    already removed and a new file that took a removed one's name stay untouched."""
+    safeio._MADE.clear()
+    fd1, left = safeio.create_owned(tmp_path, "left.whl")
+    fd2, done = safeio.create_owned(tmp_path, "done.whl")
+    os.replace(done, tmp_path / "done.whl")
+    fd3, gone = safeio.create_owned(tmp_path, "gone.whl")
+    os.unlink(gone)
+    gone.write_bytes(b"someone else's file")  # the same name, another inode
+    for fd in (fd1, fd2, fd3):
+        os.close(fd)
+    assert safeio.remove_partials() == [left]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["done.whl", gone.name])
+    assert safeio.remove_partials() == []

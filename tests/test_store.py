@@ -109,26 +109,28 @@ _EXITING = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
+from dsv4patch import safeio
 from dsv4patch.store import Store
 from dsv4patch.main import main
 s = Store.open(Path({cache!r}))
 left = s.tmpdir("kernels-wheel-")  # as an interrupt between a directory's creation and its try leaves it
 kept = s.tmpdir("verify-x-")
 s.keep_tmp(kept)  # verify --keep
-print(left, kept, flush=True)
+fd, partial = safeio.create_owned(s.root / "tmp", "dl")  # a download's partial file, likewise
+print(left, kept, partial, flush=True)
 raise SystemExit(main(["--version"]))
 """
 
 
 def test_a_run_removes_the_work_directories_it_still_owns_as_it_exits(tmp_path: Path) -> None:
-    """main's exit removes what no finally did (the random interrupts of tests/test_recovery.py once
+    """main's exit removes what no finally did (directories and partial files) (the random interrupts of tests/test_recovery.py once
     left a kernels-wheel- directory: SIGINT between its creation and the try that removes it); a
     directory the user asked to keep stays until a later run sweeps it."""
     cache = tmp_path / "cache"
     done = subprocess.run([sys.executable, "-c", _EXITING.format(root=str(ROOT), cache=str(cache))],
                           capture_output=True, text=True, check=True)
-    left, kept = (Path(p) for p in done.stdout.split("\n")[0].split())
-    assert not left.exists() and kept.is_dir()
+    left, kept, partial = (Path(p) for p in done.stdout.split("\n")[0].split())
+    assert not left.exists() and not partial.exists() and kept.is_dir()
     assert store.stale_tmp(Store(cache)) == [kept]  # its run is over: the next run sweeps it
     Store.open(cache)
     assert list((cache / "tmp").iterdir()) == []

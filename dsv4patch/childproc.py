@@ -69,6 +69,8 @@ keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_line=None) -
     once); ``exiting``: late signals are recorded, not raised, once the block is
     left.  ``interrupted()`` says (from any thread, at once: the C-level handler
     writes the wake-up pipe) whether an interrupt arrived; ``raise_if_interrupted()``.
+    ``finishing()``: the block that puts the run's result in place; an interrupt
+    after it no longer ends the run, which reports its result.
 
 ``end_tree(pid)``, ``end_all()``
     Kill one tree / every tree this process started (also done on exit).
@@ -134,6 +136,7 @@ class _State:
         self.raised = False  # the main thread has raised Interrupted for this run
         self.critical = 0  # > 0: the main thread is starting a child; Interrupted waits until it is tracked
         self.deferred = False
+        self.finishing = False  # the run's result is in place (finishing()): an interrupt is not raised
 
 
 _STATE = _State()
@@ -183,6 +186,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         if _STATE.critical:
             _STATE.deferred = True  # raised once the child being started is tracked (see _spawn)
             first = False
+        elif _STATE.finishing:
+            first = False  # the result is in place: the run reports it (see finishing)
         else:
             _STATE.raised = True
     _signal_children()
@@ -205,13 +210,30 @@ def _critical() -> Iterator[None]:
         if main:
             with _STATE.lock:
                 _STATE.critical -= 1
-                fire = _STATE.critical == 0 and _STATE.deferred and not _STATE.raised
+                fire = _STATE.critical == 0 and _STATE.deferred and not _STATE.raised and not _STATE.finishing
                 if fire:
                     _STATE.deferred = False
                     _STATE.raised = True
             if fire:
                 _signal_children()
                 raise Interrupted(_STATE.signal)
+
+
+@contextlib.contextmanager
+def finishing() -> Iterator[None]:
+    """Put the run's result in place (the block: the rename of a finished output file).
+
+    An interrupt that arrives inside waits for the block; once the block is done, the run is
+    finishing: an interrupt still ends every child tree but is no longer raised, so the command
+    reports the result it made (exit 0), never "interrupted" with its output already in place.
+    What is left of the run is bounded (removing its work files, printing the result).  A block
+    that fails raises its error (and a deferred interrupt, if one came).
+    """
+    with _critical():
+        yield
+        if threading.current_thread() is threading.main_thread():
+            with _STATE.lock:
+                _STATE.finishing = True
 
 
 def _late_signal(signum: int, frame: FrameType | None) -> None:
@@ -237,7 +259,7 @@ def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[
     with _STATE.lock:
         _STATE.signal = None
         _STATE.first_start = None
-        _STATE.raised = _STATE.deferred = False
+        _STATE.raised = _STATE.deferred = _STATE.finishing = False
     if main_thread:
         r, w = os.pipe()
         os.set_blocking(r, False)

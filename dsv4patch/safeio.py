@@ -421,13 +421,16 @@ def sweep_owned(directory: Path | str, *, suffix: str = PARTIAL) -> list[Path]:
 
 
 @contextlib.contextmanager
-def replacing(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
+def replacing(path: Path | str, mode: int = 0o644, *, final: bool = False) -> Iterator[BinaryIO]:
     """Write ``path`` through an owned partial file next to it (:func:`create_owned`).
 
     On success the partial file is renamed over ``path`` (a link planted at
     ``path`` is replaced, never written through); on any exception, an
     interrupt included, it is removed; if the process is killed, the next
-    :func:`sweep_owned` of the directory removes it.
+    :func:`sweep_owned` of the directory removes it.  ``final``: ``path`` is the
+    run's result (a wheel in ``--out``): renamed inside
+    :func:`dsv4patch.childproc.finishing`, so an interrupt that comes once it is
+    in place no longer ends the run, which reports it.
     """
     p = Path(path)
     fd, tmp = create_owned(p.parent, p.name, mode=mode)
@@ -440,7 +443,13 @@ def replacing(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
     try:
         yield fh
         fh.flush()
-        os.replace(tmp, p)
+        if final:  # the run's result: once in place, an interrupt no longer ends the run
+            from dsv4patch import childproc
+
+            with childproc.finishing():
+                os.replace(tmp, p)
+        else:
+            os.replace(tmp, p)
     finally:
         fh.close()  # releases the lock
         remove_file(tmp)  # gone already when it was renamed

@@ -298,11 +298,11 @@ def record(rows: Iterable[tuple[str, str, str]], record_name: str) -> bytes:
     return out.getvalue().encode()
 
 
-def write(path: Path, members: Iterable[Raw]) -> Path:
+def write(path: Path, members: Iterable[Raw], *, final: bool = False) -> Path:
     """Write ``members`` in order as the zip ``path`` (atomically: an owned partial file, then renamed;
-    :func:`dsv4patch.safeio.replacing`)."""
+    :func:`dsv4patch.safeio.replacing`, ``final`` as there)."""
     safeio.sweep_owned(path.parent)  # partial files of runs that were killed
-    with safeio.replacing(path) as fh:
+    with safeio.replacing(path, final=final) as fh:
         writer = Writer(fh)
         for raw in members:
             writer.add(raw)

@@ -291,6 +291,35 @@ def test_an_interrupt_is_never_a_result():
         assert not childproc.interrupted()
 
 
+def test_an_interrupt_once_the_result_is_in_place_does_not_end_the_run(tmp_path):
+    """finishing(): a signal inside the block waits for it (the rename happens), after it the run is
+    finishing: signals are recorded and end child trees, never raised; the next run starts clean.
+    Before the block, a signal still ends the run."""
+    with childproc.interrupts():
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):
+                time.sleep(0.01)
+    placed = tmp_path / "result"
+    with childproc.interrupts():
+        with childproc.finishing():
+            os.kill(os.getpid(), signal.SIGINT)  # arrives inside the block: deferred
+            for _ in range(20):
+                time.sleep(0.01)
+            placed.write_text("in place")
+        for sig in (signal.SIGTERM, signal.SIGINT):  # after it: recorded, not raised
+            os.kill(os.getpid(), sig)
+            for _ in range(20):
+                time.sleep(0.01)
+        assert placed.read_text() == "in place" and childproc.interrupted()
+    with childproc.interrupts():
+        assert not childproc.interrupted()
+        with pytest.raises(Interrupted):  # finishing ended with its run
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):
+                time.sleep(0.01)
+
+
 def test_the_cli_exit_code_is_documented():
     from dsv4patch.main import EPILOG
 

@@ -4,7 +4,8 @@ Real processes are killed with SIGKILL (the whole process group, or only the
 main process) at points made deterministic through the caller's PATH (see
 ``git_stop``: dsv4patch runs hooks and filters of no repository, but the
 ``git`` it runs is the one PATH names), and at random moments of a run
-(seeded).
+(seeded; ``DSV4PATCH_TEST_SEED=N`` adds N to every seed, to try moments the
+suite's own seeds do not: docs/contributing.md).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dsv4patch.errors import EXIT_BUSY, EXIT_OK, EXIT_TREE
 from dsv4patch.store import Store
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# Added to every seed of the random kills and interrupts (0: the suite's own moments).
+SEED = int(os.environ.get("DSV4PATCH_TEST_SEED", "0"))
 
 
 @pytest.fixture
@@ -313,7 +316,7 @@ def test_recovery_without_user_changes_finishes(tmp_path, cli, lock5):
 def _random_kills(tmp_path: Path, cli, lock: Path, pin: str, cache: Path, kills: int, seed: int,
                   fresh_every: int) -> dict[str, int]:
     """Kill apply's process group after random delays; check what the next runs do."""
-    rng = random.Random(seed)
+    rng = random.Random(seed + SEED)
     tree = tmp_path / f"kill-{pin}"
     ref = cli(*apply_args(lock, tree, cache, pin), "--format", "json")
     assert ref.rc == 0, ref.err
@@ -508,7 +511,7 @@ def test_random_interrupts_of_apply_port_and_wheel(tmp_path, cli, wide_lock, ups
     """24 SIGINT/SIGTERM at seeded random moments over apply, port and wheel, off a terminal: each
     command's run cut in as many slices as it gets shots, one random moment in each (10 for
     apply and port, 4 for the costly wheel), every signal, target and SIGINT disposition used."""
-    rng = random.Random(36)
+    rng = random.Random(36 + SEED)
     seen = {"finished": 0, "interrupted": 0, "before-start": 0}
     mark = uuid.uuid4().hex
     shots = 0

@@ -526,8 +526,9 @@ def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kerne
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep_out(out_dir)  # partial wheels of runs that were killed
     src = memoryview(blob)  # every member a view of the one buffer that was hashed
-    # An owned partial file (never through a planted link; removed on an interrupt, swept if killed).
-    with safeio.replacing(result.path) as dst:
+    # An owned partial file (never through a planted link; removed on an interrupt, swept if killed);
+    # the run's result: once in place, an interrupt no longer ends the run, which reports it.
+    with safeio.replacing(result.path, final=True) as dst:
         # The stock RECORD: hashes of every unchanged member (checked while copying:
         # the CRC is the zip's, so a member whose bytes differ from RECORD is refused).
         rec_info = wheel.infos[wheel.names.index(f"{wheel.old_info}/RECORD")]
@@ -991,7 +992,8 @@ def _kernel_wheel(pin: Pin, path: Path, how: _KernelBuild, *, ctx: Context, expe
     try:
         built = build_tree(tree=path, pin=pin, store=store, progress=ctx.progress, archs=how.archs,
                            python=how.python, nvcc=how.nvcc, allow_torch=how.allow_torch,
-                           extra_include=how.extra_include, out=out_dir, expect_tree=expect_tree)
+                           extra_include=how.extra_include, out=out_dir, expect_tree=expect_tree,
+                           final=False)  # a step: the patched wheel is the run's result
     except BaseException:
         store.remove_tmp(out_dir)  # a failed build leaves nothing in the cache
         raise

@@ -658,10 +658,12 @@ RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")
 
 def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
                 entry_points: str, tag: str = "py3-none-linux_x86_64", summary: str = "",
-                requires: Sequence[str] = (), stored: Mapping[str, Path] | None = None) -> Path:
+                requires: Sequence[str] = (), stored: Mapping[str, Path] | None = None,
+                final: bool = False) -> Path:
     """A wheel (zip + .dist-info) with ``files``; deterministic bytes for the same input.
 
-    ``stored``: member -> a cache file that keeps its deflated bytes (:func:`zipcopy.deflate_reusing`)."""
+    ``stored``: member -> a cache file that keeps its deflated bytes (:func:`zipcopy.deflate_reusing`);
+    ``final``: the wheel is the run's result (:func:`dsv4patch.safeio.replacing`)."""
     info = f"{name}-{version}.dist-info"
     meta = {
         f"{info}/METADATA": (
@@ -680,7 +682,8 @@ def write_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
     keep = stored or {}
     return zipcopy.write(out_dir / f"{name}-{version}-{tag}.whl",
                          (zipcopy.deflate_reusing(arc, data, keep[arc], _mode(arc)) if arc in keep
-                          else zipcopy.deflate(arc, data, _mode(arc)) for arc, data in allf.items()))
+                          else zipcopy.deflate(arc, data, _mode(arc)) for arc, data in allf.items()),
+                         final=final)
 
 
 def _mode(arc: str) -> int:
@@ -698,7 +701,8 @@ def wheel_version(vllm_version: str, tree_id: str, info: dict[str, Any]) -> str:
     return f"{vllm_version}+tree{tree_id[:12]}.b{digest}"
 
 
-def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain, out_dir: Path) -> Path:
+def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain, out_dir: Path,
+            final: bool = False) -> Path:
     assert result.library is not None
     name = dist_name(pin_name)
     lib = "libdsv4patch_kernels.so"
@@ -735,7 +739,7 @@ def package(result: BuildResult, pin_name: str, vllm_version: str, tc: Toolchain
     return write_wheel(out_dir, name, version, files, eps, tag=wheel_tag(tc.machine),
                        summary=f"dsv4patch-rebuilt vLLM {vllm_version} kernels: {', '.join(result.ops)}",
                        requires=[f"vllm=={vllm_version}"],
-                       stored={f"{name}/{lib}": result.library.with_name(lib + DEFLATED_SUFFIX)})
+                       stored={f"{name}/{lib}": result.library.with_name(lib + DEFLATED_SUFFIX)}, final=final)
 
 
 def build(
@@ -752,8 +756,10 @@ def build(
     progress: Progress | None = None,
     dry_run: bool = False,
     arch_origin: str = "",
+    final: bool = False,
 ) -> BuildResult:
-    """Compile, link and package; ``archs`` is the ``TORCH_CUDA_ARCH_LIST`` to build for."""
+    """Compile, link and package; ``archs`` is the ``TORCH_CUDA_ARCH_LIST`` to build for; ``final``:
+    the kernel wheel is the run's result (:func:`dsv4patch.safeio.replacing`)."""
     cpu_note = check_cuda_match(toolchain)
     units, ops, notes = plan_build(plan, archs, toolchain, store, nvcc_threads)
     notes[:0] = list(toolchain.notes)
@@ -778,7 +784,7 @@ def build(
     compile_units(units, plan.tree, store, max_jobs, progress)
     with (progress or Progress(False)).step(f"link {len(units)} unit(s) and write the kernel wheel"):
         result.library = link(units, toolchain, store)
-        result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir)
+        result.wheel = package(result, pin_name, vllm_version, toolchain, out_dir, final=final)
     return result
 
 

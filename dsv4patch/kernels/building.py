@@ -105,6 +105,7 @@ def build_tree(
     base: str | None = None,
     dry_run: bool = False,
     expect_tree: str | None = None,
+    final: bool = True,
 ) -> TreeBuild:
     """Compile the kernel units the patches of ``tree`` change (since ``base``, default the
     tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only.
@@ -113,6 +114,8 @@ def build_tree(
     work tree differs from it (no tracked change, no untracked file), checked under the same
     vetting as the build; else :class:`NotThatTree` before anything is built.  Such a tree's plan
     is kept per commit in the cache (:mod:`dsv4patch.kernels.plancache`).
+    ``final``: the kernel wheel is the run's result (``--out``; an interrupt once it is in place no
+    longer ends the run, :func:`dsv4patch.childproc.finishing`); False for a step of a larger run.
 
     The toolchain is :func:`dsv4patch.kernels.toolchain.resolve`'s: ``python`` builds
     against that interpreter's torch, which must be the pin's
@@ -133,6 +136,7 @@ def build_tree(
             plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=chosen, store=store,
             toolchain=tc, out_dir=out, max_jobs=pin.build.max_jobs,
             nvcc_threads=pin.build.nvcc_threads, progress=progress, dry_run=dry_run, arch_origin=origin,
+            final=final,
         )
     return TreeBuild(pin.name, dry_run, tc, result)
 

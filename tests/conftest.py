@@ -154,9 +154,23 @@ def over_budget(report: pytest.TestReport, base: float, cold: bool) -> pytest.Te
     return report
 
 
+_CPU_LAST: list[tuple[float, float]] = []
+
+
+def _cpu_since_last_report() -> tuple[float, float]:
+    """User and system CPU seconds of this (worker) process and the children it reaped since its
+    previous report: what each module cost the machine's cores, beside its wall time."""
+    t = os.times()
+    now = (t.user + t.children_user, t.system + t.children_system)
+    prev = _CPU_LAST[0] if _CPU_LAST else now
+    _CPU_LAST[:] = [now]
+    return now[0] - prev[0], now[1] - prev[1]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = over_budget((yield), SETUP_BUDGET, COLD)
+    report.user_properties.append(("cpu", _cpu_since_last_report()))
     if report.failed:
         _FAILED_MODULES.add(str(item.path))
     if report.when == "call":
@@ -174,6 +188,8 @@ class _ModuleTime:
     start: float
     stop: float
     seconds: float = 0.0
+    user: float = 0.0  # CPU seconds (tests/conftest.py _cpu_since_last_report)
+    system: float = 0.0
 
 
 _MODULES: dict[str, _ModuleTime] = {}
@@ -186,6 +202,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     worker = str(getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main"))
     row = _MODULES.setdefault(report.nodeid.split("::", 1)[0], _ModuleTime(worker, report.start, report.stop))
     row.start, row.stop, row.seconds = min(row.start, report.start), max(row.stop, report.stop), row.seconds + report.duration
+    for key, value in report.user_properties:
+        if key == "cpu":
+            row.user, row.system = row.user + value[0], row.system + value[1]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -195,9 +214,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.line(f"{seconds:7.1f}s {nodeid}")
     if _MODULES:
         t0 = min(m.start for m in _MODULES.values())
-        terminalreporter.section("slowest modules (seconds, worker, from..to in s after the first test)")
+        terminalreporter.section("slowest modules (seconds, worker, from..to in s after the first test, "
+                                 "CPU s user+system)")
         for name, m in sorted(_MODULES.items(), key=lambda x: -x[1].seconds)[:25]:
-            terminalreporter.line(f"{m.seconds:7.1f}s {m.worker:>4} {m.start - t0:7.1f}..{m.stop - t0:7.1f} {name}")
+            terminalreporter.line(f"{m.seconds:7.1f}s {m.worker:>4} {m.start - t0:7.1f}..{m.stop - t0:7.1f} "
+                                  f"{m.user:6.0f}+{m.system:<5.0f} {name}")
+        user, system = sum(m.user for m in _MODULES.values()), sum(m.system for m in _MODULES.values())
+        terminalreporter.line(f"CPU of all modules: {user:.0f} s user + {system:.0f} s system "
+                              "(children counted once reaped)")
         ends: dict[str, float] = {}
         for m in _MODULES.values():
             ends[m.worker] = max(ends.get(m.worker, 0.0), m.stop - t0)

@@ -70,7 +70,8 @@ keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_line=None) -
     left.  ``interrupted()`` says (from any thread, at once: the C-level handler
     writes the wake-up pipe) whether an interrupt arrived; ``raise_if_interrupted()``.
     ``finishing()``: the block that puts the run's result in place; an interrupt
-    after it no longer ends the run, which reports its result.
+    after it no longer ends the run, which reports its result.  ``uninterrupted()``:
+    a block an interrupt never cuts (raised once it is over).
 
 ``end_tree(pid)``, ``end_all()``
     Kill one tree / every tree this process started (also done on exit).
@@ -217,6 +218,15 @@ def _critical() -> Iterator[None]:
             if fire:
                 _signal_children()
                 raise Interrupted(_STATE.signal)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """In the main thread: a block an interrupt never cuts in two (several files written as one
+    change: a port's variants and lock entry); one that arrives inside is raised once the block is
+    over.  Only for bounded work without child programs."""
+    with _critical():
+        yield
 
 
 @contextlib.contextmanager

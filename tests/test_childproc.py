@@ -320,6 +320,21 @@ def test_an_interrupt_once_the_result_is_in_place_does_not_end_the_run(tmp_path)
                 time.sleep(0.01)
 
 
+def test_an_interrupt_never_cuts_an_uninterrupted_block_in_two(tmp_path):
+    """uninterrupted(): a signal inside waits for the block (both files are written), then is raised."""
+    first, second = tmp_path / "variant.patch", tmp_path / "vllm.toml"
+    with childproc.interrupts():
+        with pytest.raises(Interrupted):
+            with childproc.uninterrupted():
+                first.write_text("a")
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(20):
+                    time.sleep(0.01)
+                second.write_text("b")
+            raise AssertionError("not raised once the block was over")
+    assert first.read_text() == "a" and second.read_text() == "b"
+
+
 def test_the_cli_exit_code_is_documented():
     from dsv4patch.main import EPILOG
 

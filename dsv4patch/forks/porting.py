@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import tomlkit
 
-from dsv4patch import git, guard, index, report, safeio
+from dsv4patch import childproc, git, guard, index, report, safeio
 from dsv4patch.checkout import (
     committed_series,
     content_tree,
@@ -513,11 +513,21 @@ def _conflict_hunks(path: str, merged: bytes) -> list[Conflict]:
 
 
 def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final_tree: str) -> list[Path]:
-    """Variants, report and lock entry, staged then moved into place."""
+    """Variants, report and lock entry, staged then moved into place: all of them or none (an interrupt
+    waits for the whole write; a failed one leaves no stage behind)."""
     vdir = lock.path.parent.parent / "patches" / "variants" / pin.name
     stage = vdir.with_name(f".{pin.name}.port-tmp")
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    with childproc.uninterrupted():
+        shutil.rmtree(stage, ignore_errors=True)  # what a killed port left
+        stage.mkdir(parents=True)
+        try:
+            return _write_staged(lock, pin, ported, new, final_tree, vdir, stage)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)  # moved into place already, unless the write failed
+
+
+def _write_staged(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final_tree: str, vdir: Path,
+                  stage: Path) -> list[Path]:
     written: list[Path] = []
     variants = {}
     own = {f.resolve() for sname in pin.series for f in read_series_file(lock.series[sname].path)}
@@ -556,9 +566,7 @@ def write_result(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, final
     if vdir.exists():
         shutil.rmtree(vdir)
     os.replace(stage, vdir)
-    tmp = lock.path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, lock.path)
+    safeio.atomic_write(lock.path, text)
     return written
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import git, guard
+from dsv4patch import childproc, git, guard, safeio
 from dsv4patch.checkout import (
     checkout_pinrepo,
     commit_message,
@@ -181,10 +181,11 @@ def _refresh(*, ctx: Context, pin: Pin, path: Path, as_variant: bool,
         tree = _read_tree(path, co.gitdir, pinrepo, pin)
         where = _where_new_commits_go(lock, pin, as_variant=as_variant, fork=tree.fork)
         _plan_commits(path, lock, pin, series, tree, where, as_variant, plan)
-    _write_patches(plan.writes)
-    lock = _write_series_entries(lock, pin, where, plan, chosen_series)
-    for name, dest in plan.variants:
-        set_variant(lock.path, pin.name, name, dest)
+    with childproc.uninterrupted():  # the patches, series files and lock: all of them or none
+        _write_patches(plan.writes)
+        lock = _write_series_entries(lock, pin, where, plan, chosen_series)
+        for name, dest in plan.variants:
+            set_variant(lock.path, pin.name, name, dest)
     return _check_written(pin, path, tree, pinrepo, plan, chosen_series, ctx=ctx.on(lock))
 
 
@@ -324,9 +325,7 @@ def _plan_new_patch(lock: Lock, pin: Pin, name: str, where: _Where, fork: bool, 
 def _write_patches(writes: list[tuple[Path, str]]) -> None:
     for dest, text in writes:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, dest)
+        safeio.atomic_write(dest, text)
 
 
 def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
@@ -343,7 +342,7 @@ def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
         rel = os.path.relpath((variants_dir(lock, pin) if sname == where.own_series
                                else lock.series[sname].path.parent) / name, sfile.parent)
         lines.insert(at, rel)
-        sfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        safeio.atomic_write(sfile, "\n".join(lines) + "\n")
     return lock
 
 
@@ -420,7 +419,7 @@ def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
 
     sfile.parent.mkdir(parents=True, exist_ok=True)
     if not sfile.exists():
-        sfile.write_text(f"# pin {pin.name}'s own patches (dsv4patch refresh)\n", encoding="utf-8")
+        safeio.atomic_write(sfile, f"# pin {pin.name}'s own patches (dsv4patch refresh)\n")
     doc = tomlkit.parse(lock_path.read_text(encoding="utf-8"))
     series = doc["series"]
     if name not in series:
@@ -432,9 +431,7 @@ def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
     entry = doc["pins"][pin.name]
     if name not in list(entry.get("series", [])):
         entry["series"] = [*pin.series, name]
-    tmp = lock_path.with_name(f".{lock_path.name}.tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    os.replace(tmp, lock_path)
+    safeio.atomic_write(lock_path, tomlkit.dumps(doc))
 
 
 def _update_other_pins(done_pin: str, written: set[Path], *, ctx: Context) -> list[str]:

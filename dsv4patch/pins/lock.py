@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+from dsv4patch import safeio
 from dsv4patch.errors import LockFileError, ParameterError, param
 from dsv4patch.nextstep import Step, mention
 
@@ -581,7 +582,7 @@ def update_derived(path: Path, pin: str, values: Mapping[str, object], source_va
             src[key] = value
             changed = True
     if changed:
-        Path(path).write_text(tomlkit.dumps(doc), encoding="utf-8")
+        safeio.atomic_write(path, tomlkit.dumps(doc))  # never a half-written lock
     return changed
 
 
@@ -609,6 +610,4 @@ def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
         if expect is None:
             table["expect_patches"] = expect = tomlkit.table()
         expect[patch] = "clean"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    os.replace(tmp, path)
+    safeio.atomic_write(path, tomlkit.dumps(doc))

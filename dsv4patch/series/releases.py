@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import tomlkit
 from packaging.version import InvalidVersion, Version
 
-from dsv4patch import git, index
+from dsv4patch import git, index, safeio
 from dsv4patch.errors import FetchError, IntegrityError, LockFileError
 from dsv4patch.pins import Pin, Source, load_lock, materialize, version_commit
 from dsv4patch.series import engine
@@ -479,7 +479,7 @@ def write_entry(lock_path: Path, report: ReleaseReport) -> ReleaseReport:
     doc["pins"][report.version] = new["pins"][report.version]
     out = tomlkit.dumps(doc)
     tmp = Path(lock_path).with_name(f".{Path(lock_path).name}.releases-tmp")
-    tmp.write_text(out, encoding="utf-8")
+    safeio.atomic_write(tmp, out, durable=False)  # a new file: a link planted at the name is replaced
     try:
         load_lock(tmp)  # the whole lock, with the new entry, must load (paths resolve beside the lock)
         os.replace(tmp, lock_path)

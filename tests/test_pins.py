@@ -201,3 +201,24 @@ def test_a_variant_recorded_makes_its_patch_expected_clean(tmp_path, expect, bef
     pin = tomlkit.parse(lock.read_text())["pins"]["p"]
     assert dict(pin.get("expect_patches", {})) == after and pin["expect"] == expect
     assert pin["variants"]["0009-x.patch"] == "variants/p/0009-x.patch"
+
+
+def test_lock_writes_never_go_through_a_link_planted_beside_the_lock(tmp_path):
+    """set_variant and update_derived (refresh, resolve, port, lock --update) replace the lock
+    atomically under a random temporary name: links planted at the names they once used are left
+    alone, their targets untouched, and no temporary file stays."""
+    from dsv4patch.pins.lock import set_variant, update_derived
+
+    lock = tmp_path / "vllm.toml"
+    lock.write_text('[pins."p"]\nexpect = "clean"\n[pins."p".source]\nkind = "pypi"\n')
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    planted = [tmp_path / ".vllm.toml.tmp", tmp_path / "vllm.toml.tmp"]
+    for link in planted:
+        link.symlink_to(victim)
+    set_variant(lock, "p", "0009-x.patch", tmp_path / "variants" / "p" / "0009-x.patch")
+    assert update_derived(lock, "p", {"patched_tree": "a" * 40}, {}) is True
+    assert victim.read_text() == "precious" and all(link.is_symlink() for link in planted)
+    text = lock.read_text()
+    assert '"0009-x.patch" = "variants/p/0009-x.patch"' in text and f'patched_tree = "{"a" * 40}"' in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["vllm.toml", "victim", *(p.name for p in planted)])

@@ -193,6 +193,7 @@ class _ModuleTime:
 
 
 _MODULES: dict[str, _ModuleTime] = {}
+_TEST_CPU: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> CPU s user+system, for the top list
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -205,6 +206,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == "cpu":
             row.user, row.system = row.user + value[0], row.system + value[1]
+            _TEST_CPU[(report.nodeid, report.when)] = value[0] + value[1]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -227,6 +229,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             ends[m.worker] = max(ends.get(m.worker, 0.0), m.stop - t0)
         terminalreporter.line("each worker's last test ended at: "
                               + ", ".join(f"{w} {e:.0f} s" for w, e in sorted(ends.items())))
+        terminalreporter.section("most CPU (s user+system, the worker and the children it reaped; "
+                                 "a module's shared fixtures count in the setup of its first test)")
+        for (nodeid, when), cpu in sorted(_TEST_CPU.items(), key=lambda x: -x[1])[:25]:
+            terminalreporter.line(f"{cpu:7.1f} {when:8} {nodeid}")
 
 
 @pytest.fixture(scope="module", autouse=True)

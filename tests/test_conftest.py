@@ -79,8 +79,10 @@ def test_a_slow_setup_is_listed_on_a_cold_cache_also_under_xdist(tmp_path: Path)
     res = inner(tmp_path, "-n", "2", cold=True)
     assert res.returncode == 0, res.stdout
     assert "2 passed" in res.stdout
-    listed = res.stdout.split("setups over the 0.01 s warm-cache budget (cold run)", 1)[1]
+    listed = res.stdout.split("setups over the 0.01 s warm-cache budget (cold run)", 1)[1].split("slowest modules", 1)[0]
     assert "test_inner.py::test_slow_setup" in listed and "test_quick_setup" not in listed
+    most_cpu = res.stdout.split("= most CPU (s user+system", 1)[1].split("passed in", 1)[0]
+    assert "setup    test_inner.py::test_slow_setup" in most_cpu, res.stdout
 
 
 def test_the_slow_modules_are_handed_out_first_under_loadfile(tmp_path: Path) -> None:

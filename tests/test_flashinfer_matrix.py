@@ -42,13 +42,35 @@ pytestmark = [
 WHEELS = json.loads((ROOT / "tests" / "flashinfer_wheels.lock.json").read_text())
 GRID = [(h, k) for h in (8, 16, 32, 64, 128) for k in (128, 192, 256, 512, 1024, 2048)]
 
+# One process per tree: it imports torch, vLLM's package and what FlashInfer's import pulls from
+# torch (the ~4 s every probe shares), then forks one child per release, which imports that release
+# and vllm.utils.flashinfer for the first time and asks both gates (issue 39: twelve processes that
+# each imported everything cost ~65 CPU s, this ~20).  Nothing of FlashInfer or of the gates' module
+# is imported before the fork.
 PROBE = """
-import json, sys
-from vllm.utils import flashinfer as fi
-grid = json.loads(sys.argv[1])
-api = fi.has_flashinfer_sparse_mla_sm120()
-gate = {f"{h},{k}": bool(fi.has_flashinfer_sparse_mla_sm120_config(h, k)) for h, k in grid}
-print(json.dumps({"api": api, "gate": gate}))
+import json, os, sys
+import torch, torch._dynamo, torch._inductor  # noqa: F401 (shared by every release's import)
+import vllm, vllm.envs, vllm.logger  # noqa: F401
+assert not any(m == "flashinfer" or m.startswith(("flashinfer.", "vllm.utils.flashinfer")) for m in sys.modules)
+grid, jobs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for version, paths in jobs:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            sys.path[1:1] = paths  # after the tree, as PYTHONPATH would put them
+            from vllm.utils import flashinfer as fi
+            api = fi.has_flashinfer_sparse_mla_sm120()
+            gate = {f"{h},{k}": bool(fi.has_flashinfer_sparse_mla_sm120_config(h, k)) for h, k in grid}
+            flashinfer = getattr(sys.modules.get("flashinfer"), "__file__", None)
+            print(json.dumps({"version": version, "file": fi.__file__, "flashinfer": flashinfer, "api": api,
+                              "gate": gate}), flush=True)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (version, status)
 """
 
 
@@ -100,20 +122,33 @@ def _flashinfer(shared_cache: Path, version: str) -> Path:
     return dest
 
 
-def _probe(env: testenv.TestEnv, tree: Path, paths: list[Path]) -> dict:
+def _probe(env: testenv.TestEnv, tree: Path, releases: dict[str, list[Path]]) -> dict[str, dict]:
+    """Both gates' answers for each release, from ``tree``'s vLLM (one forked child per release)."""
     e = env.env()
-    e["PYTHONPATH"] = os.pathsep.join([str(tree), *map(str, paths), e["PYTHONPATH"]])
-    res = subprocess.run([str(env.python), "-c", PROBE, json.dumps(GRID)], cwd=tree, env=e,
+    e["PYTHONPATH"] = os.pathsep.join([str(tree), e["PYTHONPATH"]])
+    jobs = [[version, [str(p) for p in paths]] for version, paths in releases.items()]
+    res = subprocess.run([str(env.python), "-c", PROBE, json.dumps(GRID), json.dumps(jobs)], cwd=tree, env=e,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    answers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{"version"')]
+    assert [a["version"] for a in answers] == list(releases), res.stdout[-3000:]
+    for a in answers:
+        assert a["file"] == str(tree / "vllm" / "utils" / "flashinfer.py"), a["file"]
+        release = releases[a["version"]][0]
+        assert a["flashinfer"] == str(release / "flashinfer" / "__init__.py"), (a["version"], a["flashinfer"])
+    return {a["version"]: a for a in answers}
+
+
+@pytest.fixture(scope="module")
+def answers(trees, env, deps, shared_cache) -> dict[str, dict[str, dict]]:
+    """Each tree's answers for every release (fetched and unpacked into the store first)."""
+    releases = {version: [_flashinfer(shared_cache, version), deps] for version in WHEELS["wheels"]}
+    return {pin: _probe(env, tree, releases) for pin, tree in trees.items()}
 
 
 @pytest.mark.parametrize("version", list(WHEELS["wheels"]))
-def test_patched_gate_matches_028_gate(version, trees, env, deps, shared_cache):
-    fi = _flashinfer(shared_cache, version)
-    ours = _probe(env, trees["0.27.1"], [fi, deps])
-    upstream = _probe(env, trees["0.28.0"], [fi, deps])
+def test_patched_gate_matches_028_gate(version, answers):
+    ours, upstream = answers["0.27.1"][version], answers["0.28.0"][version]
     # The layer that consults the gate exists only where the API does: compare
     # what the patched 0.27.1 would accept with 0.28.0's answer.
     accepted = {k: ours["api"] and v for k, v in ours["gate"].items()}

@@ -336,7 +336,10 @@ class Vllm026:
     tree: Path  # dsv4patch apply --pin 0.26.0 --no-build
 
     def env(self, path: Path | None = None) -> dict[str, str]:
-        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        # Bytecode is written (site and tree are this session's own): the first process compiles vLLM's
+        # ~700 modules it imports, the rest of the session's children read them (issue 39; ~0.7 of ~8.5
+        # CPU s a process where PYTHONDONTWRITEBYTECODE is set, as on CI's machine).
+        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
         e.update(PYTHONPATH=str(path or self.site), CUDA_VISIBLE_DEVICES="")
         return e
 

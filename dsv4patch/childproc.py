@@ -138,6 +138,7 @@ class _State:
         self.critical = 0  # > 0: the main thread is starting a child; Interrupted waits until it is tracked
         self.deferred = False
         self.finishing = False  # the run's result is in place (finishing()): an interrupt is not raised
+        self.pid = os.getpid()  # the process whose handlers these are (interrupts() sets it)
 
 
 _STATE = _State()
@@ -180,7 +181,18 @@ def raise_if_interrupted() -> None:
         raise Interrupted(_STATE.signal)
 
 
+def _in_forked_child() -> bool:
+    """A child between fork and exec (subprocess runs Python there: its after-fork hooks, a
+    preexec_fn): a signal to the group that lands then is the child's, not the run's.  The handler
+    must not raise in it (CI saw "Exception ignored in: <function _after_fork>" and the traceback
+    of Interrupted on the run's stderr), signal the run's children or take the run's lock (held by
+    another thread when the process forked, it is never released there)."""
+    return os.getpid() != _STATE.pid
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _in_forked_child():
+        return  # the run's own process handles it; the child execs and is ended with the run's children
     with _STATE.lock:
         _STATE.signal = _STATE.signal or signum
         first = not _STATE.raised
@@ -248,6 +260,8 @@ def finishing() -> Iterator[None]:
 
 def _late_signal(signum: int, frame: FrameType | None) -> None:
     """After the command is over (``interrupts(exiting=True)``): recorded, not raised."""
+    if _in_forked_child():
+        return
     with _STATE.lock:
         _STATE.signal = _STATE.signal or signum
 
@@ -277,6 +291,7 @@ def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[
         for fd in (r, w):
             os.set_inheritable(fd, False)
         _STATE.wakeup_r = r
+        _STATE.pid = os.getpid()
         for sig in INTERRUPT_SIGNALS:
             saved[sig] = signal.signal(sig, _on_signal)
         saved_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)

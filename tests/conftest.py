@@ -345,7 +345,7 @@ class Vllm026:
     def env(self, path: Path | None = None) -> dict[str, str]:
         # Bytecode is written (site and tree are this session's own): the first process compiles vLLM's
         # ~700 modules it imports, the rest of the session's children read them (issue 39; ~0.7 of ~8.5
-        # CPU s a process where PYTHONDONTWRITEBYTECODE is set, as on CI's machine).
+        # CPU s a process where PYTHONDONTWRITEBYTECODE is set, as in this machine's environment).
         e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
         e.update(PYTHONPATH=str(path or self.site), CUDA_VISIBLE_DEVICES="")
         return e

@@ -76,7 +76,8 @@ def test_read_tail_never_follows_a_link(tmp_path):
     assert probe.read_tail(target, 3) == "ret"
 
 
-# Two watchdog dumps of the H200 run of 2026-12-03 (tests/gpu/results/selftest/), shortened: the main thread of
+# Two watchdog dumps of the H200 run of 2026-12-03 (tests/gpu/results/selftest/selftest-stock-work.tgz in git
+# history at 8ce1ebb), shortened: the main thread of
 # stock vLLM 0.26.0's cold engine start, compiling an mHC kernel with TileLang on an idle GPU (not a hang),
 # and of the same engine warm, blocked in Triton's module load behind persistent_topk spinning on the GPU.
 COLD = '''Timeout (0:06:20)!

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import secrets
 import stat
@@ -139,16 +140,31 @@ def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Er
         os.close(fd)
 
 
-def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError, what: str = "") -> bytes:
+MAPPED_FROM = 2 << 20  # read_whole reads a file this large or larger into a mapping advised for huge pages
+
+
+def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError,
+               what: str = "") -> bytes | mmap.mmap:
     """:func:`read_bytes` for a large file: the regular file ``path`` (no link, no FIFO), at most ``limit``
     bytes, read into one buffer of the size it has (no joining of pieces: one copy in memory, not two);
-    a file larger than ``limit``, or one that grows past it while it is read, is ``error``."""
+    a file larger than ``limit``, or one that grows past it while it is read, is ``error``.
+
+    A file of :data:`MAPPED_FROM` bytes or more is read into a private anonymous mapping advised
+    for transparent huge pages: a 300 MB wheel otherwise costs some 75,000 page faults, about a
+    tenth of a second of a warm ``wheel`` (benchmarks/wheel_speed.py).  It is a copy like the
+    other (the file changing afterwards changes nothing in it) and nothing writes to it after the
+    read; a file that changed size while it was read is read again the plain way."""
     label = what or str(path)
     fd = open_regular(path, error=error, what=what)
     try:
         size = os.fstat(fd).st_size
         if size > limit:
             raise error(f"{label} is {size} bytes, more than the {limit} dsv4patch reads from it; refused")
+        if size >= MAPPED_FROM:
+            mapped = _read_mapped(fd, size)
+            if mapped is not None:
+                return mapped
+            os.lseek(fd, 0, os.SEEK_SET)
         first = os.read(fd, size + 1)  # the whole file in one buffer (Linux reads up to 2 GiB at once)
         if len(first) > limit:
             raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
@@ -156,6 +172,30 @@ def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeF
         return first + rest if rest else first
     finally:
         os.close(fd)
+
+
+def _read_mapped(fd: int, size: int) -> mmap.mmap | None:
+    """Exactly ``size`` bytes of ``fd`` in a fresh anonymous mapping (huge pages advised where the
+    platform has them); None when the file turned out shorter or longer than ``size``."""
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            buf.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(buf)
+    try:
+        got = 0
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break
+            got += n
+        whole = got == size and os.read(fd, 1) == b""
+    finally:
+        view.release()
+    if not whole:
+        buf.close()
+        return None
+    return buf
 
 
 def read_text(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,

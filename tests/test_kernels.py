@@ -170,6 +170,25 @@ def test_wheel_tag_from_build_machine() -> None:
     assert kbuild.wheel_tag("aarch64") == "py3-none-linux_aarch64"
 
 
+def test_nvccs_toolkit_root_is_asked_once_per_process_and_again_for_a_replaced_nvcc(tmp_path: Path) -> None:
+    """Every unit's command carries the same prefix maps: a warm build asks ``nvcc -dryrun`` for TOP
+    once, not once per unit; an nvcc (or its nvcc.profile) replaced since is asked again."""
+    asked = tmp_path / "asked"
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    script = f"#!/bin/sh\necho x >> {asked}\necho '#$ TOP=/opt/cuda-{{}}/bin/..'\n"
+    nvcc.write_text(script.format("a"))
+    nvcc.chmod(0o755)
+    assert [kbuild.nvcc_top(nvcc) for _ in range(3)] == ["/opt/cuda-a/bin/.."] * 3
+    assert asked.read_text().count("x") == 1
+    time.sleep(0.01)
+    nvcc.write_text(script.format("b"))  # a compiler replaced in place
+    assert kbuild.nvcc_top(nvcc) == "/opt/cuda-b/bin/.." and asked.read_text().count("x") == 2
+    (nvcc.parent / "nvcc.profile").write_text("TOP = /elsewhere\n")  # a profile appears beside it
+    kbuild.nvcc_top(nvcc)
+    assert asked.read_text().count("x") == 3
+
+
 def test_generated_bindings_override_only_changed_ops() -> None:
     ops = [sources.Op("persistent_topk", "persistent_topk", "persistent_topk(Tensor a) -> ()",
                       "csrc/x.cu", "_C")]

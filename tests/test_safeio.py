@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import threading
 from pathlib import Path
@@ -263,7 +264,11 @@ def test_replacing_writes_through_an_owned_partial_and_never_through_a_link(tmp_
 def test_read_whole_is_one_buffer_within_the_limit_and_never_a_link(tmp_path: Path) -> None:
     big = tmp_path / "big"
     big.write_bytes(os.urandom(3 << 20))
-    assert safeio.read_whole(big, 3 << 20) == big.read_bytes()
+    got = safeio.read_whole(big, 3 << 20)
+    assert isinstance(got, mmap.mmap) and got[:] == big.read_bytes()  # large: its own mapping
+    small = tmp_path / "small"
+    small.write_bytes(b"x" * (safeio.MAPPED_FROM - 1))
+    assert safeio.read_whole(small, safeio.MAPPED_FROM) == small.read_bytes()
     with pytest.raises(UnsafeFileError, match="more than"):
         safeio.read_whole(big, (3 << 20) - 1)
     link = tmp_path / "link"
@@ -274,6 +279,24 @@ def test_read_whole_is_one_buffer_within_the_limit_and_never_a_link(tmp_path: Pa
     os.mkfifo(fifo)
     with pytest.raises(UnsafeFileError, match="not a regular file|FIFO"):
         safeio.read_whole(fifo, 4 << 20)
+
+
+def test_a_file_whose_size_changed_while_it_was_mapped_is_read_again_the_plain_way(tmp_path: Path) -> None:
+    """The mapping holds exactly the size fstat gave: a file found shorter or longer than that (it
+    changed while it was read) gives no mapping, and read_whole reads it again within its limit."""
+    data = os.urandom(3 << 20)
+    big = tmp_path / "big"
+    big.write_bytes(data)
+    fd = os.open(big, os.O_RDONLY)
+    try:
+        assert safeio._read_mapped(fd, len(data) - 1) is None  # more than fstat said: it grew
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert safeio._read_mapped(fd, len(data) + 1) is None  # less: it shrank
+        os.lseek(fd, 0, os.SEEK_SET)
+        whole = safeio._read_mapped(fd, len(data))
+        assert whole is not None and whole[:] == data
+    finally:
+        os.close(fd)
 
 
 def test_remove_partials_removes_only_this_runs_unfinished_partial_files(tmp_path: Path) -> None:

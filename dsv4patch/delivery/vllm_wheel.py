@@ -46,6 +46,7 @@ import csv
 import hashlib
 import io
 import json
+import mmap
 import os
 import platform as platform_module
 import re
@@ -58,7 +59,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.checkout import apply_pin
@@ -386,9 +387,10 @@ def _save_verdict(verdicts: Path, stock_sha256: str, members: int) -> None:
         pass
 
 
-def _read_stock_bytes(stock_path: Path, stock: WheelFile) -> bytes:
+def _read_stock_bytes(stock_path: Path, stock: WheelFile) -> bytes | mmap.mmap:
     """The stock wheel's bytes, read once (no link followed, at most the locked size or 4 GiB):
-    what is hashed, parsed, checked and copied is this one immutable buffer."""
+    what is hashed, parsed, checked and copied is this one buffer, which nothing writes to after
+    the read (:func:`dsv4patch.safeio.read_whole`: a mapping of its own for a file this large)."""
     limit = stock.size if stock.size is not None else zipcopy.ARCHIVE_LIMIT
     return safeio.read_whole(stock_path, limit, error=IntegrityError, what=f"stock wheel {stock_path}")
 
@@ -410,7 +412,7 @@ class _Stock:
         return f"stock wheel {self.filename}"
 
 
-def _open_stock(blob: bytes, stock: WheelFile, pin: Pin) -> _Stock:
+def _open_stock(blob: bytes | mmap.mmap, stock: WheelFile, pin: Pin) -> _Stock:
     """The stock wheel's name, tags and members; refused unless it is a plain wheel of the pin's vLLM.
 
     Every member name is checked first: a name that would install outside site-packages is
@@ -422,7 +424,8 @@ def _open_stock(blob: bytes, stock: WheelFile, pin: Pin) -> _Stock:
         raise BuildError(f"stock wheel {stock_name}: not a wheel of vLLM {pin.vllm_version}")
     name, old_version, tags = m.groups()
     old_info = f"{name}-{old_version}.dist-info"
-    infos = zipcopy.open_members(io.BytesIO(blob), stock_name)
+    # a mapping is read in place (seek, tell and read are all zipfile asks of a file); BytesIO shares bytes
+    infos = zipcopy.open_members(io.BytesIO(blob) if isinstance(blob, bytes) else cast(BinaryIO, blob), stock_name)
     names = [i.filename for i in infos]
     for n in names:
         problem = member_problem(n)
@@ -439,7 +442,7 @@ def _open_stock(blob: bytes, stock: WheelFile, pin: Pin) -> _Stock:
 class StockBytes:
     """The stock wheel read once: its bytes, their sha256, its name and members (checked)."""
 
-    blob: bytes
+    blob: bytes | mmap.mmap
     sha256: str
     wheel: _Stock
 

@@ -183,8 +183,30 @@ def cxx_standard(tc: Toolchain, tree_standard: int | None) -> tuple[int, str]:
     return tree, f"C++{tree}: {origin}" + (f"; {tc.cxx_standard_origin}" if tc.cxx_standard_origin else "")
 
 
+_TOPS: dict[tuple[object, ...], str | None] = {}  # nvcc_top's answers in this process
+
+
 def nvcc_top(nvcc: Path) -> str | None:
-    """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``)."""
+    """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``).
+
+    Asked once per nvcc in a process (every unit's command has the same prefix maps; each
+    ``nvcc -dryrun`` costs tens of milliseconds of a warm build): the answer is kept under the
+    nvcc's path and the file identity and times of it and its ``nvcc.profile``, so a compiler or
+    profile replaced meanwhile is asked again."""
+    key: tuple[object, ...] = (str(nvcc),)
+    for f in (nvcc, nvcc.with_name("nvcc.profile")):
+        try:
+            st = os.stat(f)
+        except OSError:
+            key += (None,)
+            continue
+        key += (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _TOPS:
+        _TOPS[key] = _nvcc_top(nvcc)
+    return _TOPS[key]
+
+
+def _nvcc_top(nvcc: Path) -> str | None:
     try:
         res = childproc.run([str(nvcc), "-dryrun", "-c", "dsv4patch-probe.cu", "-o", "dsv4patch-probe.o"],
                             deadline=NVCC_PROBE_DEADLINE, what=f"{nvcc} -dryrun", cwd="/",

@@ -124,9 +124,7 @@ def test_nonexistent_nvcc_fails_and_wrong_torch_is_refused(tree: Path, shared_ca
     # A torch other than the pin's (the issue's user had 2.14.1; here 2.14.0, the torch pin 0.33.0's
     # toolchain provisions, which its byte-identity build uses too: one install per run, issue 39):
     # refused with both versions.
-    tdef = load(LOCK).pin("0.33.0").toolchain
-    assert tdef is not None and tdef.torch == "2.14.0"
-    other = toolchain.ensure_torch(Store.open(shared_cache), tdef, Progress(False)).python
+    other = _pin_torch(shared_cache, "0.33.0", "2.14.0").python
     res = _run("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--arch", ARCH,
                "--python", other, "--out", tmp_path / "d", env=env)
     assert res.returncode == 7, res.stderr
@@ -167,13 +165,19 @@ def _hidden_toolkit(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return prefix, {"CUDA_HOME": "", "CUDA_PATH": ""}
 
 
-def _seed_torch(shared_cache: Path, cache: Path, pin: str = "0.27.1") -> None:
-    """``cache``'s toolchains/ gets the pin's provisioned torch (installed into the shared cache
-    if it is not there yet) as hard links: the torch at its own path in that cache, without a
-    second GB on disk (test_provisioned_torch_is_cached_and_hash_checked installs one cold)."""
+def _pin_torch(shared_cache: Path, pin: str, version: str | None = None) -> toolchain.TorchEnv:
+    """The torch ``pin``'s lock entry provisions (``version``, where given, checked first), installed
+    into the shared cache if it is not there yet: one install per run, whichever test asks first."""
     tdef = load(LOCK).pin(pin).toolchain
-    assert tdef is not None
-    env = toolchain.ensure_torch(Store.open(shared_cache), tdef, Progress(False))
+    assert tdef is not None and tdef.torch == (version or tdef.torch)
+    return toolchain.ensure_torch(Store.open(shared_cache), tdef, Progress(False))
+
+
+def _seed_torch(shared_cache: Path, cache: Path, pin: str = "0.27.1") -> None:
+    """``cache``'s toolchains/ gets the pin's provisioned torch (_pin_torch) as hard links: the torch
+    at its own path in that cache, without a second GB on disk (test_provisioned_torch_is_cached_and_hash_checked
+    installs one cold)."""
+    env = _pin_torch(shared_cache, pin)
     root = Path(env.python).parent.parent  # <cache>/toolchains/torch-<key>
     (cache / "toolchains").mkdir(parents=True)
     subprocess.run(["cp", "-al", str(root), str(cache / "toolchains" / root.name)], check=True)
@@ -302,9 +306,7 @@ def test_allow_torch_builds_and_status_reports_it(tree: Path, shared_cache: Path
     are the same files (C++20 from both trees' CMake), so at TOPK_ARCH against that torch their object
     keys are that build's (asserted below): the device unit is compiled once per run, not again
     here (issue 39); only the bindings unit (each tree's ops.h) is 0.27.1's own."""
-    other_tdef = load(LOCK).pin("0.26.0").toolchain
-    assert other_tdef is not None and other_tdef.torch == "2.11.0"
-    other = toolchain.ensure_torch(Store.open(shared_cache), other_tdef, Progress(False)).python
+    other = _pin_torch(shared_cache, "0.26.0", "2.11.0").python
     rep, _ = _build(tree, shared_cache, tmp_path / "out", "--python", other, "--allow-torch", "2.11.0",
                     arch=BYTES_ARCH["0.26.0"])
     assert rep["toolchain"]["torch_mismatch"] is True

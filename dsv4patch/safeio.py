@@ -176,8 +176,12 @@ def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeF
 
 def _read_mapped(fd: int, size: int) -> mmap.mmap | None:
     """Exactly ``size`` bytes of ``fd`` in a fresh anonymous mapping (huge pages advised where the
-    platform has them); None when the file turned out shorter or longer than ``size``."""
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    platform has them); None when the file turned out shorter or longer than ``size``, or when no
+    such mapping can be made here (the plain read then takes its place)."""
+    try:
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError, AttributeError):
+        return None
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):
             buf.madvise(mmap.MADV_HUGEPAGE)

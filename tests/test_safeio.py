@@ -299,6 +299,21 @@ def test_a_file_whose_size_changed_while_it_was_mapped_is_read_again_the_plain_w
         os.close(fd)
 
 
+def test_read_whole_falls_back_to_a_plain_read_where_no_mapping_can_be_made(tmp_path: Path, monkeypatch) -> None:
+    """A platform or limit that refuses the anonymous mapping (ENOMEM, no MAP_ANONYMOUS) costs the
+    mapping only: the file is read the plain way, never an error of its own."""
+    data = os.urandom(3 << 20)
+    big = tmp_path / "big"
+    big.write_bytes(data)
+
+    def refused(*_args: object, **_kw: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(safeio.mmap, "mmap", refused)
+    got = safeio.read_whole(big, 4 << 20)
+    assert isinstance(got, bytes) and got == data
+
+
 def test_remove_partials_removes_only_this_runs_unfinished_partial_files(tmp_path: Path) -> None:
     """What ``main`` calls as a run exits: a partial file still under its partial name is removed (an
     interrupt between its creation and its writer's try left it); one renamed into place, one

@@ -170,23 +170,19 @@ def test_wheel_tag_from_build_machine() -> None:
     assert kbuild.wheel_tag("aarch64") == "py3-none-linux_aarch64"
 
 
-def test_nvccs_toolkit_root_is_asked_once_per_process_and_again_for_a_replaced_nvcc(tmp_path: Path) -> None:
-    """Every unit's command carries the same prefix maps: a warm build asks ``nvcc -dryrun`` for TOP
-    once, not once per unit; an nvcc (or its nvcc.profile) replaced since is asked again."""
+def test_a_build_asks_nvcc_for_its_toolkit_root_once_for_all_its_units(patched_tree: Path, tmp_path: Path) -> None:
+    """Every unit's command carries the same prefix maps: planning a build asks ``nvcc -dryrun`` for
+    TOP once, not once per unit (three asks of a warm wheel's kernel step before), and every
+    command maps that root."""
     asked = tmp_path / "asked"
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
-    script = f"#!/bin/sh\necho x >> {asked}\necho '#$ TOP=/opt/cuda-{{}}/bin/..'\n"
-    nvcc.write_text(script.format("a"))
+    nvcc.write_text(f"#!/bin/sh\necho x >> {asked}\necho '#$ TOP=/opt/cuda-a/bin/..'\n")
     nvcc.chmod(0o755)
-    assert [kbuild.nvcc_top(nvcc) for _ in range(3)] == ["/opt/cuda-a/bin/.."] * 3
-    assert asked.read_text().count("x") == 1
-    time.sleep(0.01)
-    nvcc.write_text(script.format("b"))  # a compiler replaced in place
-    assert kbuild.nvcc_top(nvcc) == "/opt/cuda-b/bin/.." and asked.read_text().count("x") == 2
-    (nvcc.parent / "nvcc.profile").write_text("TOP = /elsewhere\n")  # a profile appears beside it
-    kbuild.nvcc_top(nvcc)
-    assert asked.read_text().count("x") == 3
+    units, _, _ = kbuild.plan_build(sources.plan(patched_tree), ("9.0a", "12.0+PTX"), _toolchain(nvcc=nvcc),
+                                    Store.open(tmp_path / "s"))
+    assert len(units) == 3 and asked.read_text().count("x") == 1  # two units and the bindings
+    assert all("-ffile-prefix-map=/opt/cuda-a/bin/..=/dsv4patch/cuda" in u.command for u in units)
 
 
 def test_generated_bindings_override_only_changed_ops() -> None:

@@ -138,15 +138,15 @@ class Toolchain:
         nvcc = f"nvcc {self.cuda_version} {self.nvcc}" + (f" ({self.nvcc_origin})" if self.nvcc_origin else "")
         return f"toolchain: {torch}; {nvcc}"
 
-    def prefix_maps(self, tree: Path, build_dir: Path) -> list[str]:
+    def prefix_maps(self, tree: Path, build_dir: Path, top: str | None) -> list[str]:
         """``-ffile-prefix-map`` flags: no cache, tree or toolkit path reaches the library.
 
         The host compiler (and nvcc's host preprocessing) gets them; a path
         with a comma cannot be passed through ``-Xcompiler`` and is left out.
+        ``top``: :func:`nvcc_top` of this toolchain's nvcc, asked once per build by its caller.
         """
         # nvcc adds the toolkit's include dirs as "$(TOP)/targets/..." with TOP as nvcc.profile
         # spells it ("/usr/local/cuda-13.0/bin/.."): mapped literally, as the compiler sees it.
-        top = nvcc_top(self.nvcc)
         maps: list[tuple[Path | str, str]] = [
             (tree, "/dsv4patch/src"), (build_dir, "/dsv4patch/build"),
             (self.torch_include.parent.parent, "/dsv4patch/torch"),
@@ -183,30 +183,8 @@ def cxx_standard(tc: Toolchain, tree_standard: int | None) -> tuple[int, str]:
     return tree, f"C++{tree}: {origin}" + (f"; {tc.cxx_standard_origin}" if tc.cxx_standard_origin else "")
 
 
-_TOPS: dict[tuple[object, ...], str | None] = {}  # nvcc_top's answers in this process
-
-
 def nvcc_top(nvcc: Path) -> str | None:
-    """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``).
-
-    Asked once per nvcc in a process (every unit's command has the same prefix maps; each
-    ``nvcc -dryrun`` costs tens of milliseconds of a warm build): the answer is kept under the
-    nvcc's path and the file identity and times of it and its ``nvcc.profile``, so a compiler or
-    profile replaced meanwhile is asked again."""
-    key: tuple[object, ...] = (str(nvcc),)
-    for f in (nvcc, nvcc.with_name("nvcc.profile")):
-        try:
-            st = os.stat(f)
-        except OSError:
-            key += (None,)
-            continue
-        key += (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _TOPS:
-        _TOPS[key] = _nvcc_top(nvcc)
-    return _TOPS[key]
-
-
-def _nvcc_top(nvcc: Path) -> str | None:
+    """The toolkit root nvcc.profile sets (``TOP``, e.g. ``/usr/local/cuda-13.0/bin/..``)."""
     try:
         res = childproc.run([str(nvcc), "-dryrun", "-c", "dsv4patch-probe.cu", "-o", "dsv4patch-probe.o"],
                             deadline=NVCC_PROBE_DEADLINE, what=f"{nvcc} -dryrun", cwd="/",
@@ -513,6 +491,7 @@ def plan_build(
     cublas = next((d / "cublas_v2.h" for d in tc.include_dirs if _has_cublas(d)), None)
     if cublas is not None:
         ident["cublas_v2.h"] = sha256(cublas.read_bytes())
+    top = nvcc_top(tc.nvcc)  # one `nvcc -dryrun` for every unit's prefix maps
     builds: list[UnitBuild] = []
     for u in plan.units:
         ua = unit_arch[u.path]
@@ -524,7 +503,7 @@ def plan_build(
         cmd = [str(tc.nvcc), *common]
         for a in ua:
             cmd += gencode(a)
-        cmd += ["-I", "csrc", *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent),
+        cmd += ["-I", "csrc", *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent, top),
                 "-Xcudafe", f"--orig_src_path_name={FIXED_SRC}/{u.path}", "-c", u.path, "-o", str(obj)]
         builds.append(UnitBuild(Path(u.path).stem, u.path, ua, key, obj, cmd,
                                 ops=tuple(o.name for o in plan.ops if o.unit == u.path)))
@@ -537,7 +516,7 @@ def plan_build(
         obj = store.root / "kernels" / key / "dsv4patch_bindings.o"
         src = obj.with_suffix(".cpp")
         cmd = [str(tc.nvcc), *common, "-I", str(plan.tree / Path(ops_h).parent), "-I", "csrc",
-               *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent), "-c", str(src), "-o", str(obj)]
+               *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent, top), "-c", str(src), "-o", str(obj)]
         builds.append(UnitBuild("dsv4patch_bindings", "<generated bindings>", (), key, obj, cmd, text))
     return builds, ops, notes
 

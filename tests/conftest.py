@@ -115,7 +115,51 @@ class _SessionDirs:
             _SESSION_DIRS.update(set(base.iterdir()) - before)
 
 
+# Where the temporary directories go (issue 39): tmpfs, when /dev/shm is one with room.  The suite
+# makes and removes hundreds of thousands of files (vLLM trees, venvs, git repositories); on the
+# ext4 disk of a 2-core CI VM that churn cost far more system time than the work itself
+# (tests/test_pins.py and tests/test_hostile.py together: 53-69 CPU s of system time with their
+# tmp_path on the disk, 10 s on tmpfs, the same 78 tests passing).  The shared cache stays where
+# it is (on the disk: it is the CLI's own cache), so trees on tmpfs are made from a cache on another
+# filesystem, as a user's tree and cache often are.  PYTEST_DEBUG_TEMPROOT (pytest's own variable)
+# or --basetemp choose another place; DSV4PATCH_TEST_TMPFS=0 keeps the default (the system's
+# temporary directory).  A test that needs hard links into the shared cache makes its directory
+# beside the cache (same_fs_dir).
+TMPFS = Path("/dev/shm")
+TMPFS_MIN_FREE = 8 << 30  # the basetemp's peak in CI is ~2 GB; the Docker module puts its own GBs there
+TMPFS_MIN_AVAILABLE = 12 << 30  # tmpfs pages are memory: leave the rest of the suite its RAM
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def tmpfs_temproot(config: pytest.Config, environ: dict[str, str] | os._Environ[str]) -> Path | None:
+    """/dev/shm when the run's temporary directories should go there (above), else None."""
+    if (config.option.basetemp or environ.get("PYTEST_DEBUG_TEMPROOT")
+            or environ.get("DSV4PATCH_TEST_TMPFS", "1") == "0" or hasattr(config, "workerinput")):
+        return None  # a worker: the controller chose (the basetemp it hands each worker is below it)
+    try:
+        st = os.statvfs(TMPFS)
+    except OSError:
+        return None
+    if (st.f_flag & os.ST_NOEXEC or not os.access(TMPFS, os.W_OK) or st.f_bavail * st.f_frsize < TMPFS_MIN_FREE
+            or _mem_available() < TMPFS_MIN_AVAILABLE):
+        return None
+    return TMPFS
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    root = tmpfs_temproot(config, os.environ)
+    if root is not None:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)  # read when the basetemp is first made
     config.pluginmanager.register(_SessionDirs(), "dsv4patch-session-dirs")
     if hasattr(config.option, "loadscopereorder"):  # xdist: keep SLOW_FIRST's order (above)
         config.option.loadscopereorder = False

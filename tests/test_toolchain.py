@@ -16,7 +16,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -191,9 +193,22 @@ COLD_DOWNLOADS = ("toolchains/cuda-*", "kernels/cublas-headers/*")
 
 
 @pytest.fixture(scope="module")
-def cold_downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def beside_cache(shared_cache: Path) -> Iterator[Path]:
+    """A directory on the shared cache's filesystem, for the cold caches that hold hard links of its
+    files (the run's tmp_path may be on tmpfs: tests/conftest.py); removed with the module."""
+    path = Path(tempfile.mkdtemp(prefix=".dsv4patch-test-links-", dir=shared_cache.parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cold_downloads(beside_cache: Path) -> Path:
     """The entries the module's cold builds downloaded (hard links), for the next cold cache."""
-    return tmp_path_factory.mktemp("cold-downloads")
+    path = beside_cache / "cold-downloads"
+    path.mkdir()
+    return path
 
 
 def _download_entries(cache: Path) -> set[str]:
@@ -233,7 +248,7 @@ BYTES_OPS = {PTX_ARCH: ["persistent_topk", "cooperative_topk"], TOPK_ARCH: ["per
 @pytest.mark.parametrize("pin", list(KERNEL_PINS))
 def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str, tree: Path, shared_cache: Path,
                                                                        pin_trees: dict[str, Path],
-                                                                       cold_downloads: Path,
+                                                                       cold_downloads: Path, beside_cache: Path,
                                                                        tmp_path_factory: pytest.TempPathFactory,
                                                                        tmp_path: Path) -> None:
     """Two builds of the pin's kernels in two caches at different paths, each with the pin's torch at
@@ -251,7 +266,7 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     elif pin not in pin_trees:
         pin_trees[pin] = _apply(tmp_path_factory, shared_cache, pin)
     tree = pin_trees[pin]
-    cold = tmp_path / "second-cache-b"
+    cold = beside_cache / f"second-cache-{pin}"  # hard links of the shared cache's torch: its filesystem
     _seed_torch(shared_cache, cold, pin)
     linked = _download_entries(cold_downloads)
     _link_entries(cold_downloads, cold, linked)
@@ -285,7 +300,7 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     assert info["torch_mismatch"] is False and info["library_sha256"] == _sha(Path(a["library"]))
     assert info["ops"] == BYTES_OPS[arch]
     assert installed.torch_problem(info, torch) is None
-    assert str(tmp_path).encode() not in Path(b["library"]).read_bytes()
+    assert str(cold).encode() not in Path(b["library"]).read_bytes()
     assert str(shared_cache).encode() not in Path(a["library"]).read_bytes()
     again, _ = _build(tree, cold, tmp_path / "out-b2", prefix=prefix, env=env, pin=pin, arch=arch)
     assert again["compiled"] == [] and _sha(Path(again["wheel"])) == _sha(Path(b["wheel"]))
@@ -294,6 +309,7 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     assert text.returncode == 0, text.stderr[-3000:]
     assert f"toolchain: torch {torch}" in text.stdout and "nvcc 13.0" in text.stdout
     assert list((cold / "tmp").iterdir()) == []
+    shutil.rmtree(cold)  # passed: its GB go now (a failed test's stays until the module ends)
 
 
 @pytest.mark.slow

@@ -9,13 +9,16 @@ downloaded once into a shared cache so a warm machine never re-downloads:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -363,6 +366,24 @@ def shared_cache() -> Path:
     path = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or Settings.from_environ(os.environ).cache_root())
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def beside_cache(shared_cache: Path, name: str) -> Iterator[Path]:
+    """A directory on the shared cache's filesystem, removed after use: for hard links of the cache's
+    files, or a cache on the disk as a user's is, where the run's tmp_path may be tmpfs (above)."""
+    path = Path(tempfile.mkdtemp(prefix=f".dsv4patch-test-{name}-", dir=shared_cache.parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def disk_tmp_path(shared_cache: Path) -> Iterator[Path]:
+    """tmp_path's twin on the shared cache's filesystem (the disk; :func:`beside_cache`)."""
+    with beside_cache(shared_cache, "disk") as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

@@ -16,14 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import LOCK, PTX_ARCH
+from conftest import LOCK, PTX_ARCH, beside_cache
 from dsv4patch.delivery import installed
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import toolchain
@@ -193,20 +192,17 @@ COLD_DOWNLOADS = ("toolchains/cuda-*", "kernels/cublas-headers/*")
 
 
 @pytest.fixture(scope="module")
-def beside_cache(shared_cache: Path) -> Iterator[Path]:
+def linkable(shared_cache: Path) -> Iterator[Path]:
     """A directory on the shared cache's filesystem, for the cold caches that hold hard links of its
     files (the run's tmp_path may be on tmpfs: tests/conftest.py); removed with the module."""
-    path = Path(tempfile.mkdtemp(prefix=".dsv4patch-test-links-", dir=shared_cache.parent))
-    try:
+    with beside_cache(shared_cache, "links") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def cold_downloads(beside_cache: Path) -> Path:
+def cold_downloads(linkable: Path) -> Path:
     """The entries the module's cold builds downloaded (hard links), for the next cold cache."""
-    path = beside_cache / "cold-downloads"
+    path = linkable / "cold-downloads"
     path.mkdir()
     return path
 
@@ -248,7 +244,7 @@ BYTES_OPS = {PTX_ARCH: ["persistent_topk", "cooperative_topk"], TOPK_ARCH: ["per
 @pytest.mark.parametrize("pin", list(KERNEL_PINS))
 def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str, tree: Path, shared_cache: Path,
                                                                        pin_trees: dict[str, Path],
-                                                                       cold_downloads: Path, beside_cache: Path,
+                                                                       cold_downloads: Path, linkable: Path,
                                                                        tmp_path_factory: pytest.TempPathFactory,
                                                                        tmp_path: Path) -> None:
     """Two builds of the pin's kernels in two caches at different paths, each with the pin's torch at
@@ -266,7 +262,7 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     elif pin not in pin_trees:
         pin_trees[pin] = _apply(tmp_path_factory, shared_cache, pin)
     tree = pin_trees[pin]
-    cold = beside_cache / f"second-cache-{pin}"  # hard links of the shared cache's torch: its filesystem
+    cold = linkable / f"second-cache-{pin}"  # hard links of the shared cache's torch: its filesystem
     _seed_torch(shared_cache, cold, pin)
     linked = _download_entries(cold_downloads)
     _link_entries(cold_downloads, cold, linked)

@@ -162,6 +162,11 @@ FREEZE_FILES = {
             pass
 
         REFS = []
+        IMPORTED_WITH_THE_COLLECTOR_ON = gc.isenabled()
+
+        def test_0_imported_without_the_collector_then_it_is_on():
+            assert not IMPORTED_WITH_THE_COLLECTOR_ON
+            assert gc.isenabled()
 
         def test_1_the_imported_heap_is_frozen():
             assert gc.get_freeze_count() > 1000
@@ -186,7 +191,8 @@ FREEZE_FILES = {
 
 def test_the_plugin_freezes_the_imported_heap_and_the_cleanup_still_collects(
         env: testenv.TestEnv, tmp_path: Path) -> None:
-    """On a CPU-only host the plugin freezes the heap once the test modules are imported, so the full
+    """On a CPU-only host the test modules are imported with the cyclic collector off, and it is on for the
+    tests; the plugin freezes the heap once the test modules are imported, so the full
     gc.collect() after every test (vLLM's cleanup) scans only what the tests made: a cycle a test drops
     is still collected by the cleanup after it, and once a test freezes objects itself vLLM's unfreeze
     is real again."""
@@ -195,7 +201,7 @@ def test_the_plugin_freezes_the_imported_heap_and_the_cleanup_still_collects(
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(textwrap.dedent(text))
     ids = [f"tests/test_gc.py::{name}" for name in (
-        "test_1_the_imported_heap_is_frozen", "test_2_a_cycle_a_test_drops",
+        "test_0_imported_without_the_collector_then_it_is_on", "test_1_the_imported_heap_is_frozen", "test_2_a_cycle_a_test_drops",
         "test_3_is_collected_by_the_cleanup_after_it", "test_4_a_test_that_freezes",
         "test_5_gets_the_real_unfreeze")]
     rc, results = testrun.run_session(env, root, ids, tmp_path / "r.jsonl")

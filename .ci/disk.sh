@@ -19,8 +19,13 @@ _disk_human() {  # bytes -> "12.3G" (powers of 1024, as df -h)
     numfmt --to=iec --format=%.1f "$1" 2>/dev/null || echo "$1 B"
 }
 
-_disk_pytest_root() {  # pytest's default basetemp root: $TMPDIR/pytest-of-$USER
-    echo "${TMPDIR:-/tmp}/pytest-of-$(id -un 2>/dev/null || echo root)"
+_disk_pytest_root() {  # pytest's basetemp root: under $PYTEST_DEBUG_TEMPROOT, else /dev/shm where the
+    # run made one there (tests/conftest.py puts it on that tmpfs when it has room), else $TMPDIR
+    local user
+    user=$(id -un 2>/dev/null || echo root)
+    if [ -n "${PYTEST_DEBUG_TEMPROOT:-}" ]; then echo "$PYTEST_DEBUG_TEMPROOT/pytest-of-$user"
+    elif [ -d "/dev/shm/pytest-of-$user" ]; then echo "/dev/shm/pytest-of-$user"
+    else echo "${TMPDIR:-/tmp}/pytest-of-$user"; fi
 }
 
 # The sampler runs in a subshell and keeps its peaks in shell variables, so it writes
@@ -33,7 +38,6 @@ _disk_sampler() {
     local phase_file="$_disk_dir/phase" root
     local du_every=$((30 / DISK_INTERVAL))
     [ "$du_every" -ge 1 ] || du_every=1
-    root=$(_disk_pytest_root)
     _disk_report() {
         local t ran_out=0
         [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null
@@ -60,6 +64,7 @@ _disk_sampler() {
                 at[$t]="$(date -u +%H:%M:%S) during $phase"
             fi
         done < <(df -P -B1 "${_disk_paths[@]}" 2>/dev/null | awk 'NR > 1 {print $6, $3, $4, $2}' | sort -u)
+        root=$(_disk_pytest_root)  # where the run put it: known once it has begun
         if [ $((tick % du_every)) -eq 0 ] && [ -d "$root" ]; then
             local now
             now=$(nice du -sxB1 "$root" 2>/dev/null | cut -f1)
@@ -82,6 +87,7 @@ disk_start() {
     [ -d "$HOME" ] && _disk_paths+=("$HOME")
     _disk_paths+=("${TMPDIR:-/tmp}")
     [ -d /var/lib/docker ] && _disk_paths+=(/var/lib/docker)
+    [ -d /dev/shm ] && _disk_paths+=(/dev/shm)  # tmpfs (memory): the tests' basetemp when it has room
     echo "== disk at start:"
     df -h "${_disk_paths[@]}" 2>/dev/null | awk 'NR == 1 || !seen[$0]++' | sed 's/^/   /' || true
     _disk_dir=$(mktemp -d 2>/dev/null) || _disk_dir=""

@@ -5,7 +5,8 @@ core, against a fixture that sleeps 1.5 s) fails on a warm cache and is only lis
 (at the end of the run) on a cold one (``DSV4PATCH_TEST_COLD=1``), also under xdist, where
 the reports are made on the workers and summed up on the controller.  Under
 ``--dist loadfile`` the modules named in SLOW_FIRST are handed out first, although
-pytest-xdist would otherwise start with the modules that have the most tests.
+pytest-xdist would otherwise start with the modules that have the most tests.  The run's
+temporary directories go on the tmpfs when it has room.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from conftest import ROOT
@@ -95,3 +97,39 @@ def test_the_slow_modules_are_handed_out_first_under_loadfile(tmp_path: Path) ->
     assert res.returncode == 0, res.stdout
     ran = [line.split()[-1] for line in res.stdout.splitlines() if line.startswith("[gw0]") and "PASSED" in line]
     assert len(ran) == 6 and ran[0] == "test_z_slow.py::test_slow", ran
+
+
+def test_the_run_puts_its_temporary_directories_on_the_tmpfs_when_it_has_room(tmp_path: Path) -> None:
+    """tmpfs_temproot: the basetemp (the workers' too) goes below TMPFS when it has room; not where the
+    caller chose (DSV4PATCH_TEST_TMPFS=0, PYTEST_DEBUG_TEMPROOT), nor where TMPFS has too little room."""
+    shm, other = tmp_path / "shm", tmp_path / "elsewhere"
+    shm.mkdir()
+    other.mkdir()
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "conftest.py").write_text(INNER_CONFTEST + textwrap.dedent("""\
+        import os
+        from pathlib import Path
+        _suite.TMPFS = Path(os.environ["INNER_TMPFS"])
+        _suite.TMPFS_MIN_FREE = int(os.environ["INNER_MIN_FREE"])
+        _suite.TMPFS_MIN_AVAILABLE = 0
+        """))
+    (proj / "test_where.py").write_text("import os, pathlib\n\ndef test_where(tmp_path):\n"
+                                        "    pathlib.Path(os.environ['INNER_OUT']).write_text(str(tmp_path))\n")
+    out = tmp_path / "where.txt"
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_DEBUG_TEMPROOT", "DSV4PATCH_TEST_TMPFS")}
+
+    def where(*args: str, min_free: int = 0, **env: str) -> Path:
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                              str(proj), *args, str(proj)], capture_output=True, text=True, cwd=proj, timeout=300,
+                             env={**base, "PYTHONPATH": str(ROOT), "INNER_TMPFS": str(shm),
+                                  "INNER_MIN_FREE": str(min_free), "INNER_OUT": str(out), "TMPDIR": str(other),
+                                  **env})
+        assert res.returncode == 0, res.stdout + res.stderr
+        return Path(out.read_text())
+
+    assert where().is_relative_to(shm)
+    assert where("-n", "2").is_relative_to(shm)  # each worker's basetemp is below the controller's
+    assert where(DSV4PATCH_TEST_TMPFS="0").is_relative_to(other)
+    assert where(PYTEST_DEBUG_TEMPROOT=str(other)).is_relative_to(other)
+    assert where(min_free=1 << 62).is_relative_to(other)  # no room: pytest's default

@@ -19,13 +19,17 @@ Usage: python selftest_vllm026_probe.py MODEL_PY MODEL_DIR [RANKS]
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import re
-import sys
-from pathlib import Path
+import gc
 
-from vllm026_cpu_platform import fake_cuda_platform
+gc.disable()  # a probe that builds and exits: no cyclic collections rescanning torch's and vLLM's heap (issue 39)
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from vllm026_cpu_platform import fake_cuda_platform  # noqa: E402
 
 fake_cuda_platform()
 import torch  # noqa: E402

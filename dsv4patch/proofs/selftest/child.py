@@ -45,6 +45,7 @@ Usage (by the runner): PYTHON child.py SPEC.json PROGRESS.jsonl [STACKS.txt]
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib.util
 import json
 import os
@@ -219,13 +220,20 @@ def run(spec: dict[str, Any], events: Events, watchdog: Watchdog) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
-    model_mod = _load_model_module()
-    vllm = importlib.import_module("vllm")
-    events.emit("fingerprint", data=_fingerprint(vllm, spec))
-    watchdog.arm("start", "engine start")
-    load_format = register_loader(model_mod, events)
-    LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
-    TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
+    # vLLM's imports (torch, its model loader, the LLM entry point: ~670,000 objects) without the cyclic
+    # collector, whose full collections rescan the growing heap (~1.2 of ~6 CPU s); on again before the
+    # engine starts, so the engine runs as vLLM runs it.
+    gc.disable()
+    try:
+        model_mod = _load_model_module()
+        vllm = importlib.import_module("vllm")
+        events.emit("fingerprint", data=_fingerprint(vllm, spec))
+        watchdog.arm("start", "engine start")
+        load_format = register_loader(model_mod, events)
+        LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
+        TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
+    finally:
+        gc.enable()
 
     llm = LLM(**llm_arguments(spec, load_format))
     watchdog.disarm()

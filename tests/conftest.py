@@ -18,7 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,8 +126,8 @@ class _SessionDirs:
 # it is (on the disk: it is the CLI's own cache), so trees on tmpfs are made from a cache on another
 # filesystem, as a user's tree and cache often are.  PYTEST_DEBUG_TEMPROOT (pytest's own variable)
 # or --basetemp choose another place; DSV4PATCH_TEST_TMPFS=0 keeps the default (the system's
-# temporary directory).  A test that needs hard links into the shared cache makes its directory
-# beside the cache (same_fs_dir).
+# temporary directory).  A test that needs the disk (hard links into the shared cache, a cache timed
+# as a user's) makes its directory beside the cache (beside_cache, disk_tmp_path).
 TMPFS = Path("/dev/shm")
 TMPFS_MIN_FREE = 8 << 30  # the basetemp's peak in CI is ~2 GB; the Docker module puts its own GBs there
 TMPFS_MIN_AVAILABLE = 12 << 30  # tmpfs pages are memory: leave the rest of the suite its RAM
@@ -144,7 +144,7 @@ def _mem_available() -> int:
     return 0
 
 
-def tmpfs_temproot(config: pytest.Config, environ: dict[str, str] | os._Environ[str]) -> Path | None:
+def tmpfs_temproot(config: pytest.Config, environ: Mapping[str, str]) -> Path | None:
     """/dev/shm when the run's temporary directories should go there (above), else None."""
     if (config.option.basetemp or environ.get("PYTEST_DEBUG_TEMPROOT")
             or environ.get("DSV4PATCH_TEST_TMPFS", "1") == "0" or hasattr(config, "workerinput")):

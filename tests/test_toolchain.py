@@ -296,7 +296,8 @@ def test_library_bytes_do_not_depend_on_cache_path_or_toolkit_location(pin: str,
     assert info["torch_mismatch"] is False and info["library_sha256"] == _sha(Path(a["library"]))
     assert info["ops"] == BYTES_OPS[arch]
     assert installed.torch_problem(info, torch) is None
-    assert str(cold).encode() not in Path(b["library"]).read_bytes()
+    assert str(linkable).encode() not in Path(b["library"]).read_bytes()  # the cold cache's path
+    assert str(tmp_path).encode() not in Path(b["library"]).read_bytes()  # the output's
     assert str(shared_cache).encode() not in Path(a["library"]).read_bytes()
     again, _ = _build(tree, cold, tmp_path / "out-b2", prefix=prefix, env=env, pin=pin, arch=arch)
     assert again["compiled"] == [] and _sha(Path(again["wheel"])) == _sha(Path(b["wheel"]))

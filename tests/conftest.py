@@ -144,19 +144,24 @@ def _mem_available() -> int:
     return 0
 
 
+def tmpfs_has_room(need: int, memory: int) -> bool:
+    """TMPFS can take ``need`` bytes: it is there, writable and not ``noexec`` (programs and shared
+    libraries run from it), has ``need`` free, and the machine has ``memory`` bytes available (tmpfs
+    pages are memory).  The basetemp's choice below and the Docker module's scratch ask it."""
+    try:
+        st = os.statvfs(TMPFS)
+    except OSError:
+        return False
+    return not (st.f_flag & os.ST_NOEXEC or not os.access(TMPFS, os.W_OK) or st.f_bavail * st.f_frsize < need
+                or _mem_available() < memory)
+
+
 def tmpfs_temproot(config: pytest.Config, environ: Mapping[str, str]) -> Path | None:
     """/dev/shm when the run's temporary directories should go there (above), else None."""
     if (config.option.basetemp or environ.get("PYTEST_DEBUG_TEMPROOT")
             or environ.get("DSV4PATCH_TEST_TMPFS", "1") == "0" or hasattr(config, "workerinput")):
         return None  # a worker: the controller chose (the basetemp it hands each worker is below it)
-    try:
-        st = os.statvfs(TMPFS)
-    except OSError:
-        return None
-    if (st.f_flag & os.ST_NOEXEC or not os.access(TMPFS, os.W_OK) or st.f_bavail * st.f_frsize < TMPFS_MIN_FREE
-            or _mem_available() < TMPFS_MIN_AVAILABLE):
-        return None
-    return TMPFS
+    return TMPFS if tmpfs_has_room(TMPFS_MIN_FREE, TMPFS_MIN_AVAILABLE) else None
 
 
 def compile_package() -> None:

@@ -69,6 +69,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TMPFS, tmpfs_has_room
 from dsv4patch.delivery import buildargs
 from dsv4patch.kernels import stock, toolchain
 from dsv4patch.kernels.build import dist_name
@@ -433,24 +434,13 @@ def _step_times(log: str) -> list[str]:
     return [f"{t:.1f}s {name[:90]}" for t, name in steps]
 
 
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) << 10
-    except OSError:
-        pass
-    return 0
-
-
 _SHM_PREFIX = "dsv4-test-"  # + the pytest process's pid: what a killed run left is swept (_sweep_tmpfs)
 
 
 def _sweep_tmpfs() -> None:
     """Remove what a killed run of this module left on tmpfs (memory, until the next reboot): the
     directories whose pytest process is gone."""
-    for d in Path("/dev/shm").glob(f"{_SHM_PREFIX}*-*"):
+    for d in TMPFS.glob(f"{_SHM_PREFIX}*-*"):
         pid = d.name[len(_SHM_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(d, ignore_errors=True)
@@ -465,16 +455,10 @@ def _tmpfs(need: int) -> Path | None:
     available memory covers it, what this module already put there and TMPFS_SPARE for the rest
     of the suite; else None (the disk).  Written and deleted in RAM: on the shared disk, deleting
     the GBs this module writes took 20-146 s per run."""
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return None
-    if (st.f_flag & os.ST_NOEXEC or st.f_bavail * st.f_frsize < need
-            or _mem_available() < _TMPFS_GRANTED[0] + need + TMPFS_SPARE):
+    if not tmpfs_has_room(need, _TMPFS_GRANTED[0] + need + TMPFS_SPARE):
         return None
     _TMPFS_GRANTED[0] += need
-    return shm
+    return TMPFS
 
 
 def _torch_runtime_parent(tmp: Path) -> tuple[Path | None, str]:

@@ -108,8 +108,10 @@ def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(tmp_pa
     the screen changes at least every 5 s from start to end; piped, each step is one plain line.
     (The kernel build's own steps, the toolchain's pip and nvcc's units, are bars of the same
     display: tests/test_kernels.py builds; --no-build here keeps this test to the tree.)  The project and
-    the cache are on the disk, as a user's are (the run's tmp_path may be tmpfs, where the run took ~6 s
-    quiet, 9 s in CI with the cache alone on the disk: under the 10 s this test needs to mean anything)."""
+    the cache are on the disk, as a user's are.  How long the run takes depends on the machine (6 s here
+    on tmpfs, 8-11 s on the disk, 8.2 s on the project's CI): so no gap may be longer than a quarter of
+    the run nor 5 s, which a display that changes only between steps fails on any machine (the sdist's
+    git import alone is about a third of the run); a run under 2 s would prove nothing and fails."""
     project = _project(disk_tmp_path / "proj")
     pin = load(LOCK).pin("0.27.1")
     blobs = disk_tmp_path / "c" / "blobs" / "sha256"
@@ -122,7 +124,7 @@ def test_the_card_command_shows_progress_at_least_every_5_s_on_a_terminal(tmp_pa
     assert rc == 0, text[-3000:]
     times = [0.0] + [t for t, _ in reads] + [total]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert total > 10 and max(gaps) <= 5.0, (total, max(gaps), text[-3000:])
+    assert total > 2 and max(gaps) <= min(5.0, total / 4), (total, max(gaps), text[-3000:])
     for step in ("extract vllm-0.27.1.tar.gz", "import 0.27.1 into git", "apply pin 0.27.1",
                  "check pin 0.27.1", "create "):
         assert step in text, (step, text[-3000:])

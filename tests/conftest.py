@@ -266,6 +266,7 @@ class _ModuleTime:
 
 _MODULES: dict[str, _ModuleTime] = {}
 _TEST_CPU: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> CPU s user+system, for the top list
+_TEST_WAIT: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> wall s minus CPU s: its worker's core idle
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -279,6 +280,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if key == "cpu":
             row.user, row.system = row.user + value[0], row.system + value[1]
             _TEST_CPU[(report.nodeid, report.when)] = value[0] + value[1]
+            _TEST_WAIT[(report.nodeid, report.when)] = report.duration - value[0] - value[1]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -305,6 +307,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                  "a module's shared fixtures count in the setup of its first test)")
         for (nodeid, when), cpu in sorted(_TEST_CPU.items(), key=lambda x: -x[1])[:25]:
             terminalreporter.line(f"{cpu:7.1f} {when:8} {nodeid}")
+        # Seconds a worker's core sat idle (sleeps, deadlines, downloads, another process's lock): what a
+        # run on two cores loses beside the CPU it spends.
+        waits = sorted(((k, w) for k, w in _TEST_WAIT.items() if w >= 1.0), key=lambda x: -x[1])
+        terminalreporter.section(f"most waiting (s of wall time beyond the CPU the test used; {sum(w for _, w in waits):.0f} s "
+                                 "in all over tests waiting 1 s or more)")
+        for (nodeid, when), wait in waits[:20]:
+            terminalreporter.line(f"{wait:7.1f} {when:8} {nodeid}")
 
 
 @pytest.fixture(scope="module", autouse=True)

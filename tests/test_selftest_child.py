@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,31 @@ def test_the_null_block_check_counts_draft_writes_into_block_0_only(tmp_path, vl
     assert out["odd"]["unmeasured"] == {
         f"worker {r}: model.layers.4.attn.swa": "layout (2, 8, 256, 328): its first dimension is not the blocks"
         for r in (0, 1)}
+
+
+def test_vllms_imports_run_without_the_collector_and_leave_the_start_up_heap_frozen(tmp_path: Path) -> None:
+    """issue 39: the child's and each spawned worker's imports (torch, vLLM: ~670,000 objects) run with the
+    cyclic collector off; after them one collection, the survivors frozen (never rescanned), the collector on
+    again before the engine starts.  Checked in a fresh interpreter (the standard library only, as child.py's
+    top is), and that both of the child's entry points take that path."""
+    code = (
+        "import gc, importlib.util, inspect, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('child', sys.argv[1])\n"
+        "child = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(child)\n"
+        "with child._imports_without_collector():\n"
+        "    inside = gc.isenabled()\n"
+        "    heap = [[i] for i in range(200000)]\n"
+        "    loop = []\n"
+        "    loop.append(loop)\n"
+        "    del loop\n"
+        "print(json.dumps({'inside': inside, 'after': gc.isenabled(), 'frozen': gc.get_freeze_count(),\n"
+        "                  'users': [f.__name__ for f in (child.run, child.worker_setup)\n"
+        "                            if '_imports_without_collector()' in inspect.getsource(f)]}))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(CHILD)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["inside"] is False and got["after"] is True, got
+    assert got["frozen"] >= 200000, got
+    assert got["users"] == ["run", "worker_setup"], got

@@ -266,7 +266,7 @@ class _ModuleTime:
 
 _MODULES: dict[str, _ModuleTime] = {}
 _TEST_CPU: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> CPU s user+system, for the top list
-_TEST_WAIT: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> wall s minus CPU s: its worker's core idle
+_TEST_WAIT: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> wall s minus the CPU s counted for it
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -307,8 +307,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                  "a module's shared fixtures count in the setup of its first test)")
         for (nodeid, when), cpu in sorted(_TEST_CPU.items(), key=lambda x: -x[1])[:25]:
             terminalreporter.line(f"{cpu:7.1f} {when:8} {nodeid}")
-        # Seconds a worker's core sat idle (sleeps, deadlines, downloads, another process's lock): what a
-        # run on two cores loses beside the CPU it spends.
+        # Wall time beyond the CPU counted for a test: sleeps, deadlines, downloads, locks (a core idle), but
+        # also the CPU of a process reaped later (the Docker module's dockerd, counted in its teardown) and,
+        # under -n 2, time the test's children waited while the other worker had the cores.
         waits = sorted(((k, w) for k, w in _TEST_WAIT.items() if w >= 1.0), key=lambda x: -x[1])
         terminalreporter.section(f"most waiting (s of wall time beyond the CPU the test used; {sum(w for _, w in waits):.0f} s "
                                  "in all over tests waiting 1 s or more)")

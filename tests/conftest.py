@@ -265,8 +265,7 @@ class _ModuleTime:
 
 
 _MODULES: dict[str, _ModuleTime] = {}
-_TEST_CPU: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> CPU s user+system, for the top list
-_TEST_WAIT: dict[tuple[str, str], float] = {}  # (nodeid, phase) -> wall s minus the CPU s counted for it
+_TEST_TIMES: dict[tuple[str, str], tuple[float, float]] = {}  # (nodeid, phase) -> (CPU s user+system, wall s)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -279,8 +278,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == "cpu":
             row.user, row.system = row.user + value[0], row.system + value[1]
-            _TEST_CPU[(report.nodeid, report.when)] = value[0] + value[1]
-            _TEST_WAIT[(report.nodeid, report.when)] = report.duration - value[0] - value[1]
+            _TEST_TIMES[(report.nodeid, report.when)] = (value[0] + value[1], report.duration)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -305,12 +303,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                               + ", ".join(f"{w} {e:.0f} s" for w, e in sorted(ends.items())))
         terminalreporter.section("most CPU (s user+system, the worker and the children it reaped; "
                                  "a module's shared fixtures count in the setup of its first test)")
-        for (nodeid, when), cpu in sorted(_TEST_CPU.items(), key=lambda x: -x[1])[:25]:
+        for (nodeid, when), (cpu, _wall) in sorted(_TEST_TIMES.items(), key=lambda x: -x[1][0])[:25]:
             terminalreporter.line(f"{cpu:7.1f} {when:8} {nodeid}")
         # Wall time beyond the CPU counted for a test: sleeps, deadlines, downloads, locks (a core idle), but
         # also the CPU of a process reaped later (the Docker module's dockerd, counted in its teardown) and,
         # under -n 2, time the test's children waited while the other worker had the cores.
-        waits = sorted(((k, w) for k, w in _TEST_WAIT.items() if w >= 1.0), key=lambda x: -x[1])
+        waits = sorted(((k, wall - cpu) for k, (cpu, wall) in _TEST_TIMES.items() if wall - cpu >= 1.0),
+                       key=lambda x: -x[1])
         terminalreporter.section(f"most waiting (s of wall time beyond the CPU the test used; {sum(w for _, w in waits):.0f} s "
                                  "in all over tests waiting 1 s or more)")
         for (nodeid, when), wait in waits[:20]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4patch.errors import ChildError
 from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
@@ -119,6 +120,29 @@ def test_engines_start_in_plan_order_and_a_hang_of_the_first_costs_only_its_dead
     assert [r.engine.name for r in started] == ["mtp1", "dspark5", "plain"]
     assert started[1].launched_at >= 2 and [r.outcome for r in runs] == ["hang", "hang", "hang"]
     assert all(r.start_deadline == 2 for r in runs)
+
+
+@pytest.mark.parametrize("how", ["child_cannot_start", "files_already_there"])
+def test_a_first_engine_whose_launch_raises_ends_the_run_at_once_and_starts_no_other(tmp_path, how):
+    # The others wait for the first engine's readiness; a launch that raises (an interpreter that
+    # cannot be run, the engine's files already in the work directory) must release them at once,
+    # not leave them waiting until the run's deadline (120 s here: the old code waited that long).
+    names = ["plain/short_b1", "mtp1/short_b1", "mtp2/short_b1"]
+    chosen = cases.select(cases.all_cases(), names)
+    work = tmp_path / "work"
+    work.mkdir()
+    child = STANDIN
+    if how == "child_cannot_start":
+        child = [str(tmp_path / "no-such-python"), *STANDIN[1:]]
+    else:
+        (work / "mtp1.spec.json").write_text("{}")
+    t0 = time.monotonic()
+    with pytest.raises((ChildError, FileExistsError)) as caught:
+        runner.run_cases(chosen, child=child, work=work, deadlines=FAST, parallel=3,
+                         env={**os.environ, "STANDIN_MODE": "pass"})
+    assert time.monotonic() - t0 < 15
+    assert "mtp1" in str(caught.value) or "mtp1.spec.json" in str(caught.value)
+    assert not (work / "plain.spec.json").exists() and not (work / "mtp2.spec.json").exists()
 
 
 def test_a_warm_engine_gets_a_start_deadline_from_the_first_ones_measured_start(tmp_path):

@@ -547,6 +547,7 @@ class _Launch:
     free_groups: queue.Queue[tuple[int, ...]] = field(default_factory=queue.Queue)
     first_ready: threading.Event = field(default_factory=threading.Event)
     first_start: float | None = None  # the first engine's measured start (None: it never became ready)
+    first_failed: str | None = None  # the first engine's launch raised (the others are not started)
     runs: dict[str, EngineRun] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -559,12 +560,31 @@ class _Launch:
         self.first_ready.set()
 
     def one(self, item: tuple[Engine, list[PromptSet]], first: bool) -> None:
-        """One engine's thread: wait for the first engine's readiness, take a GPU group, run it."""
-        engine, psets = item
+        """One engine's thread: wait for the first engine's readiness, take a GPU group, run it.
+
+        The first engine's thread releases the others however it ends: when its launch raises (its
+        child cannot be started, its files cannot be made) they are marked not run at once, instead
+        of waiting for a readiness that never comes until the run's deadline."""
         if not first:
             self.first_ready.wait(max(0.0, self.stop_at - time.monotonic()))
-        if time.monotonic() > self.stop_at - 10:
+            self._start(*item, first=False)
+            return
+        try:
+            self._start(*item, first=True)
+        except BaseException as exc:
+            self.first_failed = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if not self.first_ready.is_set():
+                self.released(None)
+
+    def _start(self, engine: Engine, psets: list[PromptSet], *, first: bool) -> None:
+        why = None
+        if self.first_failed is not None:
+            why = f"not started: the first engine's launch failed ({self.first_failed})"
+        elif time.monotonic() > self.stop_at - 10:
             why = "no time left (the run's deadline)"
+        if why is not None:
             self.runs[engine.name] = EngineRun(engine, "not-run", why, None, None, [], [
                 CaseResult(f"{engine.name}/{p.name}", engine.name, p.name, "not-run", why) for p in psets], "")
             return

@@ -3,7 +3,7 @@
 Only the current verdict of each proof stays in the tree (superseded runs are in git
 history: issue 15's end-to-end runs are in the tree at commit af07792, docs/gpu-proofs.md).  These
 tests keep it that way: the folder stays under 2 MB with long results gzipped; the kernel
-proof's JSON and Markdown agree; the self-test's H200 reports (tests/gpu/results/selftest/)
+proof's JSON and Markdown agree; the self-test's H200 and H100 reports (tests/gpu/results/selftest/)
 hold what its README claims, stock against patched.
 """
 
@@ -64,12 +64,24 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
     assert reg["ok"] is False and reg["counts"] == {"passed": 2, "failed": 86, "skipped": 0}
     assert all(f["status"] == "failed" and f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
     assert s5["engines"][0]["hang_evidence"]["kernels"] == hang["hang_evidence"]["kernels"]
-    # Session 2: the TP/PP-shardable model on one GPU, every case in one run from empty JIT caches.
-    fresh = _selftest("selftest-patched-d85b47f")
-    assert fresh["ok"] is True and fresh["counts"]["pass"] == 34 and fresh["min_gap"] > 19.99
-    dspark = [c for c in fresh["cases"] if c["engine"] == "dspark5"]
+    # Session 12 on an H100, the verb and wheel of 549403c: everything in one run on a fresh machine (empty JIT
+    # caches), the first engine's cold start under the 900 s default; stock hangs there as on the H200.
+    h100 = _selftest("selftest-patched-549403c-h100")
+    assert h100["ok"] is True and h100["counts"]["pass"] == 34 and h100["min_gap"] > 19.99
+    reg = _regression(h100)
+    assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
+    assert all(f["devices"] == ["NVIDIA H100 80GB HBM3 (cuda)"] for f in reg["files"])
+    first = next(e for e in h100["engines"] if e["launched_at"] == 0.0)
+    assert first["engine"]["name"] == "mtp1" and 600 < first["start_seconds"] < 900
+    dspark = [c for c in h100["cases"] if c["engine"] == "dspark5"]
     assert len(dspark) == 6 and all(c["null_block"]["layers"] > 0 and c["null_block"]["written"] == {}
                                     and c["null_block"]["unmeasured"] == {} for c in dspark)
+    stock_h100 = _selftest("selftest-stock-549403c-h100-warm")
+    assert next(c for c in stock_h100["checks"] if c["name"] == "installed")["ok"] is False
+    h100_hang = stock_h100["engines"][0]
+    assert h100_hang["outcome"] == "hang" and h100_hang["stage"] == "prompt set trio_b3"
+    assert h100_hang["hang_evidence"]["kernels"] == hang["hang_evidence"]["kernels"]
+    assert h100_hang["hang_evidence"]["gpu"].startswith("100 %")
     # Session 9, the verb and wheel of 8ce1ebb on a fresh machine: installed, the series' tests on the GPU and
     # five engines in one run; mtp1, first and alone, still compiling on an idle GPU at its 400 s start deadline
     # (a cold node, not a hang), then alone on the caches the run left.

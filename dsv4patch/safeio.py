@@ -140,7 +140,7 @@ def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Er
         os.close(fd)
 
 
-MAPPED_FROM = 2 << 20  # read_whole reads a file this large or larger into a mapping advised for huge pages
+MAPPED_FROM = 2 << 20  # read_whole reads a file this large or larger into an anonymous mapping of its own
 
 
 def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError,
@@ -149,11 +149,13 @@ def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeF
     bytes, read into one buffer of the size it has (no joining of pieces: one copy in memory, not two);
     a file larger than ``limit``, or one that grows past it while it is read, is ``error``.
 
-    A file of :data:`MAPPED_FROM` bytes or more is read into a private anonymous mapping advised
-    for transparent huge pages: a 300 MB wheel otherwise costs some 75,000 page faults, about a
-    tenth of a second of a warm ``wheel`` (benchmarks/wheel_speed.py).  It is a copy like the
-    other (the file changing afterwards changes nothing in it) and nothing writes to it after the
-    read; a file that changed size while it was read is read again the plain way."""
+    A file of :data:`MAPPED_FROM` bytes or more is read into a private anonymous mapping of exactly
+    its size (no buffer of size + 1 to trim, no second copy).  It is a copy like the other (the
+    file changing afterwards changes nothing in it) and nothing writes to it after the read; a
+    file that changed size while it was read is read again the plain way.  No huge pages are
+    advised: in a virtual machine that hands free memory back to its host (free page reporting
+    reports free blocks of 2 MiB and up), every huge page is one the host must back anew, and a
+    warm ``wheel`` took 2.5 s of system time instead of 0.3 s after a minute idle (docs/benchmarks.md)."""
     label = what or str(path)
     fd = open_regular(path, error=error, what=what)
     try:
@@ -175,16 +177,13 @@ def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeF
 
 
 def _read_mapped(fd: int, size: int) -> mmap.mmap | None:
-    """Exactly ``size`` bytes of ``fd`` in a fresh anonymous mapping (huge pages advised where the
-    platform has them); None when the file turned out shorter or longer than ``size``, or when no
-    such mapping can be made here (the plain read then takes its place)."""
+    """Exactly ``size`` bytes of ``fd`` in a fresh anonymous mapping; None when the file turned out
+    shorter or longer than ``size``, or when no such mapping can be made here (the plain read then
+    takes its place)."""
     try:
         buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError, AttributeError):
         return None
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):
-            buf.madvise(mmap.MADV_HUGEPAGE)
     view = memoryview(buf)
     try:
         got = 0

@@ -54,6 +54,12 @@ ARCHIVE_LIMIT = _LIMIT  # the largest archive without ZIP64: the most read of a 
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 INFLATE_LIMIT = 256 << 20  # the most a member read whole into memory may declare (docs/trust.md)
 _PIECE = 1 << 20
+# The most one write() of a member's bytes hands the kernel.  A whole member in one call (the stock
+# wheel's shared libraries are up to ~100 MB compressed) makes the page cache take large folios, blocks
+# of 2 MiB and up; in a virtual machine that reports free memory to its host those are the blocks the
+# host no longer backs, and filling them cost a warm `wheel` 1.5-2 s of system time in one run of two
+# (benchmarks/wheel_speed.py, docs/benchmarks.md).  Pieces of 1 MiB cost the same every run.
+WRITE_PIECE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,9 @@ class Writer:
         self.fh.write(_LOCAL.pack(b"PK\x03\x04", 20, flags, raw.method, time, date, raw.crc,
                                   len(raw.data), raw.size, len(name), 0))
         self.fh.write(name)
-        self.fh.write(raw.data)
+        data = memoryview(raw.data)
+        for start in range(0, len(data), WRITE_PIECE):
+            self.fh.write(data[start:start + WRITE_PIECE])
         self.central.append(_CENTRAL.pack(
             b"PK\x01\x02", (3 << 8) | 20, 20, flags, raw.method, time, date, raw.crc,
             len(raw.data), raw.size, len(name), 0, 0, 0, 0, raw.external_attr, offset) + name)

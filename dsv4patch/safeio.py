@@ -155,7 +155,7 @@ def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeF
     file that changed size while it was read is read again the plain way.  No huge pages are
     advised: in a virtual machine that hands free memory back to its host (free page reporting
     reports free blocks of 2 MiB and up), every huge page is one the host must back anew, and a
-    warm ``wheel`` took 2.5 s of system time instead of 0.3 s after a minute idle (docs/benchmarks.md)."""
+    read of the stock wheel took 2.1 s of system time instead of 0.3 s after a minute idle (docs/benchmarks.md)."""
     label = what or str(path)
     fd = open_regular(path, error=error, what=what)
     try:

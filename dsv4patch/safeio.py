@@ -141,6 +141,12 @@ def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Er
 
 
 MAPPED_FROM = 2 << 20  # read_whole reads a file this large or larger into an anonymous mapping of its own
+# The most one write() hands the kernel.  One call with a large buffer makes the page cache take large
+# folios, blocks of 2 MiB and up; in a virtual machine that reports free memory to its host those are the
+# blocks the host no longer backs, and filling them cost a warm `wheel` 1.6-2.3 s of system time in one
+# run of two (docs/benchmarks.md).  Pieces of 1 MiB cost the same every run.  Every writer here and
+# zipcopy's use it.
+WRITE_PIECE = 1 << 20
 
 
 def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError,
@@ -291,7 +297,7 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int = 0o644, *, dura
             try:
                 view = memoryview(payload)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view[:WRITE_PIECE]):]
                 os.fchmod(fd, mode)
                 if durable:
                     os.fsync(fd)
@@ -320,7 +326,7 @@ def create_exclusive(path: Path | str, data: bytes | str, mode: int = 0o644) -> 
     try:
         view = memoryview(payload)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view[:WRITE_PIECE]):]
     finally:
         os.close(fd)
 

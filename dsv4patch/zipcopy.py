@@ -54,12 +54,10 @@ ARCHIVE_LIMIT = _LIMIT  # the largest archive without ZIP64: the most read of a 
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 INFLATE_LIMIT = 256 << 20  # the most a member read whole into memory may declare (docs/trust.md)
 _PIECE = 1 << 20
-# The most one write() of a member's bytes hands the kernel.  A whole member in one call (the stock
-# wheel's shared libraries are up to ~100 MB compressed) makes the page cache take large folios, blocks
-# of 2 MiB and up; in a virtual machine that reports free memory to its host those are the blocks the
-# host no longer backs, and filling them cost a warm `wheel` 1.6-2.3 s of system time in one run of two
-# (benchmarks/wheel_speed.py, docs/benchmarks.md).  Pieces of 1 MiB cost the same every run.
-WRITE_PIECE = 1 << 20
+# The most one write() of a member's bytes hands the kernel (safeio.WRITE_PIECE says why): the stock
+# wheel's shared libraries are up to ~100 MB compressed, and one call for each cost a warm `wheel`
+# 1.6-2.3 s of system time in one run of two.
+WRITE_PIECE = safeio.WRITE_PIECE
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,24 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
             return EXIT_BROKEN_PIPE
         return _internal(exc, command, debug, argv, args)
     except Exception as exc:  # a bug: one line, the traceback only on request
+        if _from_interrupt(exc):
+            return _interrupted(command, _wants_json(argv, args))
         return _internal(exc, command, debug, argv, args)
+
+
+def _from_interrupt(exc: BaseException) -> bool:
+    """An exception that wraps an interrupt is the interrupt: Python 3.11 turns an exception raised in a
+    descriptor's ``__set_name__`` into a ``RuntimeError`` (a signal that lands while a dataclass is made,
+    as a module the command needs loads, did so in the suite's random-interrupt test), and an error
+    raised while unwinding from one carries it as its context."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _use_words() -> None:

@@ -22,6 +22,7 @@ from dsv4patch.errors import (
     EXIT_FETCH,
     EXIT_INPUT,
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TREE,
     EXIT_USAGE,
@@ -344,3 +345,31 @@ def test_an_interrupt_after_the_result_leaves_stdout_one_document(monkeypatch, c
     out, err = capsys.readouterr()
     assert rc == 130 and err.strip().endswith("dsv4patch status: error: interrupted")
     assert json.loads(out) == {"schema_version": 1, "ok": True, "notes": []}
+
+
+# A signal that lands while a class is made (a dataclass's fields, as a lazily imported module loads):
+# the handler's Interrupted is raised in the descriptor's __set_name__, which Python 3.11 wraps in a
+# RuntimeError.  The suite's random-interrupt test hit it once in ~70 ms of start-up; here the command
+# sends the signal itself from __set_name__, so the wrapping happens every time.
+SIGNAL_IN_SET_NAME = (
+    "import os, signal, sys, dsv4patch.commands.status as s\n"
+    "class Sends:\n"
+    "    def __set_name__(self, owner, name):\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "def run(args):\n"
+    "    class Made:\n"
+    "        field = Sends()\n"
+    "    return 0\n"
+    "s.run = run\n"
+    "from dsv4patch.main import main\n"
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
+
+
+def test_an_interrupt_wrapped_by_python_while_a_class_is_made_is_an_interrupt_not_a_bug(tmp_path):
+    res = _run([SIGNAL_IN_SET_NAME, "status", "--tree", str(tmp_path)])
+    assert res.returncode == EXIT_INTERRUPTED, res.stderr
+    assert "internal error" not in res.stderr and "interrupted" in res.stderr
+    as_json = _run([SIGNAL_IN_SET_NAME, "status", "--tree", str(tmp_path), "--format", "json"])
+    assert as_json.returncode == EXIT_INTERRUPTED
+    assert json.loads(as_json.stdout)["error"]["kind"] == "interrupted"

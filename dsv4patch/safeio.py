@@ -149,6 +149,13 @@ MAPPED_FROM = 2 << 20  # read_whole reads a file this large or larger into an an
 WRITE_PIECE = 1 << 20
 
 
+def _write_all(fd: int, payload: bytes) -> None:
+    """All of ``payload`` to ``fd``, at most :data:`WRITE_PIECE` per ``write()``."""
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view[:WRITE_PIECE]):]
+
+
 def read_whole(path: Path | str, limit: int, *, error: type[Dsv4Error] = UnsafeFileError,
                what: str = "") -> bytes | mmap.mmap:
     """:func:`read_bytes` for a large file: the regular file ``path`` (no link, no FIFO), at most ``limit``
@@ -295,9 +302,7 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int = 0o644, *, dura
                      dir_fd=dfd)
         try:
             try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view[:WRITE_PIECE]):]
+                _write_all(fd, payload)
                 os.fchmod(fd, mode)
                 if durable:
                     os.fsync(fd)
@@ -324,9 +329,7 @@ def create_exclusive(path: Path | str, data: bytes | str, mode: int = 0o644) -> 
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view[:WRITE_PIECE]):]
+        _write_all(fd, payload)
     finally:
         os.close(fd)
 

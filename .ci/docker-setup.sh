@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install what tests/test_docker_build.py needs: dockerd + a docker client with
-# built-in BuildKit (Debian's docker.io), debootstrap (the offline base image)
+# built-in BuildKit (Debian's docker.io), mmdebstrap (the offline base image)
 # and tar.  Idempotent: installs only what is missing; never starts a daemon
 # (the test starts and stops its own dockerd).
 #
@@ -10,11 +10,11 @@ set -eu
 need=""
 command -v dockerd >/dev/null 2>&1 || need="$need docker.io"
 [ -x /usr/bin/docker ] || case "$need" in *docker.io*) ;; *) need="$need docker.io" ;; esac
-command -v debootstrap >/dev/null 2>&1 || need="$need debootstrap"
+command -v mmdebstrap >/dev/null 2>&1 || need="$need mmdebstrap"
 command -v tar >/dev/null 2>&1 || need="$need tar"
 
 if [ -z "$need" ]; then
-    echo "docker-setup: dockerd, docker, debootstrap already installed"
+    echo "docker-setup: dockerd, docker, mmdebstrap already installed"
     exit 0
 fi
 

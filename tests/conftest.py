@@ -70,16 +70,18 @@ def sh(cwd: Path, *args: str) -> str:
 # test_selftest_child (vLLM 0.26.0 engines started on CPU, ~3.5 min in the last CI run),
 # test_docs (the forks page's journey, 1.5-3 min), test_card_command and test_terminal (verify
 # in a terminal, 1-1.5 min) came late in file order, where one of them could end the run alone.
-# The suite is CPU-bound on two cores, so two modules that mostly wait (test_selftest_runner and
-# test_selftest: their children sleep out deadlines, ~60 s of wall time for ~11 CPU s) come third and
-# fourth: the worker that ends its first module early runs them while the other one compiles with both
+# The suite is CPU-bound on two cores, so three modules that mostly wait (test_selftest_runner and
+# test_selftest: their children sleep out deadlines, ~60 s of wall time for ~11 CPU s; and
+# test_hostile_delivery: its trickling servers and minimum-rate cuts, ~40 s for ~19 CPU s) come third to
+# fifth: the worker that ends its first module early runs them while the other one compiles with both
 # cores, instead of one core idling through them at the end; test_selftest_model (~1 min of torch)
 # comes before the quick ones (the last CI run ended on it, one worker idle for 76 s).
-SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_selftest_runner.py", "test_selftest.py", "test_verify.py",
+SLOW_FIRST = ("test_kernels.py", "test_toolchain.py", "test_selftest_runner.py", "test_selftest.py",
+              "test_hostile_delivery.py", "test_verify.py",
               "test_docker_build.py", "test_upstream_tests.py", "test_selftest_child.py", "test_selftest_model.py",
               "test_docs.py", "test_vllm_wheel.py", "test_kernels_runtime.py",
               "test_flashinfer_matrix.py", "test_testenv.py", "test_testrun.py", "test_recovery.py",
-              "test_index_delivery.py", "test_hostile_delivery.py", "test_hostile.py",
+              "test_index_delivery.py", "test_hostile.py",
               "test_card_command.py", "test_terminal.py", "test_pins.py")
 
 

@@ -132,10 +132,12 @@ def _status(python: str, cache: Path, *args: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture
-def pip_venv(index: dict, tmp_path: Path) -> str:
-    """A fresh venv with the patched wheel from the index (one per test: 800 MB, gone when it passes)."""
-    venv = tmp_path / "pip-venv"
+@pytest.fixture(scope="module")
+def pip_venv(index: dict, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh venv with the patched wheel from the index, for the module (800 MB, gone with it): one pip
+    install of the 313 MB wheel, not one per test (~8 CPU s each, issue 39); the test that edits the
+    installed SBOM puts it back."""
+    venv = tmp_path_factory.mktemp("pip") / "pip-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
     res = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--index-url", index["index"].url,

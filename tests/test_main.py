@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, ROOT, git_pin, write_lock
+from dsv4patch import __version__
 
 # What check and --version never run: the kernel build and its toolchain, apply's
 # transaction and conflict machinery, the wheel, image and SBOM delivery, the test
@@ -58,11 +59,30 @@ def heavy(names: set[str]) -> list[str]:
 
 
 def test_version_imports_no_command(tmp_path: Path) -> None:
+    """``--version`` alone imports nothing of the CLI (not even its parser, issue 39) and prints what the
+    parser's version action prints; with anything else on the line the parser answers, no command imported."""
     names, res = imported("--version", cwd=tmp_path)
-    assert res.returncode == 0 and res.stdout.startswith("dsv4patch "), res.stderr
-    assert "dsv4patch.main" in names  # the scan sees our modules
+    assert res.returncode == 0 and res.stdout == f"dsv4patch {__version__}\n" and res.stderr == "", res.stderr
+    # the package alone (its __main__ runs as the module __main__, as `python -m dsv4patch` and the console
+    # script run it)
+    assert sorted(n for n in names if n.startswith("dsv4patch")) == ["dsv4patch"]
+    assert "argparse" not in names
+    names, res = imported("--version", "--debug", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout == f"dsv4patch {__version__}\n", res.stderr
+    assert "dsv4patch.main" in names
     assert sorted(n for n in names if n.startswith("dsv4patch.commands")) == []
     assert heavy(names) == []
+
+
+def test_version_to_a_closed_stdout_exits_141_without_a_traceback(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the version is written
+    try:
+        res = subprocess.run([sys.executable, "-m", "dsv4patch", "--version"], stdout=w, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=60)
+    finally:
+        os.close(w)
+    assert res.returncode == 141 and res.stderr == "", res.stderr
 
 
 # What a parser prints that lives below commands/: verify's --upstream-from default is

@@ -177,8 +177,8 @@ def _current_pip(python: str) -> bool:
 
     ``python -m venv`` puts in the pip this Python was released with: 3.11's pip 23.2 spent 25 CPU
     seconds resolving a pin's requirements against the index (matching every wheel the index lists
-    against every supported tag) where pip 25.1 spends 12, and 65 s on the whole install against 45
-    (issue 39, measured on this project's CI machine).  A venv whose pip is already new enough asks
+    against every supported tag) where pip 25.1 spends 12, and 61 CPU s on the whole install against
+    45 (issue 39, a quiet 2-core machine like CI's; docs/benchmarks.md).  A venv whose pip is already new enough asks
     the index nothing; where the index has no newer pip (an offline mirror), the bundled one installs
     as before, only slower.  The test venv's packages come from the index anyway (not hash-pinned:
     torch, vLLM's requirements), so this trusts the index with nothing it was not trusted with."""

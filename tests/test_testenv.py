@@ -55,6 +55,13 @@ def _pip_version(python: str) -> tuple[int, ...]:
     return tuple(int(x) for x in out.split()[1].split(".")[:2])
 
 
+def _no_index(m: pytest.MonkeyPatch, empty: Path) -> None:
+    """pip with no index, no find-links but an empty directory and no config files: nothing to be had."""
+    m.setenv("PIP_NO_INDEX", "1")
+    m.setenv("PIP_FIND_LINKS", str(empty))
+    m.setenv("PIP_CONFIG_FILE", os.devnull)
+
+
 def test_a_new_venv_gets_a_current_pip_where_the_index_has_one(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The venv's bundled pip is replaced by one of at least PIP_FLOOR from the index (3.11's
@@ -68,15 +75,11 @@ def test_a_new_venv_gets_a_current_pip_where_the_index_has_one(tmp_path: Path,
     empty = tmp_path / "no-wheels"
     empty.mkdir()
     with monkeypatch.context() as m:  # no index at all: nothing newer to be had
-        m.setenv("PIP_NO_INDEX", "1")
-        m.setenv("PIP_FIND_LINKS", str(empty))
-        m.setenv("PIP_CONFIG_FILE", os.devnull)
+        _no_index(m, empty)
         assert testenv._current_pip(py) is (bundled >= floor)
         assert _pip_version(py) == bundled
     assert testenv._current_pip(py) is True
     assert _pip_version(py) >= floor
     with monkeypatch.context() as m:  # now new enough: the index is not asked again
-        m.setenv("PIP_NO_INDEX", "1")
-        m.setenv("PIP_FIND_LINKS", str(empty))
-        m.setenv("PIP_CONFIG_FILE", os.devnull)
+        _no_index(m, empty)
         assert testenv._current_pip(py) is True

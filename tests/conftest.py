@@ -70,19 +70,21 @@ def sh(cwd: Path, *args: str) -> str:
 # test_selftest_child (vLLM 0.26.0 engines started on CPU, ~3.5 min in the last CI run),
 # test_docs (the forks page's journey, 1.5-3 min), test_card_command and test_terminal (verify
 # in a terminal, 1-1.5 min) came late in file order, where one of them could end the run alone.
-# The suite is CPU-bound on two cores, so three modules that mostly wait (test_selftest_runner and
-# test_selftest: their children sleep out deadlines, ~60 s of wall time for ~11 CPU s; and
-# test_hostile_delivery: its trickling servers and minimum-rate cuts, ~40 s for ~19 CPU s) come early:
-# the other worker compiles meanwhile, instead of one core idling through them at the end;
-# test_selftest_model (~1 min of torch) comes before the quick ones (a CI run ended on it, one worker
-# idle for 76 s).  The two modules that compile CUDA (test_toolchain, test_kernels) never start
+# The suite is CPU-bound on two cores.  Three modules mostly wait (test_selftest_runner and
+# test_selftest: their children sleep out deadlines, ~55 s of wall time for ~10 CPU s; and
+# test_hostile_delivery: its trickling servers and minimum-rate cuts, ~35 s for ~15 CPU s): they come
+# after test_selftest_child, so that one worker waits in them while the other runs that module's two
+# vLLM engine children at once (beside a compile, ci50, a core idled through them: 20-43 % of both
+# cores for ~100 s).  The two modules that compile CUDA (test_toolchain, test_kernels) never run
 # together: two ptxas at once on these 2 vCPUs each take 1.5-1.9x the CPU seconds they take alone
 # (process accounting of ci46 against ci49: 28-32 -> 41-45 s, 6 -> 11.6 s; docs/benchmarks.md), so
-# test_toolchain starts beside test_verify (the CPU test venv's pip install and pytest sessions:
-# no compiler) and test_kernels comes after the Docker build, when test_toolchain is done.
-SLOW_FIRST = ("test_toolchain.py", "test_verify.py", "test_selftest_runner.py", "test_selftest.py",
-              "test_hostile_delivery.py",
-              "test_docker_build.py", "test_upstream_tests.py", "test_selftest_child.py", "test_kernels.py",
+# test_toolchain starts beside test_verify (the CPU test venv's pip install and pytest sessions: no
+# compiler) and the Docker build (no compiler: the kernel wheel is built from cached objects), and
+# test_kernels comes after test_toolchain is done; test_selftest_model (~1 min of torch) comes before
+# the quick ones (a CI run ended on it, one worker idle for 76 s).
+SLOW_FIRST = ("test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_selftest_child.py",
+              "test_selftest_runner.py", "test_selftest.py", "test_hostile_delivery.py",
+              "test_upstream_tests.py", "test_kernels.py",
               "test_selftest_model.py", "test_docs.py", "test_vllm_wheel.py", "test_kernels_runtime.py",
               "test_flashinfer_matrix.py", "test_testenv.py", "test_testrun.py", "test_recovery.py",
               "test_index_delivery.py", "test_hostile.py",

@@ -107,6 +107,33 @@ def modules(log: str) -> list[tuple[str, float, float, str]]:
     return rows
 
 
+def by_module(procs: list[Proc], tree: Tree, rows: list[tuple[str, float, float, str]]
+              ) -> tuple[dict[int, str], dict[str, dict[str, float]]]:
+    """The pytest workers (pid -> ``gwN``) and the suite's CPU by test module and kind of program.
+
+    A worker is a long-lived ``python`` process whose parent is one too (pytest-xdist's controller),
+    numbered by start; each other process counts in the module its worker ran when it started."""
+    pythons = [p for p in procs if p.comm.startswith("python")]
+    longest = max((p.elapsed for p in pythons), default=0.0)
+    lived = {p.pid: p for p in pythons if p.elapsed > 0.5 * longest}
+    count = len({w for w, *_ in rows})
+    workers = sorted((p for p in lived.values() if p.ppid in lived), key=lambda p: (p.start, p.pid))[:count]
+    names = {p.pid: f"gw{i}" for i, p in enumerate(workers)}
+    t0 = min(p.start for p in workers) if workers else 0.0
+    per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for p in procs:
+        if p.pid in names:
+            per[f"{names[p.pid]}: the worker itself (in-process tests, pytest)"]["python"] += p.cpu
+            continue
+        worker = tree.ancestor_in(p, names)
+        if worker is None:
+            continue
+        off = p.start - t0
+        module = next((m for w, a, b, m in rows if w == worker and a - 1 <= off <= b + 1), f"{worker}: between modules")
+        per[module][category(p.comm)] += p.cpu
+    return names, per
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pacct", type=Path, help="the process accounting file (accton FILE ... accton off)")
@@ -126,26 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     for comm, (n, user, system) in sorted(by_comm.items(), key=lambda x: -(x[1][1] + x[1][2]))[:args.top]:
         print(f"  {user + system:8.1f} = {user:7.1f} + {system:6.1f}  {int(n):6d}  {comm}")
     if args.ci_log is not None:
-        rows = modules(args.ci_log.read_text(errors="replace"))
-        # the workers: long-lived python processes whose parent is one too (pytest-xdist's controller), by start
-        pythons = [p for p in procs if p.comm.startswith("python")]
-        longest = max((p.elapsed for p in pythons), default=0.0)
-        lived = {p.pid: p for p in pythons if p.elapsed > 0.5 * longest}
-        count = len({w for w, *_ in rows})
-        workers = sorted((p for p in lived.values() if p.ppid in lived), key=lambda p: (p.start, p.pid))[:count]
-        names = {p.pid: f"gw{i}" for i, p in enumerate(workers)}
-        t0 = min(p.start for p in workers) if workers else 0.0
-        per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        for p in procs:
-            if p.pid in names:
-                per[f"{names[p.pid]}: the worker itself (in-process tests, pytest)"]["python"] += p.cpu
-                continue
-            worker = tree.ancestor_in(p, names)
-            if worker is None:
-                continue
-            off = p.start - t0
-            module = next((m for w, a, b, m in rows if w == worker and a - 1 <= off <= b + 1), f"{worker}: between modules")
-            per[module][category(p.comm)] += p.cpu
+        names, per = by_module(procs, tree, modules(args.ci_log.read_text(errors="replace")))
         print(f"\nthe suite by test module ({', '.join(f'{n} = pid {pid}' for pid, n in names.items())}; "
               "CPU s of the processes each started, by kind):")
         for module, kinds in sorted(per.items(), key=lambda x: -sum(x[1].values()))[:max(args.top, 25)]:

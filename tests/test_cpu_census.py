@@ -46,3 +46,18 @@ def test_a_reused_pid_is_the_parent_alive_when_the_child_started() -> None:
     assert tree.ancestor_in(reused, {101: "gw0"}) is None
     assert [census.category(c) for c in ("git-upload-pack", "cicc", "python3.11", "VLLM::Worker", "dockerd")] == [
         "git", "compile", "python", "vllm", "other"]
+
+
+def test_each_process_counts_in_the_module_its_worker_ran_when_it_started() -> None:
+    P = census.Proc
+    controller = P("python", 1, 1, 800, 100, 1, 1000)
+    gw0 = P("python", 60, 5, 790, 101, 100, 1001)
+    gw1 = P("python", 30, 5, 790, 102, 100, 1001)
+    ptxas = P("ptxas", 25, 1, 26, 300, 101, 1011)  # gw0, 10 s in: test_kernels
+    git = P("git", 0.5, 0.5, 1, 301, 102, 1400)  # gw1, 399 s in: between its modules
+    procs = [controller, gw0, gw1, ptxas, git]
+    names, per = census.by_module(procs, census.Tree(procs), census.modules(LOG))
+    assert names == {101: "gw0", 102: "gw1"}
+    assert per["tests/test_kernels.py"] == {"compile": 26}
+    assert per["gw1: between modules"] == {"git": 1}
+    assert per["gw0: the worker itself (in-process tests, pytest)"] == {"python": 65}

@@ -26,7 +26,7 @@ import json
 import os
 import select
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from dsv4patch import __version__, childproc, report, settings
@@ -159,11 +159,15 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int:
+def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = (),
+         started: Callable[[], object] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit code.
 
     ``early``: the interrupt signals that arrived before this was called (the
     entry point ``dsv4patch.__main__`` records them from its first instant).
+    ``started``: called once the command line is parsed and its command imported,
+    just before the command runs (the entry point turns the garbage collector
+    back on there).
     """
     entry = argv is None  # the process's entry point (console script, python -m): it exits after this
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -171,7 +175,7 @@ def main(argv: Sequence[str] | None = None, *, early: Sequence[int] = ()) -> int
     report.reset_emitted()
     try:
         with settings.in_effect(Settings.for_output(os.environ)), childproc.interrupts(exiting=entry, early=early):
-            return _main(argv, state)
+            return _main(argv, state, started)
     except KeyboardInterrupt:  # an interrupt that arrived while an error was reported or children ended
         return _interrupted(state["command"], _wants_json(argv, state["args"]))
     except BrokenPipeError:
@@ -198,7 +202,7 @@ def _interrupted(command: str, as_json: bool) -> int:
         return EXIT_INTERRUPTED
 
 
-def _main(argv: list[str], state: dict[str, Any]) -> int:
+def _main(argv: list[str], state: dict[str, Any], started: Callable[[], object] | None) -> int:
     args: argparse.Namespace | None = None
     command = ""
     debug = os.environ.get("DSV4PATCH_DEBUG", "") not in ("", "0")
@@ -212,6 +216,8 @@ def _main(argv: list[str], state: dict[str, Any]) -> int:
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
         _use_words()
         module = importlib.import_module(f"dsv4patch.commands.{args.command}")
+        if started is not None:
+            started()
         # The environment's settings, read and validated once for the run (a bad bound: exit 2 here).
         with settings.in_effect(Settings.from_environ(os.environ)):
             code = int(module.run(args))

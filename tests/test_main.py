@@ -133,4 +133,50 @@ def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upst
         # _words: the command line's spelling of the core's parameters and next steps (main installs it)
         assert sorted(n for n in names if n.startswith("dsv4patch.commands.")) == [
             "dsv4patch.commands._common", "dsv4patch.commands._words", "dsv4patch.commands.check"], run
+        if run == "warm":  # the result from the check cache: no patch parsed, no checkout guarded (issue 39)
+            assert not {"dsv4patch.series.patches", "dsv4patch.guard"} & names, run
+
+
+# Runs the CLI as the console script does and writes, when the interpreter exits, the collections that ran
+# while the program started (from the import of dsv4patch.main, which the entry point starts, to the freeze of
+# what the start-up made) and after, whether the collector is on, and how many objects the start-up left frozen.
+WATCH_GC = """\
+import atexit, gc, json, runpy, sys
+out = sys.argv.pop(1)
+seen = {"starting": 0, "running": 0}
+def watch(phase, info):
+    if phase == "start" and "dsv4patch.main" in sys.modules:
+        seen["running" if gc.get_freeze_count() else "starting"] += 1
+gc.callbacks.append(watch)
+atexit.register(lambda: open(out, "w").write(json.dumps({**seen, "enabled": gc.isenabled(),
+                                                          "frozen": gc.get_freeze_count()})))
+sys.argv[0] = "dsv4patch"
+runpy.run_module("dsv4patch", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_no_collection_while_the_program_starts_and_the_collector_on_for_the_run(tmp_path: Path, upstream) -> None:
+    """issue 39: the ~20 collections a start-up set off walked objects that live as long as the process;
+    the entry point keeps the collector off until the command is about to run, then freezes what the
+    start-up made and turns it on.  ``main()`` called in-process (tests, embedders) leaves it alone."""
+    import gc
+
+    from dsv4patch.main import main
+
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "a")
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
+    args = ("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", "json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for run in ("cold", "warm"):
+        res = subprocess.run([sys.executable, "-c", WATCH_GC, str(tmp_path / "gc.json"), *map(str, args)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert res.returncode == 0, res.stderr
+        seen = json.loads((tmp_path / "gc.json").read_text())
+        assert seen["starting"] == 0 and seen["enabled"] is True, (run, seen)
+        assert seen["frozen"] > 10_000, (run, seen)  # the modules, classes and functions of the start-up
+    enabled, frozen = gc.isenabled(), gc.get_freeze_count()
+    assert main([str(a) for a in args]) == 0
+    assert (gc.isenabled(), gc.get_freeze_count()) == (enabled, frozen)
 

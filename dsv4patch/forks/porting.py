@@ -69,10 +69,10 @@ from dsv4patch.series import (
     carried_result,
     check_one,
     load_patch,
-    read_series_file,
     run_series,
     series_for_pin,
 )
+from dsv4patch.seriesfile import read_series_file
 
 if TYPE_CHECKING:
     from dsv4patch.checkout import (

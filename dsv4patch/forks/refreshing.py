@@ -51,7 +51,8 @@ from dsv4patch.checkout import (
 from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize, open_lock, set_variant, update_derived
-from dsv4patch.series import Status, check_pin, has_offsets, read_series_file, run_series, series_for_pin
+from dsv4patch.series import Status, check_pin, has_offsets, run_series, series_for_pin
+from dsv4patch.seriesfile import read_series_file
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Context, Lock, Pin, PinRepo

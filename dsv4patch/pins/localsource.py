@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import git, guard
+from dsv4patch import git
 from dsv4patch.errors import FetchError, TreeError, param
 from dsv4patch.pins.gitsource import export_commit
 from dsv4patch.pins.lock import Source
@@ -59,6 +59,8 @@ def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
     ``own_tree``: the tree being worked on; when it is this checkout, HEAD may descend from the
     pinned commit (the fork's branch with the series, and the maintainer's commits, on top) and
     may be mid-work (the caller checks cleanliness)."""
+    from dsv4patch import guard  # when a local pin is fetched: a warm check of another kind never is (issue 39)
+
     src = pin.source
     assert src.path is not None
     if not src.path.exists():

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dsv4patch import git, guard
+from dsv4patch import git
 from dsv4patch.errors import CacheError, FetchError, param, writing
 from dsv4patch.pins.source import kind_of
 
@@ -95,6 +95,8 @@ def _build(pin: Pin, store: Store, dest: Path, progress: Progress, own_tree: Pat
         kind_of(pin).fetch_files(pin, store, files, progress, own_tree)
         git.init(files)
         message = f"vLLM {pin.vllm_version} ({pin.source.kind}, upstream commit {pin.commit})\n"
+        from dsv4patch import guard  # only when a tree is built: not on a warm check's way (issue 39)
+
         with guard.owned(files):  # the import directory dsv4patch just made
             with progress.task(f"import {pin.name} into git", None):
                 base = git.add_all_and_commit_root(files, message)

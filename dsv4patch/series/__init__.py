@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
     from dsv4patch.series.lockupdate import update as update_lock
     from dsv4patch.series.patchedtree import ChangedFile, PatchedTree
-    from dsv4patch.series.patches import Patch, Series, load_patch, read_series_file, series_for_pin
+    from dsv4patch.series.patches import Patch, Series, load_patch, series_for_pin
     from dsv4patch.series.pincheck import PinReport, check_pin, check_pins, patched_tree, pin_report
     from dsv4patch.series.releases import ADOPT as RELEASE_ADOPT
     from dsv4patch.series.releases import INVESTIGATE as RELEASE_INVESTIGATE
@@ -56,7 +56,6 @@ FACE = {
     "load_patch": "patches:load_patch",
     "patched_tree": "pincheck:patched_tree",
     "pin_report": "pincheck:pin_report",
-    "read_series_file": "patches:read_series_file",
     "run_series": "engine:run_series",
     "series_for_pin": "patches:series_for_pin",
     "update_lock": "lockupdate:update",
@@ -86,7 +85,6 @@ __all__ = [
     "load_patch",
     "patched_tree",
     "pin_report",
-    "read_series_file",
     "run_series",
     "series_for_pin",
     "update_lock",

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsv4patch import __version__, git
 from dsv4patch.series import results
-from dsv4patch.series.patches import read_series_file
+from dsv4patch.seriesfile import read_series_file
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 SCHEMA = "check-v1"
 # Modules (relative to the package) whose code decides a check result.
-DECIDING = ("series/engine.py", "series/results.py", "git.py", "series/patches.py", "pins/repository.py", "pins/lock.py",
-            "pins/source.py", "pins/sdist.py", "pins/gitsource.py", "pins/localsource.py",
+DECIDING = ("series/engine.py", "series/results.py", "git.py", "series/patches.py", "seriesfile.py",
+            "pins/repository.py", "pins/lock.py", "pins/source.py", "pins/sdist.py", "pins/gitsource.py", "pins/localsource.py",
             "series/checkcache.py")  # relative to dsv4patch/
 
 

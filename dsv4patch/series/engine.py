@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import GitError, disk_trouble
-from dsv4patch.series.patches import check_paths
 from dsv4patch.series.results import HunkNote, PatchResult, SeriesResult, Status
 
 if TYPE_CHECKING:
@@ -150,6 +149,10 @@ def check_one(
     ``symlinks`` (paths of symlinks in the index) and ``tree`` (the index's
     tree id) may be passed in when the caller knows them, saving git calls.
     """
+    # Imported here: a warm check reads its results from the cache and never parses a patch (issue 39); a
+    # caller that has ``patch`` has imported its module already.
+    from dsv4patch.series.patches import check_paths
+
     check_paths(patch, git.symlinks_in_index(repo, env) if symlinks is None else symlinks)
     result = PatchResult(patch.name, patch.series, patch.sha256, Status.CLEAN)
     markers = markers_present(repo, env, patch)

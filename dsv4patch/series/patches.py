@@ -1,7 +1,7 @@
 """Patch files and series: reading, headers, hunks, and path safety.
 
 A series file lists patch files (one per line, ``#`` comments), relative to
-the series file.  Each patch is a ``git format-patch`` file whose commit
+the series file (read by :mod:`dsv4patch.seriesfile`).  Each patch is a ``git format-patch`` file whose commit
 message ends in trailers (``Fix:``, ``Origin:``, ``Applied-Upstream:``,
 ``Test:``, ``Upstream-Marker:``) that the rest of the tool reads: ``verify``
 runs the ``Test:`` node ids, upstream detection looks for the markers.
@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
+from dsv4patch.seriesfile import read_series_file
 
 if TYPE_CHECKING:
     from unidiff.patch import PatchedFile, PatchSet
@@ -126,31 +127,6 @@ def series_for_pin(lock: Lock, pin: Pin) -> Series:
             "which no series of that pin contains"
         )
     return Series(pin=pin.name, patches=tuple(patches))
-
-
-def read_series_file(path: Path) -> list[Path]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise PatchFileError(f"series file {path} not found") from None
-    except UnicodeDecodeError as exc:
-        raise PatchFileError(
-            f"series file {path} is not UTF-8 text (byte {exc.start}); it lists patch files, "
-            "one per line"
-        ) from None
-    except OSError as exc:
-        raise PatchFileError(
-            f"series file {path} cannot be read ({exc.strerror or exc}); the lock's "
-            "[series.*] path must name a file listing patch files"
-        ) from None
-    out = []
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if line:
-            out.append(path.parent / line)
-    if not out:
-        raise PatchFileError(f"series file {path} lists no patches")
-    return out
 
 
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")

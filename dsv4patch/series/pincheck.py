@@ -24,7 +24,6 @@ from dsv4patch.errors import CacheError, NotFetchedError, writing
 from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
-from dsv4patch.series.patches import series_for_pin
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Context, Pin, PinRepo
@@ -43,6 +42,8 @@ class PinCheck:
 
 def check_pin(*, ctx: Context, pin: Pin) -> PinCheck:
     """Materialize ``pin`` and run its series in a scratch index (never touches a tree)."""
+    from dsv4patch.series.patches import series_for_pin  # not on a warm check's way (issue 39: its start-up)
+
     repo = materialize(pin, ctx.store, ctx.progress)
     series = series_for_pin(ctx.lock, pin)
     with writing(CacheError, str(ctx.store.root), "free space in the cache or point DSV4PATCH_CACHE elsewhere"), \
@@ -233,6 +234,8 @@ def patched_tree(*, ctx: Context, pin: Pin) -> PatchedTree:
     inputs, else the series run and its result kept there) and every changed file read
     (:func:`dsv4patch.series.patchedtree.read_patched_tree`: refused unless the result is the lock's)."""
     from dsv4patch.series.patchedtree import read_patched_tree  # the deliveries' need: check never loads it
+    from dsv4patch.series.patches import series_for_pin
+
     cache = CachedCheck(ctx, use=True)
     hit = cache.lookup(pin)
     if hit is not None and not _objects_present(*hit):

@@ -1,0 +1,50 @@
+"""seriesfile.py: the patch files a series file lists, and each series file it cannot read named.
+
+The real series files of this repository, then files made here: comments, blank lines, paths relative to
+the series file, and the errors (missing, a directory, not UTF-8, nothing listed), each naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from dsv4patch.errors import PatchFileError
+from dsv4patch.seriesfile import read_series_file
+
+
+def test_the_repositorys_series_files_list_patch_files_that_exist() -> None:
+    for series in sorted((ROOT / "patches").rglob("series")):
+        listed = read_series_file(series)
+        assert listed and all(p.parent == series.parent and p.suffix == ".patch" for p in listed), series
+        assert all(p.is_file() for p in listed), series
+
+
+def test_comments_blank_lines_and_relative_paths(tmp_path: Path) -> None:
+    series = tmp_path / "s" / "series"
+    series.parent.mkdir()
+    series.write_text("# the fixes\n\n0001-a.patch\n  0002-b.patch   # trailing comment\nsub/0003-c.patch\n#0004-off.patch\n")
+    assert read_series_file(series) == [series.parent / "0001-a.patch", series.parent / "0002-b.patch",
+                                        series.parent / "sub" / "0003-c.patch"]
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "not-utf8", "empty", "comments-only"])
+def test_a_series_file_it_cannot_use_is_named(tmp_path: Path, case: str) -> None:
+    series = tmp_path / "series"
+    if case == "directory":
+        series.mkdir()
+    elif case == "not-utf8":
+        series.write_bytes(b"0001-a.patch\n\xff\xfe\n")
+    elif case == "empty":
+        series.write_text("")
+    elif case == "comments-only":
+        series.write_text("# nothing yet\n\n")
+    with pytest.raises(PatchFileError) as info:
+        read_series_file(series)
+    message = str(info.value)
+    assert str(series) in message
+    expected = {"missing": "not found", "directory": "cannot be read", "not-utf8": "is not UTF-8 text (byte 13)",
+                "empty": "lists no patches", "comments-only": "lists no patches"}[case]
+    assert expected in message, message

@@ -108,6 +108,37 @@ def test_loose_intersection_matches_cmake() -> None:
         "8.0", "8.6", "9.0a")
 
 
+def test_arch_lists_take_the_nvcc_version_of_their_closest_branch() -> None:
+    """parse_cmake reads each list's nvcc version from the closest if()/elseif()/else() before it (the
+    branches are found once for the whole file: issue 39's warm wheel parsed it in 40-50 ms before);
+    conditions may span lines; a call's arguments end at its matching bracket."""
+    text = """
+set(VLLM_STABLE_EXT_SRC "csrc/a.cu")  # comment (with a bracket
+if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0
+   AND (VLLM_GPU_LANG STREQUAL "CUDA"))
+  cuda_archs_loose_intersection(A_ARCHS "10.0f;12.0f" "${CUDA_ARCHS}")
+elseif(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL "12.8")
+  cuda_archs_loose_intersection(A_ARCHS "10.0a;12.0a" "${CUDA_ARCHS}")
+  if(SOMETHING)
+    cuda_archs_loose_intersection(B_ARCHS "9.0a" "${CUDA_ARCHS}")
+  endif()
+else()
+  cuda_archs_loose_intersection(A_ARCHS "8.0" "${CUDA_ARCHS}")
+endif()
+cuda_archs_loose_intersection(C_ARCHS "7.5" "${CUDA_ARCHS}")
+set(CUDA_SUPPORTED_ARCHS "7.5;8.0")
+"""
+    target = sources.parse_cmake(text)
+    assert target.sources == ("csrc/a.cu",)
+    assert target.arch_lists == {"A_ARCHS": [("13.0", ("10.0f", "12.0f")), ("12.8", ("10.0a", "12.0a")),
+                                             (None, ("8.0",))],
+                                 "B_ARCHS": [(None, ("9.0a",))],  # if(SOMETHING): no version
+                                 "C_ARCHS": [(None, ("7.5",))]}  # after endif(): the else() is the last branch
+    assert target.supported == [(None, ("7.5", "8.0"))]
+    assert sources._enclosed("a(b(c)d)e)f", 2, "(", ")") == "b(c)d"
+    assert sources._enclosed("(x(y", 1, "(", ")") == "x("  # unclosed: the rest but its last character
+
+
 def test_gencode_family_and_ptx() -> None:
     assert kbuild.gencode("10.0f") == ["-gencode", "arch=compute_100f,code=sm_100f"]
     assert kbuild.gencode("12.0+PTX") == ["-gencode", "arch=compute_120,code=sm_120",

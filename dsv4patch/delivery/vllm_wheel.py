@@ -62,7 +62,6 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from dsv4patch import report, safeio, zipcopy
-from dsv4patch.checkout import apply_pin
 from dsv4patch.delivery import sbom
 from dsv4patch.errors import BuildError, Dsv4Error, IntegrityError, ParameterError, TreeError, param
 from dsv4patch.hashing import record_b64, record_hash, sha256
@@ -966,6 +965,8 @@ def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context, how: _Kern
             return _kernel_wheel(pin, path, how, ctx=ctx, expect_tree=patched)
         except NotThatTree:
             pass  # not yet (or no longer) the patched tree: apply the series, as below
+    from dsv4patch.checkout import apply_pin  # only when the cache's tree is not the patched tree (a warm wheel's is)
+
     try:
         applied = apply_pin(ctx=ctx, pin=pin, tree_path=path)
     except TreeError:

@@ -18,6 +18,7 @@ ported from ``cmake/utils.cmake``).
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,11 +102,12 @@ def _strip_cmake_comments(text: str) -> str:
 
 def _enclosed(text: str, start: int, opening: str, closing: str) -> str:
     """Text from ``start`` (just past an opening bracket) to its matching close."""
-    depth, i = 1, start
-    while i < len(text) and depth:
-        depth += {opening: 1, closing: -1}.get(text[i], 0)
-        i += 1
-    return text[start:i - 1]
+    depth = 1
+    for m in re.compile(f"[{re.escape(opening + closing)}]").finditer(text, start):  # only the brackets
+        depth += 1 if m.group() == opening else -1
+        if not depth:
+            return text[start:m.start()]
+    return text[start:len(text) - 1]  # never closed: the rest but its last character, as before
 
 
 def _calls(text: str, name: str) -> list[tuple[int, str]]:
@@ -126,16 +128,28 @@ class CMakeTarget:
     cuda_standard: int | None = None  # set(CMAKE_CUDA_STANDARD N): the C++ standard vLLM compiles CUDA with
 
 
-def _min_cuda_before(text: str, off: int) -> str | None:
+_BRANCH = re.compile(r"\b(if|elseif|else)\s*\(")
+
+
+def _branches(text: str) -> tuple[list[int], list[re.Match[str]]]:
+    """Every ``if(``/``elseif(``/``else(`` of ``text`` and where each ends, in order: read once, so
+    :func:`_min_cuda_before` looks one up instead of scanning the text before each call again."""
+    found = list(_BRANCH.finditer(text))
+    return [m.end() for m in found], found
+
+
+def _min_cuda_before(text: str, off: int, branches: tuple[list[int], list[re.Match[str]]]) -> str | None:
     """The nvcc version the closest enclosing ``if()``/``elseif()`` before ``off`` requires.
 
     ``None`` for an ``else()`` branch or a condition that does not test
     ``CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL X`` (conditions may span lines).
+    ``branches``: :func:`_branches` of ``text``.
     """
-    conds = list(re.finditer(r"\b(if|elseif|else)\s*\(", text[:off]))
-    if not conds:
+    ends, found = branches
+    at = bisect.bisect_right(ends, off)  # the branches that end at or before ``off``
+    if not at:
         return None
-    last = conds[-1]
+    last = found[at - 1]
     if last.group(1) == "else":
         return None
     cond = _enclosed(text, last.end(), "(", ")")
@@ -146,6 +160,7 @@ def _min_cuda_before(text: str, off: int) -> str | None:
 def parse_cmake(text: str) -> CMakeTarget:
     """The literal sources of ``VLLM_STABLE_EXT_SRC`` and their arch restrictions."""
     text = _strip_cmake_comments(text)
+    branches = _branches(text)
     sources: list[str] = []
     for fn in ("set", "list"):
         for _off, args in _calls(text, fn):
@@ -169,12 +184,12 @@ def parse_cmake(text: str) -> CMakeTarget:
             continue
         # The closest enclosing if()/else() decides the nvcc version this list is for.
         archs = tuple(a for a in m.group(2).split(";") if a)
-        arch_lists.setdefault(m.group(1), []).append((_min_cuda_before(text, off), archs))
+        arch_lists.setdefault(m.group(1), []).append((_min_cuda_before(text, off, branches), archs))
     supported: list[tuple[str | None, tuple[str, ...]]] = []
     for off, args in _calls(text, "set"):
         m = re.match(r'\s*CUDA_SUPPORTED_ARCHS\s+"([^"]*)"', args)
         if m:
-            supported.append((_min_cuda_before(text, off), tuple(a for a in m.group(1).split(";") if a)))
+            supported.append((_min_cuda_before(text, off, branches), tuple(a for a in m.group(1).split(";") if a)))
     defines: dict[str, tuple[str, ...]] = {}
     for m in re.finditer(r"\bif\s*\(\s*(\w+)\s*\)\s*list\s*\(\s*APPEND\s+VLLM_GPU_FLAGS\s+([^)]*)\)", text):
         defines[m.group(1)] = tuple(_STRING.findall(m.group(2)))

@@ -118,13 +118,18 @@ def test_a_commands_help_imports_that_command_and_what_it_prints(tmp_path: Path,
     assert not {"dsv4patch.checkout", "dsv4patch.forks", "dsv4patch.series"} & (names - PRINTED.get(command, set()))
 
 
-@pytest.mark.parametrize("fmt", ["json", "text"])
-def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upstream, fmt: str) -> None:
+def _check_args(tmp_path: Path, upstream, fmt: str) -> tuple[str | Path, ...]:
+    """``check`` of a one-patch lock on a git pin of the mini upstream, in its own cache under ``tmp_path``."""
     d = tmp_path / "lock"
     d.mkdir()
     upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "a")
     lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
-    args = ("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
+    return ("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upstream, fmt: str) -> None:
+    args = _check_args(tmp_path, upstream, fmt)
     for run in ("cold", "warm"):  # cold: the pin is fetched, its tree made, the series checked
         names, res = imported(*args, cwd=tmp_path)
         assert res.returncode == 0, res.stderr
@@ -163,11 +168,7 @@ def test_no_collection_while_the_program_starts_and_the_collector_on_for_the_run
 
     from dsv4patch.main import main
 
-    d = tmp_path / "lock"
-    d.mkdir()
-    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": MINI_FILES["vllm/envs.py"] + "A = 1\n"}, "a")
-    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch"]})
-    args = ("check", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", "json")
+    args = _check_args(tmp_path, upstream, "json")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for run in ("cold", "warm"):
         res = subprocess.run([sys.executable, "-c", WATCH_GC, str(tmp_path / "gc.json"), *map(str, args)],

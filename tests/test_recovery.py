@@ -486,9 +486,9 @@ def _timed(argv: list[str], mark: str) -> float:
     """Seconds a plain run of ``argv`` takes as the shots run it (a fresh interpreter, its start-up
     included): their delays are drawn up to 1.1 x this, so the last ones land after its end."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dsv4patch", *argv], env={**ENV, "DSV4PATCH_TEST_MARK": mark},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = spawn(argv, DSV4PATCH_TEST_MARK=mark)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:].decode(errors="replace")
     return time.monotonic() - t0
 
 

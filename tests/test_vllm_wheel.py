@@ -28,7 +28,7 @@ from conftest import LOCK, ROOT
 from dsv4patch import hashing, zipcopy
 from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
-from dsv4patch.kernels import stock
+from dsv4patch.kernels import stock, wheelcache
 from dsv4patch.kernels.build import hook_line
 from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
@@ -378,22 +378,41 @@ def test_wheel_table_keeps_words_whole(cli, wheels: dict, shared_cache: Path,
     assert_no_word_split(table, 100)
 
 
-def test_a_changed_cache_tree_is_made_again_never_built_as_it_is(wheels: dict, shared_cache: Path) -> None:
-    """A warm wheel builds the kernels in the cache's own patched tree without checking the series
-    into it again, only while that tree is exactly the locked patched tree: a kernel source changed
-    there (here one that would not compile) sends it through apply again (made anew), and the wheel
-    is byte for byte the first one."""
+def test_a_warm_wheel_reads_the_kept_kernel_wheel_and_a_changed_cache_tree_is_made_again(
+        wheels: dict, shared_cache: Path) -> None:
+    """The kernel wheel the first build made is kept in the cache (kernels/wheelcache.py) and a warm
+    wheel reads it: the cache's patched tree is neither read nor vetted (a kernel source changed
+    there, here one that would not compile, stays as it is), and the wheel is byte for byte the
+    first one.  Without a kept wheel it builds in the cache's own tree without checking the series
+    into it again, only while that tree is exactly the locked patched tree: the changed source
+    sends it through apply again (made anew), the wheel is the same again, and it is kept anew."""
     tree = wheels["tree"]
     path = shared_cache / "wheel-trees" / f"{PIN}-{tree.patched_tree[:12]}-{tree.series.hash()[:12]}"
     held = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True,
                           check=True).stdout.strip()
     assert held == wheels["pin"].patched_tree
+    store = Store.open(shared_cache)
+    key = wheelcache.key(store=store, pin=wheels["pin"], patched_tree=tree.patched_tree, archs=None, nvcc=None,
+                         progress=Progress(False))
+    assert key is not None
+    kept = wheelcache.kept(store, key)
+    assert kept is not None and kept.name.startswith("dsv4patch_kernels_0_27_1-")
     source = path / next(f.path for f in tree.files if f.path.startswith("csrc/") and f.path.endswith(".cu"))
     source.write_bytes(source.read_bytes() + b"\n#error changed in the cache's tree\n")
-    out = wheels["base"] / "c"
-    res = subprocess.run([sys.executable, "-m", "dsv4patch", "wheel", "--lock", str(LOCK), "--pin", PIN,
-                          "--out", str(out), "--cache-dir", str(shared_cache)],
-                         capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert (out / wheels["a"].name).read_bytes() == wheels["a"].read_bytes()
+
+    def wheel(out: Path) -> None:
+        res = subprocess.run([sys.executable, "-m", "dsv4patch", "wheel", "--lock", str(LOCK), "--pin", PIN,
+                              "--out", str(out), "--cache-dir", str(shared_cache)],
+                             capture_output=True, text=True, timeout=1800)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert (out / wheels["a"].name).read_bytes() == wheels["a"].read_bytes()
+
+    wheel(wheels["base"] / "c")
+    assert source.read_bytes().endswith(b"#error changed in the cache's tree\n")  # not built, not made anew
+    data = bytearray(kept.read_bytes())  # a damaged kept wheel is not read: the tree is built from
+    data[len(data) // 2] ^= 0xFF
+    kept.write_bytes(bytes(data))
+    wheel(wheels["base"] / "d")
     assert b"#error changed" not in source.read_bytes()
+    again = wheelcache.kept(store, key)
+    assert again is not None and again.read_bytes() != bytes(data)

@@ -70,7 +70,10 @@ from dsv4patch.kernels import (
     NotThatTree,
     build_tree,
     hook_line,
+    keep_kernel_wheel,
+    kept_kernel_wheel,
     kernel_dist_name,
+    kernel_wheel_key,
     stock_wheel_for,
     stock_wheel_path,
 )
@@ -918,6 +921,18 @@ def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_s
             f"{param('platform')} {plat}: the kernel library is built for this machine "
             f"({host_platform()}); build it on a {plat} machine with `dsv4patch build {param('pin')} "
             f"{pin.name}` and pass the wheel with {param('kernels')}")
+    # The lock's toolchain: the kernel wheel an earlier run built for the same key is read as it is.
+    lock_toolchain = how.python is None and how.allow_torch is None and not how.extra_include
+    key = kernel_wheel_key(store=ctx.store, pin=pin, patched_tree=tree.patched_tree, archs=how.archs,
+                           nvcc=how.nvcc, progress=ctx.progress) if lock_toolchain else None
+    kept = kept_kernel_wheel(ctx.store, key) if key is not None else None
+    if kept is not None:
+        try:
+            kpkg = read_kernels(kept, pin, tree.patched_tree, plat)
+        except BuildError:
+            kept = None  # not what this pin's tree needs after all: built below
+        else:
+            return kpkg, None, [_built_here(kpkg)]
     kwheel = _build_kernels(pin, f"{tree.patched_tree[:12]}-{tree.series.hash()[:12]}", tree.patched_tree,
                             ctx=ctx, how=how)
     if kwheel is None:
@@ -928,8 +943,17 @@ def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_s
     except BaseException:
         ctx.store.remove_tmp(kwheel.parent)  # an unreadable library (or an interrupt) leaves nothing in the cache
         raise
-    return kpkg, kwheel.parent, [f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
-                                 f"CUDA {kpkg.info.get('cuda_version')}"]
+    if lock_toolchain:  # the key again where the build installed a part of the toolchain
+        key = key or kernel_wheel_key(store=ctx.store, pin=pin, patched_tree=tree.patched_tree, archs=how.archs,
+                                      nvcc=how.nvcc, progress=ctx.progress)
+        if key is not None:
+            keep_kernel_wheel(ctx.store, key, kwheel)
+    return kpkg, kwheel.parent, [_built_here(kpkg)]
+
+
+def _built_here(kpkg: KernelPackage) -> str:
+    return (f"kernel library built here for torch {kpkg.info.get('torch_version')}, "
+            f"CUDA {kpkg.info.get('cuda_version')}")
 
 
 def _repack(tree: PatchedTree, wheel: WheelFile, kpkg: KernelPackage | None, out: Path, *,

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from dsv4patch.kernels.sources import plan as plan_kernels
     from dsv4patch.kernels.stock import wheel_for as stock_wheel_for
     from dsv4patch.kernels.stock import wheel_path as stock_wheel_path
+    from dsv4patch.kernels.wheelcache import keep as keep_kernel_wheel
+    from dsv4patch.kernels.wheelcache import kept as kept_kernel_wheel
+    from dsv4patch.kernels.wheelcache import key as kernel_wheel_key
 
 # The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
 FACE = {
@@ -34,7 +37,10 @@ FACE = {
     "full_build": "building:full_build",
     "hook_line": "build:hook_line",
     "is_kernel_source": "sources:is_kernel_source",
+    "keep_kernel_wheel": "wheelcache:keep",
+    "kept_kernel_wheel": "wheelcache:kept",
     "kernel_dist_name": "build:dist_name",
+    "kernel_wheel_key": "wheelcache:key",
     "plan_kernels": "sources:plan",
     "stock_wheel_for": "stock:wheel_for",
     "stock_wheel_path": "stock:wheel_path",
@@ -49,7 +55,10 @@ __all__ = [
     "full_build",
     "hook_line",
     "is_kernel_source",
+    "keep_kernel_wheel",
+    "kept_kernel_wheel",
     "kernel_dist_name",
+    "kernel_wheel_key",
     "plan_kernels",
     "stock_wheel_for",
     "stock_wheel_path",

@@ -245,10 +245,25 @@ def _env_dir(store: Store, kind: str, parts: Sequence[str]) -> tuple[str, Path]:
     return key, store.root / "toolchains" / f"{kind}-{key}"
 
 
-def _provision(store: Store, kind: str, reqs: Sequence[Requirement], progress: Progress,
-               what: str, parts: Sequence[str]) -> Path:
-    """A venv under ``<cache>/toolchains/`` holding exactly ``reqs`` (hash-checked, no deps)."""
-    key, root = _env_dir(store, kind, [*parts, *(r.line() for r in reqs)])
+def _torch_parts(torch: Requirement) -> tuple[list[str], list[Requirement]]:
+    """What keys the torch environment (the interpreter's version, the machine) and what it holds."""
+    return [f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine()], [torch]
+
+
+def _cuda_parts(pkgs: list[Requirement]) -> tuple[list[str], list[Requirement]]:
+    """What keys the NVIDIA nvcc wheels' environment (the machine) and what it holds."""
+    return [platform.machine()], pkgs
+
+
+def _env_key(parts: tuple[list[str], list[Requirement]]) -> list[str]:
+    return [*parts[0], *(r.line() for r in parts[1])]
+
+
+def _provision(store: Store, kind: str, parts: tuple[list[str], list[Requirement]], progress: Progress,
+               what: str) -> Path:
+    """A venv under ``<cache>/toolchains/`` holding exactly ``parts``' requirements (hash-checked, no deps)."""
+    reqs = parts[1]
+    key, root = _env_dir(store, kind, _env_key(parts))
     with store.mutex(f"toolchain-{kind}-{key}"):
         store.subdir("toolchains")  # a real directory (a link planted there is removed)
         if ready(root):
@@ -313,9 +328,7 @@ def ensure_torch(store: Store, tdef: ToolchainDef, progress: Progress) -> TorchE
     if public(torch.version) != tdef.torch:
         raise LockFileError(f"{tdef.requirements}: pins torch=={torch.version}, but "
                             f'[toolchains."{tdef.name}"].torch is {tdef.torch}')
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    root = _provision(store, "torch", [torch], progress, f"installing torch {torch.version}",
-                      [py, platform.machine()])
+    root = _provision(store, "torch", _torch_parts(torch), progress, f"installing torch {torch.version}")
     return _torch_env_from_site(_site(root), str(root / "bin" / "python"), f"provisioned {root}")
 
 
@@ -328,9 +341,8 @@ def ensure_cuda_wheels(store: Store, tdef: ToolchainDef, progress: Progress) -> 
     """
     reqs = read_requirements(tdef.requirements)
     pkgs = [_need(reqs, n, tdef.requirements) for n in CUDA_PACKAGES]
-    root = _provision(store, "cuda", pkgs, progress,
-                      f"installing CUDA {tdef.cuda} nvcc ({pkgs[0].version}, NVIDIA wheels)",
-                      [platform.machine()])
+    root = _provision(store, "cuda", _cuda_parts(pkgs), progress,
+                      f"installing CUDA {tdef.cuda} nvcc ({pkgs[0].version}, NVIDIA wheels)")
     major = tdef.cuda.split(".")[0]
     top = _site(root) / "nvidia" / f"cu{major}"
     nvcc = top / "bin" / "nvcc"
@@ -374,6 +386,21 @@ def system_nvccs() -> list[tuple[Path, str]]:
 def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: str | None,
                 progress: Progress, notes: list[str]) -> NvccChoice:
     """The nvcc to build with, for a torch of CUDA ``cuda`` (see the module docstring)."""
+    found = _found_nvcc(cuda, explicit, notes)
+    if found is not None:
+        return found
+    want = kbuild.cuda_major(cuda)
+    if tdef is None:
+        raise BuildError(f"no nvcc of CUDA {want}.x found ({param('nvcc')}, CUDA_HOME, PATH) and the lock "
+                         "has no [toolchains.*] entry for this pin to install one from")
+    nvcc = ensure_cuda_wheels(store, tdef, progress)
+    text, ver = kbuild.nvcc_version(nvcc)
+    return NvccChoice(nvcc, text, ver, f"NVIDIA wheels ({tdef.requirements.name})")
+
+
+def _found_nvcc(cuda: str, explicit: str | None, notes: list[str]) -> NvccChoice | None:
+    """``explicit`` (``--nvcc``, refused unless of ``cuda``'s major), else the first system nvcc of
+    that major; None: none, the lock's NVIDIA wheels are the way."""
     want = kbuild.cuda_major(cuda)
     if explicit:
         p = Path(explicit)
@@ -397,12 +424,30 @@ def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: st
         if kbuild.cuda_major(ver) == want:
             return NvccChoice(p, text, ver, origin)
         notes.append(f"{p} ({origin}) is CUDA {ver}, not CUDA {want}: not used")
-    if tdef is None:
-        raise BuildError(f"no nvcc of CUDA {want}.x found ({param('nvcc')}, CUDA_HOME, PATH) and the lock "
-                         "has no [toolchains.*] entry for this pin to install one from")
-    nvcc = ensure_cuda_wheels(store, tdef, progress)
-    text, ver = kbuild.nvcc_version(nvcc)
-    return NvccChoice(nvcc, text, ver, f"NVIDIA wheels ({tdef.requirements.name})")
+    return None
+
+
+def provisioned(store: Store, tdef: ToolchainDef, nvcc: str | None,
+                progress: Progress) -> tuple[TorchEnv, NvccChoice] | None:
+    """The lock toolchain's torch and the nvcc :func:`resolve` takes with it, when neither has to be
+    installed (else None, nothing installed): what a kept kernel wheel is keyed by
+    (:mod:`dsv4patch.kernels.wheelcache`).  ``nvcc``: ``--nvcc``'s."""
+    reqs = read_requirements(tdef.requirements)
+    torch_req = _need(reqs, "torch", tdef.requirements)
+    if public(torch_req.version) != tdef.torch:
+        return None  # ensure_torch says why
+    _, root = _env_dir(store, "torch", _env_key(_torch_parts(torch_req)))
+    if not ready(root):
+        return None
+    torch = _torch_env_from_site(_site(root), str(root / "bin" / "python"), f"provisioned {root}")
+    cuda = torch.cuda or tdef.cuda
+    chosen = _found_nvcc(cuda, nvcc, [])
+    if chosen is None:
+        pkgs = [_need(reqs, n, tdef.requirements) for n in CUDA_PACKAGES]
+        if not ready(_env_dir(store, "cuda", _env_key(_cuda_parts(pkgs)))[1]):
+            return None
+        chosen = choose_nvcc(store, tdef, cuda, nvcc, progress, [])  # installed already: nothing to install
+    return torch, chosen
 
 
 def cublas_include(store: Store, tdef: ToolchainDef | None, cuda: str, progress: Progress) -> Path:

@@ -101,7 +101,7 @@ def test_provisioned_torch_is_cached_and_hash_checked(tmp_path: Path) -> None:
     only_wrong = toolchain.Requirement("torch", "2.13.0", ("0" * 64,))
     store2 = Store.open(tmp_path / "cache2")
     with pytest.raises(BuildError, match="pip exit"):
-        toolchain._provision(store2, "torch", [only_wrong], Progress(False), "installing torch", ["t"])
+        toolchain._provision(store2, "torch", (["t"], [only_wrong]), Progress(False), "installing torch")
     assert list((store2.root / "tmp").iterdir()) == []
     assert not (store2.root / "toolchains").exists() or not any((store2.root / "toolchains").iterdir())
 

@@ -49,7 +49,7 @@ def test_a_kept_wheel_is_read_back_byte_for_byte_and_only_under_its_key(tmp_path
 
 
 @pytest.mark.parametrize("damage", ["bytes", "size", "entry-key", "entry-extra", "entry-name", "entry-json",
-                                    "entry-link", "wheel-link"])
+                                    "entry-link", "wheel-link", "dir-link", "wheels-link"])
 def test_a_damaged_or_planted_entry_is_never_taken(tmp_path: Path, damage: str) -> None:
     store = Store.open(tmp_path / "cache")
     wheelcache.keep(store, KEY, _built(tmp_path, os.urandom(4096)))
@@ -77,18 +77,26 @@ def test_a_damaged_or_planted_entry_is_never_taken(tmp_path: Path, damage: str) 
         (outside / "entry.json").write_text(json.dumps(entry))
         entry_path.unlink()
         entry_path.symlink_to(outside / "entry.json")
-    else:  # the wheel a link to a file with the right bytes
+    elif damage == "wheel-link":  # the wheel a link to a file with the right bytes
         shutil.copyfile(wheel, outside / NAME)
         wheel.unlink()
         wheel.symlink_to(outside / NAME)
+    elif damage == "dir-link":  # the entry's directory a link to a good entry elsewhere
+        moved = outside / "entry"
+        shutil.move(str(d), moved)
+        d.symlink_to(moved)
+    else:  # the cache's directory of kept wheels a link to good entries elsewhere
+        moved = outside / "wheels"
+        shutil.move(str(d.parent), moved)
+        d.parent.symlink_to(moved)
     assert wheelcache.kept(store, KEY) is None
-    # Kept anew over it: the link replaced (never written through), the file outside untouched.
-    before = {p.name: p.read_bytes() for p in outside.iterdir() if not p.is_symlink()}
+    # Kept anew over it: the link replaced (never written through), the files outside untouched.
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file() and not p.is_symlink()}
     fresh = _built(tmp_path, os.urandom(2048))
     wheelcache.keep(store, KEY, fresh)
     got = wheelcache.kept(store, KEY)
     assert got is not None and got.read_bytes() == fresh.read_bytes()
-    assert {p.name: p.read_bytes() for p in outside.iterdir() if not p.is_symlink()} == before
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file() and not p.is_symlink()} == before
 
 
 def test_the_key_is_the_lock_toolchain_as_the_cache_holds_it(tmp_path: Path, shared_cache: Path) -> None:

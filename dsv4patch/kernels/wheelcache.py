@@ -16,8 +16,9 @@ instead.  Only where the build takes the lock's toolchain (no ``--python``,
 ``--allow-torch`` or extra include directory: another interpreter's torch or
 headers are not in the key); anything else builds as before.
 
-An entry is read without following a link and within a size bound, and must
-have exactly the entry's shape, name this key and a wheel file of exactly that
+An entry is read without following a link (at the entry, its wheel or the
+directories above them in the cache) and within a size bound, and must have
+exactly the entry's shape, name this key and a wheel file of exactly that
 size and sha256; anything else is not used (the wheel is built and kept anew).
 """
 
@@ -26,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +112,8 @@ def kept(store: Store, key: str) -> Path | None:
     """The kernel wheel kept under ``key``, or None (none, or an entry that is not exactly one)."""
     entry_dir = store.root / WHEELS / key
     try:
+        if not (_real_dir(store.root / WHEELS) and _real_dir(entry_dir)):
+            return None  # a link planted in the way: never read through
         entry = Entry.parse(json.loads(safeio.read_bytes(entry_dir / ENTRY, ENTRY_LIMIT)))
         if entry.key != key:
             return None
@@ -120,6 +125,11 @@ def kept(store: Store, key: str) -> Path | None:
     except (OSError, ValueError, TypeError, Dsv4Error):
         return None
     return path
+
+
+def _real_dir(path: Path) -> bool:
+    """Is ``path`` itself (not what a link points at) a directory?"""
+    return stat.S_ISDIR(os.lstat(path).st_mode)
 
 
 def keep(store: Store, key: str, wheel: Path) -> None:

@@ -315,6 +315,10 @@ def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[
                     _STATE.wakeup_r = None
                 os.close(r)
                 os.close(w)
+            if not exiting:  # the run's interrupt ends with it: what the process runs next never reads it
+                with _STATE.lock:  # (a git that exits non-zero later, e.g. a merge with conflicts, is not "interrupted")
+                    _STATE.signal = None
+                    _STATE.raised = _STATE.deferred = _STATE.finishing = False
 
 
 # ---------------------------------------------------------------------------

@@ -335,6 +335,27 @@ def test_an_interrupt_never_cuts_an_uninterrupted_block_in_two(tmp_path):
     assert first.read_text() == "a" and second.read_text() == "b"
 
 
+def test_an_interrupt_does_not_outlive_its_run(tmp_path):
+    """A command run in-process (a library, a test) that was interrupted leaves nothing behind: after its
+    block no interrupt is seen, and a git that exits non-zero afterwards (a merge with conflicts) is a
+    result, not an interrupt.  (A CI worker ran this module, then test_git's conflicting merge raised
+    Interrupted: the interrupt the last test here sent itself had outlived its run.)"""
+    from dsv4patch import git, guard
+
+    repo = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with childproc.interrupts():
+            with pytest.raises(Interrupted):
+                os.kill(os.getpid(), sig)
+                for _ in range(100):
+                    time.sleep(0.01)
+        assert not childproc.interrupted() and childproc.interrupt_signal() is None
+        with guard.owned(repo):  # a repository of the test's own, as test_git's
+            merged = git.merge_file(repo, b"a\nX\nc\n", b"a\nb\nc\n", b"a\nY\nc\n")
+        assert not merged.clean and b"<<<<<<<" in merged.text
+
+
 FORKED_CHILD_SIGNAL = """
 import os, signal, subprocess, sys, threading
 from dsv4patch import childproc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -18,6 +19,18 @@ CHUNK = 1 << 20
 def sha256(data: bytes) -> str:
     """The hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
+
+
+def code_identity(modules: Iterable[str]) -> str:
+    """dsv4patch's version and the sha256 of ``modules`` (paths relative to the package, e.g.
+    ``series/engine.py``): what keys a cached result a pure function of that code decided."""
+    from dsv4patch import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    pkg = Path(__file__).resolve().parent
+    for name in modules:
+        h.update(b"\0" + name.encode() + b"\0" + (pkg / name).read_bytes())
+    return h.hexdigest()
 
 
 def hash_file(path: Path) -> str:

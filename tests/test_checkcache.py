@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import dsv4patch
 from conftest import MINI_FILES, git_pin, sh, write_lock
 from dsv4patch.series import checkcache
 
@@ -106,7 +107,7 @@ def test_cache_is_reused_only_when_every_input_matches(setup, tmp_path, cli, mon
 
     # 6. dsv4patch's version (and the source of the modules that decide a result).
     assert pin_state(run(cli, lock, cache)) == (True, clean)
-    monkeypatch.setattr(checkcache, "__version__", "99.0")
+    monkeypatch.setattr(dsv4patch, "__version__", "99.0")  # code_identity reads it at each call
     assert pin_state(run(cli, lock, cache)) == (False, clean)
     monkeypatch.undo()
     monkeypatch.setattr(checkcache, "DECIDING", checkcache.DECIDING[:-1])

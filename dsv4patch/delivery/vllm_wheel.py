@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from dsv4patch import report, safeio, zipcopy
 from dsv4patch.delivery import sbom
 from dsv4patch.errors import BuildError, Dsv4Error, IntegrityError, ParameterError, TreeError, param
-from dsv4patch.hashing import record_b64, record_hash, sha256
+from dsv4patch.hashing import code_identity, record_b64, record_hash, sha256
 from dsv4patch.kernels import (
     KERNEL_MEMBER_LIMIT,
     NotThatTree,
@@ -356,13 +356,7 @@ class RecordVerdict:
 
 def verdict_tool() -> str:
     """dsv4patch's version and the sha256 of the modules that decide a RECORD verdict."""
-    from dsv4patch import __version__
-
-    h = hashlib.sha256(__version__.encode())
-    pkg = Path(__file__).resolve().parent.parent
-    for name in _VERDICT_DECIDING:
-        h.update(b"\0" + name.encode() + b"\0" + (pkg / name).read_bytes())
-    return h.hexdigest()
+    return code_identity(_VERDICT_DECIDING)
 
 
 def _known_good(verdicts: Path | None, stock_sha256: str, members: int) -> bool:

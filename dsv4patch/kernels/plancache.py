@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import __version__, git, safeio
+from dsv4patch import git, safeio
 from dsv4patch.errors import Dsv4Error
+from dsv4patch.hashing import code_identity
 from dsv4patch.kernels import sources
 from dsv4patch.kernels.sources import KernelPlan, Op, TranslationUnit
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "kernel-plan-v1"
 PLANS = "kernel-plans"  # the cache's directory of plans
-_DECIDING = (Path(sources.__file__), Path(__file__))
+_DECIDING = ("kernels/sources.py", "kernels/plancache.py")  # relative to dsv4patch/
 
 
 def plan(tree: Path, base: str | None, store: Store) -> KernelPlan:
@@ -54,10 +55,8 @@ def plan(tree: Path, base: str | None, store: Store) -> KernelPlan:
 
 
 def _key(head: str, base: str) -> str:
-    h = hashlib.sha256(json.dumps({"schema": SCHEMA, "version": __version__, "head": head, "base": base}).encode())
-    for path in _DECIDING:
-        h.update(b"\0" + path.read_bytes())
-    return h.hexdigest()
+    facts = {"schema": SCHEMA, "head": head, "base": base, "code": code_identity(_DECIDING)}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
 def _to_json(p: KernelPlan) -> dict[str, Any]:

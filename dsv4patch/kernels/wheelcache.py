@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dsv4patch import __version__, safeio, zipcopy
+from dsv4patch import safeio
 from dsv4patch.errors import Dsv4Error
-from dsv4patch.hashing import sha256
+from dsv4patch.hashing import code_identity, sha256
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin
@@ -90,22 +90,19 @@ def key(*, store: Store, pin: Pin, patched_tree: str, archs: Sequence[str] | Non
         return None
     torch, chosen = found
     facts = {
-        "schema": SCHEMA, "version": __version__, "machine": platform.machine(),
+        "schema": SCHEMA, "code": code_identity(_deciding()), "machine": platform.machine(),
         "patched_tree": patched_tree, "archs": list(archs) if archs else None,
         "pin": repr(pin), "requirements": sha256(safeio.read_bytes(tdef.requirements, 1 << 20)),
         "torch": [torch.version, torch.cuda, torch.origin],
         "nvcc": [str(chosen.path), chosen.origin, chosen.version_text],
     }
-    h = hashlib.sha256(json.dumps(facts, sort_keys=True).encode())
-    for path in _deciding():
-        h.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _deciding() -> list[Path]:
-    """The code whose bytes decide the kernel wheel's: this package's modules and the zip writer."""
-    here = Path(__file__).parent
-    return sorted(here.glob("*.py")) + [Path(zipcopy.__file__)]
+def _deciding() -> list[str]:
+    """The code whose bytes decide the kernel wheel's (relative to dsv4patch/): this package's
+    modules and the zip writer."""
+    return [f"kernels/{p.name}" for p in sorted(Path(__file__).parent.glob("*.py"))] + ["zipcopy.py"]
 
 
 def kept(store: Store, key: str) -> Path | None:

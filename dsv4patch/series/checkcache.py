@@ -31,7 +31,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import __version__, git
+from dsv4patch import git
+from dsv4patch.hashing import code_identity
 from dsv4patch.series import results
 from dsv4patch.seriesfile import read_series_file
 
@@ -63,11 +64,7 @@ class Inputs:
 
 def tool_identity() -> str:
     """dsv4patch's version and the sha256 of the modules that decide a result."""
-    h = hashlib.sha256(__version__.encode())
-    pkg = Path(__file__).resolve().parent.parent
-    for name in DECIDING:
-        h.update(b"\0" + name.encode() + b"\0" + (pkg / name).read_bytes())
-    return h.hexdigest()
+    return code_identity(DECIDING)
 
 
 def git_version(cwd: Path) -> str:

@@ -777,6 +777,7 @@ SHARED_PARAMETERS_LEFT = {
     "kernels/toolchain.py:_lock_torch": _KERNEL_CHAIN,
     "kernels/toolchain.py:_include_dirs": _KERNEL_CHAIN,
     "kernels/toolchain.py:provisioned": _KERNEL_CHAIN,
+    "kernels/toolchain.py:_wheels_nvcc": _KERNEL_CHAIN,
     "kernels/wheelcache.py:key": _KERNEL_CHAIN,
     "pins/gitsource.py:GitSource.fetch_files": _SOURCE_CHAIN,
     "pins/localsource.py:LocalSource.fetch_files": _SOURCE_CHAIN,

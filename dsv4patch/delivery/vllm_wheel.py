@@ -917,8 +917,14 @@ def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_s
             f"{pin.name}` and pass the wheel with {param('kernels')}")
     # The lock's toolchain: the kernel wheel an earlier run built for the same key is read as it is.
     lock_toolchain = how.python is None and how.allow_torch is None and not how.extra_include
-    key = kernel_wheel_key(store=ctx.store, pin=pin, patched_tree=tree.patched_tree, archs=how.archs,
-                           nvcc=how.nvcc, progress=ctx.progress) if lock_toolchain else None
+
+    def kept_key() -> str | None:
+        if not lock_toolchain:
+            return None
+        return kernel_wheel_key(store=ctx.store, pin=pin, patched_tree=tree.patched_tree, archs=how.archs,
+                                nvcc=how.nvcc, progress=ctx.progress)
+
+    key = kept_key()
     kept = kept_kernel_wheel(ctx.store, key) if key is not None else None
     if kept is not None:
         try:
@@ -937,11 +943,9 @@ def _kernel_package(tree: PatchedTree, plat: str, kernels: Path | None, kernel_s
     except BaseException:
         ctx.store.remove_tmp(kwheel.parent)  # an unreadable library (or an interrupt) leaves nothing in the cache
         raise
-    if lock_toolchain:  # the key again where the build installed a part of the toolchain
-        key = key or kernel_wheel_key(store=ctx.store, pin=pin, patched_tree=tree.patched_tree, archs=how.archs,
-                                      nvcc=how.nvcc, progress=ctx.progress)
-        if key is not None:
-            keep_kernel_wheel(ctx.store, key, kwheel)
+    key = key or kept_key()  # again where the build installed a part of the toolchain
+    if key is not None:
+        keep_kernel_wheel(ctx.store, key, kwheel)
     return kpkg, kwheel.parent, [_built_here(kpkg)]
 
 

@@ -389,10 +389,14 @@ def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: st
     found = _found_nvcc(cuda, explicit, notes)
     if found is not None:
         return found
-    want = kbuild.cuda_major(cuda)
     if tdef is None:
-        raise BuildError(f"no nvcc of CUDA {want}.x found ({param('nvcc')}, CUDA_HOME, PATH) and the lock "
-                         "has no [toolchains.*] entry for this pin to install one from")
+        raise BuildError(f"no nvcc of CUDA {kbuild.cuda_major(cuda)}.x found ({param('nvcc')}, CUDA_HOME, PATH) "
+                         "and the lock has no [toolchains.*] entry for this pin to install one from")
+    return _wheels_nvcc(store, tdef, progress)
+
+
+def _wheels_nvcc(store: Store, tdef: ToolchainDef, progress: Progress) -> NvccChoice:
+    """nvcc of the lock's NVIDIA wheels (installed once, :func:`ensure_cuda_wheels`)."""
     nvcc = ensure_cuda_wheels(store, tdef, progress)
     text, ver = kbuild.nvcc_version(nvcc)
     return NvccChoice(nvcc, text, ver, f"NVIDIA wheels ({tdef.requirements.name})")
@@ -446,7 +450,7 @@ def provisioned(store: Store, tdef: ToolchainDef, nvcc: str | None,
         pkgs = [_need(reqs, n, tdef.requirements) for n in CUDA_PACKAGES]
         if not ready(_env_dir(store, "cuda", _env_key(_cuda_parts(pkgs)))[1]):
             return None
-        chosen = choose_nvcc(store, tdef, cuda, nvcc, progress, [])  # installed already: nothing to install
+        chosen = _wheels_nvcc(store, tdef, progress)  # installed already: nothing to install
     return torch, chosen
 
 

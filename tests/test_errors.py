@@ -279,8 +279,10 @@ def test_a_reader_that_closed_stdout_is_exit_141_without_a_traceback(tmp_path, a
     proc = subprocess.run([sys.executable, "-m", "dsv4patch", *argv], stdout=w, stderr=subprocess.PIPE, text=True,
                           env=ENV, timeout=120)
     os.close(w)
-    # --help is argparse's own exit (0, its text lost in the pipe); a command's output: 141
-    assert proc.returncode == (0 if "--help" in argv else 141), proc.stderr
+    # A command's output: 141.  --help is argparse's own write and exit: 3.11.7's argparse (pyenv's here)
+    # ignores the failed write (exit 0), 3.11.2's (Debian 12's python3) raises it (exit 141); the text
+    # is lost either way and no traceback is printed.
+    assert proc.returncode in ((0, 141) if "--help" in argv else (141,)), proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr and "Exception" not in proc.stderr
 
 

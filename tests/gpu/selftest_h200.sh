@@ -115,15 +115,24 @@ with (st / "payload.tar").open("wb") as out:
         out.write(data)
 if h.hexdigest() != man["payload_sha256"]:
     sys.exit("reassembled payload: sha256 mismatch")
+
+def extract(tar, dest):  # tarfile's "data" filter where this Python has it (3.11.4+, 3.12), else the same refusals by hand
+    if hasattr(tarfile, "data_filter"):
+        return tar.extractall(dest, filter="data")
+    for m in tar.getmembers():
+        if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
+            sys.exit(f"payload member {m.name!r}: not a plain file or directory inside the payload")
+    tar.extractall(dest)
+
 with tarfile.open(st / "payload.tar") as tar:
-    tar.extractall(st / "payload", filter="data")
+    extract(tar, st / "payload")
 (st / "payload.tar").unlink()
 wheel = st / "payload" / "vllm.whl"
 sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
 if sha != man["stock_wheel"]["sha256"]:
     sys.exit(f"stock wheel sha256 {sha} is not the lock's {man['stock_wheel']['sha256']}")
 with lzma.open(st / "payload" / "rest.tar.xz") as fh, tarfile.open(fileobj=fh) as tar:
-    tar.extractall(st / "payload" / "rest", filter="data")
+    extract(tar, st / "payload" / "rest")
 (st / "payload" / "rest.tar.xz").unlink()
 blobs = st / "cache" / "blobs" / "sha256"
 blobs.mkdir(parents=True, exist_ok=True)

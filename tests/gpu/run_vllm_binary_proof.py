@@ -72,6 +72,8 @@ def make_sites(bundle: Path, work: Path) -> dict:
                    if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir())]
             if bad:
                 raise SystemExit(f"bundle tree: members outside the tree or not plain files: {bad[:5]}")
+            for m in tf.getmembers():
+                m.mode &= 0o755  # as the filter: no setuid/setgid/sticky bits, no group or other write
             tf.extractall(work / "tree")
     # The tests' root must not hold a vllm/ without the library: pytest puts it first on sys.path.
     os.replace(work / "tree" / "vllm", work / "vllm")

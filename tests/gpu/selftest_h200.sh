@@ -122,6 +122,7 @@ def extract(tar, dest):  # tarfile's "data" filter where this Python has it (3.1
     for m in tar.getmembers():
         if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
             sys.exit(f"payload member {m.name!r}: not a plain file or directory inside the payload")
+        m.mode &= 0o755  # as the filter: no setuid/setgid/sticky bits, no group or other write
     tar.extractall(dest)
 
 with tarfile.open(st / "payload.tar") as tar:

@@ -60,6 +60,7 @@ def _payload(tmp: Path, sdist: Path) -> Path:
     shutil.copytree(ROOT / "patches", repo / "patches")
     (repo / "tests" / "gpu").mkdir(parents=True)
     shutil.copy(SCRIPT, repo / "tests" / "gpu" / SCRIPT.name)
+    shutil.copy(SCRIPT.parent / "safe_untar.py", repo / "tests" / "gpu" / "safe_untar.py")  # its unpack
     stock = _wheel(tmp / "vllm-0.26.0-py3-none-any.whl", "vllm", "0.26.0",
                    {"vllm/__init__.py": "__version__ = '0.26.0'\n"})
     dep = _wheel(tmp / "tinydep-1.0-py3-none-any.whl", "tinydep", "1.0", {"tinydep.py": "X = 1\n"})

@@ -64,17 +64,10 @@ def sha256(path: Path) -> str:
 
 def make_sites(bundle: Path, work: Path) -> dict:
     meta = json.loads((bundle / "bundle.json").read_text())
+    from safe_untar import extract  # beside this script (its directory is sys.path[0])
+
     with tarfile.open(bundle / meta["tree_tar"]) as tf:
-        if hasattr(tarfile, "data_filter"):  # Python 3.11.4+ / 3.12
-            tf.extractall(work / "tree", filter="data")
-        else:  # an older Python (Debian 12's 3.11.2): the filter's refusals that matter here, by hand
-            bad = [m.name for m in tf.getmembers()
-                   if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir())]
-            if bad:
-                raise SystemExit(f"bundle tree: members outside the tree or not plain files: {bad[:5]}")
-            for m in tf.getmembers():
-                m.mode &= 0o755  # as the filter: no setuid/setgid/sticky bits, no group or other write
-            tf.extractall(work / "tree")
+        extract(tf, work / "tree")
     # The tests' root must not hold a vllm/ without the library: pytest puts it first on sys.path.
     os.replace(work / "tree" / "vllm", work / "vllm")
     stock = work / "stock.so"

@@ -102,7 +102,7 @@ fi
 if [[ ! -f "$ST/unpacked.ok" ]]; then
   t0=$(date +%s)
   rm -rf "$ST/payload" && mkdir -p "$ST/payload"
-  "$PY" - "$ST" <<'EOF'
+  "$PY" - "$ST" "$HERE" <<'EOF'
 import hashlib, json, lzma, os, sys, tarfile
 from pathlib import Path
 st = Path(sys.argv[1])
@@ -115,15 +115,8 @@ with (st / "payload.tar").open("wb") as out:
         out.write(data)
 if h.hexdigest() != man["payload_sha256"]:
     sys.exit("reassembled payload: sha256 mismatch")
-
-def extract(tar, dest):  # tarfile's "data" filter where this Python has it (3.11.4+, 3.12), else the same refusals by hand
-    if hasattr(tarfile, "data_filter"):
-        return tar.extractall(dest, filter="data")
-    for m in tar.getmembers():
-        if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
-            sys.exit(f"payload member {m.name!r}: not a plain file or directory inside the payload")
-        m.mode &= 0o755  # as the filter: no setuid/setgid/sticky bits, no group or other write
-    tar.extractall(dest)
+sys.path.insert(0, sys.argv[2])
+from safe_untar import extract  # tarfile's data filter, or its refusals where this Python lacks it
 
 with tarfile.open(st / "payload.tar") as tar:
     extract(tar, st / "payload")

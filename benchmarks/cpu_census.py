@@ -11,9 +11,11 @@ records every process that ends, with its command name, parent, start and CPU (t
 
 It prints the run's CPU by program (the command name the kernel recorded: ``python``, ``git``,
 ``ptxas``, ...), the suite's CPU by test module (each process counted in the module its pytest worker
-was running when it started, from the log's ``slowest modules`` windows; a worker is the ``python``
-process that lived about as long as the run, started by another such, gw0 the first) and the largest processes.  Figures are CPU
-seconds, user + system.  Used for issue 39's census (docs/benchmarks.md).
+was running when it started, from the log's ``slowest modules`` windows; a worker is the pid the log's
+``worker processes:`` line names for it, tests/conftest.py's; a log without that line (before 2026-12-06)
+gets the old guess, the ``python`` processes that lived about as long as the run, numbered by start, which
+can swap gw0 and gw1) and the largest processes.  Figures are CPU seconds, user + system.  Used for
+issue 39's census (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 COMPILERS = frozenset({"ptxas", "cicc", "cc1plus", "cudafe++", "nvcc", "fatbinary", "nvlink", "ld", "as",
                        "collect2", "cc1", "g++", "gcc"})
 MODULE_LINE = re.compile(r"\s*[\d.]+s\s+(gw\d+)\s+([\d.]+)\.\.\s*([\d.]+)\s+\S+\s+(\S+)")
+WORKER_PID = re.compile(r"(gw\d+) pid (\d+)")
 
 
 @dataclass(frozen=True)
@@ -107,22 +110,36 @@ def modules(log: str) -> list[tuple[str, float, float, str]]:
     return rows
 
 
-def by_module(procs: list[Proc], tree: Tree, rows: list[tuple[str, float, float, str]]
-              ) -> tuple[dict[int, str], dict[str, dict[str, float]]]:
+def worker_pids(log: str) -> dict[str, int]:
+    """``gwN`` -> pid, from the log's ``worker processes:`` line (tests/conftest.py); {} if it has none."""
+    line = next((x for x in log.splitlines() if x.startswith("worker processes:")), "")
+    return {w: int(pid) for w, pid in WORKER_PID.findall(line)}
+
+
+def by_module(procs: list[Proc], tree: Tree, rows: list[tuple[str, float, float, str]],
+              pids: dict[str, int] | None = None) -> tuple[dict[int, str], dict[str, dict[str, float]]]:
     """The pytest workers (pid -> ``gwN``) and the suite's CPU by test module and kind of program.
 
-    A worker is a long-lived ``python`` process whose parent is one too (pytest-xdist's controller),
-    numbered by start; each other process counts in the module its worker ran when it started."""
+    A worker is the pid ``pids`` names for it (the log's), its longest-lived process of that pid; without
+    them, a long-lived ``python`` process whose parent is one too (pytest-xdist's controller), numbered by
+    start (a guess: two workers started in the same second can come out swapped).  Each other process
+    counts in the module its worker ran when it started."""
     pythons = [p for p in procs if p.comm.startswith("python")]
     longest = max((p.elapsed for p in pythons), default=0.0)
-    lived = {p.pid: p for p in pythons if p.elapsed > 0.5 * longest}
-    count = len({w for w, *_ in rows})
-    workers = sorted((p for p in lived.values() if p.ppid in lived), key=lambda p: (p.start, p.pid))[:count]
-    names = {p.pid: f"gw{i}" for i, p in enumerate(workers)}
+    if pids:
+        chosen = {w: max((p for p in pythons if p.pid == pid), key=lambda p: p.elapsed, default=None)
+                  for w, pid in pids.items()}
+        workers = [p for p in chosen.values() if p is not None]
+        names = {p.pid: w for w, p in chosen.items() if p is not None}
+    else:
+        lived = {p.pid: p for p in pythons if p.elapsed > 0.5 * longest}
+        count = len({w for w, *_ in rows})
+        workers = sorted((p for p in lived.values() if p.ppid in lived), key=lambda p: (p.start, p.pid))[:count]
+        names = {p.pid: f"gw{i}" for i, p in enumerate(workers)}
     t0 = min(p.start for p in workers) if workers else 0.0
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for p in procs:
-        if p.pid in names:
+        if any(p is w for w in workers):
             per[f"{names[p.pid]}: the worker itself (in-process tests, pytest)"]["python"] += p.cpu
             continue
         worker = tree.ancestor_in(p, names)
@@ -153,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     for comm, (n, user, system) in sorted(by_comm.items(), key=lambda x: -(x[1][1] + x[1][2]))[:args.top]:
         print(f"  {user + system:8.1f} = {user:7.1f} + {system:6.1f}  {int(n):6d}  {comm}")
     if args.ci_log is not None:
-        names, per = by_module(procs, tree, modules(args.ci_log.read_text(errors="replace")))
+        log = args.ci_log.read_text(errors="replace")
+        pids = worker_pids(log)
+        names, per = by_module(procs, tree, modules(log), pids)
+        if not pids:
+            print("\n(the log names no worker processes: gw0 and gw1 guessed by start, possibly swapped)")
         print(f"\nthe suite by test module ({', '.join(f'{n} = pid {pid}' for pid, n in names.items())}; "
               "CPU s of the processes each started, by kind):")
         for module, kinds in sorted(per.items(), key=lambda x: -sum(x[1].values()))[:max(args.top, 25)]:

@@ -251,6 +251,7 @@ def _cpu_since_last_report() -> tuple[float, float]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = over_budget((yield), SETUP_BUDGET, COLD)
     report.user_properties.append(("cpu", _cpu_since_last_report()))
+    report.user_properties.append(("pid", os.getpid()))  # which process ran it: the CPU census's workers
     if report.failed:
         _FAILED_MODULES.add(str(item.path))
     if report.when == "call":
@@ -273,6 +274,7 @@ class _ModuleTime:
 
 
 _MODULES: dict[str, _ModuleTime] = {}
+_WORKER_PIDS: dict[str, int] = {}  # worker -> the pid that ran its tests (benchmarks/cpu_census.py reads it)
 _TEST_TIMES: dict[tuple[str, str], tuple[float, float]] = {}  # (nodeid, phase) -> (CPU s user+system, wall s)
 
 
@@ -287,6 +289,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if key == "cpu":
             row.user, row.system = row.user + value[0], row.system + value[1]
             _TEST_TIMES[(report.nodeid, report.when)] = (value[0] + value[1], report.duration)
+        elif key == "pid":
+            _WORKER_PIDS[worker] = int(value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -309,6 +313,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             ends[m.worker] = max(ends.get(m.worker, 0.0), m.stop - t0)
         terminalreporter.line("each worker's last test ended at: "
                               + ", ".join(f"{w} {e:.0f} s" for w, e in sorted(ends.items())))
+        terminalreporter.line("worker processes: "
+                              + ", ".join(f"{w} pid {pid}" for w, pid in sorted(_WORKER_PIDS.items())))
         terminalreporter.section("most CPU (s user+system, the worker and the children it reaped; "
                                  "a module's shared fixtures count in the setup of its first test)")
         for (nodeid, when), (cpu, _wall) in sorted(_TEST_TIMES.items(), key=lambda x: -x[1][0])[:25]:

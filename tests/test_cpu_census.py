@@ -61,3 +61,25 @@ def test_each_process_counts_in_the_module_its_worker_ran_when_it_started() -> N
     assert per["tests/test_kernels.py"] == {"compile": 26}
     assert per["gw1: between modules"] == {"git": 1}
     assert per["gw0: the worker itself (in-process tests, pytest)"] == {"python": 65}
+
+
+def test_the_logs_worker_pids_name_the_workers_not_their_start_order() -> None:
+    """gw1 started a second before gw0 (xdist starts them together): the log's ``worker processes:`` line
+    decides, and a process of a reused worker pid before the run is not that worker."""
+    P = census.Proc
+    controller = P("python", 1, 1, 800, 100, 1, 1000)
+    gw1 = P("python", 30, 5, 790, 101, 100, 1000)
+    gw0 = P("python", 60, 5, 790, 102, 100, 1001)
+    earlier = P("python", 3, 0, 2, 102, 1, 900)  # pid 102 before the run
+    ptxas = P("ptxas", 25, 1, 26, 300, 102, 1011)  # gw0's, 10 s in: test_kernels
+    procs = [controller, earlier, gw1, gw0, ptxas]
+    log = LOG + "worker processes: gw0 pid 102, gw1 pid 101\n"
+    pids = census.worker_pids(log)
+    assert pids == {"gw0": 102, "gw1": 101}
+    names, per = census.by_module(procs, census.Tree(procs), census.modules(log), pids)
+    assert names == {102: "gw0", 101: "gw1"}
+    assert per["tests/test_kernels.py"] == {"compile": 26}
+    assert per["gw0: the worker itself (in-process tests, pytest)"] == {"python": 65}
+    guessed, _ = census.by_module(procs, census.Tree(procs), census.modules(log))  # the old guess: by start
+    assert guessed == {101: "gw0", 102: "gw1"}
+    assert census.worker_pids(LOG) == {}

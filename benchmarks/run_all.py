@@ -6,12 +6,13 @@ load average is recorded) and **loaded** (``--load`` busy processes on the cores
 started by this script and ended after the phase).  In each phase, alternating rounds,
 medians, every ratio against its baseline measured in the same phase:
 
-* start-up: ``python -X importtime -m dsv4patch --version`` and warm ``check --pin 0.27.1
-  --format json``, the sum of the top-level imports minus ``python -X importtime -c pass``'s
-  (the interpreter's own), the least disturbed of the rounds of each: goal <= 80 ms; beside
-  them the floor, the standard library modules ``check`` cannot start without, alone (FLOOR);
-* warm ``check --pin 0.27.1`` (the CLI as a subprocess, start-up included) against a bare
-  ``git apply --cached --check`` loop over the same patches on the same tree
+* start-up: ``python -X importtime -m dsv4patch --version`` and warm ``check --pin 0.27.1``,
+  as JSON (``--format json``) and as typed (its terminal table, to a pipe), the sum of the
+  top-level imports minus ``python -X importtime -c pass``'s (the interpreter's own), the least
+  disturbed of the rounds of each: goal <= 80 ms; beside them the floor, the standard library
+  modules ``check`` cannot start without, alone (FLOOR);
+* warm ``check --pin 0.27.1`` (the CLI as a subprocess, start-up included), as JSON and as typed,
+  against a bare ``git apply --cached --check`` loop over the same patches on the same tree
   (benchmarks/check_speed.py's baseline): goal <= 0.7 quiet, <= 1.0 loaded;
 * warm ``check`` of the whole lock against the bare loop over every pin: goal <= 0.5;
 * warm ``wheel --pin 0.27.1`` against copying the stock wheel (313 MB) it starts from:
@@ -118,10 +119,21 @@ def timed(fn: Callable[[], object], cpu_log: list[float] | None = None) -> float
     return time.perf_counter() - t0
 
 
-def ratio(entry: dict[str, Any], ours: str, base: str) -> None:
-    """The wall and CPU ratios (medians) of ``entry[ours]`` over ``entry[base]``."""
-    entry["ratio"] = statistics.median(entry[ours]) / statistics.median(entry[base])
-    entry["cpu_ratio"] = statistics.median(entry[ours + "_cpu"]) / statistics.median(entry[base + "_cpu"])
+def ratio(entry: dict[str, Any], ours: str, base: str, data: dict[str, Any] | None = None) -> None:
+    """The wall and CPU ratios (medians) of ``data[ours]`` over ``data[base]`` (``data``: ``entry``), into
+    ``entry``."""
+    d = entry if data is None else data
+    entry["ratio"] = statistics.median(d[ours]) / statistics.median(d[base])
+    entry["cpu_ratio"] = statistics.median(d[ours + "_cpu"]) / statistics.median(d[base + "_cpu"])
+
+
+def run_text(args: list[str]) -> None:
+    """``dsv4patch ARGS`` as typed (no ``--format``: the terminal table, here to a pipe)."""
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", *args], capture_output=True, text=True, cwd=ROOT,
+                         env=ENV)
+    if res.returncode != 0 or "applies cleanly" not in res.stdout:
+        raise SystemExit(f"`dsv4patch {' '.join(args)}` failed (exit {res.returncode}):\n{res.stdout[-2000:]}"
+                         f"\n{res.stderr[-3000:]}")
 
 
 def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -133,31 +145,38 @@ def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[
         version_args = ["-m", "dsv4patch", "--version"]
         check_args = ["-m", "dsv4patch", "check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache,
                       "--format", "json"]
-        interp, ver, chk, floor = [], [], [], []
+        interp, ver, chk, txt, floor = [], [], [], [], []
         for _ in range(rounds):
             interp.append(import_ms(["-c", "pass"]))
             ver.append(import_ms(version_args))
             chk.append(import_ms(check_args))
+            txt.append(import_ms(check_args[:-2]))  # as typed: no --format, the table (rich) to a pipe
             floor.append(import_ms(["-c", FLOOR]))
         # The least disturbed run of each (the minimum): on a shared machine the others' load only adds.
-        out["startup"] = {"interpreter_ms": interp, "version_ms": ver, "check_ms": chk, "floor_ms": floor,
+        out["startup"] = {"interpreter_ms": interp, "version_ms": ver, "check_ms": chk, "check_text_ms": txt,
+                          "floor_ms": floor,
                           "version_over_interpreter_ms": min(ver) - min(interp),
                           "check_over_interpreter_ms": min(chk) - min(interp),
+                          "check_text_over_interpreter_ms": min(txt) - min(interp),
                           "floor_over_interpreter_ms": min(floor) - min(interp),
                           "loadavg": load_avg()}
         # check vs the bare loop (one pin, the whole lock).
-        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
+        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "text_s", "bare_s_cpu", "check_s_cpu",
+                                               "text_s_cpu")}
         lock: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
         check_one = ["check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache]
         check_lock = ["check", "--lock", str(lock_path), "--cache-dir", cache]
         for _ in range(rounds):
             one["bare_s"].append(timed(lambda: baseline(ctx["one"]), one["bare_s_cpu"]))
             one["check_s"].append(timed(lambda: run_cli(check_one, env=ENV), one["check_s_cpu"]))
+            one["text_s"].append(timed(lambda: run_text(check_one), one["text_s_cpu"]))
             lock["bare_s"].append(timed(lambda: baseline(ctx["pins"]), lock["bare_s_cpu"]))
             lock["check_s"].append(timed(lambda: run_cli(check_lock, env=ENV), lock["check_s_cpu"]))
         for entry in (one, lock):
             ratio(entry, "check_s", "bare_s")
             entry["loadavg"] = load_avg()
+        one["text"] = {}
+        ratio(one["text"], "text_s", "bare_s", one)
         out["check_one"], out["check_lock"] = one, lock
         # wheel vs copying the stock wheel.
         wheel: dict[str, Any] = {k: [] for k in ("copy_s", "wheel_s", "copy_s_cpu", "wheel_s_cpu")}
@@ -203,11 +222,12 @@ def table(res: dict[str, Any]) -> str:
     def ok(value: float, goal: float) -> str:
         return f"**{value:.2f}** (goal <= {goal:g}: {'met' if value <= goal else 'NOT met'})"
 
-    def cell(entry: dict[str, Any], ours: str, base: str, goal: float, digits: int = 3) -> str:
-        m = statistics.median
-        return (f"{m(entry[ours]):.{digits}f} s / {m(entry[base]):.{digits}f} s = {ok(entry['ratio'], goal)}; "
-                f"CPU {m(entry[ours + '_cpu']):.{digits}f} s / {m(entry[base + '_cpu']):.{digits}f} s = "
-                f"{entry['cpu_ratio']:.2f}")
+    def cell(data: dict[str, Any], ours: str, base: str, goal: float, digits: int = 3,
+             entry: dict[str, Any] | None = None) -> str:
+        m, r = statistics.median, data if entry is None else entry
+        return (f"{m(data[ours]):.{digits}f} s / {m(data[base]):.{digits}f} s = {ok(r['ratio'], goal)}; "
+                f"CPU {m(data[ours + '_cpu']):.{digits}f} s / {m(data[base + '_cpu']):.{digits}f} s = "
+                f"{r['cpu_ratio']:.2f}")
 
     rows = [
         f"Measured {res['date']} by `python benchmarks/run_all.py --rounds {res['rounds']} --load {res['load']}` "
@@ -222,16 +242,24 @@ def table(res: dict[str, Any]) -> str:
         f"{q['loadavg_start']} / {q['loadavg_end']} | {ld['loadavg_start']} / {ld['loadavg_end']} |",
     ]
     for key, label in (("version_over_interpreter_ms", "`--version`"),
-                       ("check_over_interpreter_ms", f"warm `check --pin {ONE}`")):
+                       ("check_over_interpreter_ms", f"warm `check --pin {ONE} --format json`"),
+                       ("check_text_over_interpreter_ms", f"warm `check --pin {ONE}` as typed (its table)")):
+        if key not in q["startup"]:
+            continue
         rows.append(f"| start-up of {label}: imports beyond the interpreter's own, ms (goal <= 80) | "
                     f"{ok(q['startup'][key], GOALS['startup_ms'])} | {ok(ld['startup'][key], GOALS['startup_ms'])} |")
     if "floor_over_interpreter_ms" in q["startup"]:
         rows.append("| the floor: the standard library `check` needs, alone (`python -X importtime -c "
                     f"\"{FLOOR}\"`), ms beyond the interpreter's own | "
                     f"{q['startup']['floor_over_interpreter_ms']:.2f} | {ld['startup']['floor_over_interpreter_ms']:.2f} |")
-    rows.append(f"| warm `check --pin {ONE}` / bare `git apply --cached --check` loop ({res['one_patches']} patches) | "
+    rows.append(f"| warm `check --pin {ONE} --format json` / bare `git apply --cached --check` loop "
+                f"({res['one_patches']} patches) | "
                 f"{cell(q['check_one'], 'check_s', 'bare_s', GOALS['check_one_quiet'])} | "
                 f"{cell(ld['check_one'], 'check_s', 'bare_s', GOALS['check_one_loaded'])} |")
+    if "text" in q["check_one"]:
+        rows.append(f"| warm `check --pin {ONE}` as typed (its table, rich, to a pipe) / the same bare loop | "
+                    f"{cell(q['check_one'], 'text_s', 'bare_s', GOALS['check_one_quiet'], entry=q['check_one']['text'])} | "
+                    f"{cell(ld['check_one'], 'text_s', 'bare_s', GOALS['check_one_loaded'], entry=ld['check_one']['text'])} |")
     rows.append(f"| warm `check`, whole lock ({res['pins']} pins, {res['patch_checks']} patch checks) / bare loop | "
                 f"{cell(q['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} | "
                 f"{cell(ld['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} |")

@@ -82,6 +82,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (so --format json can report it)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith("required: COMMAND"):  # a bare `dsv4patch`: name the commands, as --help does
+            lines = self.format_help().splitlines()
+            start = lines.index("  COMMAND") + 1 if "  COMMAND" in lines else len(lines)
+            block = lines[start:lines.index("", start)] if "" in lines[start:] else lines[start:]
+            message = "no command given; the commands (`dsv4patch COMMAND --help` for one's options):\n" + \
+                "\n".join(block)
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
 

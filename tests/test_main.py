@@ -104,6 +104,24 @@ def test_help_lists_every_command_and_imports_none_of_their_machinery(tmp_path: 
     assert not {"dsv4patch.checkout", "dsv4patch.forks", "dsv4patch.series.pincheck"} & names
 
 
+@pytest.mark.parametrize("argv", [[], ["--debug"]])
+def test_no_command_names_every_command_with_its_help_and_exits_2(tmp_path: Path, argv: list[str]) -> None:
+    """A bare ``dsv4patch`` (a new user's first try): exit 2, stdout empty, and stderr lists each command
+    with its one-line help (as --help does) and says how to get one's options, then the usage line."""
+    from dsv4patch.main import COMMANDS
+
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", *argv], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "100"})
+    assert res.returncode == 2 and res.stdout == "", res
+    head, *rest = res.stderr.splitlines()
+    assert head == "dsv4patch: error: no command given; the commands (`dsv4patch COMMAND --help` for one's options):"
+    assert [line.split()[0] for line in rest if line.startswith("    ") and not line.startswith("     ")] == \
+        list(COMMANDS)
+    assert rest[0].startswith("    check     check that each pin's patch series applies as the lock expects")
+    assert rest[-1] == "usage: dsv4patch [-h] [--version] [--debug] COMMAND ..."
+    assert "Traceback" not in res.stderr
+
+
 @pytest.mark.parametrize("command", ["check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port",
                                      "resolve", "refresh", "selftest", "releases"])
 def test_a_commands_help_imports_that_command_and_what_it_prints(tmp_path: Path, command: str) -> None:

@@ -24,6 +24,7 @@ import errno
 import importlib
 import json
 import os
+import re
 import select
 import sys
 from collections.abc import Callable, Sequence
@@ -78,6 +79,9 @@ exit codes:
 """
 
 
+_INVALID_COMMAND = re.compile(r"argument COMMAND: invalid choice: '(.*)' \(choose from ")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (so --format json can report it)."""
 
@@ -88,6 +92,13 @@ class _Parser(argparse.ArgumentParser):
             block = lines[start:lines.index("", start)] if "" in lines[start:] else lines[start:]
             message = "no command given; the commands (`dsv4patch COMMAND --help` for one's options):\n" + \
                 "\n".join(block)
+        typo = _INVALID_COMMAND.match(message)
+        if typo:  # a mistyped command: the nearest one, if any is near
+            import difflib
+
+            near = difflib.get_close_matches(typo.group(1), COMMANDS, n=1, cutoff=0.6)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
 

@@ -122,6 +122,18 @@ def test_no_command_names_every_command_with_its_help_and_exits_2(tmp_path: Path
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize(("typed", "meant"), [("chek", "check"), ("aply", "apply"), ("selftets", "selftest"),
+                                              ("releses", "releases"), ("xyz", None), ("\x1b[31mcheck", None)])
+def test_a_mistyped_command_names_the_nearest_one(tmp_path: Path, typed: str, meant: str | None) -> None:
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", typed, "--pin", "0.27.1"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == "", res
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("dsv4patch: error: argument COMMAND: invalid choice: "), first
+    assert first.endswith(f"; did you mean {meant!r}?" if meant else "'releases')"), first
+    assert "\x1b" not in res.stderr  # the typed name is shown escaped
+
+
 @pytest.mark.parametrize("command", ["check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port",
                                      "resolve", "refresh", "selftest", "releases"])
 def test_a_commands_help_imports_that_command_and_what_it_prints(tmp_path: Path, command: str) -> None:

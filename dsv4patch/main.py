@@ -27,7 +27,7 @@ import os
 import re
 import select
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dsv4patch import __version__, childproc, report, settings
@@ -85,6 +85,8 @@ _INVALID_COMMAND = re.compile(r"argument COMMAND: invalid choice: '(.*)' \(choos
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (so --format json can report it)."""
 
+    commands: Mapping[str, argparse.ArgumentParser] = {}  # the top parser's: each command's (build_parser)
+
     def error(self, message: str) -> NoReturn:
         if message.endswith("required: COMMAND"):  # a bare `dsv4patch`: name the commands, as --help does
             lines = self.format_help().splitlines()
@@ -101,8 +103,25 @@ class _Parser(argparse.ArgumentParser):
                 message += f"; did you mean {near[0]!r}?"
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
+    def parse_command_line(self, argv: Sequence[str]) -> argparse.Namespace:
+        """``parse_args``, but an unknown option is reported with the usage of the command it was given to
+        and the nearest option that command has (``check --pinn``: did you mean ``--pin``?)."""
+        args, extra = self.parse_known_args(argv)
+        if extra:
+            command = self.commands.get(getattr(args, "command", "") or "", self)
+            message = f"unrecognized arguments: {' '.join(extra)}"
+            options = [s for action in command._actions for s in action.option_strings]
+            unknown = [a.split("=", 1)[0] for a in extra if a.startswith("-")]
+            import difflib
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+            near = [m[0] for a in unknown if (m := difflib.get_close_matches(a, options, n=1, cutoff=0.6))]
+            if near:
+                message += f"; did you mean {' '.join(dict.fromkeys(near))}?"
+            raise UsageError(f"{message}\n{command.format_usage().rstrip()}")
+        return args
+
+
+def build_parser(only: str | None = None) -> _Parser:
     """The parser; with ``only``, just that subcommand's (so a run imports only its command); with
     ``only=""``, none (``--version`` imports no command)."""
     parser = _Parser(
@@ -115,6 +134,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     debug_help = "on an internal error, print the traceback (also DSV4PATCH_DEBUG=1)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = sub.choices
     for name in (only,) if only in COMMANDS else () if only == "" else COMMANDS:
         module = importlib.import_module(f"dsv4patch.commands.{name}")
         module.add_parser(sub)
@@ -227,7 +247,7 @@ def _main(argv: list[str], state: dict[str, Any], started: Callable[[], object] 
         first = next((a for a in argv if not a.startswith("-")), None)
         if first is None and "--version" in argv and not {"-h", "--help"} & set(argv):
             first = ""  # only the version: no command module is imported
-        args = build_parser(first).parse_args(argv)
+        args = build_parser(first).parse_command_line(argv)
         state["args"] = args
         command = state["command"] = args.command
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it

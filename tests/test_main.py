@@ -134,6 +134,31 @@ def test_a_mistyped_command_names_the_nearest_one(tmp_path: Path, typed: str, me
     assert "\x1b" not in res.stderr  # the typed name is shown escaped
 
 
+@pytest.mark.parametrize(("argv", "hint"), [(["check", "--pinn", "0.27.1"], "; did you mean --pin?"),
+                                            (["status", "--instaled"], "; did you mean --installed?"),
+                                            (["check", "--formt=json"], "; did you mean --format?"),
+                                            (["check", "--zzz"], ""), (["check", "stray"], "")])
+def test_an_unknown_option_names_the_commands_usage_and_nearest_option(tmp_path: Path, argv: list[str],
+                                                                       hint: str) -> None:
+    """An unknown option is reported against the command it was given to (that command's usage line, not
+    the top level's), with the nearest option that command has; exit 2, nothing on stdout."""
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", *argv], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 2 and res.stdout == "", res
+    first, usage, *_ = res.stderr.splitlines()
+    assert first == f"dsv4patch {argv[0]}: error: unrecognized arguments: {' '.join(argv[1:])}{hint}", first
+    assert usage.startswith(f"usage: dsv4patch {argv[0]} [-h]"), usage
+
+
+def test_an_unknown_option_with_format_json_is_one_json_error(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", "check", "--pinn", "0.27.1", "--format", "json"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 2
+    err = json.loads(res.stdout)["error"]
+    assert err["kind"] == "usage" and err["command"] == "check" and err["exit_code"] == 2
+    assert err["message"].startswith("unrecognized arguments: --pinn 0.27.1; did you mean --pin?\nusage: dsv4patch check")
+
+
 @pytest.mark.parametrize("command", ["check", "apply", "status", "verify", "build", "wheel", "lock", "fetch", "port",
                                      "resolve", "refresh", "selftest", "releases"])
 def test_a_commands_help_imports_that_command_and_what_it_prints(tmp_path: Path, command: str) -> None:

@@ -134,12 +134,13 @@ _HELD: dict[str, Checkout] = {}
 
 
 @contextmanager
-def guarded(path: Path, *, role: str = "--tree") -> Iterator[Checkout]:
+def guarded(path: Path, *, role: str = "--tree", creatable: bool = False) -> Iterator[Checkout]:
     """Vet the checkout at ``path`` (see the module docstring) and hold it for git while inside.
 
     ``role`` names the checkout in messages (``--tree``, ``--workspace``, ``pin acme's local
     checkout``...).  TreeError (exit 5) when ``path`` is not the root of a git checkout or
-    its settings name programs or rewrite files; nothing has been written then."""
+    its settings name programs or rewrite files; nothing has been written then.  ``creatable``: the
+    caller creates a tree at an absent or empty ``path`` (apply), which the message then offers."""
     path = Path(os.path.abspath(path))
     key = os.path.realpath(path)
     held = _HELD.get(key)
@@ -147,7 +148,7 @@ def guarded(path: Path, *, role: str = "--tree") -> Iterator[Checkout]:
         with git.guarding(held.path, held.gitdir):
             yield held
         return
-    co = _vet(path, role)
+    co = _vet(path, role, creatable)
     _HELD[key] = co
     try:
         with git.guarding(path, co.gitdir):
@@ -172,10 +173,10 @@ def is_checkout_root(path: Path) -> bool:
     return os.path.lexists(Path(path) / ".git")
 
 
-def _not_a_checkout(path: Path, role: str, why: str) -> TreeError:
+def _not_a_checkout(path: Path, role: str, why: str, creatable: bool = False) -> TreeError:
     return TreeError(f"{role} {path} is not the root of a git checkout ({why}); point {role} at the "
-                     "top directory of a checkout" + ("" if role != "--tree" else
-                                                      ", or at a new directory and dsv4patch creates the tree"))
+                     "top directory of a checkout" + (", or at a new (absent or empty) directory and dsv4patch "
+                                                      "creates the tree" if creatable else ""))
 
 
 def _small_file(path: Path, what: str, problems: list[str]) -> bool:
@@ -268,7 +269,7 @@ def _ignore_files(path: Path, problems: list[str]) -> None:
             _small_file(Path(top) / ".gitignore", "the repository: ignore file", problems)
 
 
-def _git_dirs(path: Path, role: str) -> tuple[Path, Path]:
+def _git_dirs(path: Path, role: str, creatable: bool) -> tuple[Path, Path]:
     """(git directory, common directory) of the checkout at ``path``, read from its files."""
     dotgit = path / ".git"
     if dotgit.is_symlink():
@@ -280,22 +281,26 @@ def _git_dirs(path: Path, role: str) -> tuple[Path, Path]:
         try:
             text = safeio.read_text(dotgit, limit=4096, error=TreeError)
         except TreeError as exc:
-            raise _not_a_checkout(path, role, f"its .git file cannot be read: {exc}") from None
+            raise _not_a_checkout(path, role, creatable=creatable,
+                                  why=f"its .git file cannot be read: {exc}") from None
         m = re.fullmatch(r"gitdir: (.+?)\s*", text)
         if not m:
-            raise _not_a_checkout(path, role, "its .git file does not name a git directory")
+            raise _not_a_checkout(path, role, creatable=creatable,
+                                  why="its .git file does not name a git directory")
         gitdir = Path(os.path.normpath(path / m.group(1)))
     else:
-        raise _not_a_checkout(path, role, "no .git")
+        raise _not_a_checkout(path, role, creatable=creatable, why="no .git")
     if not gitdir.is_dir():
-        raise _not_a_checkout(path, role, f"its git directory {gitdir} does not exist")
+        raise _not_a_checkout(path, role, creatable=creatable,
+                              why=f"its git directory {gitdir} does not exist")
     common = gitdir
     commondir_file = gitdir / "commondir"
     if os.path.lexists(commondir_file):
         try:
             rel = safeio.read_text(commondir_file, limit=4096, error=TreeError).strip()
         except TreeError as exc:
-            raise _not_a_checkout(path, role, f"{commondir_file} cannot be read: {exc}") from None
+            raise _not_a_checkout(path, role, creatable=creatable,
+                                  why=f"{commondir_file} cannot be read: {exc}") from None
         common = Path(os.path.normpath(gitdir / rel))
     return gitdir, common
 
@@ -390,8 +395,8 @@ def _worktrees(path: Path) -> tuple[Worktree, ...]:
     return tuple(found)
 
 
-def _vet(path: Path, role: str) -> Checkout:
-    gitdir, common = _git_dirs(path, role)
+def _vet(path: Path, role: str, creatable: bool) -> Checkout:
+    gitdir, common = _git_dirs(path, role, creatable)
     problems: list[str] = []
     # The files git reads before anything else: a FIFO here would hang every git call.
     configs = [common / "config"] + ([gitdir / "config.worktree"] if gitdir != common else
@@ -411,16 +416,16 @@ def _vet(path: Path, role: str) -> Checkout:
             found = git.run(path, ["rev-parse", "--absolute-git-dir", "--git-common-dir",
                                    "--is-inside-work-tree"], check=False)
         except GitError as exc:
-            raise _not_a_checkout(path, role, str(exc)) from None
+            raise _not_a_checkout(path, role, creatable=creatable, why=str(exc)) from None
         if not found.ok:
-            raise _not_a_checkout(path, role, found.stderr.strip().splitlines()[-1] if found.stderr.strip()
-                                  else "git does not read it as one")
+            why = found.stderr.strip().splitlines()[-1] if found.stderr.strip() else "git does not read it as one"
+            raise _not_a_checkout(path, role, creatable=creatable, why=why)
         real_gitdir, real_common, inside = (found.stdout.splitlines() + ["", "", ""])[:3]
         real_common = os.path.normpath(os.path.join(path, real_common))  # relative to the tree, or absolute
         if (os.path.realpath(real_gitdir) != os.path.realpath(gitdir)
                 or os.path.realpath(real_common) != os.path.realpath(common) or inside != "true"):
-            raise _not_a_checkout(path, role, f"git reads {real_gitdir} (common {real_common}) for it, "
-                                               f"not {gitdir}")
+            raise _not_a_checkout(path, role, creatable=creatable,
+                                  why=f"git reads {real_gitdir} (common {real_common}) for it, not {gitdir}")
         _repo_config_problems(path, problems)
         attributes = [common / "info" / "attributes"]
         if gitdir != common:

@@ -256,3 +256,22 @@ def test_branch_shorthands_are_usage_errors(tmp_path, upstream, cli, lived_in):
                   "--cache-dir", tmp_path / "c")
         assert res.rc == EXIT_USAGE and "--branch" in res.err, (name, res)
         fork.assert_kept(before)
+
+
+def test_only_a_caller_that_creates_trees_offers_a_new_directory(tmp_path: Path) -> None:
+    """A directory that is not a checkout: apply (``creatable``) may offer to create the tree there;
+    build, refresh, resolve and the port workspace do not create one, so their message does not."""
+    from dsv4patch import guard
+    from dsv4patch.errors import TreeError
+
+    d = tmp_path / "plain"
+    (d / "sub").mkdir(parents=True)
+    with pytest.raises(TreeError) as plain, guard.guarded(d):
+        pass
+    assert str(plain.value) == (f"--tree {d} is not the root of a git checkout (no .git); point --tree at the top "
+                                "directory of a checkout")
+    with pytest.raises(TreeError) as offered, guard.guarded(d, creatable=True):
+        pass
+    assert str(offered.value).endswith("; point --tree at the top directory of a checkout, or at a new (absent or "
+                                       "empty) directory and dsv4patch creates the tree")
+    assert os.listdir(d) == ["sub"]  # nothing written

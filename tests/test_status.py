@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, Upstream, git_pin, sh, write_lock
+from dsv4patch.errors import EXIT_TREE
 
 
 def _lock(d: Path, upstream: Upstream, extra: str = "") -> Path:
@@ -141,3 +142,17 @@ def test_status_without_tree_uses_the_only_tree_apply_made(tmp_path, upstream, c
     assert res.rc == 2 and f"2 trees under {d / 'vllm-src'}" in res.err
     assert f"--tree {d / 'vllm-src/other'}" in res.err
     assert cli("status", "--lock", lock, "--pin", "p").rc == 0  # --pin chooses
+
+
+def test_a_tree_that_is_absent_or_not_a_checkout_is_named_as_such(applied, cli, tmp_path):
+    lock, _tree = applied
+    res = cli("status", "--tree", tmp_path / "missing", "--lock", lock, "--pin", "p")
+    assert res.rc == EXIT_TREE and res.err.strip() == f"dsv4patch status: error: {tmp_path / 'missing'} does not exist"
+    (tmp_path / "plain").mkdir()
+    res = cli("status", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p")
+    assert res.rc == EXIT_TREE and "is not a git repository made by dsv4patch apply" in res.err
+    res = cli("refresh", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p")
+    assert res.rc == EXIT_TREE and "creates the tree" not in res.err, res.err  # refresh creates none
+    (tmp_path / "plain" / "f").write_text("x")
+    res = cli("apply", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p", "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_TREE and "or at a new (absent or empty) directory and dsv4patch creates the tree" in res.err

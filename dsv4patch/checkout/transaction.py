@@ -70,10 +70,10 @@ def _mutex_file(lock: Path, where: Path) -> Path:
 
 
 @contextmanager
-def exclusive_checkout(path: Path, role: str = "--tree") -> Iterator[Checkout]:
-    """Vet the existing tree ``path`` (:func:`guard.guarded`) and hold its tree lock
-    (``<git dir>/dsv4patch.lock``); yields the checkout."""
-    with guard.guarded(path, role=role) as co:
+def exclusive_checkout(path: Path, role: str = "--tree", creatable: bool = False) -> Iterator[Checkout]:
+    """Vet the existing tree ``path`` (:func:`guard.guarded`; ``creatable``: the caller creates absent
+    trees) and hold its tree lock (``<git dir>/dsv4patch.lock``); yields the checkout."""
+    with guard.guarded(path, role=role, creatable=creatable) as co:
         with file_mutex(_mutex_file(co.gitdir / TREE_LOCK, path), f"tree {path}", inherit=True):
             yield co
 
@@ -89,13 +89,13 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
     tree exists) keeps two creators apart.
     """
     if not is_empty(path):
-        with exclusive_checkout(path, role) as co:
+        with exclusive_checkout(path, role, creatable=True) as co:
             yield co, None
         return
     create_lock = path.with_name(f".{path.name}.dsv4patch-create.lock")
     with file_mutex(_mutex_file(create_lock, path.parent), f"tree {path}", inherit=True):
         if not is_empty(path):  # another run created it while we waited
-            with exclusive_checkout(path, role) as co:
+            with exclusive_checkout(path, role, creatable=True) as co:
                 yield co, None
             return
         tmp = path.with_name(f".{path.name}.dsv4patch-tmp")

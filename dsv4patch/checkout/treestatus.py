@@ -13,6 +13,7 @@ pins has this tree's base.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,7 +184,8 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
     The tree is vetted and held through :func:`guard.guarded` (TreeError, exit 5, when it
     is not a checkout or its settings name programs)."""
     if not guard.is_checkout_root(path):
-        raise TreeError(f"{path} is not a git repository made by dsv4patch apply")
+        raise TreeError(f"{path} does not exist" if not os.path.lexists(path) else
+                        f"{path} is not a git repository made by dsv4patch apply")
     with guard.guarded(path) as co:
         return _tree_status(co, lock, pin, env_lock)
 

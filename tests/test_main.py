@@ -130,7 +130,7 @@ def test_a_mistyped_command_names_the_nearest_one(tmp_path: Path, typed: str, me
     assert res.returncode == 2 and res.stdout == "", res
     first = res.stderr.splitlines()[0]
     assert first.startswith("dsv4patch: error: argument COMMAND: invalid choice: "), first
-    assert first.endswith(f"; did you mean {meant!r}?" if meant else "'releases')"), first
+    assert first.endswith(f"; did you mean {meant!r}?") if meant else "did you mean" not in first, first
     assert "\x1b" not in res.stderr  # the typed name is shown escaped
 
 

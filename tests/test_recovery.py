@@ -340,9 +340,17 @@ def _random_kills(tmp_path: Path, cli, lock: Path, pin: str, cache: Path, kills:
             subprocess.run(["rm", "-rf", str(tree)], check=True)
         elif tree.exists():
             sh(tree, "reset", "-q", "--hard", base)
-        # Half the kills anywhere in the run, half in its last third (where the tree moves).
+        # Half the kills anywhere in the run, half in its last third (where the tree moves); and every
+        # sixth aimed at the moving tree itself: sent within 2 ms of the apply's journal appearing (timed
+        # kills alone can miss that window when the machine's speed changes between the timing runs and
+        # the kills: ci73 had 30 kills and none while the journal existed).
         delay = rng.uniform(0.0, duration * 1.1) if i % 2 else rng.uniform(duration * 0.6, duration)
         proc = spawn(apply_args(lock, tree, cache, pin))
+        if i % 6 == 4:
+            journal, until = tree / ".git" / "dsv4patch-apply.json", time.monotonic() + 3 * duration + 5
+            while proc.poll() is None and not journal.exists() and time.monotonic() < until:
+                time.sleep(0.0005)
+            delay = rng.uniform(0.0, 0.002)
         time.sleep(delay)
         killed = proc.poll() is None
         killpg(proc)

@@ -173,7 +173,7 @@ def is_checkout_root(path: Path) -> bool:
     return os.path.lexists(Path(path) / ".git")
 
 
-def _not_a_checkout(path: Path, role: str, why: str, creatable: bool = False) -> TreeError:
+def _not_a_checkout(path: Path, role: str, why: str, creatable: bool) -> TreeError:
     return TreeError(f"{role} {path} is not the root of a git checkout ({why}); point {role} at the "
                      "top directory of a checkout" + (", or at a new (absent or empty) directory and dsv4patch "
                                                       "creates the tree" if creatable else ""))

@@ -82,6 +82,16 @@ exit codes:
 _INVALID_COMMAND = re.compile(r"argument COMMAND: invalid choice: '(.*)' \(choose from ")
 
 
+def _did_you_mean(typed: Sequence[str], choices: Sequence[str], quote: bool = False) -> str:
+    """``"; did you mean X?"`` naming the nearest choice to each typed word that has one (difflib, cutoff 0.6),
+    else ``""``."""
+    import difflib
+
+    near = [m[0] for word in typed if (m := difflib.get_close_matches(word, choices, n=1, cutoff=0.6))]
+    shown = [repr(n) if quote else n for n in dict.fromkeys(near)]
+    return f"; did you mean {' '.join(shown)}?" if shown else ""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (so --format json can report it)."""
 
@@ -96,11 +106,7 @@ class _Parser(argparse.ArgumentParser):
                 "\n".join(block)
         typo = _INVALID_COMMAND.match(message)
         if typo:  # a mistyped command: the nearest one, if any is near
-            import difflib
-
-            near = difflib.get_close_matches(typo.group(1), COMMANDS, n=1, cutoff=0.6)
-            if near:
-                message += f"; did you mean {near[0]!r}?"
+            message += _did_you_mean([typo.group(1)], COMMANDS, quote=True)
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
     def parse_command_line(self, argv: Sequence[str]) -> argparse.Namespace:
@@ -111,12 +117,7 @@ class _Parser(argparse.ArgumentParser):
             command = self.commands.get(getattr(args, "command", "") or "", self)
             message = f"unrecognized arguments: {' '.join(extra)}"
             options = [s for action in command._actions for s in action.option_strings]
-            unknown = [a.split("=", 1)[0] for a in extra if a.startswith("-")]
-            import difflib
-
-            near = [m[0] for a in unknown if (m := difflib.get_close_matches(a, options, n=1, cutoff=0.6))]
-            if near:
-                message += f"; did you mean {' '.join(dict.fromkeys(near))}?"
+            message += _did_you_mean([a.split("=", 1)[0] for a in extra if a.startswith("-")], options)
             raise UsageError(f"{message}\n{command.format_usage().rstrip()}")
         return args
 

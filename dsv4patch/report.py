@@ -8,7 +8,9 @@ table: a JSON or Markdown run (``check`` on a cache hit, a CI job) never loads i
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -81,12 +83,25 @@ def console(stderr: bool = False) -> Console:
 
     rich is imported here, not at module level: a ``check`` answered from the
     result cache in JSON never loads it (issue 14)."""
-    from rich.console import Console
+    global _CONSOLE
+    if _CONSOLE is None:
+        from rich.console import Console
 
+        class _Console(Console):
+            def on_broken_pipe(self) -> None:
+                """rich's own ends the program with exit 1 ("a result differs from the lock"); a reader
+                that closed stdout (``| head``) is ``main``'s exit 141, as with JSON."""
+                self.quiet = True
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+        _CONSOLE = _Console
     stream = sys.stderr if stderr else sys.stdout
     colour = stream.isatty() and not settings.active().no_color
-    return Console(file=stream, stderr=stderr, color_system="auto" if colour else None,
-                   force_terminal=stream.isatty(), no_color=not colour, highlight=False)
+    return _CONSOLE(file=stream, stderr=stderr, color_system="auto" if colour else None,
+                    force_terminal=stream.isatty(), no_color=not colour, highlight=False)
+
+
+_CONSOLE: type[Console] | None = None  # report.console's class, made on first use (rich loads there)
 
 
 # The layouts a terminal table tries, roomiest first: (name, extra width for n columns).

@@ -82,3 +82,24 @@ def test_a_lock_pin_name_with_markup_and_escapes_is_shown_literally(tmp_path, up
     assert rc != 0
     assert b"\x1b]" not in out and b"\x07" not in out and b"\x1b[31m" not in out
     assert b"[bold]p[/]" in out and b"\\x1b[31m" in out
+
+
+def test_a_table_into_a_closed_pipe_is_exit_141_like_json(tmp_path: Path, shared_cache: Path) -> None:
+    """`dsv4patch check | head`: the terminal table's writer is rich, whose own broken-pipe handling ends the
+    program with exit 1, which scripts read as "a result differs from the lock"; every format is exit 141
+    ("stdout was closed by its reader") with nothing on stderr but progress."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import LOCK
+
+    for fmt in ([], ["--format", "markdown"], ["--format", "json"]):
+        r, w = os.pipe()
+        os.close(r)  # the reader went away
+        proc = subprocess.run([sys.executable, "-m", "dsv4patch", "check", "--lock", str(LOCK), "--pin", "0.27.1",
+                               "--cache-dir", str(shared_cache), *fmt], stdout=w, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+        os.close(w)
+        assert proc.returncode == 141, (fmt, proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr and "error" not in proc.stderr, proc.stderr

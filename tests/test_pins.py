@@ -222,3 +222,25 @@ def test_lock_writes_never_go_through_a_link_planted_beside_the_lock(tmp_path):
     text = lock.read_text()
     assert '"0009-x.patch" = "variants/p/0009-x.patch"' in text and f'patched_tree = "{"a" * 40}"' in text
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["vllm.toml", "victim", *(p.name for p in planted)])
+
+
+def test_a_pin_name_the_lock_lacks_is_a_bad_option_value_with_the_nearest_names(cli, tmp_path):
+    """`--pin 0.27.x` is a mistyped option value (exit 2, kind usage, the option named, the nearest pins
+    suggested), not a bad lock file (exit 3: that stays for a name the lock itself or a state file gives)."""
+    from dsv4patch.errors import LockFileError, ParameterError
+
+    res = cli("check", "--lock", LOCK, "--pin", "0.27.x", "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == 2, res.err
+    err = json.loads(res.out)["error"]
+    assert err["kind"] == "usage" and err["exit_code"] == 2
+    assert "--pin '0.27.x': no such pin" in err["message"] and "did you mean '0.27.1'" in err["message"]
+    res = cli("port", "--lock", LOCK, "--from", "0.27.2", "--to", "0.28.0", "--cache-dir", tmp_path / "c")
+    assert res.rc == 2 and "--from '0.27.2': no such pin" in res.err, res.err
+    res = cli("apply", "--lock", LOCK, "--pin", "zzz", "--tree", tmp_path / "t", "--no-build")
+    assert res.rc == 2 and "did you mean" not in res.err and not (tmp_path / "t").exists(), res.err
+    lock = load(LOCK)
+    with pytest.raises(ParameterError):
+        lock.pin("0.27.x")
+    with pytest.raises(LockFileError, match="pin '0.27.x': no such pin"):
+        lock.pin("0.27.x", given_as=None)
+    assert lock.pin(None).name == lock.default_pin

@@ -339,7 +339,7 @@ def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, prog
         state = read_state(gitdir, path)
         lock_path = _state_lock(lock_path, state, path)
         opened = open_lock(lock_path, state.series)
-        pin = opened.pin(state.pin)
+        pin = opened.pin(state.pin, given_as=None)
         series = series_for_pin(opened, pin)
         patch = next((p for p in series.patches if p.name == state.patch), None)
         if patch is None:
@@ -371,7 +371,7 @@ def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, prog
         transaction.reset_tree(co, state.at, mention(Step.of("resolve", cont=True), bare=True))
         state_path(gitdir).unlink()
         opened = open_lock(lock_path, state.series)
-        pin = opened.pin(pin.name)
+        pin = opened.pin(pin.name, given_as=None)
         if not state.series:
             repo = materialize(pin, store, progress, checkout=path)
             res = run_series(repo.repo, repo.base_commit, series_for_pin(opened, pin))
@@ -380,7 +380,7 @@ def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, prog
             if res.final_tree:
                 notes.append(f"pin {pin.name}: patched_tree {res.final_tree} in {opened.path}")
             opened = open_lock(lock_path, state.series)
-            pin = opened.pin(pin.name)
+            pin = opened.pin(pin.name, given_as=None)
     if state.build and state.out and str(out) != state.out:
         notes.append(f"the workspace was opened with {param('out')} {state.out}; the kernel wheel goes to "
                      f"{out or './dist'} (pass {param('out')} to resolve to choose)")

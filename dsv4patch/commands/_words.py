@@ -38,6 +38,7 @@ OPTIONS = {
     "dry_run": "--dry-run",
     "extra_include": "--extra-include",
     "force_sm120_topk": "--force-sm120-topk",
+    "from_pin": "--from",
     "git": "--git",
     "installed": "--installed",
     "kernels": "--kernels",

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         report.emit(args.format, gone.to_json(), table, md)
         return EXIT_OK
     lock = _common.open_lock(args)
-    src = lock.pin(args.from_pin)
+    src = lock.pin(args.from_pin, given_as="from_pin")
     ctx = _common.context(args, lock)
     res = port(ctx=ctx, src=src, to=args.to, git_url=args.git,
                local=args.local, name=args.name, resolutions=args.resolutions,
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     report.emit(args.format, out, table, md)
     if res.ok and args.verify and not args.dry_run:
         written = open_lock(lock.path)  # with the new pin, as `dsv4patch verify` reads it
-        proof = verify(ctx=ctx.on(written), pin=written.pin(res.pin.name), torch=args.torch)
+        proof = verify(ctx=ctx.on(written), pin=written.pin(res.pin.name, given_as=None), torch=args.torch)
         report.emit(args.format, proof.to_json(), *proof.table())
         return EXIT_OK if proof.ok else EXIT_UNEXPECTED
     return EXIT_OK if res.ok else EXIT_UNEXPECTED

@@ -912,7 +912,7 @@ def _write_port(lock: Lock, src: Pin, pin: Pin, new: PinRepo, repo: Path, ported
         portspace.close(ws)
         notes.append(f"the port used the resolutions of {param('workspace')} {ws} and is complete; the "
                      "workspace can be deleted")
-    wpin = written_lock.pin(pin.name)
+    wpin = written_lock.pin(pin.name, given_as=None)
     res = run_series(new.repo, new.base_commit, series_for_pin(written_lock, wpin))
     bad = [r for r in res.patches if r.status.value != wpin.expected_status(r.patch)]
     notes.append(f"wrote {len(files)} file(s) and pin {pin.name} in {lock.path}")

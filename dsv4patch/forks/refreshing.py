@@ -371,7 +371,7 @@ def _check_written(pin: Pin, path: Path, tree: _Tree, pinrepo: PinRepo, plan: _P
     lock = ctx.lock
     notes = plan.notes
     fresh = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
-    fpin = fresh.pin(pin.name)
+    fpin = fresh.pin(pin.name, given_as=None)
     keep_ids = bool(chosen_series)  # the lock's derived tree ids stay as they are
     if tree.fork:
         # The fork's own checkout: the written series is run on the commit it sits on there; the

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from dsv4patch import safeio
 from dsv4patch.errors import LockFileError, ParameterError, param
@@ -131,6 +131,13 @@ class WatchSettings:
     ignore: dict[str, str] = field(default_factory=dict)
 
 
+# The parameters a pin's name is given by (Lock.pin's given_as): pins the command runs on, port's source, verify's
+# upstream release.
+PinParameter = Literal["pin", "from_pin", "upstream_from"]
+_PIN_PARAMETERS: dict[str, str] = {"pin": param("pin"), "from_pin": param("from_pin"),
+                                   "upstream_from": param("upstream_from")}
+
+
 @dataclass(frozen=True)
 class Lock:
     path: Path
@@ -140,13 +147,22 @@ class Lock:
     toolchains: dict[str, ToolchainDef] = field(default_factory=dict)
     watch: WatchSettings = WatchSettings()
 
-    def pin(self, name: str | None) -> Pin:
-        name = name or self.default_pin
-        if name not in self.pins:
-            raise LockFileError(
-                f"{self.path}: no pin named {name!r}; pins are: {', '.join(self.pins)}"
-            )
-        return self.pins[name]
+    def pin(self, name: str | None, *, given_as: PinParameter | None = "pin") -> Pin:
+        """The pin ``name``, else the lock's default.  A ``name`` the lock lacks is a wrong value of the
+        caller's parameter ``given_as`` (exit 2, the nearest pin names suggested); with ``given_as=None``
+        (a name read from a state file or a lock just written) it is the lock that lacks it (exit 3)."""
+        chosen = name or self.default_pin
+        found = self.pins.get(chosen)
+        if found is not None:
+            return found
+        import difflib
+
+        near = difflib.get_close_matches(chosen, list(self.pins), n=2, cutoff=0.6)
+        text = (f"{chosen!r}: no such pin in {self.path}; its pins are: {', '.join(self.pins)}"
+                + (f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""))
+        if name and given_as:
+            raise ParameterError(f"{_PIN_PARAMETERS[given_as]} {text}")
+        raise LockFileError(f"pin {text}")
 
     def select(self, names: list[str] | None) -> list[Pin]:
         if not names:

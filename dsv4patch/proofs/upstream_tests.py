@@ -246,7 +246,7 @@ def run(
 
 def source_pin(lock: Lock, name: str | None) -> Pin:
     """The pin whose tests run: ``name`` (``--from``), else the lock's 0.28.0."""
-    return lock.pin(name or DEFAULT_FROM)
+    return lock.pin(name or DEFAULT_FROM, given_as="upstream_from")
 
 
 def _source_files(srcrepo: PinRepo, source: Pin, rows: list[Row]) -> dict[str, str]:

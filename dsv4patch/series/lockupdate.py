@@ -73,7 +73,7 @@ def update(*, ctx: Context, pins: list[str] | None) -> LockUpdate:
                 )
             src_values = {"url": info.url, "size": info.size}
             lock = load_lock(lock.path) if update_derived(lock.path, pin.name, {}, src_values) else lock
-            pin = lock.pin(pin.name)
+            pin = lock.pin(pin.name, given_as=None)
         checked = pincheck.check_pin(ctx=ctx.on(lock), pin=pin)
         repo, result = checked.repo, checked.result
         final = result.final_tree

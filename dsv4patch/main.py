@@ -233,9 +233,15 @@ def _remove_work_dirs() -> None:
             getattr(module, remove)()
 
 
+# What to do after an interrupt (exit 130): apply's rerun finishes or refuses what it began
+# (docs/how-it-works.md#interrupted-runs); every command removed its temporary files and ended its children.
+_RERUN = {"apply": "run the same apply again: it finishes the interrupted one or refuses, touching nothing"}
+
+
 def _interrupted(command: str, as_json: bool) -> int:
+    what = _RERUN.get(command, "its temporary files were removed: run the command again")
     try:
-        return _report(command, "interrupted", "interrupted", EXIT_INTERRUPTED, as_json)
+        return _report(command, "interrupted", f"interrupted; {what}", EXIT_INTERRUPTED, as_json)
     except OSError:  # stdout or stderr closed as well
         return EXIT_INTERRUPTED
 

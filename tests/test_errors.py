@@ -30,6 +30,7 @@ from dsv4patch.errors import (
 from dsv4patch.main import EPILOG
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+RERUN = "interrupted; its temporary files were removed: run the command again"  # main._interrupted
 
 
 @pytest.fixture
@@ -325,8 +326,8 @@ def test_an_interrupt_exits_130_with_interrupted(tmp_path, sig, group, ignored):
     (os.killpg if group else os.kill)(proc.pid, signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
-    assert err.strip().endswith("dsv4patch status: error: interrupted")
-    assert json.loads(out)["error"] == {"kind": "interrupted", "message": "interrupted", "exit_code": 130,
+    assert err.strip().endswith(f"dsv4patch status: error: {RERUN}")
+    assert json.loads(out)["error"] == {"kind": "interrupted", "message": RERUN, "exit_code": 130,
                                         "command": "status"}
 
 
@@ -345,7 +346,7 @@ def test_an_interrupt_after_the_result_leaves_stdout_one_document(monkeypatch, c
     monkeypatch.setattr(status, "run", run)
     rc = mainmod.main(["status", "--format", "json"])
     out, err = capsys.readouterr()
-    assert rc == 130 and err.strip().endswith("dsv4patch status: error: interrupted")
+    assert rc == 130 and err.strip().endswith(f"dsv4patch status: error: {RERUN}")
     assert json.loads(out) == {"schema_version": 1, "ok": True, "notes": []}
 
 

@@ -519,13 +519,15 @@ def _judge(shot: Shot, reference: dict, seen: dict[str, int]) -> dict | None:
         seen["before-start"] += 1
         return None
     assert shot.rc == 130, where
-    assert shot.err.strip().endswith("error: interrupted"), where
+    assert "error: interrupted; " in shot.err.strip().splitlines()[-1], where
     data = json.loads(shot.out)  # one document on stdout: the error, or the result finished before the signal
     if "error" not in data:  # the signal came after the result was written (while the command cleaned up)
         assert {k: data.get(k) for k in reference} == reference, where
         seen["interrupted after its result"] = seen.get("interrupted after its result", 0) + 1
         return data
     assert data["error"]["kind"] == "interrupted", where  # never a result it did not compute
+    if data["error"]["command"] == "apply":  # what to do: apply's rerun finishes or refuses what this one began
+        assert "run the same apply again" in data["error"]["message"], where
     seen["interrupted"] += 1
     return None
 

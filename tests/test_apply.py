@@ -113,13 +113,22 @@ def test_refuses_dirty_tree_and_other_commit(tmp_path, cli, two_patch_lock):
     assert res.rc == 1 and "take out what 0002" in res.out, res
     assert cli("status", "--lock", two_patch_lock, "--pin", "p", "--tree", tree).rc == 1
     assert sh(tree, "rev-parse", "HEAD") == head
-    # A branch off the middle of the series is neither the base nor above the series.
+    # A branch of yours off the middle of the series: the commits above 0001 do not carry 0002; both say
+    # so (exit 1), nothing is touched.
     sh(tree, "checkout", "-q", "-b", "side", "HEAD~3")
     (tree / "side.txt").write_text("x")
     sh(tree, "add", "side.txt")
     sh(tree, "commit", "-qm", "mine, on 0001")
+    head = sh(tree, "rev-parse", "HEAD")
     res = cli(*base)
-    assert res.rc == EXIT_TREE and "neither pin p's base commit" in res.err
+    assert res.rc == 1 and "which do not carry 0002" in res.out, res
+    assert cli("status", "--lock", two_patch_lock, "--pin", "p", "--tree", tree).rc == 1
+    assert sh(tree, "rev-parse", "HEAD") == head
+    # A commit that descends from none of it: neither the base nor a state dsv4patch made (exit 5).
+    sh(tree, "checkout", "-q", "--orphan", "elsewhere")
+    sh(tree, "commit", "-qm", "not vLLM at all")
+    res = cli(*base)
+    assert res.rc == EXIT_TREE and "neither the commit pin p's series starts from" in res.err, res
 
 
 def test_refuses_a_foreign_repository(tmp_path, cli, two_patch_lock):

@@ -358,6 +358,14 @@ def test_everyday_flow_on_a_lived_in_fork(tmp_path, upstream, cli):
     assert json.loads(res.out)["patches"].get("0004-acme-on-top-of-the-series.patch", {}).get("action") \
         == "unchanged", res.out
     now = fork.assert_kept(now)
+    # The refreshed series ends with the maintainer's own commit, which HEAD is: apply agrees with status, the
+    # series' commits below and 0004 by content (exit 5 before: "neither pin acme's base commit nor ...").
+    assert cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path).rc == 0
+    res = cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--no-build", *cache, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    assert any("0004-acme-on-top-of-the-series.patch (found by content); nothing to do" in n
+               for n in json.loads(res.out)["notes"]), res.out
+    now = fork.assert_kept(now)
 
     # 5. port --local of the fork that carries the series as dsv4patch committed it: recognised by its
     # trailers and its content, every patch dropped (before: 0002 reported as a false conflict).
@@ -374,6 +382,16 @@ def test_everyday_flow_on_a_lived_in_fork(tmp_path, upstream, cli):
     assert cli("check", "--lock", lock, "--pin", "acme-dsv4", *cache).rc == 0
     res = cli("apply", "--lock", lock, "--pin", "acme-dsv4", "--tree", fork.path, "--no-build", *cache)
     assert res.rc == 0 and "nothing to do" in res.out, res
+    now = fork.assert_kept(now)
+
+    # 6. The maintainer reverts the commit pin acme's series now ends with: apply and status both say 0004 is
+    # missing (exit 1), nothing is touched.
+    fork.git("revert", "--no-edit", "HEAD")
+    now = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--no-build", *cache)
+    assert res.rc == 1 and "which do not carry 0004-acme-on-top-of-the-series.patch; nothing was changed" \
+        in res.out + res.err, res
+    assert cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path).rc == 1
     fork.assert_kept(now)
     assert fork.ran() == []
 

@@ -26,7 +26,7 @@ from dsv4patch import git, guard
 from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.errors import BuildError, TreeError, param, writing
-from dsv4patch.nextstep import Step, mention
+from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import kind_of, materialize
 from dsv4patch.series import carried, pin_report, run_series, series_for_pin
 
@@ -240,22 +240,43 @@ def _move(co: Checkout, path: Path, pin: Pin, pinrepo: PinRepo, series: Series, 
         return final, None
     if head is not None and git.is_ancestor(path, final, head):
         return head, _above_the_series(path, pin, series, result, head, final, out_notes)
+    # HEAD may descend from the series' commits only part-way: the later patches are commits of the
+    # user's own (`refresh` made them patches of the pin's series), found in HEAD's content as status does.
+    below = next((c for c in reversed(commits[:-1]) if head is not None and git.is_ancestor(path, c, head)), None)
+    if head is not None and below is not None:
+        rest = [r.patch for r in result.patches if r.status.applies][commits.index(below) + 1:]
+        return head, _above_the_series(path, pin, series, result, head, below, out_notes, rest)
     raise TreeError(
-        f"{path} is at {head}, which is neither pin {pin.name}'s base commit "
-        f"{pinrepo.base_commit[:12]} nor a state dsv4patch made, nor a commit above the "
-        "series; check out the base commit or use a new directory"
+        f"{path} is at {head}, which is neither the commit pin {pin.name}'s series starts from "
+        f"({pinrepo.base_commit[:12]}) nor a state dsv4patch made, nor a commit above the series "
+        f"that carries it ({mention(Step.of('status', pin=pin.name, tree=path))} shows which patch it lacks); "
+        f"apply the series to a new directory ({mention(Step.of('apply', pin=pin.name, tree=Blank('DIR')))}) "
+        f"or check out {pinrepo.base_commit[:12]}"
     )
 
 
 def _above_the_series(path: Path, pin: Pin, series: Series, result: SeriesResult, head: str, final: str,
-                      out_notes: list[str]) -> list[str] | None:
-    """Commits of the user's own above the series dsv4patch made: apply agrees with ``status``
-    (the series, looked for in HEAD's content); None when they keep every patch."""
+                      out_notes: list[str], rest: Sequence[str] = ()) -> list[str] | None:
+    """Commits of the user's own above the series dsv4patch made (``final``: the last commit of it HEAD
+    descends from; ``rest``: the patches after that one, which only the user's commits can carry): apply
+    agrees with ``status`` (the series, looked for in HEAD's content); None when they keep every patch."""
     above = git.rev_list(path, f"{final}..{head}")
     applied = [r.patch for r in result.patches if r.status.applies]
     with git.scratch_index(path, head) as env:
         found = carried(path, env, series)
     lost = [n for n in applied if found.get(n) is None]
+    if rest:
+        if lost:
+            return [
+                f"{path}: HEAD {head[:12]} has the series' commits up to {final[:12]} and {len(above)} commit(s) "
+                f"of yours above them, which do not carry {', '.join(lost)}; nothing was changed. "
+                f"`{mention(Step.of('status', pin=pin.name, tree=path))}` shows each patch; commit what they "
+                f"change (or apply the series to a new directory: "
+                f"`{mention(Step.of('apply', pin=pin.name, tree=Blank('DIR')))}`)"]
+        out_notes.append(
+            f"{path} has all patches of pin {pin.name}: the series' commits up to {final[:12]} and, in "
+            f"{len(above)} commit(s) of yours above them, {', '.join(rest)} (found by content); nothing to do")
+        return None
     if lost:
         return [
             f"{path}: HEAD {head[:12]} has the series (its last commit {final[:12]}) with "

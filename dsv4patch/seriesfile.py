@@ -37,3 +37,10 @@ def read_series_file(path: Path) -> list[Path]:
     if not out:
         raise PatchFileError(f"series file {path} lists no patches")
     return out
+
+
+def unlisted(series_files: list[Path], names: set[str]) -> set[str]:
+    """Of ``names`` (patch file names, such as a pin's variants), those no file of ``series_files``
+    lists; an unreadable series file is a :class:`PatchFileError`, as for :func:`read_series_file`."""
+    listed = {p.name for f in series_files for p in read_series_file(f)}
+    return names - listed

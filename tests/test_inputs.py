@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shlex
 import shutil
@@ -126,6 +127,41 @@ def test_patch_writing_outside_tree_is_refused(tmp_path, upstream, cli, path, ne
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_INPUT
     assert needle in res.err and "0001-evil.patch" in res.err
+
+
+def _two_series_lock(d: Path, upstream, variant_of: str) -> Path:
+    """Pin p runs series main (0001-a) and more (0002-b), with a variant file for ``variant_of``."""
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    upstream.patch(d / "0002-b.patch", "b", {"csrc/kernel.cuh": "int length = 0;\n"}, "b")
+    (d / "v").mkdir()
+    upstream.patch(d / "v" / "0002-b.patch", "bv", {"csrc/kernel.cuh": "int length = 1;\n"}, "b, varied")
+    return write_lock(d / "l.toml", {"p": git_pin("p", upstream, extra=f'series = ["main", "more"]\n'
+                                                  f'variants = {{ "{variant_of}" = "v/0002-b.patch" }}')},
+                      {"main": ["0001-a.patch"], "more": ["0002-b.patch"]})
+
+
+@pytest.mark.parametrize("chosen", [[], ["main"], ["more"], ["main", "more"]])
+def test_variants_outside_the_chosen_series_are_not_used(tmp_path, upstream, cli, chosen):
+    """`--series` picks a subset of the pin's series: a variant of a patch outside it is not used (the
+    README's `--series dsv4` on a pin with variants of the extras), not a lock error."""
+    lock = _two_series_lock(tmp_path / "l", upstream, "0002-b.patch")
+    args = [a for s in chosen for a in ("--series", s)]
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c", "--format", "json", *args)
+    assert res.rc == 0, res.err
+    assert list(json.loads(res.out)["pins"]["p"]["patches"]) == \
+        [n for s, n in (("main", "0001-a.patch"), ("more", "0002-b.patch")) if s in (chosen or ["main", "more"])]
+
+
+@pytest.mark.parametrize("chosen", [[], ["main"], ["more"]])
+def test_a_variant_no_series_of_the_pin_contains_is_a_lock_error(tmp_path, upstream, cli, chosen):
+    """A mistyped variant name is the lock's error whichever series the run chooses."""
+    lock = _two_series_lock(tmp_path / "l", upstream, "0002-bb.patch")
+    args = [a for s in chosen for a in ("--series", s)]
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c", *args)
+    assert res.rc == EXIT_INPUT, res
+    assert f"{lock}: pin p has variants for 0002-bb.patch, which no series of that pin contains " \
+           "(its series: main, more)" in res.err and '[pins."p"].variants' in res.err
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

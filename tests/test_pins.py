@@ -63,6 +63,17 @@ def test_026_uses_its_variants_only_where_needed():
     assert set(pin.variants) <= set(names)
 
 
+def test_series_dsv4_alone_on_pins_with_variants_of_the_extras(shared_cache, cli):
+    """The README's `--series dsv4` on the real lock: 0.28.0 and 0.33.0 have variants of extras 2
+    and 3, which the seven fixes alone do not use (it was a lock error, exit 3)."""
+    res = cli("check", "--lock", LOCK, "--cache-dir", shared_cache, "--series", "dsv4", "--format", "json",
+              "--pin", "0.28.0", "--pin", "0.33.0", "--pin", "0.26.0")
+    assert res.rc == 0, res.err
+    pins = json.loads(res.out)["pins"]
+    assert {n: [c["status"] for c in p["patches"].values()] for n, p in pins.items()} == \
+        {"0.28.0": ["upstream"] * 7, "0.33.0": ["upstream"] * 7, "0.26.0": ["clean"] * 7}
+
+
 # Releases from 0.28.0 on: which patches apply (clean) and where each variant of the pin lives.
 # The seven fixes and extra 1 are upstream everywhere; extras 2 and 3 are ours until 0.33.0
 # has extra 3 upstream by another change; 0.34.0 renamed `_required_sm120_sparse_topk` (fix 5's

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from dsv4patch.errors import PatchFileError
-from dsv4patch.seriesfile import read_series_file
+from dsv4patch.seriesfile import read_series_file, unlisted
 
 
 def test_the_repositorys_series_files_list_patch_files_that_exist() -> None:
@@ -48,3 +48,14 @@ def test_a_series_file_it_cannot_use_is_named(tmp_path: Path, case: str) -> None
     expected = {"missing": "not found", "directory": "cannot be read", "not-utf8": "is not UTF-8 text (byte 13)",
                 "empty": "lists no patches", "comments-only": "lists no patches"}[case]
     assert expected in message, message
+
+
+def test_unlisted_names_are_those_no_series_file_lists(tmp_path: Path) -> None:
+    """What a pin's variants are checked against: the names its series list, whichever series a run uses."""
+    (tmp_path / "a").write_text("0001-a.patch\nsub/0002-b.patch\n")
+    (tmp_path / "b").write_text("0003-c.patch\n")
+    names = {"0001-a.patch", "0002-b.patch", "0003-c.patch", "0003-cc.patch"}
+    assert unlisted([tmp_path / "a", tmp_path / "b"], names) == {"0003-cc.patch"}
+    assert unlisted([tmp_path / "a"], names) == {"0003-c.patch", "0003-cc.patch"}
+    with pytest.raises(PatchFileError, match="not found"):
+        unlisted([tmp_path / "a", tmp_path / "gone"], names)

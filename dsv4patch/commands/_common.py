@@ -61,7 +61,8 @@ def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
             "--series", action="append", metavar="NAME",
             help="series to use instead of each pin's own (repeatable, in order; e.g. "
                  "`--series dsv4` for the seven fixes of #51538 alone); the lock's "
-                 "patched_tree is then not compared",
+                 "patched_tree is then not compared, and a pin's variants of patches outside them are "
+                 "not used",
         )
 
 

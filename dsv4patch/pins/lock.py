@@ -114,6 +114,15 @@ class Pin:
     build: BuildSettings = BuildSettings()
     wheels: dict[str, WheelFile] = field(default_factory=dict)  # platform -> stock wheel
     toolchain: ToolchainDef | None = None  # the kernel build toolchain ([toolchains.*])
+    # The pin's own series from the lock where the run chose others (Lock.with_series); None: ``series``
+    # are its own.  Its variants are checked against these: a variant no series of the pin contains is
+    # the lock's error, one of a patch outside the run's series is just not used.
+    own_series: tuple[str, ...] | None = None
+
+    @property
+    def lock_series(self) -> tuple[str, ...]:
+        """The series the lock gives the pin, whichever series the run uses."""
+        return self.series if self.own_series is None else self.own_series
 
     def expected_status(self, patch_name: str) -> str:
         return self.expect_patches.get(patch_name, self.expect)
@@ -173,14 +182,15 @@ class Lock:
         """This lock with every pin running ``chosen`` series instead of its own.
 
         The lock's patched_tree is then not compared (it was recorded for the
-        pin's own series)."""
+        pin's own series); a pin's variants of patches outside ``chosen`` are not used, and are
+        still checked against its own series (:attr:`Pin.lock_series`)."""
         if not chosen:
             return self
         unknown = [s for s in chosen if s not in self.series]
         if unknown:
             raise LockFileError(f"{param('series')} {', '.join(unknown)}: {self.path} has no such [series.*] table "
                                 f"(it has {', '.join(self.series)})")
-        pins = {n: replace(p, series=tuple(chosen), patched_tree=None) for n, p in self.pins.items()}
+        pins = {n: replace(p, series=tuple(chosen), patched_tree=None, own_series=p.lock_series) for n, p in self.pins.items()}
         return replace(self, pins=pins)
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import git
 from dsv4patch.hashing import code_identity
 from dsv4patch.series import results
-from dsv4patch.seriesfile import read_series_file
+from dsv4patch.seriesfile import read_series_file, unlisted
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
@@ -79,9 +79,9 @@ def patch_files(lock: Lock, pin: Pin) -> list[tuple[str, str, Path]] | None:
         for sname in pin.series:
             for ppath in read_series_file(lock.series[sname].path):
                 out.append((sname, ppath.name, pin.variants.get(ppath.name, ppath)))
+        if unlisted([lock.series[s].path for s in pin.lock_series], set(pin.variants)):
+            return None
     except Exception:
-        return None
-    if set(pin.variants) - {name for _s, name, _p in out}:
         return None
     return out
 

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
-from dsv4patch.seriesfile import read_series_file
+from dsv4patch.seriesfile import read_series_file, unlisted
 
 if TYPE_CHECKING:
     from unidiff.patch import PatchedFile, PatchSet
@@ -102,17 +102,23 @@ class Series:
 
 
 def series_for_pin(lock: Lock, pin: Pin) -> Series:
-    """The pin's patches in order: its series concatenated, variants substituted."""
-    patches: list[Patch] = []
+    """The pin's patches in order: its series concatenated, variants substituted.
+
+    A variant that no series the lock gives the pin contains is the lock's error (a mistyped
+    name), whichever series the run uses; where the run chose other series
+    (:meth:`dsv4patch.pins.Lock.with_series`), a variant of a patch outside them is not used."""
     relative = (f"paths in a lock are relative to the lock file's directory ({lock.path.parent}); "
                 "a copied lock needs them adjusted")
+    unused = unlisted([_series_path(lock, s, relative) for s in pin.lock_series], set(pin.variants))
+    if unused:
+        raise PatchFileError(
+            f"{lock.path}: pin {pin.name} has variants for {', '.join(sorted(unused))}, "
+            f"which no series of that pin contains (its series: {', '.join(pin.lock_series)}); correct the "
+            f"name or remove it from [pins.\"{pin.name}\"].variants"
+        )
+    patches: list[Patch] = []
     for sname in pin.series:
-        sdef = lock.series[sname]
-        if not sdef.path.exists():
-            raise PatchFileError(
-                f"{lock.path}: [series.{sname}] path names {sdef.path}, which does not exist; {relative}"
-            )
-        for ppath in read_series_file(sdef.path):
+        for ppath in read_series_file(_series_path(lock, sname, relative)):
             path = pin.variants.get(ppath.name, ppath)
             if ppath.name in pin.variants and not path.exists():
                 raise PatchFileError(
@@ -120,13 +126,14 @@ def series_for_pin(lock: Lock, pin: Pin) -> Series:
                     f"not exist; {relative}"
                 )
             patches.append(load_patch(path, sname, name=ppath.name))
-    unused = set(pin.variants) - {p.name for p in patches}
-    if unused:
-        raise PatchFileError(
-            f"{lock.path}: pin {pin.name} has variants for {', '.join(sorted(unused))}, "
-            "which no series of that pin contains"
-        )
     return Series(pin=pin.name, patches=tuple(patches))
+
+
+def _series_path(lock: Lock, sname: str, relative: str) -> Path:
+    path = lock.series[sname].path
+    if not path.exists():
+        raise PatchFileError(f"{lock.path}: [series.{sname}] path names {path}, which does not exist; {relative}")
+    return path
 
 
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")

@@ -204,6 +204,38 @@ def test_write_adds_the_entry_that_check_then_accepts(index, tmp_path: Path, sha
     assert _json(res)["releases"]["0.28.2"]["state"] == "ignored"
 
 
+def test_a_pinned_release_asked_for_is_compared_with_its_entry_and_never_written(
+        index, tmp_path: Path, shared_cache: Path, cli) -> None:
+    """`--release 0.28.0` where the lock pins 0.28.0: state `pinned`, checked from its own pin and compared
+    with its entry; `--write` leaves the entry as it is (it was `new`/`adopt`, exit 1, and suggested a
+    `--write` that failed with exit 3 "pin exists already")."""
+    lock = _project(tmp_path / "proj", drop=())
+    before = lock.read_bytes()
+    res = cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--release", REMOVED, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    r = _json(res)["releases"][REMOVED]
+    assert (r["state"], r["decision"], r["needs_decision"], r["entry"]) == ("pinned", "none", False, None), r
+    assert (r["reference"], r["base_tree"], r["patched_tree"]) == (REMOVED, P28.base_tree, P28.patched_tree)
+    assert r["toolchain"] == P28.toolchain.name and P28.commit.startswith(r["commit"])
+    # The adopting command run again: a no-op that says so, exit 0, the lock untouched.
+    res = cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--release", REMOVED, "--write")
+    assert res.rc == 0, res.out + res.err
+    assert f"{REMOVED}: pinned (pin {REMOVED}'s lock entry agrees:" in res.out and "not written:" in res.out, res.out
+    assert "--write" not in res.out and "next:" not in res.out and lock.read_bytes() == before
+    # An entry that is not what the series gives there: what differs, and a next step that can be run.
+    doc = tomlkit.parse(lock.read_text(encoding="utf-8"))
+    doc["pins"][REMOVED]["patched_tree"] = "a" * 40  # type: ignore[index]
+    lock.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    res = cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--release", REMOVED, "--write")
+    assert res.rc == 1, res.out + res.err
+    assert f"patched_tree {'a' * 40} in the lock, {P28.patched_tree} from the check" in res.out.replace("\n", " ")
+    assert f"dsv4patch check --lock {lock} --pin {REMOVED}" in res.out.replace("\n", " ")
+    assert "--write" not in res.out and "not written:" in res.out
+    out = _json(cli("releases", "--lock", lock, "--cache-dir", shared_cache, "--release", REMOVED,
+                    "--format", "json"))
+    assert (out["releases"][REMOVED]["state"], out["needs_decision"]) == ("pinned", [REMOVED])
+
+
 def test_a_pinned_release_yanked_or_changed_on_the_index_needs_a_decision(
         tmp_path: Path, shared_cache: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _project(tmp_path / "proj")

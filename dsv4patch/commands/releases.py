@@ -34,11 +34,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _common.add_cache(p)
     p.add_argument("--pre", action="store_true", help="check pre-releases too (default: listed, not checked)")
     p.add_argument("--release", action="append", metavar="VERSION",
-                   help="check only this release (repeatable; a pinned one is checked as if it were new)")
+                   help="check only this release (repeatable); a pinned one is checked as if it were new and "
+                        "compared with its pin's entry (state `pinned`: exit 0 when they agree, 1 with what "
+                        "differs)")
     p.add_argument("--write", action="store_true",
                    help="add the entry of every release whose patches are all upstream or clean (and that "
                         "has a toolchain where its patches change kernels) to the lock; the others are "
-                        "left to `dsv4patch port --to VERSION`")
+                        "left to `dsv4patch port --to VERSION`; a pinned release is never written (its "
+                        "entry stays as it is), so running it again after adopting one changes nothing")
 
 
 def _next(r: ReleaseReport, lock: str) -> str | None:
@@ -55,6 +58,10 @@ def _next(r: ReleaseReport, lock: str) -> str | None:
     if r.decision == RELEASE_TOOLCHAIN:
         return (f"add a [toolchains.*] table of torch {r.torch} with its hashed requirements file "
                 f"(docs/kernels.md, \"The toolchain\"), then run this again")
+    if r.state == "pinned" and r.decision == RELEASE_INVESTIGATE:
+        return (f"see how the lock's entry fares: `dsv4patch check --lock {lock} --pin {r.reference}`; "
+                f"`dsv4patch lock --lock {lock} --update --pin {r.reference}` rewrites its derived fields "
+                "(base_tree, patched_tree)")
     if r.decision == RELEASE_INVESTIGATE:
         return "look at the index before pinning or keeping it; do not edit a lock sha256 to match"
     return None
@@ -105,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
                 line += f"\n  {p.patch}: {p.series_status} as in the series; {p.status} with {whose}"
         if r.written:
             line += f"\n  written to {lock.path}"
+        elif args.write and r.state.startswith("pinned"):
+            line += f"\n  not written: {lock.path} pins it already; its entry is left as it is"
         elif r.entry:
             line += "\n  lock entry it would add:\n    " + r.entry.rstrip().replace("\n", "\n    ")
         nxt = None if r.written else _next(r, shown)

@@ -13,7 +13,11 @@ the lock entry it would add.  A patch that does not apply as the series has
 it is tried with the variants the lock already has for its nearest pins (a
 variant written for 0.28.0 may carry the same hunks to 0.29.0); the entry
 names the one that applies.  Pinned releases the index has since yanked, or
-lists with another sha256, are flagged too.
+lists with another sha256, are flagged too.  A pinned release asked for by
+name is checked the same way, from its own pin's series and settings, and
+compared with the pin's lock entry (state ``pinned``): nothing to decide when
+the index's sdist gives the entry's commit, toolchain and trees, else what
+differs; it never has an entry to add.
 
 Nothing is written unless the caller asks (:func:`write_entry`), and then only
 an entry whose every patch is settled (``upstream`` or ``clean``) with a
@@ -133,7 +137,8 @@ class ReleaseReport:
     """What the watcher found for one release, and the decision it needs."""
 
     version: str
-    # new | yanked | pre-release | ignored | pinned-yanked | pinned-changed | hash-mismatch | fetch-failed | no-sdist
+    # new | pinned | yanked | pre-release | ignored | pinned-yanked | pinned-changed | hash-mismatch | fetch-failed
+    # | no-sdist
     state: str
     decision: str  # ADOPT | PORT | TOOLCHAIN | INVESTIGATE | NONE
     detail: str = ""
@@ -194,7 +199,8 @@ def _since(lock: Lock) -> Version | None:
 def watch(*, ctx: Context, pre: bool = False, only: list[str] | None = None) -> WatchResult:
     """The releases on the configured index that the lock does not pin, each checked (see module doc).
 
-    ``only``: just these versions (pinned or not: a pinned one is checked as if it were new).
+    ``only``: just these versions; a pinned one is checked as if it were new and compared with its pin's
+    lock entry (:func:`check_pinned`).
     """
     where = index.index_url()
     releases = list_releases(where, PROJECT)
@@ -211,7 +217,8 @@ def watch(*, ctx: Context, pre: bool = False, only: list[str] | None = None) -> 
         parsed = _version(rel.version)
         if wanted:
             if rel.version in wanted:
-                reports.append(check_release(ctx=ctx, release=rel))
+                reports.append(check_pinned(ctx=ctx, release=rel, pin=pinned[rel.version])
+                               if rel.version in pinned else check_release(ctx=ctx, release=rel))
             continue
         if rel.version in pinned:
             flag = _pinned_flag(pinned[rel.version], rel)
@@ -356,8 +363,49 @@ def classify(lock: Lock, pin: Pin, repo: PinRepo) -> tuple[list[PatchClass], dic
     return classes, chosen
 
 
-def check_release(*, ctx: Context, release: Release) -> ReleaseReport:
-    """Fetch ``release``'s sdist (the index's sha256), check the series on it, build the entry."""
+def check_pinned(*, ctx: Context, release: Release, pin: Pin) -> ReleaseReport:
+    """A release the lock pins (``pin``), asked for by name: flagged as the watch flags it where the
+    index yanks it or lists another file, else checked as a new release from the pin's own series and
+    settings and compared with the pin's entry (state ``pinned``; no entry to add, so nothing to write)."""
+    flag = _pinned_flag(pin, release)
+    if flag is not None:
+        return flag
+    fresh = check_release(ctx=ctx, release=release, reference=pin)
+    if fresh.state != "new":  # no sdist, a hash mismatch, a failed fetch: as found
+        return fresh
+    differs = _differences(pin, fresh)
+    if differs:
+        decision, detail = INVESTIGATE, (f"pin {pin.name}'s lock entry is not what the series gives on the "
+                                         f"index's sdist: {'; '.join(differs)}")
+    else:
+        decision, detail = NONE, (f"pin {pin.name}'s lock entry agrees: the index's sdist, checked as a new "
+                                  "release, gives its commit, toolchain, base and patched trees")
+    return replace(fresh, state="pinned", decision=decision, detail=detail, entry=None)
+
+
+def _differences(pin: Pin, fresh: ReleaseReport) -> list[str]:
+    """How ``pin``'s lock entry differs from the check of its release (``fresh``), each in words."""
+    out = []
+    if fresh.decision != ADOPT:
+        out.append(f"the check is not settled ({fresh.decision}: {fresh.detail})")
+    if fresh.commit and not (pin.commit.startswith(fresh.commit) or fresh.commit.startswith(pin.commit)):
+        out.append(f"commit {pin.commit} in the lock, {fresh.commit} in the sdist's vllm/_version.py")
+    toolchain = pin.toolchain.name if pin.toolchain else None
+    if fresh.toolchain != toolchain:
+        out.append(f"toolchain {toolchain or '(none)'} in the lock, {fresh.toolchain or '(none)'} by its torch "
+                   f"{fresh.torch or '(unknown)'}")
+    for what, locked, found in (("base_tree", pin.base_tree, fresh.base_tree),
+                                ("patched_tree", pin.patched_tree, fresh.patched_tree)):
+        if locked != found:
+            out.append(f"{what} {locked or '(none)'} in the lock, {found or '(none)'} from the check")
+    return out
+
+
+def check_release(*, ctx: Context, release: Release, reference: Pin | None = None) -> ReleaseReport:
+    """Fetch ``release``'s sdist (the index's sha256), check the series on it, build the entry.
+
+    ``reference``: the pin whose series and settings the check starts from (default: the nearest
+    older pinned release, :func:`_reference`)."""
     lock, store, progress = ctx.lock, ctx.store, ctx.progress
     v = release.version
     f = release.sdist_file
@@ -375,7 +423,7 @@ def check_release(*, ctx: Context, release: Release) -> ReleaseReport:
         return ReleaseReport(v, "hash-mismatch", INVESTIGATE, str(exc), sdist=sdist)
     except FetchError as exc:  # the index links a file it does not serve, or not an sdist of vLLM
         return ReleaseReport(v, "fetch-failed", INVESTIGATE, str(exc), sdist=sdist)
-    ref = _reference(lock, v)
+    ref = _reference(lock, v) if reference is None else reference
     source = Source(kind="pypi-sdist", name=PROJECT, version=v, sha256=f.sha256, size=f.size,
                     url=_plain_url(url))
     pin = Pin(name=v, vllm_version=v, commit=commit, source=source, cuda_arch_list=ref.cuda_arch_list,

@@ -114,6 +114,21 @@ _LAYOUTS: tuple[tuple[str, Callable[[int], int]], ...] = (
 )
 
 
+def words_kept(text: str, width: int | None, indent: int = 0) -> Text:
+    """``text`` (shown literally) wrapped between words to ``width`` less ``indent``, each line indented; a word
+    longer than that (a path, a patch's file name) stays whole on a line of its own, past the width, for the
+    terminal to soft-wrap (printed with ``soft_wrap``: rich would split it)."""
+    import textwrap
+
+    from rich.text import Text
+
+    lines: list[str] = []
+    for para in literal(text).split("\n"):
+        lines += textwrap.wrap(para, max(1, (width or 1 << 16) - indent), break_long_words=False,
+                               break_on_hyphens=False) or [""]
+    return Text("\n".join(" " * indent + line for line in lines), overflow="ignore")
+
+
 def _longest_word(text: str) -> int:
     from rich.cells import cell_len
 
@@ -206,13 +221,14 @@ class Table:
     def to_rich(self, width: int | None = None) -> list[RenderableType]:
         """What shows this table in ``width`` columns (None: as wide as its cells, one boxed
         table): rich tables, and with columns shown under each row, those lines."""
-        from rich.padding import Padding
-
         fitted = self.fit(width) if width is not None else Fitted(
             "boxed", [list(range(len(self.columns)))], [{}])
         out: list[RenderableType] = []
         for n, part in enumerate(fitted.parts):
-            title = plain(self.title) if n == 0 else None
+            title = self._title(fitted.layout, part, fitted.widths[n], width) if n == 0 else None
+            if title is not None and title.overflow == "ignore":  # a word of it is wider than the table
+                out.append(title)
+                title = None
             if not fitted.below:
                 out.append(self._rich(fitted.layout, title, part, fitted.widths[n], self.rows, header=True))
                 continue
@@ -223,8 +239,16 @@ class Table:
                                       header=k == 0))
                 for i in fitted.below:
                     if row[i].strip():
-                        out.append(Padding(plain(f"{self.columns[i]}: {row[i]}"), (0, 0, 0, 4)))
+                        out.append(words_kept(f"{self.columns[i]}: {row[i]}", width, indent=4))
         return out
+
+    def _title(self, layout: str, part: list[int], widths: dict[int, int], width: int | None) -> Text:
+        """The title, centred over the table and wrapped between words as rich does, unless a word of it
+        (a path) is wider than the table: then left at the table's left, its words whole (words_kept)."""
+        if width is None or not widths:
+            return plain(self.title)
+        table = sum(widths.get(i, 0) for i in part) + dict(_LAYOUTS)[layout](len(part))
+        return plain(self.title) if _longest_word(literal(self.title)) <= table else words_kept(self.title, width)
 
     def _rich(self, layout: str, title: Text | None, part: list[int], widths: dict[int, int],
               rows: list[list[str]], header: bool) -> RichTable:
@@ -291,10 +315,14 @@ def _emit(fmt: str, report: dict[str, Any], table: Table | None, markdown: str |
     else:
         out = console()
         if table is not None:
+            # Never a word split (a path, a patch's name): the parts fit the width or keep their long words
+            # whole (words_kept), so rich must not wrap or crop what it prints.
+            from rich.text import Text
+
             for part in table.to_rich(out.width):
-                out.print(part)
-            for line in table.legend:  # wrapped between words (a legend holds no command to copy)
-                out.print(plain(line), markup=False, highlight=False)
+                out.print(part, soft_wrap=isinstance(part, Text))  # a table is as wide as it fits
+            for line in table.legend:  # wrapped between words
+                out.print(words_kept(line, out.width), markup=False, highlight=False, soft_wrap=True)
         for line in report.get("notes", []):
             # Notes are never cut or re-wrapped: commands in them must stay copy-pasteable.
             out.print(plain(line), markup=False, highlight=False, soft_wrap=True)

@@ -103,3 +103,32 @@ def test_a_table_into_a_closed_pipe_is_exit_141_like_json(tmp_path: Path, shared
         os.close(w)
         assert proc.returncode == 141, (fmt, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr and "error" not in proc.stderr, proc.stderr
+
+
+def test_a_word_wider_than_its_room_is_never_split() -> None:
+    """Tables never split a word (README): a path under its row, a title with a path wider than the table and
+    a legend's patch file name each stay whole on a line of their own, past the width (the terminal soft-wraps
+    them; copied, they are whole), and the rest still wraps between words.  rich alone folds them mid-word."""
+    import io
+
+    from rich.console import Console
+
+    from dsv4patch import report
+
+    path = "/work/cache/trees/sdist-eec2d54d137ac1e59cb4c39226dfee1943eefc8f4788f5821d7300d6acbdb646.git"
+    table, _ = simple_table(f"dsv4patch fetch: {path}", ["pin", "cache"], [["0.27.1", f"kept in {path} now"]],
+                            legend=[f"x = a legend line that names {path} and then more words"])
+    for width in (40, 80):
+        buf = io.StringIO()
+        con = Console(file=buf, width=width, color_system=None)
+        saved = report.console
+        report.console = lambda stderr=False, con=con: con  # type: ignore[assignment]
+        try:
+            report.emit("text", {"notes": []}, table, None)
+        finally:
+            report.console = saved
+        lines = buf.getvalue().splitlines()
+        assert sum(path in line for line in lines) == 3, buf.getvalue()  # title, cell, legend: each whole
+        for line in lines:
+            if path not in line:
+                assert len(line.rstrip()) <= width, (width, line)

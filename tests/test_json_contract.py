@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import ROOT, sh, validate_json
+from conftest import LOCK, ROOT, sh, validate_json
 from dsv4patch.main import COMMANDS
 from test_resolve import RESOLVED_WORKER, fork_lock  # noqa: F401  (fixture)
 
@@ -61,6 +61,30 @@ def test_real_outputs_validate(tmp_path, cli, fork_lock):
     err = cli("apply", *fork, "--tree", tmp_path / "lock" / "vllm.toml", "--format", "json")
     assert err.rc == 2
     assert validate("error", err.out)["error"]["kind"] == "usage"
+
+
+def test_every_lock_output_validates(cli, monkeypatch: pytest.MonkeyPatch):
+    """lock prints three objects (--update is validated above on a fork's lock): --build-args and
+    --check-build-args, matching and not, on the real lock; each is one strict branch of the schema."""
+    schema = json.loads((SCHEMAS / "lock.schema.json").read_text())
+    args = cli("lock", "--lock", LOCK, "--pin", "0.27.1", "--build-args", "--format", "json")
+    assert args.rc == 0
+    built = validate("lock", args.out)
+    assert built["VLLM_PIN"] == "0.27.1" and "ok" not in built
+    for key in ("VLLM_PIN", "VLLM_VERSION", "VLLM_COMMIT", "PATCHED_TREE", "PATCH_SET_SHA256",
+                "LOCK_SHA256", "IMAGE_VERSION"):
+        monkeypatch.setenv(key, built[key])
+    good = cli("lock", "--lock", LOCK, "--pin", "0.27.1", "--check-build-args", "--format", "json")
+    assert good.rc == 0 and validate("lock", good.out)["ok"] is True
+    monkeypatch.setenv("PATCHED_TREE", "0" * 40)
+    bad = cli("lock", "--lock", LOCK, "--pin", "0.27.1", "--check-build-args", "--format", "json")
+    checked = validate("lock", bad.out)
+    assert bad.rc == 1 and checked["ok"] is False and checked["build_args"] == {
+        k: v for k, v in built.items() if k != "schema_version"}
+    strict = jsonschema.Draft202012Validator(schema)
+    assert not strict.is_valid({**checked, "build_args": {**checked["build_args"], "EXTRA": "1"}})
+    for doc in (built, checked):
+        assert not strict.is_valid({**doc, "unknown": 1})
 
 
 def test_markdown_carries_conflict_evidence_and_next_lines(tmp_path, cli, fork_lock):

@@ -61,9 +61,10 @@ exit codes:
        whose members link or inflate past their size),
        or the cache is unusable or full (check offline: cached pins are still reported,
        the others marked not-fetched)
-  5    the target tree is dirty, at another commit, not a dsv4patch tree, has unsafe git
-       settings (drivers, rewriting attributes: also in included files, submodules, a
-       worktree's common .git) or a link, FIFO or malformed state file in .git where
+  5    the target tree is dirty, at another commit or not a tree of the pin named (status
+       too), not a dsv4patch tree, has unsafe git settings (drivers, rewriting
+       attributes: also in included files, submodules, a worktree's common .git) or a
+       link, FIFO or malformed state file in .git where
        dsv4patch reads or writes, has an untracked or ignored file where the series
        writes, holds changes an interrupted apply did not make, or cannot be written
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)

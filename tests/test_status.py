@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MINI_FILES, Upstream, git_pin, sh, write_lock
-from dsv4patch.errors import EXIT_TREE
+from conftest import LOCK, MINI_FILES, Upstream, applied_tree, git_pin, sh, validate_json, write_lock
+from dsv4patch.errors import EXIT_TREE, EXIT_USAGE
 
 
 def _lock(d: Path, upstream: Upstream, extra: str = "") -> Path:
@@ -156,3 +156,59 @@ def test_a_tree_that_is_absent_or_not_a_checkout_is_named_as_such(applied, cli, 
     (tmp_path / "plain" / "f").write_text("x")
     res = cli("apply", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p", "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_TREE and "or at a new (absent or empty) directory and dsv4patch creates the tree" in res.err
+
+
+def test_status_names_the_lock_a_pin_needs_and_says_when_it_compared_nothing(applied, cli, tmp_path, upstream,
+                                                                             monkeypatch):
+    """--pin with no lock found is exit 2 naming --lock / DSV4PATCH_LOCK (as check and apply); without
+    --pin a tree compared with no pin says so, in the notes and as "compared": false."""
+    lock, tree = applied
+    nowhere = tmp_path / "nowhere"
+    nowhere.mkdir()
+    monkeypatch.chdir(nowhere)
+    monkeypatch.delenv("DSV4PATCH_LOCK", raising=False)
+    res = cli("status", "--tree", tree, "--pin", "p")
+    assert res.rc == EXIT_USAGE and res.out == "", res.out
+    assert "no lock file" in res.err and "--lock FILE" in res.err and "DSV4PATCH_LOCK" in res.err
+    res = cli("status", "--tree", tree, "--format", "json")
+    rep = validate_json("status", res.out)
+    assert res.rc == 0 and rep["compared"] is False and "pin" not in rep
+    assert any(n.startswith("not compared with any pin: no lock file") and "--lock" in n for n in rep["notes"]), rep
+    assert "not compared with any pin" in " ".join(cli("status", "--tree", tree).out.split())
+    compared = validate_json("status", cli("status", "--tree", tree, "--lock", lock, "--pin", "p", "--format",
+                                           "json").out)
+    assert compared["compared"] is True and compared["pin"] == "p"
+
+    # A fork's own checkout (here upstream's: HEAD is pin p's commit) never has a pin's base tree: with
+    # the lock found and no --pin it is not compared, and the note names the pin whose commit it is on.
+    monkeypatch.chdir(lock.parent)
+    (lock.parent / "locks").mkdir()
+    (lock.parent / "locks" / "vllm.toml").write_text(lock.read_text().replace('path = "', 'path = "../'))
+    res = cli("status", "--tree", upstream.path, "--format", "json")
+    rep = validate_json("status", res.out)
+    assert res.rc == 0 and rep["compared"] is False, rep
+    assert any("not compared with any pin" in n and "it is a tree of pin p: run `dsv4patch status --pin p "
+               f"--tree {upstream.path}`" in n for n in rep["notes"]), rep["notes"]
+    rep = validate_json("status", cli("status", "--tree", upstream.path, "--pin", "p", "--format", "json").out)
+    assert rep["compared"] is True and rep["pin"] == "p"
+
+
+@pytest.fixture(scope="module")
+def tree271(tmp_path_factory, shared_cache) -> Path:
+    return applied_tree(tmp_path_factory, shared_cache, "status271")
+
+
+def test_status_with_another_pin_names_the_pin_of_the_tree(tree271, cli):
+    """A 0.27.1 tree is intact, not a 0.26.0 tree with four patches changed: --pin 0.26.0 is refused
+    with exit 5 as apply refuses it, naming the tree's pin and the command for it."""
+    res = cli("status", "--lock", LOCK, "--pin", "0.26.0", "--tree", tree271)
+    assert res.rc == EXIT_TREE and res.out == "", res.out
+    err = " ".join(res.err.split())
+    assert f"{tree271} is not a tree of pin 0.26.0: its base tree" in err, err
+    assert f"it is a tree of pin 0.27.1: run `dsv4patch status --lock {LOCK} --pin 0.27.1 --tree {tree271}`" in err
+    as_json = cli("status", "--lock", LOCK, "--pin", "0.26.0", "--tree", tree271, "--format", "json")
+    error = validate_json("error", as_json.out)["error"]
+    assert as_json.rc == EXIT_TREE and error["kind"] == "tree" and error["exit_code"] == EXIT_TREE
+    res = cli("status", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree271, "--format", "json")
+    rep = validate_json("status", res.out)
+    assert res.rc == 0 and rep["compared"] is True and set(_states(rep).values()) == {"applied"}, rep

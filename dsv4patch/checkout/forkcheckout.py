@@ -23,15 +23,20 @@ from dsv4patch.pins import kind_of
 
 if TYPE_CHECKING:
     from dsv4patch.guard import Checkout
-    from dsv4patch.pins import PinRepo
+    from dsv4patch.pins import Pin, PinRepo
 
 
 def is_fork_checkout(path: Path, pinrepo: PinRepo, head: str | None) -> bool:
     """Whether ``path`` is a user's checkout of ``pinrepo``'s (git/local) pin: HEAD descends
     from the pin's commit and the history lacks dsv4patch's synthetic base commit."""
-    pin = pinrepo.pin
+    return (descends_from_fork_pin(path, pinrepo.pin, head)
+            and not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}"))
+
+
+def descends_from_fork_pin(path: Path, pin: Pin, head: str | None) -> bool:
+    """Whether ``pin`` is a fork's (git/local) and ``head`` descends from its commit in ``path``'s
+    history: the fork's own checkout, at the pin's commit or with commits on top."""
     return (head is not None and kind_of(pin).fork
-            and not git.has_object(path, f"{pinrepo.base_commit}^{{commit}}")
             and git.has_object(path, f"{pin.commit}^{{commit}}")
             and git.is_ancestor(path, pin.commit, head))
 

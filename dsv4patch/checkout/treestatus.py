@@ -8,7 +8,10 @@ later patches left), and a patch whose reverse does not apply but whose
 upstream markers are all there is reported by marker.  Commits dsv4patch did
 not make are listed as foreign, and the tree id is shown next to the one the
 lock expects.  Without ``--lock``, the default lock is used when one of its
-pins has this tree's base.
+pins has this tree's base.  A tree is compared only with a pin it is a tree of
+(its root is the pin's base tree, or a fork's checkout descends from the pin's
+commit): another pin named is refused (TreeError, as apply refuses it) naming
+the tree's own; a tree compared with no pin says so in a note.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, guard
-from dsv4patch.checkout import resolving, transaction
-from dsv4patch.errors import FetchError, ParameterError, TreeError
+from dsv4patch.checkout import forkcheckout, resolving, transaction
+from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import find_lock, kind_of, load_lock
 from dsv4patch.series import carried, series_for_pin
@@ -109,6 +112,7 @@ class TreeStatus:
             "patches": {n: v.to_json() for n, v in self.patches.items()}, "ok": self.ok,
             "foreign_commits": [f.to_json() for f in self.foreign],
         }
+        out["compared"] = self.pin is not None  # False: no pin to compare with (a note says why)
         if self.pin is not None:
             out["lock"] = str(self.lock)
             out["pin"] = self.pin
@@ -154,27 +158,93 @@ def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
         return carried(path, env, series)
 
 
-def pick_pin(lock_path: Path | None, pin_name: str | None, root_tree: str,
-             env_lock: Path | None = None) -> tuple[Lock, Pin] | None:
-    """The lock and pin to compare with, or None (no lock given, none matches).
+@dataclass(frozen=True)
+class Picked:
+    """The lock and pin a tree is compared with (None: not compared), and a note: why it is not
+    compared, or what could not be checked."""
 
+    lock: Lock | None
+    pin: Pin | None
+    note: str | None = None
+
+
+def pick_pin(path: Path, lock_path: Path | None, pin_name: str | None, root_tree: str,
+             env_lock: Path | None = None) -> Picked:
+    """The lock and pin to compare the tree at ``path`` with.
+
+    ``pin_name`` given: that pin of the lock (given, else found); no lock found is a
+    ParameterError, a tree that is not one of the pin's a TreeError naming the tree's pin.
+    Else the pin whose base tree is the tree's root (``root_tree``); else, with a lock given,
+    its default pin unless the tree is not one of its trees; else none, with a note saying why.
     ``env_lock`` (``$DSV4PATCH_LOCK``) is found, not given: used only when one of its pins
     has the tree's base, as the lock found here or above."""
-    if lock_path:
-        lock = load_lock(lock_path)
-        if pin_name:
-            return lock, lock.pin(pin_name)
-        match = [p for p in lock.pins.values() if p.base_tree == root_tree]
-        return lock, (match[0] if match else lock.pin(None))
-    try:
-        found = find_lock(env_lock)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
-    except ParameterError:
-        return None
-    lock = load_lock(found)
+    given = lock_path
+    if lock_path is None:
+        try:
+            lock_path = find_lock(env_lock)  # $DSV4PATCH_LOCK, else locks/vllm.toml here or above
+        except ParameterError as exc:
+            if pin_name:
+                raise  # a pin is looked up in a lock, as check and apply do
+            return Picked(None, None, f"not compared with any pin: {exc}")
+    lock = load_lock(lock_path)
+    head = git.head(path)
     if pin_name:
-        return lock, lock.pin(pin_name)
+        pin = lock.pin(pin_name)
+        verdict = tree_of_pin(path, pin, root_tree, head)
+        if verdict is False:
+            raise TreeError(_not_its_tree(path, lock, pin, root_tree, head, given))
+        return Picked(lock, pin, _unchecked(lock, pin) if verdict is None else None)
     match = [p for p in lock.pins.values() if p.base_tree == root_tree]
-    return (lock, match[0]) if match else None
+    if match:
+        return Picked(lock, match[0])
+    default = lock.pin(None)
+    verdict = tree_of_pin(path, default, root_tree, head) if given else False
+    if verdict is not False:
+        return Picked(lock, default, _unchecked(lock, default) if verdict is None else None)
+    why = f"not compared with any pin: no pin of {lock.path} has this tree's base tree {root_tree[:12]}"
+    if given:
+        why += f", and it is not a tree of the lock's default pin {default.name}"
+    none = f"name the pin it was made from ({param('pin')}) or pass the lock that has it ({param('lock')})"
+    return Picked(lock, None, f"{why}; {_whose(path, lock, None, root_tree, head, given, none)}")
+
+
+def tree_of_pin(path: Path, pin: Pin, root_tree: str, head: str | None) -> bool | None:
+    """Whether the tree at ``path`` is one of ``pin``'s: made from its base (its root's tree is the
+    lock's ``base_tree``, as in apply's trees) or a fork's checkout of it (HEAD descends from the
+    pin's commit, as apply and refresh take it); None: cannot tell (the lock has no base_tree)."""
+    if forkcheckout.descends_from_fork_pin(path, pin, head):
+        return True
+    if pin.base_tree is None:
+        return None
+    return root_tree == pin.base_tree
+
+
+def _not_its_tree(path: Path, lock: Lock, pin: Pin, root_tree: str, head: str | None,
+                  given: Path | None) -> str:
+    """Why the tree at ``path`` is not one of ``pin``'s, and whose it is (the next step)."""
+    why = f"its base tree {root_tree[:12]} is not the pin's base tree {(pin.base_tree or '')[:12]}"
+    if kind_of(pin).fork:
+        why += f" and its HEAD does not descend from the pin's commit {pin.commit[:12]}"
+    none = (f"no pin of {lock.path} has its base tree (or, a fork's, its commit): pass the lock it was "
+            f"made with ({param('lock')})")
+    return f"{path} is not a tree of pin {pin.name}: {why}; " + _whose(path, lock, pin, root_tree, head, given, none)
+
+
+def _whose(path: Path, lock: Lock, pin: Pin | None, root_tree: str, head: str | None, given: Path | None,
+           otherwise: str) -> str:
+    """Which pin of ``lock`` (other than ``pin``) the tree is one of, as the command that compares it
+    with that pin; ``otherwise`` when none is."""
+    others = [p.name for p in lock.pins.values() if p is not pin and tree_of_pin(path, p, root_tree, head)]
+    if not others:
+        return otherwise
+    return f"it is a tree of pin {others[0]}: run `{mention(Step.of('status', lock=given, pin=others[0], tree=path))}`"
+
+
+def _unchecked(lock: Lock, pin: Pin) -> str:
+    """The note when it cannot be checked that the tree is one of ``pin``'s (the lock has no base_tree)."""
+    update = Step.of("lock", update=True, lock=lock.path, pin=pin.name)
+    return (f"pin {pin.name} has no base_tree in {lock.path}: that this tree was made from it was not "
+            f"checked (`{mention(update)}` records it)")
 
 
 def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
@@ -182,7 +252,7 @@ def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
     """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`).
 
     The tree is vetted and held through :func:`guard.guarded` (TreeError, exit 5, when it
-    is not a checkout or its settings name programs)."""
+    is not a checkout, its settings name programs, or it is not a tree of ``pin``)."""
     if not guard.is_checkout_root(path):
         raise TreeError(f"{path} does not exist" if not os.path.lexists(path) else
                         f"{path} is not a git repository made by dsv4patch apply")
@@ -198,23 +268,23 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None, env_loc
     tree_id = git.out(path, "rev-parse", "HEAD^{tree}")
     patches = {a.patch: PatchState(a.patch, "applied", a) for a in applied}
     ok = not dirty
-    plock: Lock | None = None
-    ppin: Pin | None = None
     source = None
-    picked = pick_pin(lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"), env_lock)
-    if picked:
-        plock, ppin = picked
+    picked = pick_pin(path, lock, pin, git.out(path, "rev-parse", f"{root}^{{tree}}"), env_lock)
+    plock, ppin = picked.lock, picked.pin
+    if ppin is not None and plock is not None:
         applied, foreign = _since_fork_pin(path, ppin, applied, foreign)
         patches = _against_series(path, series_for_pin(plock, ppin), ppin, applied)
         ok = not dirty and _as_expected(ppin, patches, tree_id)
         source = _source_state(ppin, path)
         if source is not None and source != "unchanged":
             ok = False
-    notes = _notes(tree_id, plock, ppin, dirty, source, foreign, patches)
+    notes = _notes(tree_id, plock if ppin else None, ppin, dirty, source, foreign, patches)
+    if picked.note:
+        notes.insert(1, picked.note)
     interrupted, workspace = _unfinished(co, notes)
     ok = ok and not interrupted and not workspace
     return TreeStatus(path, root, git.head(path), tree_id, dirty, patches, ok, foreign, notes, interrupted,
-                      workspace, lock=plock.path if plock else None, pin=ppin.name if ppin else None,
+                      workspace, lock=plock.path if plock and ppin else None, pin=ppin.name if ppin else None,
                       expected_tree_id=ppin.patched_tree if ppin else None, source=source)
 
 
@@ -222,8 +292,7 @@ def _since_fork_pin(path: Path, pin: Pin, applied: list[Applied],
                     foreign: list[Foreign]) -> tuple[list[Applied], list[Foreign]]:
     """In a fork's own checkout, its history before the pin's commit is the fork's, not ours: the
     applied and foreign commits are counted from the pin's commit."""
-    if (kind_of(pin).fork and git.has_object(path, f"{pin.commit}^{{commit}}")
-            and git.is_ancestor(path, pin.commit, "HEAD")):
+    if forkcheckout.descends_from_fork_pin(path, pin, git.head(path)):
         _root, applied = tree_patches(path, since=pin.commit)
         foreign = foreign_commits(path, pin.commit)
     return applied, foreign

@@ -30,12 +30,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         f"project for --pin, else the only tree under {_common.DEFAULT_TREE_DIR}/ there)")
     p.add_argument("--lock", default=None, metavar="LOCK",
                    help="compare with this lock's series (default: $DSV4PATCH_LOCK, else locks/vllm.toml "
-                        "here or in a parent directory; for --tree only when one of its pins has "
+                        "here or in a parent directory; for --tree without --pin only when one of its pins has "
                         "this tree's base). With --installed it may be an https URL (then without its patch "
                         "files: the installed wheel's SBOM must describe the lock's patched tree); with "
                         "--installed and no lock anywhere, the installed wheel's own SBOM is the reference")
-    p.add_argument("--pin", default=None, help="pin to compare with (default: the pin whose base tree is this tree's root, "
-                   "else the lock's default; with --installed: the pin of the installed vLLM's version)")
+    p.add_argument("--pin", default=None,
+                   help="pin to compare with; the tree must be one of its trees (its root is the pin's base_tree, "
+                        "or a fork's checkout: HEAD descends from the pin's commit), else exit 5 naming the "
+                        "tree's pin; no lock found is exit 2 (default: the pin whose base tree is this tree's "
+                        "root, else with --lock the lock's default pin unless the tree is not one of its; else "
+                        "none: the tree is not compared, which the notes and JSON's compared say; with "
+                        "--installed: the pin of the installed vLLM's version)")
     p.add_argument("--installed", action="store_true",
                    help="instead of a tree: check the vLLM installed in --python's environment "
                         "(per patch present/stock/missing/other, the kernel library); exit 0 only "

@@ -212,3 +212,13 @@ def test_status_with_another_pin_names_the_pin_of_the_tree(tree271, cli):
     res = cli("status", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree271, "--format", "json")
     rep = validate_json("status", res.out)
     assert res.rc == 0 and rep["compared"] is True and set(_states(rep).values()) == {"applied"}, rep
+
+
+def test_a_long_foreign_subject_is_cut_between_words() -> None:
+    """status's table shows a commit of yours by its subject, cut to 60 characters between words (it cut
+    mid-word: '... from quant con'); a single longer word stays whole."""
+    from dsv4patch.checkout.treestatus import _shortened
+
+    subject = "[DSV4 fix 4] Take MXFP4 SwiGLU params from quant config for the flashinfer path"
+    assert _shortened(subject) == "[DSV4 fix 4] Take MXFP4 SwiGLU params from quant config ..."
+    assert _shortened("short") == "short" and _shortened("x" * 80) == "x" * 80

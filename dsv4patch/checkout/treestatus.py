@@ -102,7 +102,7 @@ class TreeStatus:
     def rows(self) -> list[list[str]]:
         """patch, state, commit per patch, then the foreign commits."""
         rows = [[name, v.state, v.applied.commit[:12] if v.applied else ""] for name, v in self.patches.items()]
-        rows += [[f"(foreign) {f.subject[:60]}", "foreign", f.commit[:12]] for f in self.foreign]
+        rows += [[f"(foreign) {_shortened(f.subject)}", "foreign", f.commit[:12]] for f in self.foreign]
         return rows
 
     def to_json(self) -> dict[str, Any]:
@@ -388,3 +388,13 @@ def _unfinished(co: guard.Checkout, notes: list[str]) -> tuple[bool, bool]:
         )
     return interrupted, workspace
 
+
+def _shortened(subject: str, most: int = 60) -> str:
+    """A commit's subject in a table cell: at most ``most`` characters, cut between words (``...`` marks the
+    cut; the JSON keeps it whole)."""
+    import textwrap
+
+    if len(subject) <= most:
+        return subject
+    short = textwrap.shorten(subject, most, placeholder=" ...")
+    return subject if short == "..." else short  # one word longer than that: whole, never split

@@ -116,7 +116,7 @@ def apply_pin(
                                    head=ws.head, workspace=ws)
         final, problems = pinrepo.base_commit, _unappliable(path, pin, rep, result, three_way, out_notes)
         if problems is None:
-            with progress.step(f"commit the {len(series.patches)} patch(es) into {path}"):
+            with progress.step(f"the series' commits for {path} ({len(series.patches)} patch(es))"):
                 final, problems = _move(co, path, pin, pinrepo, series, result, head, branch, out_notes)
         if problems is not None:
             return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + problems)  # nothing moved

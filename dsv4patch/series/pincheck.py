@@ -209,7 +209,7 @@ def check_pins(*, ctx: Context, pins: list[Pin], use_cache: bool = True) -> list
         quiet = Progress(False)
         from concurrent.futures import ThreadPoolExecutor  # pins to check: a cache hit needs no threads
 
-        what = f"checking {len(todo)} pins ({', '.join(p.name for p in todo)}; fetched first where not cached)"
+        what = f"checking {', '.join(p.name for p in todo)} (fetched first where not cached)"
         with progress.task(what, len(todo), unit="pins") as task, \
                 ThreadPoolExecutor(max_workers=min(len(todo), max(2, os.cpu_count() or 2))) as pool:
             futures = [pool.submit(compute, pin, quiet) for pin in todo]

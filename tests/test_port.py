@@ -337,3 +337,17 @@ def test_port_workspace_to_026_walks_the_real_conflicts(tmp_path, shared_cache, 
         name = next(p for p in ported.variants if p.startswith(n))
         mine = changes((tmp_path / "patches/variants/p026" / name).read_text())
         assert mine and mine == changes((hand / name).read_text())
+
+
+def test_resolutions_that_are_not_a_directory_are_a_usage_error(tmp_path, cli):
+    """`--resolutions patches/variants/0.26.0` typed from another directory named nothing, and the port went on
+    with a warning per file and without them (exit 1); now exit 2 before anything runs, naming the path and the
+    directory it is relative to."""
+    from conftest import LOCK
+
+    (tmp_path / "file").write_text("x")
+    for where, why in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "file", "is not a directory")):
+        res = cli("port", "--lock", LOCK, "--to", "0.26.0", "--name", "x", "--resolutions", where, "--dry-run",
+                  "--cache-dir", tmp_path / "c")
+        assert res.rc == 2 and f"--resolutions {where}: {why}" in res.err, res
+        assert not (tmp_path / "c").exists()

@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
                                         [[str(gone.workspace), (gone.head or "")[:12]]])
         report.emit(args.format, gone.to_json(), table, md)
         return EXIT_OK
+    if args.resolutions is not None and not args.resolutions.is_dir():  # else every file "matches no patch"
+        raise UsageError(f"--resolutions {args.resolutions}: "
+                         f"{'is not a directory' if args.resolutions.exists() else 'does not exist'} "
+                         f"(a relative path is from the current directory, {Path.cwd()})")
     lock = _common.open_lock(args)
     src = lock.pin(args.from_pin, given_as="from_pin")
     ctx = _common.context(args, lock)

@@ -106,6 +106,12 @@ class TreeError(Dsv4Error):
     kind = "tree"
 
 
+class SourceMovedError(TreeError):
+    """A ``local`` pin's checkout is not at the pin's commit or has uncommitted changes (the maintainer
+    works in it). ``check`` reports the other pins and marks this one ``source-moved``; every other
+    command stops with it."""
+
+
 class BusyError(Dsv4Error):
     """Another process holds a lock we need."""
 

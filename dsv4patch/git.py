@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,6 +142,7 @@ class Result:
 # The work trees git may run in now: realpath -> (its git directory, how many holders).
 # Only dsv4patch.guard adds to it (tests/test_architecture.py checks that).
 _GUARDED: dict[str, tuple[Path, int]] = {}
+_GUARDED_LOCK = threading.Lock()  # check's threads hold one checkout at once (two local pins of one fork)
 
 
 @contextmanager
@@ -148,17 +150,21 @@ def guarding(worktree: Path, gitdir: Path) -> Iterator[None]:
     """Let git run in the work tree ``worktree``, with ``gitdir`` as its git directory, while held.
 
     Called only by :mod:`dsv4patch.guard`, once it has vetted the checkout (or for a
-    work tree dsv4patch itself has just made).  Nested holds of one tree are counted."""
+    work tree dsv4patch itself has just made).  Holds of one tree are counted, also holds
+    from threads that end in any order: the tree stays held until the last one ends."""
     key = os.path.realpath(worktree)
-    prev = _GUARDED.get(key)
-    _GUARDED[key] = (Path(gitdir), (prev[1] if prev else 0) + 1)
+    with _GUARDED_LOCK:
+        prev = _GUARDED.get(key)
+        _GUARDED[key] = (Path(gitdir) if prev is None else prev[0], (prev[1] if prev else 0) + 1)
     try:
         yield
     finally:
-        if prev is None:
-            _GUARDED.pop(key, None)
-        else:
-            _GUARDED[key] = prev
+        with _GUARDED_LOCK:
+            held, count = _GUARDED[key]
+            if count <= 1:
+                del _GUARDED[key]
+            else:
+                _GUARDED[key] = (held, count - 1)
 
 
 class UnguardedCheckout(GitError):

@@ -67,6 +67,8 @@ exit codes:
        link, FIFO or malformed state file in .git where
        dsv4patch reads or writes, has an untracked or ignored file where the series
        writes, holds changes an interrupted apply did not make, or cannot be written
+       (check: a local pin's checkout not at its commit is marked source-moved, the
+       other pins are still checked)
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)
   7    kernel build or test environment failed (or a --kernels wheel of the wrong shape)
   8    a program dsv4patch ran (nvcc, a --python, pip, pytest, git) did not finish within its

@@ -405,10 +405,10 @@ def matrix_table(report: dict[str, Any], title: str | None = None) -> tuple[Tabl
     unexpected = False
     for pin_name, p in pins.items():
         cells: list[str] = []
-        if p.get("status") == "not-fetched":
-            cells = ["not-fetched"] * len(patch_names)
-            tree, result = "-", "NOT FETCHED"
-            table.add_row(pin_name, *(["-"] * len(patch_names)), tree, "not fetched")
+        if p.get("status") in ("not-fetched", "source-moved"):
+            cells = [p["status"]] * len(patch_names)
+            tree, result = "-", p["status"].replace("-", " ").upper()
+            table.add_row(pin_name, *(["-"] * len(patch_names)), tree, p["status"].replace("-", " "))
             md.append(f"| {pin_name} | " + " | ".join(cells) + f" | {tree} | {result} |")
             continue
         words: list[str] = []

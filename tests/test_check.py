@@ -186,3 +186,39 @@ def test_a_copied_lock_says_its_paths_are_relative_to_it(tmp_path, upstream, cli
     (elsewhere / "main.series").write_text("0001-a.patch\n")
     (elsewhere / "0001-a.patch").write_text((d / "0001-a.patch").read_text())
     assert cli("check", "--lock", elsewhere / "l.toml", "--cache-dir", tmp_path / "c2").rc == 0
+
+
+def test_a_local_pins_checkout_that_moved_on_is_marked_and_the_other_pins_are_checked(tmp_path, upstream, cli):
+    """Two pins on one fork checkout (the forks page's acme and acme-next): once the maintainer works on, the
+    checkout is at one pin's commit at most, and a plain `check` stopped at the first other one with exit 5,
+    reporting no pin. Now that pin is `source-moved` (its error and what to do), every other pin is checked
+    and reported, and the exit is 5; `check --pin` of a pin at its commit is 0; a dirty checkout is moved too."""
+    from conftest import validate_json
+
+    d = tmp_path / "lock"
+    d.mkdir()
+    upstream.patch(d / "0001-a.patch", "a", {"vllm/envs.py": "X = 1\n"}, "a")
+    fork = tmp_path / "fork"
+    sh(tmp_path, "clone", "-q", str(upstream.path), str(fork))
+    first = sh(fork, "rev-parse", "HEAD")
+    (fork / "ACME.md").write_text("ours\n")
+    sh(fork, "add", "ACME.md")
+    sh(fork, "commit", "-qm", "acme: readme")
+    second = sh(fork, "rev-parse", "HEAD")
+    lock = write_lock(d / "l.toml", {"acme": local_pin("acme", fork, first),
+                                     "acme-next": local_pin("acme-next", fork, second),
+                                     "up": git_pin("up", upstream)}, {"main": ["0001-a.patch"]})
+    cache = ("--cache-dir", tmp_path / "c")
+    res = cli("check", "--lock", lock, *cache, "--format", "json")
+    assert res.rc == 5, res.err
+    rep = json.loads(res.out)
+    validate_json("check", res.out)
+    assert rep["pins"]["acme"]["status"] == "source-moved" and "the lock pins" in rep["pins"]["acme"]["error"]
+    assert f"switch --detach {first[:12]}" in rep["pins"]["acme"]["next"]
+    assert rep["pins"]["acme-next"]["ok"] is True and rep["pins"]["up"]["ok"] is True
+    text = cli("check", "--lock", lock, *cache)
+    assert text.rc == 5 and "source moved" in text.out and "acme: source-moved: " in text.out, text.out
+    assert cli("check", "--lock", lock, "--pin", "acme-next", *cache).rc == 0
+    (fork / "ACME.md").write_text("edited\n")
+    res = cli("check", "--lock", lock, "--pin", "acme-next", *cache, "--format", "json")
+    assert res.rc == 5 and "uncommitted changes" in json.loads(res.out)["pins"]["acme-next"]["error"], res.out

@@ -205,3 +205,20 @@ def test_a_git_call_that_blocks_ends_at_its_deadline(tmp_path: Path, monkeypatch
 
     with pytest.raises(ParameterError, match="DSV4PATCH_GIT_TIMEOUT='inf'"):
         settings.Settings.from_environ({"DSV4PATCH_GIT_TIMEOUT": "inf"})
+
+
+def test_holds_of_one_checkout_may_end_in_any_order(tmp_path):
+    """check's threads hold one checkout at once (two local pins of one fork); the first hold to end took the
+    tree from under the other (it restored what it found: nothing), whose next git call was refused as
+    unguarded (exit 70). The tree stays held until the last hold ends."""
+    repo = tmp_path / "mine"  # not this module's held "r"
+    repo.mkdir()
+    sh(repo, "init", "-q")
+    first, second = git.guarding(repo, repo / ".git"), git.guarding(repo, repo / ".git")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # not the last in, yet the first out (another thread's)
+    assert git.out(repo, "rev-parse", "--is-inside-work-tree").strip() == "true"
+    second.__exit__(None, None, None)
+    with pytest.raises(git.UnguardedCheckout):
+        git.out(repo, "rev-parse", "--is-inside-work-tree")

@@ -11,7 +11,7 @@ from typing import Any
 
 from dsv4patch import report
 from dsv4patch.commands import _common
-from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_FETCH, EXIT_OK, EXIT_TREE, EXIT_UNEXPECTED
 
 HELP = "check that each pin's patch series applies as the lock expects (never touches a tree)"
 
@@ -35,9 +35,20 @@ def run(args: argparse.Namespace) -> int:
     with prog.step(f"check {len(pins)} pin(s)"):  # the screen never stands still
         outcomes = check_pins(ctx=ctx, pins=pins, use_cache=not args.no_cache)
     not_fetched: list[str] = []
+    moved: list[str] = []
     expected: dict[str, dict[str, list[str]]] = {}  # status -> pin -> patches, as the lock expects
     for o in outcomes:
         pin = o.pin
+        if o.moved is not None:
+            # A local pin's checkout the maintainer has moved on: report the others, mark this one.
+            moved.append(pin.name)
+            nxt = (f"check out {pin.commit} in {pin.source.path} (`git -C {pin.source.path} switch --detach "
+                   f"{pin.commit[:12]}`), or pin what it holds now: its commit in {lock.path}")
+            out["pins"][pin.name] = {"status": "source-moved", "ok": False, "error": str(o.moved), "next": nxt,
+                                     "vllm_version": pin.vllm_version, "source": pin.source.kind, "patches": {}}
+            out["ok"] = False
+            out["notes"].append(f"{pin.name}: source-moved: {o.moved}\n  next: {nxt}")
+            continue
         if o.report is None:
             # Offline with this pin not cached: report the pins that are, mark this one.
             not_fetched.append(pin.name)
@@ -69,4 +80,6 @@ def run(args: argparse.Namespace) -> int:
     report.emit(args.format, out, table, md)
     if not_fetched:
         return EXIT_FETCH
+    if moved:
+        return EXIT_TREE
     return EXIT_OK if out["ok"] else EXIT_UNEXPECTED

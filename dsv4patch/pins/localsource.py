@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git
-from dsv4patch.errors import FetchError, TreeError, param
+from dsv4patch.errors import FetchError, SourceMovedError, param
 from dsv4patch.pins.gitsource import export_commit
 from dsv4patch.pins.lock import Source
 from dsv4patch.pins.source import register
@@ -77,7 +77,7 @@ def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
                 and git.is_ancestor(src.path, pin.commit, head):
             return
         if head != pin.commit:
-            raise TreeError(
+            raise SourceMovedError(
                 f"pin {pin.name}: local checkout {src.path} is at {head}, the lock pins "
                 f"{pin.commit}; check out that commit"
                 + (f" (HEAD may descend from it only where {src.path} is itself the {param('tree')})"
@@ -85,7 +85,7 @@ def check_local_checkout(pin: Pin, own_tree: Path | None = None) -> None:
             )
         dirty = git.dirty_paths(src.path)
         if dirty:
-            raise TreeError(
+            raise SourceMovedError(
                 f"pin {pin.name}: local checkout {src.path} has uncommitted changes "
                 f"({', '.join(dirty[:5])}); commit or stash them"
             )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git
-from dsv4patch.errors import CacheError, NotFetchedError, writing
+from dsv4patch.errors import CacheError, NotFetchedError, SourceMovedError, writing
 from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
 from dsv4patch.series import checkcache, engine, hints
@@ -144,6 +144,7 @@ class PinOutcome:
     report: PinReport | None
     not_fetched: NotFetchedError | None = None
     cached: bool = False  # the result came from the check cache
+    moved: SourceMovedError | None = None  # a local pin's checkout is not at its commit (or not clean)
 
 
 class CachedCheck:
@@ -184,23 +185,30 @@ class CachedCheck:
 def check_pins(*, ctx: Context, pins: list[Pin], use_cache: bool = True) -> list[PinOutcome]:
     """Check ``pins`` (cached results where the inputs are unchanged, the rest in parallel), in order.
 
-    A pin that is not fetched while offline is reported (``not_fetched``), the others go on."""
+    A pin that is not fetched while offline is reported (``not_fetched``), and so is a local pin whose
+    checkout has moved on (``moved``: the maintainer works in it); the others go on."""
     cache = CachedCheck(ctx, use=use_cache)
     progress = ctx.progress
-    results: dict[str, tuple[PinRepo, engine.SeriesResult] | NotFetchedError] = {}
+    results: dict[str, tuple[PinRepo, engine.SeriesResult] | NotFetchedError | SourceMovedError] = {}
     todo = []
+    moved: set[str] = set()
     for pin in pins:
-        hit = cache.lookup(pin)  # only for a pin whose tree is already materialized
+        try:
+            hit = cache.lookup(pin)  # only for a pin whose tree is already materialized
+        except SourceMovedError as exc:
+            results[pin.name] = exc
+            moved.add(pin.name)
+            continue
         if hit is not None:
             results[pin.name] = hit
         else:
             todo.append(pin)
-    cached = set(results)
+    cached = set(results) - moved
 
-    def compute(pin: Pin, prog: Progress) -> tuple[PinRepo, engine.SeriesResult] | NotFetchedError:
+    def compute(pin: Pin, prog: Progress) -> tuple[PinRepo, engine.SeriesResult] | NotFetchedError | SourceMovedError:
         try:
             return cache.compute(pin, prog)
-        except NotFetchedError as exc:  # offline and not cached: reported, the others go on
+        except (NotFetchedError, SourceMovedError) as exc:  # reported, the others go on
             return exc
 
     if len(todo) > 1:
@@ -223,6 +231,8 @@ def check_pins(*, ctx: Context, pins: list[Pin], use_cache: bool = True) -> list
         res = results[pin.name]
         if isinstance(res, NotFetchedError):
             outcomes.append(PinOutcome(pin, None, res))
+        elif isinstance(res, SourceMovedError):
+            outcomes.append(PinOutcome(pin, None, moved=res))
         else:
             outcomes.append(PinOutcome(pin, pin_report(pin, res[0], res[1], ctx.lock.path),
                                        cached=pin.name in cached))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCK, applied_tree
+from conftest import LOCK, applied_tree, validate_json
 from dsv4patch.kernels import building, sources
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
@@ -86,3 +86,39 @@ def test_expect_tree_builds_only_the_exact_clean_tree(tree: Path, shared_cache: 
         planted.unlink()
     res = build(held)
     assert res.dry_run and res.result.units, res.to_json()
+
+
+def test_kernel_dry_run_installs_and_downloads_nothing(tree: Path, tmp_path: Path, cli) -> None:
+    """``build --dry-run`` with a cache that has no toolchain (a fresh one): nothing is installed or
+    downloaded (no toolchains/ or kernels/ entry, no blob), and the output says what a build would
+    install first, from the lock (the pin's torch into the cache's toolchains/, ...), and lists the
+    units it would compile (the plan), each without a key or command (the toolchain keys them)."""
+    cache = tmp_path / "cache"
+    pin = load(LOCK).pin("0.27.1")
+    assert pin.toolchain is not None
+    res = cli("build", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", cache, "--dry-run",
+              "--format", "json")
+    assert res.rc == 0, res.err
+    out = validate_json("build", res.out)
+    tc = out["toolchain"]
+    assert out["dry_run"] is True and tc["installed"] is False, tc
+    would = {w["what"]: w for w in tc["would_install"]}
+    torch = would[f"torch {pin.toolchain.torch}"]
+    assert torch["packages"] == [f"torch=={pin.toolchain.torch}"] and torch["action"] == "install"
+    assert Path(torch["path"]).parent == cache / "toolchains"
+    assert all(Path(w["path"]).is_relative_to(cache) and not Path(w["path"]).exists() for w in would.values())
+    units = {u["unit"]: u for u in out["units"]}
+    assert {"csrc/libtorch_stable/topk.cu", "<generated bindings>"} <= set(units), units
+    assert all(u["key"] is None and u["object"] is None and not u["cached"] for u in units.values())
+    assert units["csrc/libtorch_stable/topk.cu"]["archs"] and out["commands"] == []
+    assert out["ops"] == ["persistent_topk", "cooperative_topk"]
+    assert not list((cache / "toolchains").glob("*")) and not (cache / "kernels").exists()
+    assert not list((cache / "blobs").rglob("*.*")) and not list((cache / "blobs" / "sha256").iterdir())
+
+    text = cli("build", "--lock", LOCK, "--tree", tree, "--cache-dir", cache, "--dry-run")
+    assert text.rc == 0, text.err
+    flat = " ".join(text.out.split())
+    assert (f"toolchain: not all in the cache yet, a build would first install torch {pin.toolchain.torch} "
+            f"(torch=={pin.toolchain.torch}) into {cache / 'toolchains'}/torch-") in flat, text.out
+    assert "this dry run installed and downloaded nothing" in flat and "would compile" in text.out
+    assert not list((cache / "toolchains").glob("*")) and not (cache / "kernels").exists()

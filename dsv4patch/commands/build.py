@@ -10,7 +10,8 @@ gives it from that list, so the plugin covers what the stock wheel covers.  ``--
 to vLLM's own build instead (``pip install .``, or ``docker build`` with
 ``--docker``) with ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS`` and ``NVCC_THREADS``
 from the lock.  ``--dry-run`` prints what would run, as JSON with
-``--format json``, and runs nothing.  The work is :mod:`dsv4patch.kernels.building`.
+``--format json``, and runs, installs and downloads nothing (a toolchain not in
+the cache yet is reported as what a build would install first).  The work is :mod:`dsv4patch.kernels.building`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
                    help="build the whole tree with vLLM's own build (pip install .)")
     p.add_argument("--docker", action="store_true",
                    help="with --full: docker build -f docker/Dockerfile instead of pip")
-    p.add_argument("--dry-run", action="store_true", help="print the plan/commands, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and the compile commands; install, download and compile nothing "
+                        "(a toolchain not in the cache yet: what a build would install first)")
     _common.add_toolchain_options(p)
     p.add_argument("--extra-include", type=Path, action="append", default=[],
                    help="extra include dir, e.g. one holding cublas_v2.h (repeatable)")

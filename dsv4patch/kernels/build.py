@@ -243,13 +243,8 @@ def cublas_candidates(nvcc: Path, site: Path | None) -> list[Path]:
     return cands
 
 
-def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.executable,
-                         requirement: str | None = None, progress: Progress | None = None) -> Path:
-    """``include/`` of the nvidia-cublas wheel for ``cuda_version``, cached in the store.
-
-    ``requirement``: a pinned, hashed requirements line (the lock's toolchain);
-    the download is then checked with ``--require-hashes``.
-    """
+def cublas_headers_entry(store: Store, cuda_version: str, requirement: str | None = None) -> tuple[str, Path]:
+    """(what :func:`fetch_cublas_headers` downloads, the cache entry it unpacks ``include/`` into)."""
     major, minor = (int(x) for x in cuda_version.split(".")[:2])
     pkg = "nvidia-cublas" if major >= 13 else f"nvidia-cublas-cu{major}"
     spec = f"{pkg}>={major}.{minor},<{major}.{minor + 1}"
@@ -257,8 +252,25 @@ def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.exec
     if requirement is not None:
         spec = requirement.split()[0]
         name = f"{spec.replace('==', '-')}-{sha256(requirement.encode())[:12]}"
-    dest = store.root / "kernels" / "cublas-headers" / name
-    with store.mutex(f"cublas-{name}"):
+    return spec, store.root / "kernels" / "cublas-headers" / name
+
+
+def cached_cublas_headers(store: Store, cuda_version: str, requirement: str | None = None) -> Path | None:
+    """``include/`` of the cuBLAS headers :func:`fetch_cublas_headers` unpacked before, else None
+    (nothing downloaded)."""
+    include = cublas_headers_entry(store, cuda_version, requirement)[1] / "include"
+    return include if (include / "cublas_v2.h").is_file() else None
+
+
+def fetch_cublas_headers(store: Store, cuda_version: str, python: str = sys.executable,
+                         requirement: str | None = None, progress: Progress | None = None) -> Path:
+    """``include/`` of the nvidia-cublas wheel for ``cuda_version``, cached in the store.
+
+    ``requirement``: a pinned, hashed requirements line (the lock's toolchain);
+    the download is then checked with ``--require-hashes``.
+    """
+    spec, dest = cublas_headers_entry(store, cuda_version, requirement)
+    with store.mutex(f"cublas-{dest.name}"):
         if (dest / "include" / "cublas_v2.h").is_file():
             return dest / "include"
         tmp = store.tmpdir("cublas-")
@@ -407,7 +419,7 @@ class UnitBuild:
     name: str
     source: str
     archs: tuple[str, ...]
-    key: str
+    key: str  # "": planned before its toolchain is installed (:func:`planned_units`): no object, no command
     obj: Path
     command: list[str]
     text: str = ""  # source text of a generated unit
@@ -439,8 +451,8 @@ class BuildResult:
             "units": [
                 {"unit": u.source, "archs": list(u.archs), "ops": list(u.ops),
                  "sass": sources.split_ptx(u.archs)[0], "ptx": sources.split_ptx(u.archs)[1],
-                 "key": u.key, "cached": u.cached, "seconds": round(u.seconds, 1),
-                 "object": str(u.obj)}
+                 "key": u.key or None, "cached": u.cached, "seconds": round(u.seconds, 1),
+                 "object": str(u.obj) if u.key else None}
                 for u in self.units
             ],
             "compiled": self.compiled, "library": str(self.library) if self.library else None,
@@ -469,11 +481,8 @@ def plan_build(
     """Per-unit compile commands and cache keys (nothing runs)."""
     cmake = sources.cmake_target(plan.tree)
     archs = tuple(archs)
-    notes: list[str] = []
+    chosen, notes = _unit_archs(plan, archs, tc.cuda_version, cmake)
     defines: list[str] = []
-    unit_arch: dict[str, tuple[str, ...]] = {}
-    for u in plan.units:
-        unit_arch[u.path] = sources.unit_archs(u, archs, tc.cuda_version, cmake)
     target_archs = sources.cuda_archs(archs, tc.cuda_version, cmake)
     for var, flags in sorted(plan.defines.items()):
         opts = cmake.arch_lists.get(var, [])
@@ -493,11 +502,7 @@ def plan_build(
         ident["cublas_v2.h"] = sha256(cublas.read_bytes())
     top = nvcc_top(tc.nvcc)  # one `nvcc -dryrun` for every unit's prefix maps
     builds: list[UnitBuild] = []
-    for u in plan.units:
-        ua = unit_arch[u.path]
-        if not ua:
-            notes.append(f"{u.path}: CMake builds it for none of {', '.join(archs)}; skipped")
-            continue
+    for u, ua in chosen:
         key = _key({**ident, "unit": u.path, "files": _closure_hashes(plan.tree, u.path, u.headers), "archs": ua})
         obj = store.root / "kernels" / key / (Path(u.path).stem + ".o")
         cmd = [str(tc.nvcc), *common]
@@ -519,6 +524,37 @@ def plan_build(
                *tc.includes(), *tc.prefix_maps(plan.tree, obj.parent, top), "-c", str(src), "-o", str(obj)]
         builds.append(UnitBuild("dsv4patch_bindings", "<generated bindings>", (), key, obj, cmd, text))
     return builds, ops, notes
+
+
+def _unit_archs(plan: KernelPlan, archs: tuple[str, ...], cuda_version: str,
+                cmake: sources.CMakeTarget) -> tuple[list[tuple[sources.TranslationUnit, tuple[str, ...]]], list[str]]:
+    """Each unit of ``plan`` that CMake builds for some of ``archs`` with an nvcc of ``cuda_version``, with
+    those archs; a note for each unit it builds for none of them (skipped)."""
+    chosen: list[tuple[sources.TranslationUnit, tuple[str, ...]]] = []
+    notes: list[str] = []
+    for u in plan.units:
+        ua = sources.unit_archs(u, archs, cuda_version, cmake)
+        if ua:
+            chosen.append((u, ua))
+        else:
+            notes.append(f"{u.path}: CMake builds it for none of {', '.join(archs)}; skipped")
+    return chosen, notes
+
+
+def planned_units(plan: KernelPlan, archs: Sequence[str],
+                  cuda_version: str) -> tuple[list[UnitBuild], list[sources.Op], list[str]]:
+    """The units :func:`plan_build` would compile for ``archs`` with an nvcc of ``cuda_version``, before
+    the toolchain that keys them is installed (a dry run installs nothing): each without a key
+    (``""``), an object or a command."""
+    chosen, notes = _unit_archs(plan, tuple(archs), cuda_version, sources.cmake_target(plan.tree))
+    units = [UnitBuild(Path(u.path).stem, u.path, ua, "", Path(), [],
+                       ops=tuple(o.name for o in plan.ops if o.unit == u.path)) for u, ua in chosen]
+    built = {u.path for u, _ in chosen}
+    ops = [o for o in plan.ops if o.unit in built]
+    if ops:
+        units.append(UnitBuild("dsv4patch_bindings", "<generated bindings>", (), "", Path(), [],
+                               generate_bindings(ops, ops[0].namespace)))
+    return units, ops, notes
 
 
 def _tmp_name(path: Path) -> Path:

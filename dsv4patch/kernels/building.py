@@ -50,7 +50,7 @@ class TreeBuild:
 
     pin: str
     dry_run: bool
-    toolchain: kbuild.Toolchain
+    toolchain: kbuild.Toolchain | toolchain.Unprovisioned  # the latter: a dry run, not all installed yet
     result: kbuild.BuildResult
 
     @property
@@ -67,21 +67,23 @@ class TreeBuild:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        tc = self.toolchain
-        out: dict[str, Any] = {
-            "mode": "kernels", "pin": self.pin, "dry_run": self.dry_run,
-            "toolchain": {"nvcc": str(tc.nvcc), "cuda": tc.cuda_version, "torch": tc.torch_version,
-                          "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
-                          "torch_required": tc.torch_required, "torch_origin": tc.torch_origin,
-                          "nvcc_origin": tc.nvcc_origin, "torch_mismatch": tc.torch_mismatch,
-                          "include_dirs": [str(d) for d in tc.include_dirs],
-                          "cxx_standard": kbuild.cxx_standard(tc, self.result.plan.cuda_standard)[1]},
-            **self.result.to_dict(),
-        }
+        out: dict[str, Any] = {"mode": "kernels", "pin": self.pin, "dry_run": self.dry_run,
+                               "toolchain": self._toolchain_json(), **self.result.to_dict()}
         if self.dry_run:
-            out["commands"] = [u.command for u in self.result.units]
+            out["commands"] = [u.command for u in self.result.units if u.command]
         out["notes"] = self.notes
         return out
+
+    def _toolchain_json(self) -> dict[str, Any]:
+        tc = self.toolchain
+        if isinstance(tc, toolchain.Unprovisioned):
+            return tc.to_json()
+        return {"installed": True, "nvcc": str(tc.nvcc), "cuda": tc.cuda_version, "torch": tc.torch_version,
+                "torch_cuda": tc.torch_cuda_version, "machine": tc.machine,
+                "torch_required": tc.torch_required, "torch_origin": tc.torch_origin,
+                "nvcc_origin": tc.nvcc_origin, "torch_mismatch": tc.torch_mismatch,
+                "include_dirs": [str(d) for d in tc.include_dirs],
+                "cxx_standard": kbuild.cxx_standard(tc, self.result.plan.cuda_standard)[1]}
 
     def table(self) -> tuple[report.Table, str]:
         rows = [[u.source, " ".join(u.archs) or "-", "cached" if u.cached else
@@ -108,7 +110,9 @@ def build_tree(
     final: bool = True,
 ) -> TreeBuild:
     """Compile the kernel units the patches of ``tree`` change (since ``base``, default the
-    tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only.
+    tree's root commit) and package them as the plugin wheel in ``out``; ``dry_run``: plan only,
+    installing and downloading nothing (a toolchain not all in the cache yet is reported as what a
+    build would install first, :class:`dsv4patch.kernels.toolchain.Unprovisioned`).
 
     ``expect_tree``: build only if ``tree``'s HEAD holds exactly that git tree and nothing in its
     work tree differs from it (no tracked change, no untracked file), checked under the same
@@ -129,8 +133,11 @@ def build_tree(
         else:
             plan = sources.plan(tree, base)
     with progress.step(f"kernels of pin {pin.name}: toolchain, {len(plan.units)} unit(s), link, wheel"):
-        tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
-                               allow_torch=allow_torch, extra_includes=extra_include)
+        try:
+            tc = toolchain.resolve(store=store, pin=pin, tree=tree, progress=progress, nvcc=nvcc, python=python,
+                                   allow_torch=allow_torch, extra_includes=extra_include, install=not dry_run)
+        except toolchain.NotProvisioned as missing:  # a dry run: the units, without what the toolchain keys
+            return _unprovisioned(tree, pin, plan, archs, missing.plan)
         chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)
         result = kbuild.build(
             plan, pin_name=pin.name, vllm_version=pin.vllm_version, archs=chosen, store=store,
@@ -139,6 +146,19 @@ def build_tree(
             final=final,
         )
     return TreeBuild(pin.name, dry_run, tc, result)
+
+
+def _unprovisioned(tree: Path, pin: Pin, plan: sources.KernelPlan, archs: Sequence[str] | None,
+                   tc: toolchain.Unprovisioned) -> TreeBuild:
+    """A dry run's plan while the toolchain is not (all) in the cache: the units and their archs for
+    its CUDA, each to compile (its object is keyed by the toolchain), and what a build installs first."""
+    chosen, origin = resolve_archs(tree, pin, archs, tc.cuda_version)
+    units, ops, notes = kbuild.planned_units(plan, chosen, tc.cuda_version)
+    result = kbuild.BuildResult(plan, chosen, units, [o.name for o in ops], notes=[*tc.notes, *notes],
+                                arch_origin=origin)
+    if not units:
+        result.notes.append("the patches change no kernel unit: nothing to build")
+    return TreeBuild(pin.name, True, tc, result)
 
 
 class NotThatTree(Exception):

@@ -384,14 +384,23 @@ def system_nvccs() -> list[tuple[Path, str]]:
 
 
 def choose_nvcc(store: Store, tdef: ToolchainDef | None, cuda: str, explicit: str | None,
-                progress: Progress, notes: list[str]) -> NvccChoice:
-    """The nvcc to build with, for a torch of CUDA ``cuda`` (see the module docstring)."""
+                progress: Progress, notes: list[str], missing: list[WouldInstall] | None = None) -> NvccChoice | None:
+    """The nvcc to build with, for a torch of CUDA ``cuda`` (see the module docstring); ``missing``
+    given (install nothing): None where the lock's NVIDIA wheels are not installed yet, noted there."""
     found = _found_nvcc(cuda, explicit, notes)
     if found is not None:
         return found
     if tdef is None:
         raise BuildError(f"no nvcc of CUDA {kbuild.cuda_major(cuda)}.x found ({param('nvcc')}, CUDA_HOME, PATH) "
                          "and the lock has no [toolchains.*] entry for this pin to install one from")
+    if missing is not None:
+        reqs = read_requirements(tdef.requirements)
+        pkgs = [_need(reqs, n, tdef.requirements) for n in CUDA_PACKAGES]
+        root = _env_dir(store, "cuda", _env_key(_cuda_parts(pkgs)))[1]
+        if not ready(root):
+            missing.append(WouldInstall(f"NVIDIA's CUDA {tdef.cuda} nvcc wheels",
+                                        tuple(f"{r.name}=={r.version}" for r in pkgs), root))
+            return None
     return _wheels_nvcc(store, tdef, progress)
 
 
@@ -462,6 +471,65 @@ def cublas_include(store: Store, tdef: ToolchainDef | None, cuda: str, progress:
     return kbuild.fetch_cublas_headers(store, cuda, requirement=req.line(), progress=progress)
 
 
+@dataclass(frozen=True)
+class WouldInstall:
+    """A part of the toolchain a build installs into the cache before it compiles, not there yet."""
+
+    what: str  # "torch 2.13.0", "NVIDIA's CUDA 13.0 nvcc wheels", "cuBLAS headers"
+    packages: tuple[str, ...]  # name==version, as the lock's requirements file pins them
+    path: Path  # the cache entry it would be installed into
+    download: bool = False  # only downloaded and unpacked (the cuBLAS headers), not installed
+
+    def describe(self) -> str:
+        verb = "download" if self.download else "install"
+        return f"{verb} {self.what} ({', '.join(self.packages)}) into {self.path}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"what": self.what, "packages": list(self.packages), "path": str(self.path),
+                "action": "download" if self.download else "install"}
+
+
+@dataclass(frozen=True)
+class Unprovisioned:
+    """The toolchain a build of the tree would use when part of it is not in the cache yet: what is
+    there (a torch, an nvcc) and what the build would install first (a dry run installs nothing)."""
+
+    torch_required: str
+    torch_required_origin: str
+    cuda_version: str  # the CUDA of the nvcc found, else the lock's toolchain's
+    torch: TorchEnv | None  # --python's, or the cache's already provisioned one
+    nvcc: NvccChoice | None  # --nvcc's or a system one (None: the lock's NVIDIA wheels, not installed)
+    include_dirs: tuple[Path, ...]
+    would_install: tuple[WouldInstall, ...]
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for text output: what is there and what a build installs first."""
+        have = [f"torch {self.torch.version} ({self.torch.origin})"] if self.torch else []
+        have += [f"nvcc {self.nvcc.cuda} {self.nvcc.path} ({self.nvcc.origin})"] if self.nvcc else []
+        return ("toolchain: not all in the cache yet, a build would first " + "; ".join(
+            w.describe() for w in self.would_install) + " (this dry run installed and downloaded nothing)"
+                + (f"; found: {'; '.join(have)}" if have else ""))
+
+    def to_json(self) -> dict[str, object]:
+        return {"installed": False, "cuda": self.cuda_version,
+                "torch": self.torch.version if self.torch else None,
+                "torch_origin": self.torch.origin if self.torch else None,
+                "nvcc": str(self.nvcc.path) if self.nvcc else None,
+                "nvcc_origin": self.nvcc.origin if self.nvcc else None,
+                "torch_required": self.torch_required,
+                "include_dirs": [str(d) for d in self.include_dirs],
+                "would_install": [w.to_json() for w in self.would_install]}
+
+
+class NotProvisioned(Exception):
+    """:func:`resolve` with ``install=False``: part of the toolchain is not in the cache (what: ``plan``)."""
+
+    def __init__(self, plan: Unprovisioned) -> None:
+        super().__init__("; ".join(w.describe() for w in plan.would_install))
+        self.plan = plan
+
+
 def resolve(
     *,
     store: Store,
@@ -472,12 +540,15 @@ def resolve(
     nvcc: str | None = None,
     allow_torch: str | None = None,
     extra_includes: Sequence[Path] = (),
+    install: bool = True,
 ) -> kbuild.Toolchain:
     """The toolchain for building ``tree``'s kernels for ``pin`` (installing what is missing).
 
     ``python``: build against that interpreter's torch, which must be the pin's unless
     ``allow_torch`` names its version.  Without it, the lock's toolchain torch is installed.
     (The command passes ``$DSV4PATCH_TORCH_PYTHON`` here when ``--python`` is not given.)
+    ``install`` False (a dry run): nothing is installed or downloaded; what would be is
+    :class:`NotProvisioned`, raised once everything else was looked for.
     """
     req = required_torch(tree)
     tdef = pin.toolchain
@@ -487,16 +558,21 @@ def resolve(
             f"tree requires torch=={req.version} ({req.origin}); give the pin a toolchain of torch "
             f"{req.version} (docs/kernels.md)")
     notes: list[str] = []
+    missing: list[WouldInstall] | None = None if install else []
     if python:
-        torch = _given_torch(pin, req, python, allow_torch, notes)
+        torch: TorchEnv | None = _given_torch(pin, req, python, allow_torch, notes)
     else:
-        torch = _lock_torch(store, pin, tdef, req, allow_torch, progress)
-    cuda = torch.cuda or (tdef.cuda if tdef is not None else None)
+        torch = _lock_torch(store, pin, tdef, req, allow_torch, progress, missing)
+    cuda = (torch.cuda if torch is not None else None) or (tdef.cuda if tdef is not None else None)
     if cuda is None:
-        raise BuildError(f"torch {torch.version} is a CPU build and the lock names no CUDA for pin "
-                         f"{pin.name}; pass {param('nvcc')} with the nvcc to build with")
-    nv = choose_nvcc(store, tdef, cuda, nvcc, progress, notes)
-    includes = _include_dirs(store, tdef, nv, torch, extra_includes, progress)
+        raise BuildError(f"torch {torch.version if torch else req.version} is a CPU build and the lock names no "
+                         f"CUDA for pin {pin.name}; pass {param('nvcc')} with the nvcc to build with")
+    nv = choose_nvcc(store, tdef, cuda, nvcc, progress, notes, missing)
+    includes = _include_dirs(store, tdef, nv, torch, extra_includes, progress, cuda, missing)
+    if missing:
+        raise NotProvisioned(Unprovisioned(req.version, req.origin, nv.cuda if nv else cuda, torch, nv,
+                                           tuple(includes), tuple(missing), tuple(notes)))
+    assert torch is not None and nv is not None  # installed above, or missing (raised)
     std, std_origin = torch_cxx_standard(torch.version, tdef)
     return kbuild.Toolchain(
         cxx_standard=std, cxx_standard_origin=std_origin,
@@ -529,8 +605,9 @@ def _given_torch(pin: Pin, req: TorchRequirement, python: str, allow_torch: str 
 
 
 def _lock_torch(store: Store, pin: Pin, tdef: ToolchainDef | None, req: TorchRequirement,
-                allow_torch: str | None, progress: Progress) -> TorchEnv:
-    """The pin's torch, installed from the lock's toolchain (which the pin must have)."""
+                allow_torch: str | None, progress: Progress, missing: list[WouldInstall] | None) -> TorchEnv | None:
+    """The pin's torch, installed from the lock's toolchain (which the pin must have); ``missing``
+    given (install nothing): None where it is not installed yet, noted there."""
     if allow_torch is not None:
         raise ParameterError(f"{param('allow_torch')} VERSION goes with {param('python')}: without "
                              f"{param('python')} the pin's torch {req.version} is installed and used")
@@ -539,19 +616,46 @@ def _lock_torch(store: Store, pin: Pin, tdef: ToolchainDef | None, req: TorchReq
             f"pin {pin.name} has no toolchain in the lock ([toolchains.*] and the pin's "
             f"toolchain key) to install torch {req.version} from; pass {param('python')} with an "
             f"environment that has torch {req.version}")
-    return ensure_torch(store, tdef, progress)
+    if missing is None:
+        return ensure_torch(store, tdef, progress)
+    reqs = read_requirements(tdef.requirements)
+    torch = _need(reqs, "torch", tdef.requirements)
+    if public(torch.version) != tdef.torch:
+        return ensure_torch(store, tdef, progress)  # refuses the lock (nothing is installed)
+    _, root = _env_dir(store, "torch", _env_key(_torch_parts(torch)))
+    if ready(root):
+        return _torch_env_from_site(_site(root), str(root / "bin" / "python"), f"provisioned {root}")
+    missing.append(WouldInstall(f"torch {torch.version}", (f"{torch.name}=={torch.version}",), root))
+    return None
 
 
-def _include_dirs(store: Store, tdef: ToolchainDef | None, nv: NvccChoice, torch: TorchEnv,
-                  extra_includes: Sequence[Path], progress: Progress) -> list[Path]:
+def _include_dirs(store: Store, tdef: ToolchainDef | None, nv: NvccChoice | None, torch: TorchEnv | None,
+                  extra_includes: Sequence[Path], progress: Progress, cuda: str,
+                  missing: list[WouldInstall] | None) -> list[Path]:
     """``extra_includes``, plus cuBLAS's headers where none of them has them (torch's
-    nvidia packages, the nvcc's CUDA, else installed) unless they sit beside nvcc's own."""
+    nvidia packages, the nvcc's CUDA, else installed) unless they sit beside nvcc's own.
+    ``missing`` given (install nothing; ``nv`` and ``torch`` None where not installed yet): the
+    cuBLAS headers are not downloaded, but noted there when the cache lacks them."""
     includes = [Path(p) for p in extra_includes]
     if not any(kbuild._has_cublas(d) for d in includes):
-        found = next((d for d in kbuild.cublas_candidates(nv.path, torch.site) if kbuild._has_cublas(d)),
-                     None)
-        if found is None:
+        cands = kbuild.cublas_candidates(nv.path, torch.site if torch else None) if nv is not None else []
+        found = next((d for d in cands if kbuild._has_cublas(d)), None)
+        if found is None and missing is not None:
+            found = _cached_cublas(store, tdef, nv.cuda if nv else cuda, missing)
+        elif found is None:
+            assert nv is not None  # installed when missing is None
             found = cublas_include(store, tdef, nv.cuda, progress)
-        if found != nv.path.resolve().parent.parent / "include":
+        if found is not None and (nv is None or found != nv.path.resolve().parent.parent / "include"):
             includes.append(found)
     return includes
+
+
+def _cached_cublas(store: Store, tdef: ToolchainDef | None, cuda: str, missing: list[WouldInstall]) -> Path | None:
+    """The cuBLAS headers :func:`cublas_include` unpacked before, else None, noted in ``missing``."""
+    req = _need(read_requirements(tdef.requirements), CUBLAS_PACKAGE, tdef.requirements) if tdef else None
+    line = req.line() if req is not None else None
+    found = kbuild.cached_cublas_headers(store, cuda, line)
+    if found is None:
+        spec, dest = kbuild.cublas_headers_entry(store, cuda, line)
+        missing.append(WouldInstall("cuBLAS headers", (spec,), dest, download=True))
+    return found

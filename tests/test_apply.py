@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, ROOT, git_pin, sh, write_lock
-from dsv4patch.errors import EXIT_TREE, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_BUILD, EXIT_TREE, EXIT_UNEXPECTED
 
 
 @pytest.fixture
@@ -183,3 +183,21 @@ def test_two_applies_on_one_tree_do_not_interleave(tmp_path, cli, two_patch_lock
     assert res.rc == EXIT_BUSY and f"tree {tree}" in res.err
     assert snapshot(tree) == before
     assert cli("apply", "--lock", two_patch_lock, "--pin", "p", "--tree", tree, "--cache-dir", cache).rc == 0
+
+
+@pytest.mark.network
+def test_a_failed_kernel_step_names_the_pin_and_its_build_command_works(tmp_path, cli, shared_cache):
+    """The kernel step of `apply --pin 0.26.0` fails (an interpreter without torch): exit 7, and the
+    `build` it tells you to run names the pin (not the lock's default, 0.27.1); that command, dry,
+    plans the kernels of pin 0.26.0 (and without --pin too: the tree's own pin)."""
+    tree = tmp_path / "t"
+    common = ("--lock", ROOT / "locks" / "vllm.toml", "--cache-dir", shared_cache)
+    res = cli("apply", *common, "--pin", "0.26.0", "--tree", tree, "--python", "/usr/bin/python3",
+              "--out", tmp_path / "dist")
+    assert res.rc == EXIT_BUILD, res.err
+    hint = f"`dsv4patch build --tree {tree} --pin 0.26.0`"
+    assert hint in " ".join(res.err.split()), res.err
+    for pin in (("--pin", "0.26.0"), ()):
+        built = cli("build", *common, "--tree", tree, *pin, "--dry-run", "--format", "json")
+        assert built.rc == 0, built.err
+        assert json.loads(built.out)["pin"] == "0.26.0"

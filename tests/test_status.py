@@ -222,3 +222,40 @@ def test_a_long_foreign_subject_is_cut_between_words() -> None:
     subject = "[DSV4 fix 4] Take MXFP4 SwiGLU params from quant config for the flashinfer path"
     assert _shortened(subject) == "[DSV4 fix 4] Take MXFP4 SwiGLU params from quant config ..."
     assert _shortened("short") == "short" and _shortened("x" * 80) == "x" * 80
+
+
+def test_build_and_refresh_take_the_trees_own_pin_and_refuse_another(tmp_path, upstream, cli):
+    """A tree of pin q (not the lock's default p): `build` and `refresh` with `--pin p` are refused
+    before anything runs (exit 5, as apply refuses a tree of another pin), naming q, the pin
+    `status --tree` finds; `refresh` without --pin works on q (checkout.tree_pin); q's own
+    checkout (a fork's) is q's with --pin q although its root commit holds p's base."""
+    d = tmp_path / "lock"
+    d.mkdir()
+    lock = _lock(d, upstream)
+    base_p = sh(upstream.path, "rev-parse", f"{upstream.commit}^{{tree}}")
+    (upstream.path / "q.txt").write_text("q\n")
+    sh(upstream.path, "add", "q.txt")
+    sh(upstream.path, "commit", "-qm", "q")
+    q = Upstream(upstream.path, sh(upstream.path, "rev-parse", "HEAD"))
+    base_q = sh(q.path, "rev-parse", "HEAD^{tree}")
+    write_lock(lock, {"p": git_pin("p", upstream, f'base_tree = "{base_p}"'),
+                      "q": git_pin("q", q, f'base_tree = "{base_q}"')},
+               {"main": ["0001-a.patch", "0002-b.patch", "0003-c.patch"]}, extra_top='default_pin = "p"')
+    tree = tmp_path / "vllm-src"
+    cache = ("--cache-dir", tmp_path / "c")
+    assert cli("apply", "--lock", lock, "--pin", "q", "--tree", tree, *cache, "--no-build").rc == 0
+    assert json.loads(cli("status", "--lock", lock, "--tree", tree, "--format", "json").out)["pin"] == "q"
+    for verb in (("build", "--dry-run"), ("refresh",)):
+        res = cli(verb[0], "--lock", lock, "--pin", "p", "--tree", tree, *cache, *verb[1:])
+        assert res.rc == EXIT_TREE, res.err
+        assert (f"{tree} is not a tree of pin p: it is a tree of pin q (its root commit holds that pin's base "
+                f"tree {base_q[:12]}, not pin p's {base_p[:12]}); pass --pin q, or leave --pin out") in res.err
+    res = cli("refresh", "--lock", lock, "--tree", tree, *cache, "--format", "json")
+    assert res.rc == 0, res.err
+    assert json.loads(res.out)["pin"] == "q"
+    # q's own history (a fork's checkout): its root commit holds p's base tree, but HEAD descends
+    # from q's commit, so --pin q is taken.
+    fork = tmp_path / "fork"
+    sh(tmp_path, "clone", "-q", str(q.path), str(fork))
+    res = cli("refresh", "--lock", lock, "--pin", "q", "--tree", fork, *cache, "--format", "json")
+    assert res.rc != EXIT_TREE and json.loads(res.out)["pin"] == "q", res.err  # refreshed (q's commit, not ok)

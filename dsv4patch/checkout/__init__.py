@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         reset_tree,
     )
     from dsv4patch.checkout.transaction import recover as recover_tree
-    from dsv4patch.checkout.treestatus import tree_status
+    from dsv4patch.checkout.treestatus import tree_pin, tree_status
 
 # The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
 FACE = {
@@ -75,6 +75,7 @@ FACE = {
     "reset_tree": "transaction:reset_tree",
     "resolution_patch": "conflicts:resolution_patch",
     "exclusive_checkout": "transaction:exclusive_checkout",
+    "tree_pin": "treestatus:tree_pin",
     "tree_status": "treestatus:tree_status",
     "variants_dir": "resolving:variants_dir",
     "write_state_file": "states:write",
@@ -107,6 +108,7 @@ __all__ = [
     "reset_tree",
     "resolution_patch",
     "exclusive_checkout",
+    "tree_pin",
     "tree_status",
     "variants_dir",
     "write_state_file",

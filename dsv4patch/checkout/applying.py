@@ -304,7 +304,7 @@ def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,
     except BuildError as exc:
         raise BuildError(
             f"{path} is patched (HEAD {head[:12]}), but the CUDA kernels the "
-            f"patches change were not rebuilt: {exc}\nRun `{mention(Step.of('build', tree=path))}` "
+            f"patches change were not rebuilt: {exc}\nRun `{mention(Step.of('build', tree=path, pin=pin.name))}` "
             f"on a machine with nvcc and torch, or pass {param('no_build')} to apply without it "
             "(the kernel fixes are then not in effect)"
         ) from None

@@ -158,6 +158,14 @@ def content_evidence(path: Path, series: Series) -> dict[str, str | None]:
         return carried(path, env, series)
 
 
+def pins_with_base(lock: Lock, root_tree: str) -> list[Pin]:
+    """The pins of ``lock`` a tree whose root commit holds ``root_tree`` belongs to: those whose
+    base tree (the pin's pristine source, the root commit of every tree ``apply`` makes) it is;
+    the lock's default pin first when it is one of them."""
+    match = [p for p in lock.pins.values() if p.base_tree == root_tree]
+    return sorted(match, key=lambda p: p.name != lock.default_pin)
+
+
 @dataclass(frozen=True)
 class Picked:
     """The lock and pin a tree is compared with (None: not compared), and a note: why it is not
@@ -194,7 +202,7 @@ def pick_pin(path: Path, lock_path: Path | None, pin_name: str | None, root_tree
         if verdict is False:
             raise TreeError(_not_its_tree(path, lock, pin, root_tree, head, given))
         return Picked(lock, pin, _unchecked(lock, pin) if verdict is None else None)
-    match = [p for p in lock.pins.values() if p.base_tree == root_tree]
+    match = pins_with_base(lock, root_tree)
     if match:
         return Picked(lock, match[0])
     default = lock.pin(None)
@@ -247,15 +255,49 @@ def _unchecked(lock: Lock, pin: Pin) -> str:
             f"checked (`{mention(update)}` records it)")
 
 
+def tree_pin(*, path: Path, lock: Lock, pin: str | None) -> Pin:
+    """The pin of ``lock`` the tree at ``path`` belongs to, found as ``status --tree`` finds it
+    (:func:`pins_with_base`: the pin whose base tree its root commit holds).
+
+    ``pin`` named: that pin, unless the tree belongs to other pins only and is not a checkout of
+    it (a git or local pin whose commit HEAD descends from): then TreeError (exit 5, as ``apply``
+    refuses a tree of another pin), naming the tree's pin.  A tree no pin's base matches (a fork's
+    own checkout, a pin without ``base_tree``): ``pin``, else the lock's default pin.  The tree is
+    vetted and held through :func:`guard.guarded` while it is read."""
+    _refuse_no_checkout(path)
+    named = lock.pin(pin) if pin is not None else None
+    with guard.guarded(path):
+        head = git.head(path)
+        if head is None:
+            raise TreeError(f"{path} has no commits")
+        root = git.out(path, "rev-list", "--max-parents=0", "HEAD").splitlines()[0]
+        match = pins_with_base(lock, git.out(path, "rev-parse", f"{root}^{{tree}}"))
+        checkout_of_named = named is not None and forkcheckout.descends_from_fork_pin(path, named, head)
+    if named is None:
+        return match[0] if match else lock.pin(None)
+    if match and named not in match and named.base_tree is not None and not checkout_of_named:
+        theirs = " or ".join(p.name for p in match)
+        raise TreeError(
+            f"{path} is not a tree of pin {named.name}: it is a tree of pin {theirs} (its root commit holds "
+            f"that pin's base tree {str(match[0].base_tree)[:12]}, not pin {named.name}'s {named.base_tree[:12]}); "
+            f"pass {param('pin')} {match[0].name}, or leave {param('pin')} out (the tree's own pin is then used)")
+    return named
+
+
+def _refuse_no_checkout(path: Path) -> None:
+    """TreeError (exit 5) unless ``path`` is the root of a git checkout."""
+    if not guard.is_checkout_root(path):
+        raise TreeError(f"{path} does not exist" if not os.path.lexists(path) else
+                        f"{path} is not a git repository made by dsv4patch apply")
+
+
 def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,
                 env_lock: Path | None = None) -> TreeStatus:
     """The patches ``path`` carries, compared with ``pin`` of ``lock`` (see :func:`pick_pin`).
 
     The tree is vetted and held through :func:`guard.guarded` (TreeError, exit 5, when it
     is not a checkout, its settings name programs, or it is not a tree of ``pin``)."""
-    if not guard.is_checkout_root(path):
-        raise TreeError(f"{path} does not exist" if not os.path.lexists(path) else
-                        f"{path} is not a git repository made by dsv4patch apply")
+    _refuse_no_checkout(path)
     with guard.guarded(path) as co:
         return _tree_status(co, lock, pin, env_lock)
 

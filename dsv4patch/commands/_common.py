@@ -45,8 +45,14 @@ def number(*, low: float, high: float, what: str = "value", low_inclusive: bool 
     return convert
 
 
+# --pin of a command that works on a --tree (build, refresh): checkout.tree_pin's choice.
+TREE_PIN_HELP = ("the pin the tree belongs to (default: the tree's own pin, found as `status --tree` finds it: "
+                 "the pin whose base tree its root commit holds; else the lock's default_pin); a tree of "
+                 "another pin is refused (exit 5)")
+
+
 def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
-             series: bool = True, url: bool = False) -> None:
+             series: bool = True, url: bool = False, pin_help: str | None = None) -> None:
     p.add_argument("--lock", type=str if url else Path, default=None,
                    help=f"lock file (default: $DSV4PATCH_LOCK, else {DEFAULT_LOCK} in the current "
                         "directory or the nearest parent directory that has one)"
@@ -55,7 +61,7 @@ def add_lock(p: argparse.ArgumentParser, pins: bool = True, many: bool = True,
         if many:
             p.add_argument("--pin", action="append", help="pin name (repeatable; default: all)")
         else:
-            p.add_argument("--pin", help="pin name (default: the lock's default_pin)")
+            p.add_argument("--pin", help=pin_help or "pin name (default: the lock's default_pin)")
     if series:
         p.add_argument(
             "--series", action="append", metavar="NAME",

@@ -28,7 +28,7 @@ HELP = "rebuild the CUDA kernels the applied patches change (or the whole tree w
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("build", help=HELP, description=HELP)
-    _common.add_lock(p, many=False)
+    _common.add_lock(p, many=False, pin_help=_common.TREE_PIN_HELP)
     p.add_argument("--tree", type=Path, required=True, help="a tree made by dsv4patch apply")
     add_build_options(p)
     _common.add_output(p)
@@ -58,11 +58,12 @@ def add_build_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dsv4patch.checkout import tree_pin
     from dsv4patch.kernels import build_tree, full_build
 
     path = _common.tree_path(args)
     lock = _common.open_lock(args)
-    pin = lock.pin(args.pin)
+    pin = tree_pin(path=path, lock=lock, pin=args.pin)
     store = _common.open_store(args)
     python = args.python or _common.settings().torch_python
     if args.full:

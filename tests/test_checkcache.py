@@ -247,3 +247,30 @@ def test_the_patched_tree_reads_checks_result_while_its_tree_is_in_the_pin_repos
     assert len(calls) == 1 and again.patched_tree == first.patched_tree
     assert [(f.path, f.patched) for f in again.files] == [(f.path, f.patched) for f in first.files]
     assert json.loads(entry.read_text())["patches"][-1]["tree"] == first.patched_tree  # the entry made anew
+
+
+def test_a_planted_link_in_the_check_cache_is_never_followed(setup, tmp_path, cli):
+    """`<cache>/checks` as a link to a directory elsewhere was followed (results written there, read from
+    there), and an entry that is a link was read through; now the directory is replaced by a real one and an
+    entry that is not a regular file is a miss, recomputed and replaced."""
+    d, upstream = setup
+    cache = tmp_path / "cache"
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-a.patch", "0002-b.patch"]})
+    clean = {"0001-a.patch": "clean", "0002-b.patch": "clean"}
+    assert pin_state(run(cli, lock, cache)) == (False, clean)
+    entry = next((cache / "checks").glob("*.json"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / entry.name).write_bytes(entry.read_bytes())
+    for f in (cache / "checks").iterdir():
+        f.unlink()
+    (cache / "checks").rmdir()
+    (cache / "checks").symlink_to(elsewhere)
+    assert pin_state(run(cli, lock, cache)) == (False, clean)  # not read through the link
+    assert not (cache / "checks").is_symlink() and (cache / "checks" / entry.name).is_file()
+    assert os.listdir(elsewhere) == [entry.name]  # nothing written there
+    (cache / "checks" / entry.name).unlink()
+    (cache / "checks" / entry.name).symlink_to(elsewhere / entry.name)
+    assert pin_state(run(cli, lock, cache)) == (False, clean)
+    assert not (cache / "checks" / entry.name).is_symlink()
+    assert pin_state(run(cli, lock, cache)) == (True, clean)

@@ -27,11 +27,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import threading
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4patch import git
+from dsv4patch import git, safeio
+from dsv4patch.errors import Dsv4Error
 from dsv4patch.hashing import code_identity
 from dsv4patch.series import results
 from dsv4patch.seriesfile import read_series_file, unlisted
@@ -98,30 +99,29 @@ def inputs(lock: Lock, pin: Pin, base_tree: str, base_commit: str, git_ver: str,
     return Inputs(base_tree, base_commit, hashed, git_ver, tool)
 
 
-def _entry(store: Store, key: str) -> Path:
-    return store.root / "checks" / f"{key}.json"
-
-
 def load(store: Store, key: str) -> results.SeriesResult | None:
-    path = _entry(store, key)
-    if not path.exists():
+    """The entry ``key``, or None: absent, damaged, from another layout (recomputed and replaced), or
+    not a regular file in a real ``checks`` directory (a planted link is never read through)."""
+    entries = store.root / "checks"
+    try:
+        if not stat.S_ISDIR(os.lstat(entries).st_mode):
+            return None
+        data = safeio.read_json(entries / f"{key}.json")
+    except (OSError, Dsv4Error):
         return None
     try:
-        return from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, KeyError, TypeError):
-        return None  # damaged or from another layout: recomputed and replaced
+        return from_json(data)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def save(store: Store, key: str, result: results.SeriesResult) -> None:
-    """Write atomically (a reader sees the whole entry or none); a full or read-only
-    cache only loses the entry, never the check."""
-    path = _entry(store, key)
+    """Write atomically (a reader sees the whole entry or none) in a real ``checks`` directory (a link
+    planted there is replaced, never written through); a full or read-only cache only loses the entry,
+    never the check."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(to_json(result)), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
+        safeio.atomic_write(store.subdir("checks") / f"{key}.json", json.dumps(to_json(result)), durable=False)
+    except (OSError, Dsv4Error):
         pass
 
 

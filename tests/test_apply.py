@@ -201,3 +201,17 @@ def test_a_failed_kernel_step_names_the_pin_and_its_build_command_works(tmp_path
         built = cli("build", *common, "--tree", tree, *pin, "--dry-run", "--format", "json")
         assert built.rc == 0, built.err
         assert json.loads(built.out)["pin"] == "0.26.0"
+
+
+def test_a_cache_inside_the_tree_is_refused_before_anything_is_written(tmp_path, cli, monkeypatch):
+    """`--cache-dir TREE` (or TREE/.git, or DSV4PATCH_CACHE there) put the downloads into the user's tree,
+    which apply then refused as dirty (or built the cache inside .git); now exit 2 at once, nothing made."""
+    from conftest import LOCK
+
+    tree = tmp_path / "t"
+    for cache in (tree, tree / ".git", tree / "sub" / "cache"):
+        res = cli("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", cache, "--no-build")
+        assert res.rc == 2 and "is inside --tree" in res.err and not tree.exists(), res
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tree / "c"))
+    res = cli("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--no-build")
+    assert res.rc == 2 and "DSV4PATCH_CACHE" in res.err and not tree.exists(), res

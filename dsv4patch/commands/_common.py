@@ -101,8 +101,16 @@ def open_lock(args: argparse.Namespace) -> Lock:
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    """The cache: ``--cache-dir``, else ``$DSV4PATCH_CACHE``, else the XDG cache."""
-    return Store.open(args.cache_dir or settings().cache_root())
+    """The cache: ``--cache-dir``, else ``$DSV4PATCH_CACHE``, else the XDG cache; never inside ``--tree``
+    (downloads would land in the user's tree, which is then refused as dirty)."""
+    root = args.cache_dir or settings().cache_root()
+    tree = args.tree if "tree" in args else None
+    if tree is not None:
+        cache, top = os.path.realpath(root), os.path.realpath(tree)
+        if cache == top or cache.startswith(top.rstrip("/") + "/"):
+            raise UsageError(f"the cache {root} is inside --tree {tree}: dsv4patch would write its downloads "
+                             "and trees into it; give --cache-dir (or DSV4PATCH_CACHE) a directory outside the tree")
+    return Store.open(root)
 
 
 def progress(args: argparse.Namespace) -> Progress:

@@ -215,3 +215,17 @@ def test_a_cache_inside_the_tree_is_refused_before_anything_is_written(tmp_path,
     monkeypatch.setenv("DSV4PATCH_CACHE", str(tree / "c"))
     res = cli("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--no-build")
     assert res.rc == 2 and "DSV4PATCH_CACHE" in res.err and not tree.exists(), res
+
+
+def test_no_build_says_the_kernel_fixes_are_not_in_effect(tmp_path, cli, shared_cache):
+    """`apply --no-build` left no trace that the CUDA kernels the series changes were not rebuilt; now a note
+    names them and the build command (with the pin) that puts the kernel fixes in effect."""
+    from conftest import LOCK
+
+    tree = tmp_path / "t"
+    res = cli("apply", "--lock", LOCK, "--pin", "0.27.1", "--tree", tree, "--cache-dir", shared_cache, "--no-build",
+              "--format", "json")
+    assert res.rc == 0, res.err
+    notes = [n for n in json.loads(res.out)["notes"] if "were not rebuilt" in n]
+    assert len(notes) == 1 and f"dsv4patch build --tree {tree} --pin 0.27.1" in notes[0], notes
+    assert "csrc/" in notes[0]

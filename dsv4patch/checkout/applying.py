@@ -122,7 +122,7 @@ def apply_pin(
             return ApplyResult(lock.path, path, pin.name, rep, False, out_notes + problems)  # nothing moved
     applied = ApplyResult(lock.path, path, pin.name, rep, True, out_notes, head=final)
     if build is None:
-        return applied
+        return dataclasses.replace(applied, notes=out_notes + _not_built(path, pin, pinrepo))
     if before_build is not None:  # e.g. show the tree's result before a minutes-long build
         before_build(dataclasses.replace(applied, notes=list(out_notes)))
     built, build_notes = _build(path, pin, pinrepo, final, build)
@@ -288,6 +288,19 @@ def _above_the_series(path: Path, pin: Pin, series: Series, result: SeriesResult
         f"{path} has all patches of pin {pin.name} (the series ends at {final[:12]}) and "
         f"{len(above)} commit(s) of yours above them, left as they are; nothing to do")
     return None
+
+
+def _not_built(path: Path, pin: Pin, pinrepo: PinRepo) -> list[str]:
+    """The note of an apply told not to build, where the series changed kernel sources: they are not rebuilt."""
+    from dsv4patch.kernels import is_kernel_source
+
+    with guard.guarded(path):
+        changed = [p for p in git.changed_paths(path, pinrepo.base_commit) if is_kernel_source(p)]
+    if not changed:
+        return []
+    return [f"the CUDA kernels the series changes ({len(changed)} file(s), e.g. {changed[0]}) were not rebuilt "
+            f"(the build was skipped): the kernel fixes are not in effect until "
+            f"`{mention(Step.of('build', tree=path, pin=pin.name))}` runs"]
 
 
 def _build(path: Path, pin: Pin, pinrepo: PinRepo, head: str,

@@ -375,8 +375,8 @@ def folded(status: str, pins: dict[str, list[str]], evidence: str = "") -> str:
     groups: dict[str, list[str]] = {}
     for pin, names in pins.items():
         groups.setdefault(key_ranges(names), []).append(pin)
-    word, what = STATUS_WORD.get(status, (status, status))
-    return (f"{word} = {status}: {what}, as the lock expects: "
+    word, _ = STATUS_WORD.get(status, (status, status))  # what it stands for: the legend says so
+    return (f"{status} ({word}), as the lock expects: "
             + "; ".join(f"{keys} on {', '.join(p)}" for keys, p in groups.items())
             + (f" (evidence: {evidence})" if evidence else ""))
 

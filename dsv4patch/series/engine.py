@@ -70,7 +70,7 @@ def run_series(repo: Path, base_commit: str, series: Series) -> SeriesResult:
                 results.append(
                     PatchResult(
                         patch.name, patch.series, patch.sha256, Status.NOT_CHECKED,
-                        f"not checked: {cause} does not apply and {why}",
+                        f"{cause} does not apply and {why}",
                     )
                 )
                 failed.append(patch.name)

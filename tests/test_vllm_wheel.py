@@ -279,7 +279,10 @@ def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     res = _status(cli, shared_cache, "--python", venv / "bin" / "python", "--format", "json")
     assert res.rc == 1 and json.loads(res.out)["installed"] is None
-    assert "no vLLM installed" in _status(cli, shared_cache, "--python", venv / "bin" / "python").out
+    text = _status(cli, shared_cache, "--python", venv / "bin" / "python").out
+    # Said once, no empty table, no unknown tree shown as "?".
+    assert text.count("not installed") == 1 and "vLLM is not installed in" in text, text
+    assert "patched tree ?" not in text and "files not present" not in text, text
     assert _status(cli, shared_cache, "--tree", tmp_path).rc == 2
     # status without --tree takes the lock's project's vllm-src/<pin> (issue 40: relative defaults from the
     # lock's project root, wherever it runs; CI's main job makes one in the checkout): a project without one

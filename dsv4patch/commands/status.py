@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             doc = inst.sbom_document
             sys.stdout.write(report.literal(doc) if sys.stdout.isatty() else doc)
             return EXIT_OK if inst.ok else EXIT_UNEXPECTED
-        report.emit(args.format, inst.to_json(), *inst.table())
+        table, md = inst.table()
+        report.emit(args.format, inst.to_json(), table if table.rows else None, md)  # no vLLM: no empty table
         return EXIT_OK if inst.ok else EXIT_UNEXPECTED
     if args.python is not None:
         raise UsageError("--python goes with --installed")

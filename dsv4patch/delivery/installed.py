@@ -566,10 +566,12 @@ def check(
         kernel = replace(kernel, active=active)
         ok = ok and (bool(active.active) or not active.checked)
     inst = rep.installed
-    notes = [*rep.notes,
-             f"python {rep.python}: " + (f"vLLM {inst.version} at {inst.package}" if inst else "no vLLM installed"),
-             f"pin {rep.pin} (vLLM {rep.vllm_version}), patched tree "
-             f"{(rep.patched_tree if rep.patched_tree is not None else '?')[:12]}"]
+    notes = [*rep.notes]
+    if inst or not any("not installed" in n for n in notes):  # said once
+        notes.append(f"python {rep.python}: " + (f"vLLM {inst.version} at {inst.package}" if inst else
+                                                 "no vLLM installed"))
+    notes.append(f"pin {rep.pin} (vLLM {rep.vllm_version})"
+                 + (f", patched tree {rep.patched_tree[:12]}" if rep.patched_tree is not None else ""))
     if kernel is not None:
         notes += _kernel_notes(kernel)
     patch_notes = _patch_notes(rep.patches, rep.pin, ours=inst is not None and inst.provenance is not None)

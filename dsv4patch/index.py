@@ -423,8 +423,16 @@ def find_sdist(name: str, version: str) -> SdistInfo:
     index = index_url()
     filename = f"{name}-{version}.tar.gz"
     files = project_files(index, name)
-    if filename not in files or not files[filename][1]:
-        raise FetchError(f"{redact(index)}/{normalize(name)}/ has no sdist {filename} with a sha256")
+    if filename not in files:
+        prefix = f"{name}-"
+        listed = sorted({f[len(prefix):-len(".tar.gz")] for f in files if f.startswith(prefix) and f.endswith(".tar.gz")})
+        import difflib
+
+        near = difflib.get_close_matches(version, listed, n=3, cutoff=0.6)
+        raise FetchError(f"{redact(index)}/{normalize(name)}/ has no release {version} (no sdist {filename})"
+                         + (f"; did you mean {' or '.join(near)}?" if near else ""))
+    if not files[filename][1]:
+        raise FetchError(f"{redact(index)}/{normalize(name)}/ lists {filename} without a sha256: it cannot be verified")
     url, sha, size = files[filename]
     problem = http_url_problem(url)
     if problem:

@@ -139,3 +139,22 @@ def test_fetch_seeds_a_stock_wheel_matched_by_sha256(cli, tmp_path: Path, shared
     other.write_bytes(b"not the pinned wheel")
     res = cli("fetch", "--lock", LOCK, "--pin", "0.27.1", "--wheel", other, "--cache-dir", shared_cache)
     assert res.rc == 4 and "not a stock wheel any selected pin locks" in res.err
+
+
+def test_a_release_the_index_does_not_have_is_named_with_the_nearest(
+        served: LocalIndex, monkeypatch: pytest.MonkeyPatch, no_index_config: None) -> None:
+    """`port --to 9.9.9` (a typo) said the index 'has no sdist vllm-9.9.9.tar.gz with a sha256'; a version the
+    index does not list is 'no release', with the nearest ones it lists; one listed without a sha256 says so."""
+    from dsv4patch.errors import FetchError
+
+    _json_page(served, [{"filename": f"vllm-{v}.tar.gz", "url": f"/f/vllm-{v}.tar.gz", "hashes": {"sha256": "ab" * 32}}
+                        for v in ("0.27.1", "0.28.0")] +
+               [{"filename": "vllm-0.26.0.tar.gz", "url": "/f/vllm-0.26.0.tar.gz", "hashes": {}}])
+    monkeypatch.setenv("DSV4PATCH_INDEX_URL", f"{served.url}/pypi/simple")
+    with pytest.raises(FetchError, match=r"has no release 0\.27\.2 \(no sdist vllm-0\.27\.2\.tar\.gz\); did you mean "
+                                         r"0\.27\.1"):
+        index.find_sdist("vllm", "0.27.2")
+    with pytest.raises(FetchError, match=r"has no release 9\.9\.9 \(no sdist vllm-9\.9\.9\.tar\.gz\)$"):
+        index.find_sdist("vllm", "9.9.9")
+    with pytest.raises(FetchError, match="lists vllm-0.26.0.tar.gz without a sha256"):
+        index.find_sdist("vllm", "0.26.0")

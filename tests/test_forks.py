@@ -427,3 +427,27 @@ def test_refresh_writes_the_same_bytes_whatever_the_forks_config(tmp_path, upstr
     text = plain["0003-new.patch"].decode()
     assert "Subject: [PATCH 3/3] worker: return 3, and a module" in text and "--- a/vllm/worker.py" in text
     assert "Signed-off-by" not in text and "X-Acme" not in text and "ACME" not in text.split("\n", 5)[3]
+
+
+def test_refresh_puts_the_pins_own_series_after_its_kin_not_under_the_next_tables_comment(tmp_path):
+    """`refresh --as-variant` added `[series.acme]` between the comment that introduces the lock's
+    `[toolchains...]` and that table (tomlkit keeps a table's leading comment in the table before it), so the
+    comment described the wrong table; now the new series follows the last one and the comment stays with
+    its table."""
+    import shutil
+
+    from conftest import ROOT
+    from dsv4patch.forks import refreshing
+    from dsv4patch.pins.lock import load
+
+    shutil.copytree(ROOT / "locks", tmp_path / "locks")
+    lock_path = tmp_path / "locks" / "vllm.toml"
+    before = lock_path.read_text()
+    refreshing._add_own_series(lock_path, load(lock_path).pin("0.27.1"), "acme",
+                               tmp_path / "patches/variants/acme/series")
+    text = lock_path.read_text()
+    new = text.index('[series.acme]\npath = "../patches/variants/acme/series"')
+    comment = text.index("# The kernel build toolchain")
+    assert text.index("[series.extra]") < new < comment < text.index('[toolchains."torch2.13.0-cu13"]'), text[:3000]
+    assert text[:new].rstrip() == before[:before.index("# The kernel")].rstrip()  # nothing above it moved
+    assert "acme" in load(lock_path).series

@@ -428,6 +428,16 @@ def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
         table["path"] = os.path.relpath(sfile.resolve(), lock_path.resolve().parent)
         table["description"] = f"Pin {pin.name}'s own patches (refresh: its commits no other pin takes)"
         table["default"] = False
+        # The comments and blank lines that end the last series table belong to the table after it
+        # (tomlkit keeps them in the one before): they move below the new table, which follows its kin.
+        tail = series[list(series.keys())[-1]].value.body if len(series) else []
+        moved: list[tuple[Any, Any]] = []  # (None, a tomlkit comment or blank line)
+        while tail and tail[-1][0] is None:
+            moved.insert(0, tail.pop())
+        for _, item in moved:
+            table.value.body.append((None, item))
+        if not moved:
+            table.add(tomlkit.nl())
         series[name] = table
     entry = doc["pins"][pin.name]
     if name not in list(entry.get("series", [])):

@@ -25,25 +25,37 @@ def http_url_problem(url: str) -> str | None:
         return "it is empty"
     if _SPACE_OR_CONTROL.search(url):
         return "it contains spaces or control characters"
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unbalanced '[' or ']' in the authority (a password holding one, say)
+        return "its host is not a host name (a '[' or ']' in a user name or password must be percent-encoded)"
     if parts.scheme.lower() not in _HTTP_SCHEMES:
         return f"scheme {parts.scheme or '(none)'!r} is not http or https"
-    host = parts.netloc.rpartition("@")[2]
+    userinfo, at, host = parts.netloc.rpartition("@")
     if not _HOST.match(host):
+        if not at and "@" in parts.path + parts.query + parts.fragment:
+            # 'https://user:tok/en@host/': the authority ends at the token's '/', so what urllib
+            # calls the host is (part of) the credential: never quoted
+            return ("its host is not a host name, or its user name or password holds a '/', '?' or '#' "
+                    "(percent-encode them: %2F, %3F, %23)")
         return f"host {host!r} is not a host name"
     return None
 
 
 def redact(url: str) -> str:
     """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and JSON)."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unbalanced '[' (in a password, say): redacted as text
+        return redact_text(url)
     if "@" not in parts.netloc:
-        return url
+        return redact_text(url)  # a credential holding '/' ends urllib's netloc early
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
 
-# scheme://userinfo@ anywhere in a text (userinfo: no '/', '@' or whitespace)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+# scheme:// and the authority after it: up to the first '/', '?', '#' or whitespace
+_AUTHORITY = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)")
+_WHITESPACE = re.compile(r"\s")
 
 
 def redact_text(text: str) -> str:
@@ -52,5 +64,32 @@ def redact_text(text: str) -> str:
     The last line of defence: ``main`` passes every error message and JSON
     field through it, so a credential that reached a message (an exception's
     text quoting a URL, a note) is still never printed.
+
+    What is hidden is everything from ``scheme://`` up to the *last* ``@`` of
+    the authority (a password may hold an ``@``: ``https://u:p@ss@host`` is
+    ``https://***@host``). A credential holding a ``/`` (``https://u:to/ken@host``)
+    ends the authority early, at what is then no host name (``u:to``): when the
+    authority has no ``@`` and is no ``host[:port]``, everything up to the last
+    ``@`` of the URL (up to the next whitespace) is hidden. An ``@`` outside a
+    URL (``dave@example.com``) or in the path of a URL to a host
+    (``https://host/a@b``) is left as it is.
     """
-    return _USERINFO.sub(r"\1***@", text)
+    out: list[str] = []
+    pos = 0
+    for m in _AUTHORITY.finditer(text):
+        if m.start() < pos:  # inside what an earlier URL's redaction already hid
+            continue
+        authority = m.group(2)
+        if "@" in authority:
+            at = m.start(2) + authority.rindex("@")
+        elif not _HOST.match(authority):
+            space = _WHITESPACE.search(text, m.end())
+            at = text.rfind("@", m.end(), space.start() if space else len(text))
+            if at < 0:
+                continue
+        else:
+            continue
+        out += [text[pos:m.start(2)], "***"]
+        pos = at
+    out.append(text[pos:])
+    return "".join(out)

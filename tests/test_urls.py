@@ -3,12 +3,16 @@ parsing, not against the module's regexes)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
+from conftest import LOCK, pin_table, write_lock
 from dsv4patch import urls
+from dsv4patch.errors import EXIT_INPUT, EXIT_USAGE
+from dsv4patch.pins.lock import git_url_problem
 
 
 @pytest.mark.parametrize("url", [
@@ -66,3 +70,81 @@ def test_checking_a_url_imports_no_network_module() -> None:
             "print(sorted({'urllib.request', 'http.client', 'ssl'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- credentials in messages: a password holding '@', a token holding '/', git URLs (D5) -----------
+
+SECRET = "SECRETpw"
+
+
+def test_redact_text_hides_a_password_that_holds_at_signs_and_a_token_that_holds_slashes() -> None:
+    assert urls.redact_text(f"got https://user:p@ss@{SECRET}@host.example/x.") == "got https://***@host.example/x."
+    assert urls.redact_text(f"'https://user:{SECRET}/x@host.example/simple' is refused; mail a@b.example") \
+        == "'https://***@host.example/simple' is refused; mail a@b.example"
+    assert urls.redact_text(f"https://u_{SECRET}/tok@host.example/") == "https://***@host.example/"
+    # not credentials: an '@' in the path of a URL to a host, a pip-style git URL, an e-mail address
+    for text in ("https://host.example/a@b and https://h.example:8443/x@y", "git+https://github.com/o/r@v1.0",
+                 "From: Dave <dave@example.com>", "see https://pypi.org/simple, or mail x@y.example"):
+        assert urls.redact_text(text) == text
+
+
+@pytest.mark.parametrize("url", [f"https://user:p@ss@{SECRET}@host.example/x",
+                                 f"https://user:{SECRET}/x@host.example/simple",
+                                 f"https://user:p[{SECRET}@host.example/simple"])
+def test_a_url_with_a_credential_is_judged_and_shown_without_it(url: str) -> None:
+    assert SECRET not in urls.redact(url) and urls.redact(url).startswith("https://***@host.example/")
+    problem = urls.http_url_problem(url)  # no exception for an unbalanced '['
+    assert problem is None or SECRET not in problem
+    git_problem = git_url_problem(url)
+    assert git_problem is not None and SECRET not in git_problem
+
+
+@pytest.mark.parametrize("url", [f"https://user:{SECRET}@host.example/vllm.git",
+                                 f"ssh://user:{SECRET}@host.example/vllm.git",
+                                 f"https://user:p@ss@{SECRET}@host.example/vllm.git",
+                                 f"https://user:{SECRET}/x@host.example/vllm.git"])
+def test_a_git_url_with_a_password_is_refused_without_printing_it(url: str) -> None:
+    problem = git_url_problem(url)
+    assert problem is not None and SECRET not in problem and "host.example" not in problem
+    assert git_url_problem("https://git@host.example/vllm.git") is None  # a user name alone is fine
+    assert git_url_problem("ssh://git@host.example:2222/vllm.git") is None
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("url", [f"https://user:{SECRET}@nonexistent.invalid/vllm.git",
+                                 f"ssh://user:{SECRET}@nonexistent.invalid/vllm.git",
+                                 f"https://user:p@ss@{SECRET}@nonexistent.invalid/vllm.git",
+                                 f"https://user:{SECRET}/x@nonexistent.invalid/vllm.git"])
+def test_check_of_a_git_pin_with_a_password_never_prints_it(tmp_path, cli, url: str, fmt: str) -> None:
+    lock = write_lock(tmp_path / "vllm.toml", {"p": pin_table("p", "0" * 40, {"kind": "git", "url": url})})
+    res = cli("check", "--pin", "p", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
+    assert res.rc == EXIT_INPUT, res.err
+    assert SECRET not in res.out + res.err
+    shown = json.loads(res.out)["error"]["message"] if fmt == "json" else res.err
+    assert "***@nonexistent.invalid/vllm.git" in shown and "is refused" in shown
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_port_from_a_git_url_with_a_password_never_prints_it(tmp_path, cli, fmt: str) -> None:
+    res = cli("port", "--lock", LOCK, "--cache-dir", tmp_path / "cache", "--from", "0.27.1", "--to", "0" * 40,
+              "--git", f"https://user:p@ss@{SECRET}@nonexistent.invalid/vllm.git", "--format", fmt)
+    assert res.rc == EXIT_INPUT, res.err
+    assert SECRET not in res.out + res.err
+    assert "***@nonexistent.invalid" in (json.loads(res.out)["error"]["message"] if fmt == "json" else res.err)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("url", [f"https://user:{SECRET}/x@nonexistent.invalid/simple",
+                                 f"https://user:p[{SECRET}@nonexistent.invalid/simple",
+                                 f"https://user:p@ss@{SECRET}@nonexistent.invalid:99999999/simple"])
+def test_releases_with_an_index_credential_never_prints_it(tmp_path, cli, monkeypatch, url: str,
+                                                           fmt: str) -> None:
+    for var in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("DSV4PATCH_INDEX_URL", url)
+    res = cli("releases", "--lock", LOCK, "--cache-dir", tmp_path / "cache", "--format", fmt)
+    assert res.rc == EXIT_USAGE, res.err
+    assert SECRET not in res.out + res.err
+    shown = json.loads(res.out)["error"]["message"] if fmt == "json" else res.err
+    assert "DSV4PATCH_INDEX_URL = 'https://***@nonexistent.invalid" in shown and "is refused" in shown

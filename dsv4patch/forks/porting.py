@@ -73,6 +73,7 @@ from dsv4patch.series import (
     series_for_pin,
 )
 from dsv4patch.seriesfile import read_series_file
+from dsv4patch.urls import redact
 
 if TYPE_CHECKING:
     from dsv4patch.checkout import (
@@ -217,7 +218,7 @@ def _git_pin(name: str, to: str, git_url: str, src: Pin) -> Pin:
         raise LockFileError(f"{param('git')} needs {param('to')} to be a full 40-hex commit id")
     problem = git_url_problem(git_url)
     if problem:
-        raise LockFileError(f"{param('git')} {git_url!r} is refused: {problem}")
+        raise LockFileError(f"{param('git')} {redact(git_url)!r} is refused: {problem}")
     return Pin(name=name, vllm_version=name, commit=to, source=Source(kind="git", url=git_url),
                cuda_arch_list=src.cuda_arch_list, series=src.series, expect="clean")
 

@@ -12,6 +12,7 @@ from dsv4patch import git
 from dsv4patch.errors import FetchError, LockFileError, NotFetchedError
 from dsv4patch.pins.lock import Source, git_url_problem
 from dsv4patch.pins.source import register
+from dsv4patch.urls import redact
 
 if TYPE_CHECKING:
     from dsv4patch.pins.lock import LockTable, Pin
@@ -30,7 +31,7 @@ class GitSource:
         problem = git_url_problem(url)
         if problem:
             raise LockFileError(
-                f"{table.lock_path}: {table.where}.url = {url!r} is refused: {problem}; use an https://, "
+                f"{table.lock_path}: {table.where}.url = {redact(url)!r} is refused: {problem}; use an https://, "
                 "ssh://, file:// or scp-like user@host:path URL, or a local path"
             )
         if "://" not in url and not url.startswith("/") and ":" not in url:

@@ -553,7 +553,8 @@ def _parse_source(path: Path, where: str, raw: object) -> Source:
 
 _URL_SCHEMES = ("https", "ssh", "git+ssh", "ssh+git", "file")
 _SCP_HOST = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*$")
-_URL_HOST = re.compile(r"^(?:[A-Za-z0-9._~%-]+@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+_URL_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+_URL_USER = re.compile(r"^[A-Za-z0-9._~%-]+$")
 
 
 def git_url_problem(url: str) -> str | None:
@@ -576,11 +577,7 @@ def git_url_problem(url: str) -> str | None:
         scheme, rest = url.split("://", 1)
         if scheme.lower() not in _URL_SCHEMES:
             return f"scheme {scheme!r} is not one of {', '.join(_URL_SCHEMES)}"
-        if scheme.lower() != "file":
-            host = rest.split("/", 1)[0]
-            if not _URL_HOST.match(host):
-                return f"host {host!r} is not a host name"
-        return None
+        return None if scheme.lower() == "file" else _authority_problem(rest)
     if url.startswith("/") or url.startswith("."):
         return None
     head, colon, _ = url.partition(":")
@@ -588,6 +585,25 @@ def git_url_problem(url: str) -> str | None:
         # scp-like [user@]host:path (git reads it so when no '/' comes before ':')
         if not _SCP_HOST.match(head):
             return f"host {head!r} is not a host name"
+    return None
+
+
+def _authority_problem(rest: str) -> str | None:
+    """Why the ``[user@]host[:port]`` that starts ``rest`` (a URL after ``scheme://``) is refused, or None.
+
+    The host is what follows the authority's LAST ``@`` (a password may hold ``@``);
+    the user part is never quoted: it may be a password, and messages are printed.
+    """
+    authority = rest.split("/", 1)[0]
+    user, at, host = authority.rpartition("@")
+    if not _URL_HOST.match(host):
+        if not at and "@" in rest:  # 'https://user:to/ken@host/': '/' ended the authority early
+            return "its host is not a host name, or its user part holds a '/' (a password, which a lock must not hold)"
+        return f"host {host!r} is not a host name"
+    if at and ":" in user:
+        return "it holds a password (user:password@), which a lock (shared, and printed) must not hold"
+    if at and not _URL_USER.match(user):
+        return "its user name holds characters other than letters, digits and . _ ~ % -"
     return None
 
 

@@ -446,6 +446,15 @@ def new_file(path: str, content: str, mode: str = "100644", quoted: bool = False
 @pytest.mark.parametrize("case, body, needle", [
     ("symlink-abs", new_file("vllm/evil", "/etc", mode="120000"), "vllm/evil"),
     ("symlink-up", new_file("vllm/evil", "../../..", mode="120000"), "vllm/evil"),
+    # read lexically s2 is the root; on disk s1/.. is the parent of what s1 points at: the tree's parent
+    ("symlink-down-up", new_file("dsv4probe/s1", ".", mode="120000")
+     + new_file("dsv4probe/s2", "s1/../..", mode="120000"), "dsv4probe/s2"),
+    ("symlink-down-up-inside", new_file("vllm/evil", "../vllm/../vllm", mode="120000"), "vllm/evil"),
+    # a link's target changed (no 'new mode' line, the mode is on the index line) is checked as a new one
+    ("symlink-retarget", new_file("vllm/l", "worker.py", mode="120000")
+     + "diff --git a/vllm/l b/vllm/l\nindex 1111111..2222222 120000\n--- a/vllm/l\n+++ b/vllm/l\n"
+       "@@ -1 +1 @@\n-worker.py\n\\ No newline at end of file\n+../../..\n\\ No newline at end of file\n",
+     "vllm/l"),
     ("attr-ident", new_file(".gitattributes", "*.py ident"), ".gitattributes"),
     ("attr-filter", new_file("vllm/.gitattributes", "*.py filter=evil"), "vllm/.gitattributes"),
     ("attr-eol", new_file(".gitattributes", "# hi\n* eol=crlf"), ".gitattributes"),
@@ -470,6 +479,7 @@ def test_hostile_patch_is_refused(tmp_path, upstream, cli, case, body, needle):
 
 def test_symlink_inside_the_tree_and_harmless_attributes_are_fine(tmp_path, upstream, cli):
     body = (new_file("vllm/alias.py", "worker.py", mode="120000")
+            + new_file("vllm/sub/up.py", "./../worker.py", mode="120000")
             + new_file(".gitattributes", "*.bin binary\n*.py -text diff=python"))
     lock = raw_patch_lock(tmp_path, upstream, body)
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")

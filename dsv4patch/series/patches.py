@@ -52,7 +52,7 @@ class GitHeader:
 
     paths: tuple[str, ...]  # every name git may use: diff --git, ---/+++, rename/copy from/to
     path: str  # the name after the patch
-    new_mode: str | None  # from "new file mode" / "new mode"
+    new_mode: str | None  # from "new file mode" / "new mode", or the mode of an "index a..b MODE" line
     added: tuple[str, ...]  # "+" lines of its hunks, without the "+"
 
 
@@ -304,6 +304,8 @@ class _Section:
             self.hunks = True
         elif line.startswith(("new file mode ", "new mode ")):
             self.mode = line.split()[-1]
+        elif line.startswith("index ") and len(line.split()) == 3 and self.mode is None:
+            self.mode = line.split()[-1]  # 'index a..b 120000': a symlink's target changes, checked as a new one
         elif line.startswith(("--- ", "+++ ")):
             n = _name(line[4:], strip=True)
             self.paths.append(n)
@@ -458,6 +460,25 @@ def _check_path(name: str, p: str, symlinks: set[str]) -> None:
 
 
 def _check_symlink(name: str, h: GitHeader) -> None:
+    """Refuse a symlink the patch creates unless it points inside the tree, whatever links lie on its way.
+
+    Read lexically, ``s2 -> s1/../..`` beside ``s1 -> .`` is the tree's root; on
+    disk ``s1/..`` is the parent of what ``s1`` points at, so ``s2`` is the
+    tree's parent. Hence two rules, both on the patch alone:
+
+    * no ``..`` after a name (going down, maybe through a link, then up): a
+      target is some leading ``..`` and then names going down only;
+    * the lexical check: those leading ``..`` stay at or under the root.
+
+    Together they keep every link inside. The link's own directory is a real
+    directory at the depth its path says (a path through a symlink is refused,
+    by :func:`check_paths` and by git apply), so the leading ``..`` walk up
+    real directories to a directory of the tree. Each name below it is then an
+    entry of a directory inside the tree: a real directory (inside), or a
+    link, itself either the pin's (the sdist's links are checked when it is
+    extracted) or a patch's, checked by these same rules, so it leads inside
+    too; going only down from inside stays inside.
+    """
     target = "\n".join(h.added)
     if not target:
         raise PatchFileError(
@@ -468,6 +489,15 @@ def _check_symlink(name: str, h: GitHeader) -> None:
         raise PatchFileError(
             f"patch {name}: creates symlink {h.path!r} -> {target!r}, which points "
             "outside the tree (absolute); only relative links inside the tree are allowed"
+        )
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    down = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+    if ".." in parts[down:]:
+        raise PatchFileError(
+            f"patch {name}: creates symlink {h.path!r} -> {target!r}, whose '..' follows a name: "
+            "through a symlink that name would lead elsewhere than it reads (outside the tree, "
+            "maybe); write the target as leading '..' then names going down only "
+            f"({posixpath.normpath(target)!r} if no link is on its way)"
         )
     inside = posixpath.normpath(posixpath.join(posixpath.dirname(h.path), target))
     if inside == ".." or inside.startswith("../") or target.startswith("~"):

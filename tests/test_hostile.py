@@ -459,6 +459,22 @@ def new_file(path: str, content: str, mode: str = "100644", quoted: bool = False
     ("attr-filter", new_file("vllm/.gitattributes", "*.py filter=evil"), "vllm/.gitattributes"),
     ("attr-eol", new_file(".gitattributes", "# hi\n* eol=crlf"), ".gitattributes"),
     ("attr-wte", new_file(".gitattributes", "*.py working-tree-encoding=UTF-16"), ".gitattributes"),
+    # a .gitattributes whose lines the patch does not show: renamed or copied from a file an earlier
+    # section (or patch) wrote, written by a binary patch; and one spelt in another case
+    ("attr-rename", new_file("notes-probe.txt", "*.py ident eol=crlf")
+     + "diff --git a/notes-probe.txt b/vllm/.gitattributes\nsimilarity index 100%\n"
+       "rename from notes-probe.txt\nrename to vllm/.gitattributes\n", "vllm/.gitattributes"),
+    ("attr-rename-edit", "diff --git a/vllm/envs.py b/vllm/.gitattributes\nsimilarity index 97%\n"
+                         "rename from vllm/envs.py\nrename to vllm/.gitattributes\n--- a/vllm/envs.py\n"
+                         "+++ b/vllm/.gitattributes\n@@ -1,2 +1,2 @@\n-VAR_0 = 0\n+*.txt binary\n VAR_1 = 1\n",
+     "vllm/.gitattributes"),
+    ("attr-copy", "diff --git a/vllm/envs.py b/.gitattributes\nsimilarity index 100%\n"
+                  "copy from vllm/envs.py\ncopy to .gitattributes\n", ".gitattributes"),
+    ("attr-binary", "diff --git a/vllm/.gitattributes b/vllm/.gitattributes\nnew file mode 100644\n"
+                    "index 0000000000000000000000000000000000000000..575a87bbcec16e56916fa2e5fb1b3c73bc3fd617\n"
+                    "GIT binary patch\nliteral 21\nccmdPWE2vb+Oi9fvQAo|tu}v<@N#kMw08GyY!~g&Q\n\n"
+                    "literal 0\nHcmV?d00001\n\n", "vllm/.gitattributes"),
+    ("attr-case", new_file("vllm/.GitAttributes", "*.py ident"), "vllm/.GitAttributes"),
     ("quoted-dotdot", new_file("\\056\\056/evil", "pwned", quoted=True), "../evil"),
     ("quoted-git", new_file(".\\147it/hooks/post-checkout", "#!/bin/sh", quoted=True), ".git/hooks"),
     ("rename-to", "diff --git a/vllm/envs.py b/vllm/envs.py\nsimilarity index 100%\n"
@@ -475,6 +491,26 @@ def test_hostile_patch_is_refused(tmp_path, upstream, cli, case, body, needle):
     res = cli("apply", "--lock", lock, "--pin", "p", "--tree", tree, "--no-build",
               "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_INPUT and not tree.exists()
+
+
+def test_gitattributes_renamed_from_an_earlier_patchs_file_is_refused(tmp_path, upstream, cli):
+    """Patch A writes attribute lines into a plain file, patch B renames it to .gitattributes (no
+    added lines): refused when the series is loaded, not left for the guard to refuse the tree."""
+    d = tmp_path / "l"
+    d.mkdir()
+    head = ("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+            "From: x <x@x>\nDate: Mon, 1 Jan 2001 00:00:00 +0000\nSubject: [PATCH] {}\n\n---\n")
+    (d / "0001-notes.patch").write_text(head.format("notes") + new_file("notes-probe.txt", "*.py ident eol=crlf"))
+    (d / "0002-move.patch").write_text(head.format("move") + (
+        "diff --git a/notes-probe.txt b/vllm/.gitattributes\nsimilarity index 100%\n"
+        "rename from notes-probe.txt\nrename to vllm/.gitattributes\n"))
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-notes.patch", "0002-move.patch"]})
+    for args in (("check",), ("lock", "--update", "--pin", "p"),
+                 ("apply", "--pin", "p", "--tree", tmp_path / "t", "--no-build")):
+        res = cli(*args, "--lock", lock, "--cache-dir", tmp_path / "c")
+        assert res.rc == EXIT_INPUT, (args, res)
+        assert "0002-move.patch" in res.err and "vllm/.gitattributes is renamed from 'notes-probe.txt'" in res.err
+    assert not (tmp_path / "t").exists()
 
 
 def test_symlink_inside_the_tree_and_harmless_attributes_are_fine(tmp_path, upstream, cli):

@@ -54,6 +54,7 @@ class GitHeader:
     path: str  # the name after the patch
     new_mode: str | None  # from "new file mode" / "new mode", or the mode of an "index a..b MODE" line
     added: tuple[str, ...]  # "+" lines of its hunks, without the "+"
+    unseen: str = ""  # why the file's content after the patch is not all in its lines (a rename, copy, binary)
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,7 @@ class _Section:
     mode: str | None = None
     added: list[str] = field(default_factory=list)
     hunks: bool = False  # past the first "@@": only "+" lines matter now
+    unseen: str = ""  # see GitHeader.unseen
 
     def read(self, line: str) -> None:
         """One line after the section's ``diff --git`` line: names, mode, added lines."""
@@ -312,7 +314,11 @@ class _Section:
             if line.startswith("+++ ") and n:
                 self.to = n
         elif line.startswith(("rename from ", "copy from ")):
-            self.paths.append(_name(line.split(" ", 2)[2], strip=False))
+            source = _name(line.split(" ", 2)[2], strip=False)
+            self.paths.append(source)
+            self.unseen = f"is {'renamed' if line.startswith('rename') else 'copied'} from {source!r}"
+        elif line.startswith("GIT binary patch") or (line.startswith("Binary files ") and line.endswith(" differ")):
+            self.unseen = "is written by a binary patch"
         elif line.startswith(("rename to ", "copy to ")):
             n = _name(line.split(" ", 2)[2], strip=False)
             self.paths.append(n)
@@ -322,7 +328,7 @@ class _Section:
         """The section read: every name it gave (once each), the file git writes, mode, added lines."""
         paths = tuple(dict.fromkeys(p for p in self.paths if p))
         target = self.to or (paths[-1] if paths else "")
-        return GitHeader(paths, target, self.mode, tuple(self.added))
+        return GitHeader(paths, target, self.mode, tuple(self.added), self.unseen)
 
 
 def git_headers(raw: bytes) -> list[GitHeader]:
@@ -431,7 +437,7 @@ def check_patch_text(name: str, headers: Sequence[GitHeader], files: Sequence[Fi
     for h in headers:
         if h.new_mode == "120000":
             _check_symlink(name, h)
-        if PurePosixPath(h.path).name == ".gitattributes":
+        if PurePosixPath(h.path).name.casefold() == ".gitattributes":  # any case, as .git is
             _check_attributes(name, h)
 
 
@@ -521,6 +527,17 @@ def rewriting_attribute(line: str) -> str | None:
 
 
 def _check_attributes(name: str, h: GitHeader) -> None:
+    """Refuse a ``.gitattributes`` the patch writes with a line that rewrites files on checkout.
+
+    Only the lines the patch shows can be checked: a ``.gitattributes`` renamed or
+    copied from another file (whose lines the patch does not hold, and an earlier
+    patch may have written) or written by a binary patch is refused.
+    """
+    if h.unseen:
+        raise PatchFileError(
+            f"patch {name}: {h.path} {h.unseen}, so its attributes cannot be checked; write "
+            ".gitattributes with its lines in the patch (a new file or a text hunk), so its attributes "
+            "are checked")
     for line in h.added:
         attr = rewriting_attribute(line)
         if attr:

@@ -132,3 +132,16 @@ def test_a_word_wider_than_its_room_is_never_split() -> None:
         for line in lines:
             if path not in line:
                 assert len(line.rstrip()) <= width, (width, line)
+
+
+def test_a_token_in_a_urls_user_part_is_never_shown() -> None:
+    """A git URL may carry a token as its user name (`https://TOKEN@host/...`), which the lock accepts; every
+    line the user reads (progress, notes, tables, JSON) goes through report.words, which hides it."""
+    from dsv4patch import report
+
+    line = "fetch p from https://ghp_SECRET123@github.com/acme/vllm.git"
+    assert "SECRET" not in report.words(line) and "https://***@github.com/acme/vllm.git" in report.words(line)
+    assert "SECRET" not in report.literal(line)
+    shown = report._words_in({"url": "ssh://tok:SECRET@h/x", "notes": [line]})
+    assert "SECRET" not in str(shown)
+    assert report.words("mail a@b.example about https://h/r@v1") == "mail a@b.example about https://h/r@v1"

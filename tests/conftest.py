@@ -501,6 +501,38 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
+def cli_bounded(*args: str | Path, timeout: float = 60, memory: int = 2 << 30) -> CliResult:
+    """The CLI in a child process under a deadline and an address-space cap: for hostile files (a FIFO,
+    ``/dev/zero``, a sparse file of gigabytes) where a regression would hang or eat the machine's memory.
+    A run past ``timeout`` fails the test (subprocess.TimeoutExpired), never hangs the suite."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    proc = subprocess.run([sys.executable, "-m", "dsv4patch", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=cap, stdin=subprocess.DEVNULL)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail with TimeoutError if the block runs past ``seconds`` (SIGALRM: a call blocked in open() or
+    read() on a FIFO is interrupted), so an in-process regression cannot hang the suite."""
+    import signal
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 MINI_FILES = {
     "vllm/__init__.py": "",
     "vllm/envs.py": "".join(f"VAR_{i} = {i}\n" for i in range(40)),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git_pin, sdist_pin, sh, write_lock
+from conftest import cli_bounded, git_pin, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_BUSY, EXIT_FETCH, EXIT_INPUT
 from dsv4patch.store import file_mutex
 
@@ -89,6 +89,47 @@ def test_malformed_toml_reports_line_and_column(tmp_path, cli):
     lock = lock_text(tmp_path, '[pins."a"]\nvllm_version = = "1"\n')
     res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
     assert "line 5, column" in res.err
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("fifo", "is a FIFO, not a regular file"),
+    ("device", "is a device, not a regular file"),
+    ("sparse", "is larger than 16777216 bytes"),
+    ("deep-arrays", "nested too deep"),
+    ("deep-tables", "nested too deep"),
+])
+def test_a_lock_that_would_hang_or_exhaust_memory_is_refused(tmp_path, case, needle):
+    """A lock is read through safeio: a FIFO never blocks, /dev/zero and a 17 MiB sparse file are not
+    read past the lock bound (16 MiB), and 100,000 nested arrays are a lock error, not a RecursionError:
+    exit 3 naming the file (these ran for ever, ran out of memory, or exited 70)."""
+    lock = tmp_path / "l.toml"
+    if case == "fifo":
+        os.mkfifo(lock)
+    elif case == "device":
+        lock = Path("/dev/zero")
+    elif case == "sparse":
+        lock.write_text("schema = 1\n")
+        os.truncate(lock, 17 << 20)
+    elif case == "deep-arrays":
+        lock.write_text("schema = 1\na = " + "[" * 100000 + "]" * 100000 + "\n")
+    else:
+        lock.write_text("schema = 1\na = " + "{x=" * 3000 + "1" + "}" * 3000 + "\n")
+    res = cli_bounded("check", "--lock", lock, "--pin", "0.27.1", "--cache-dir", tmp_path / "c", timeout=20)
+    assert res.rc == EXIT_INPUT and needle in res.err and f"{lock}: " in res.err, (res.rc, res.err)
+    assert "internal error" not in res.err
+
+
+def test_a_lock_named_through_a_link_is_read_where_the_link_leads(tmp_path, cli):
+    """The lock the user names may be a link (followed, as any file named on the command line); its
+    relative paths are the real lock file's."""
+    lock = lock_text(tmp_path, '[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n'
+                     '[pins."a".source]\nkind = "git"\nurl = "/x"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "link.toml").symlink_to(lock)
+    from dsv4patch.pins.lock import load
+
+    assert load(elsewhere / "link.toml").series["s"].path == tmp_path / "s.series"
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "malformed", "no-hunks"])

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from dsv4patch.errors import LockFileError
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.pins import read_lock_bytes
 from dsv4patch.series import series_for_pin
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def compute(lock: Lock, pin: Pin) -> dict[str, str]:
         "VLLM_COMMIT": pin.commit,
         "PATCHED_TREE": pin.patched_tree,
         "PATCH_SET_SHA256": patch_set,
-        "LOCK_SHA256": hashlib.sha256(lock.path.read_bytes()).hexdigest(),
+        "LOCK_SHA256": hashlib.sha256(read_lock_bytes(lock.path)).hexdigest(),
         "IMAGE_VERSION": f"{pin.vllm_version}-dsv4.{patch_set[:12]}",
     }
 

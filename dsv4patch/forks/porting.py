@@ -60,6 +60,7 @@ from dsv4patch.pins import (
     kind_of,
     load_lock,
     materialize,
+    read_lock_text,
     valid_pin_name,
     version_commit,
 )
@@ -543,7 +544,7 @@ def _write_staged(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, fina
             variants[p.patch.name] = os.path.relpath(p.patch.path, lock.path.parent)
     (stage / "PORT.md").write_text(port_report(lock, pin, ported))
     written.append(vdir / "PORT.md")
-    doc = tomlkit.parse(lock.path.read_text())
+    doc = tomlkit.parse(read_lock_text(lock.path))
     entry = tomlkit.table()
     entry["vllm_version"] = pin.vllm_version
     entry["commit" if len(pin.commit) == 40 else "commit_abbrev"] = pin.commit

@@ -50,7 +50,7 @@ from dsv4patch.checkout import (
 )
 from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
-from dsv4patch.pins import materialize, open_lock, set_variant, update_derived
+from dsv4patch.pins import materialize, open_lock, read_lock_text, set_variant, update_derived
 from dsv4patch.series import Status, check_pin, has_offsets, run_series, series_for_pin
 from dsv4patch.seriesfile import read_series_file
 
@@ -421,7 +421,7 @@ def _add_own_series(lock_path: Path, pin: Pin, name: str, sfile: Path) -> None:
     sfile.parent.mkdir(parents=True, exist_ok=True)
     if not sfile.exists():
         safeio.atomic_write(sfile, f"# pin {pin.name}'s own patches (dsv4patch refresh)\n")
-    doc = tomlkit.parse(lock_path.read_text(encoding="utf-8"))
+    doc = tomlkit.parse(read_lock_text(lock_path))
     series = doc["series"]
     if name not in series:
         table = tomlkit.table()

@@ -35,7 +35,7 @@ class GitSource:
                 "ssh://, file:// or scp-like user@host:path URL, or a local path"
             )
         if "://" not in url and not url.startswith("/") and ":" not in url:
-            url = str((table.lock_path.parent / url).resolve())
+            url = str((table.lock_path.resolve().parent / url).resolve())
         return Source(kind=self.kind, url=url)
 
     def cache_key(self, pin: Pin) -> str:

@@ -301,28 +301,52 @@ class LockTable:
         return value
 
 
-def load(path: Path) -> Lock:
+# The most of a lock file dsv4patch reads (the repository's is about 15 KiB): docs/trust.md "Bounds".
+LOCK_LIMIT = 16 << 20
+
+
+def read_lock_bytes(path: Path) -> bytes:
+    """The lock file's bytes, through :mod:`dsv4patch.safeio`: a regular file (never a FIFO or a device:
+    no read blocks or runs on), at most :data:`LOCK_LIMIT` bytes.  A link the user names as the lock
+    (``--lock``, ``DSV4PATCH_LOCK``, ``locks/vllm.toml``) is followed, as for any file named on the
+    command line; what it reaches must be a regular file.  Every reader of a lock goes through here."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return safeio.read_bytes(path, LOCK_LIMIT, error=LockFileError, what=f"{path}: the lock file", follow=True)
     except FileNotFoundError:
         raise LockFileError(f"{path}: lock file not found (pass {param('lock')} PATH)") from None
+    except OSError as exc:
+        raise LockFileError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
+
+
+def read_lock_text(path: Path) -> str:
+    """:func:`read_lock_bytes` decoded: a lock file is TOML in UTF-8."""
+    raw = read_lock_bytes(path)
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LockFileError(
             f"{path}: not UTF-8 text (byte {exc.start}); a lock file is TOML in UTF-8"
         ) from None
-    except OSError as exc:
-        raise LockFileError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
+
+
+def load(path: Path) -> Lock:
+    path = Path(path)
+    text = read_lock_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # The message carries "(at line L, column C)".
         raise LockFileError(f"{path}: malformed TOML: {exc}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: 100,000 `[` is not a crash.
+        raise LockFileError(f"{path}: arrays or inline tables nested too deep; a lock file nests a few "
+                            "levels (a pin's tables), refused") from None
     return parse(path, data)
 
 
 def parse(path: Path, data: dict[str, Any]) -> Lock:
-    base = path.parent
+    base = path.resolve().parent  # relative paths are the lock file's, also when ``path`` is a link to it
     top = LockTable(path, "the top level", data, {"schema", "default_pin", "series", "pins", "toolchains", "watch"})
     schema = top.get("schema", int)
     if schema != 1:
@@ -380,7 +404,7 @@ def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
     for key, value in (("torch", torch), ("cuda", cuda)):
         if not VERSION.match(value):
             raise LockFileError(f"{path}: {where}.{key} = {value!r} is not a version such as \"2.13.0\"")
-    req = (path.parent / t.get("requirements", str)).resolve()
+    req = (path.resolve().parent / t.get("requirements", str)).resolve()
     std = t.get("cxx_standard", int, None)
     if std is not None and std not in CXX_STANDARDS:
         raise LockFileError(f"{path}: {where}.cxx_standard = {std!r}; one of "
@@ -499,7 +523,7 @@ def _pin_variants(t: LockTable, path: Path, where: str) -> dict[str, Path]:
                 f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
                 f"file, relative to the lock, got {v!r}"
             )
-    return {k: (path.parent / v).resolve() for k, v in raw_variants.items()}
+    return {k: (path.resolve().parent / v).resolve() for k, v in raw_variants.items()}
 
 
 def _pin_toolchain(t: LockTable, path: Path, where: str,
@@ -611,7 +635,7 @@ def update_derived(path: Path, pin: str, values: Mapping[str, object], source_va
     """Write derived fields of one pin back into the lock, keeping its layout."""
     import tomlkit  # only lock --update writes TOML (keeps comments and layout)
 
-    doc = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
+    doc = tomlkit.parse(read_lock_text(Path(path)))
     table = doc["pins"][pin]
     changed = False
     for key, value in values.items():
@@ -639,7 +663,7 @@ def set_variant(path: Path, pin: str, patch: str, variant: Path) -> None:
     import tomlkit  # writing TOML only (keeps comments and layout); not loaded by read-only commands
 
     path = Path(path)
-    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    doc = tomlkit.parse(read_lock_text(path))
     table = doc["pins"][pin]
     if "variants" not in table:
         table["variants"] = tomlkit.table()

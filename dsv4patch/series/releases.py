@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 from dsv4patch import git, index, safeio
 from dsv4patch.errors import FetchError, IntegrityError, LockFileError
-from dsv4patch.pins import Pin, Source, load_lock, materialize, version_commit
+from dsv4patch.pins import Pin, Source, load_lock, materialize, read_lock_text, version_commit
 from dsv4patch.series import engine
 from dsv4patch.series.patches import load_patch, series_for_pin
 from dsv4patch.urls import redact
@@ -519,7 +519,7 @@ def write_entry(lock_path: Path, report: ReleaseReport) -> ReleaseReport:
     if report.decision != ADOPT or report.entry is None:
         raise LockFileError(f"vLLM {report.version} is not settled ({report.decision}: {report.detail}); "
                             "its entry is not written")
-    text = Path(lock_path).read_text(encoding="utf-8")
+    text = read_lock_text(Path(lock_path))
     doc = tomlkit.parse(text)
     if report.version in doc["pins"]:
         raise LockFileError(f"{lock_path}: pin {report.version!r} exists already")

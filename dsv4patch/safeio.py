@@ -1,8 +1,9 @@
 """Reading and writing files an attacker may have planted: no links, no FIFOs, no unbounded reads.
 
 A state file in a tree's ``.git`` (the tree lock, the apply journal, the
-resolve and port states), a file of an installed vLLM, a wheel member or an
-index page is input dsv4patch does not trust (docs/trust.md).  Opening one
+resolve and port states), the lock, a series or patch file, a file of an
+installed vLLM, a wheel member or an index page is input dsv4patch does not
+trust (docs/trust.md).  Opening one
 with ``open()`` follows a planted symlink (a write then truncates whatever it
 points at), blocks forever on a FIFO, and ``read()`` takes a 3 GiB sparse
 file or ``/dev/zero`` into memory.  Every such open and read goes through
@@ -68,7 +69,7 @@ def _kind(mode: int) -> str:
 def open_regular(
     path: Path | str, flags: int = os.O_RDONLY, mode: int = 0o644, *,
     error: type[Dsv4Error] = UnsafeFileError, what: str = "", dir_fd: int | None = None,
-    follow: bool = False,
+    follow: bool = False, advice: str = "remove it",
 ) -> int:
     """A file descriptor on ``path``, a regular file; never follows a final symlink, never blocks.
 
@@ -78,7 +79,8 @@ def open_regular(
     decides what absence means); a symlink, FIFO, device, directory or socket
     raises ``error`` naming the path.  The descriptor is returned blocking.
     ``follow``: a final symlink is followed (files of an environment the user
-    named, which may be links); what it reaches must still be a regular file.
+    named, which may be links); what it reaches must still be a regular file.  ``advice`` ends the
+    message of a refusal (what the user does about it).
     """
     label = what or str(path)
     trunc = flags & os.O_TRUNC
@@ -89,18 +91,18 @@ def open_regular(
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise error(f"{label} is a symbolic link; refusing to follow it "
-                        "(remove it, dsv4patch never opens a planted link)") from None
+                        f"({advice}, dsv4patch never opens a planted link)") from None
         if exc.errno in (errno.ENXIO, errno.EISDIR, errno.ENODEV, errno.EOPNOTSUPP):
             try:
                 kind = _kind(os.lstat(path, dir_fd=dir_fd).st_mode)
             except OSError:
                 kind = "not a regular file"
-            raise error(f"{label} is {kind}, not a regular file; remove it") from None
+            raise error(f"{label} is {kind}, not a regular file; {advice}") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{label} is {_kind(st.st_mode)}, not a regular file; remove it")
+            raise error(f"{label} is {_kind(st.st_mode)}, not a regular file; {advice}")
         os.set_blocking(fd, True)
         if trunc:
             os.ftruncate(fd, 0)
@@ -131,9 +133,9 @@ def _read_bounded(read: Callable[[int], bytes], limit: int, label: str, error: t
 
 
 def read_bytes(path: Path | str, limit: int = STATE_LIMIT, *, error: type[Dsv4Error] = UnsafeFileError,
-               what: str = "", follow: bool = False) -> bytes:
+               what: str = "", follow: bool = False, advice: str = "remove it") -> bytes:
     """The content of the regular file ``path`` (no link, no FIFO), at most ``limit`` bytes."""
-    fd = open_regular(path, error=error, what=what, follow=follow)
+    fd = open_regular(path, error=error, what=what, follow=follow, advice=advice)
     try:
         return read_fd(fd, limit, label=what or str(path), error=error)
     finally:

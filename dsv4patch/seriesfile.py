@@ -1,34 +1,50 @@
-"""A series file: the patch files it lists, in order, and nothing more.
+"""A series file: the patch files it lists, in order, and nothing more; and the one reader of patch files.
 
 Why this is not in :mod:`.patches`: a warm ``check`` needs the list (the check
 cache's key is the bytes of the files it names) but never a parsed patch, and
 importing the patch records and parser costs a start-up that a cache hit should
 not pay (issue 39).  One patch file per line, relative to the series file;
 ``#`` starts a comment; blank lines are skipped.
+
+Series files and patch files are read through :mod:`dsv4patch.safeio` only (docs/trust.md "Bounds"):
+a regular file (a FIFO never blocks, ``/dev/zero`` is not read), never a link as the file itself, at
+most :data:`SERIES_LIMIT` / :data:`PATCH_LIMIT` bytes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from dsv4patch import safeio
 from dsv4patch.errors import PatchFileError
 
+SERIES_LIMIT = 1 << 20  # a series file: 1 MiB (the repository's list ten names)
+PATCH_LIMIT = 16 << 20  # a patch file: 16 MiB (the repository's largest is under 40 KiB)
 
-def read_series_file(path: Path) -> list[Path]:
+
+def read_series_text(path: Path) -> str:
+    """The series file's text: a regular file of at most :data:`SERIES_LIMIT` bytes, UTF-8."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        raw = safeio.read_bytes(path, SERIES_LIMIT, error=PatchFileError, what=f"series file {path}",
+                                advice="the lock's [series.*] path must name a file listing patch files")
     except FileNotFoundError:
         raise PatchFileError(f"series file {path} not found") from None
-    except UnicodeDecodeError as exc:
-        raise PatchFileError(
-            f"series file {path} is not UTF-8 text (byte {exc.start}); it lists patch files, "
-            "one per line"
-        ) from None
     except OSError as exc:
         raise PatchFileError(
             f"series file {path} cannot be read ({exc.strerror or exc}); the lock's "
             "[series.*] path must name a file listing patch files"
         ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchFileError(
+            f"series file {path} is not UTF-8 text (byte {exc.start}); it lists patch files, "
+            "one per line"
+        ) from None
+
+
+def read_series_file(path: Path) -> list[Path]:
+    lines = read_series_text(path).splitlines()
     out = []
     for line in lines:
         line = line.split("#", 1)[0].strip()
@@ -37,6 +53,24 @@ def read_series_file(path: Path) -> list[Path]:
     if not out:
         raise PatchFileError(f"series file {path} lists no patches")
     return out
+
+
+def read_patch_file(path: Path, name: str) -> bytes:
+    """The bytes of patch file ``path`` (patch ``name``): a regular file of at most :data:`PATCH_LIMIT`
+    bytes, never a link; a missing or unreadable one says what to do.  Every read of a patch file of a
+    series (or a variant) goes through here."""
+    try:
+        return safeio.read_bytes(path, PATCH_LIMIT, error=PatchFileError, what=f"patch {name}: {path}",
+                                 advice="a series lists patch files, regular files in the project")
+    except FileNotFoundError:
+        raise PatchFileError(
+            f"patch {name}: file {path} not found; restore it or remove it from the series"
+        ) from None
+    except OSError as exc:
+        raise PatchFileError(
+            f"patch {name}: {path} cannot be read ({exc.strerror or exc}); a series lists "
+            "patch files"
+        ) from None
 
 
 def unlisted(series_files: list[Path], names: set[str]) -> set[str]:

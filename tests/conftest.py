@@ -515,14 +515,18 @@ def cli_bounded(*args: str | Path, timeout: float = 60, memory: int = 2 << 30) -
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+class Overran(Exception):
+    """A block ran past its :func:`deadline` (not an OSError: no ``except OSError`` swallows it)."""
+
+
 @contextlib.contextmanager
 def deadline(seconds: float) -> Iterator[None]:
-    """Fail with TimeoutError if the block runs past ``seconds`` (SIGALRM: a call blocked in open() or
+    """Fail with :class:`Overran` if the block runs past ``seconds`` (SIGALRM: a call blocked in open() or
     read() on a FIFO is interrupted), so an in-process regression cannot hang the suite."""
     import signal
 
     def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
+        raise Overran(f"still running after {seconds} s")
 
     old = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -149,6 +149,33 @@ def test_bad_patch_file(tmp_path, upstream, cli, kind):
     assert "0001-x.patch" in res.err
 
 
+@pytest.mark.parametrize("case, needle", [
+    ("fifo", "is a FIFO, not a regular file"),
+    ("sparse", "is larger than 16777216 bytes"),
+    ("device-series", "series file /dev/zero is a device"),
+])
+def test_a_patch_or_series_file_that_would_hang_or_exhaust_memory_is_refused(tmp_path, upstream, case, needle):
+    """Patch and series files are read through safeio (seriesfile.read_patch_file, read_series_file): a FIFO
+    patch never blocks, a 2 GiB sparse patch is refused at the patch bound (16 MiB) instead of taking
+    4 GiB of memory, a series path of /dev/zero is not read: exit 3 naming the file."""
+    d = tmp_path / "l"
+    d.mkdir()
+    patch = d / "0001-x.patch"
+    if case == "fifo":
+        os.mkfifo(patch)
+    else:
+        upstream.patch(patch, "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    if case == "sparse":
+        os.truncate(patch, 2 << 30)
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-x.patch"]})
+    if case == "device-series":
+        lock.write_text(lock.read_text().replace('path = "main.series"', 'path = "/dev/zero"'))
+    res = cli_bounded("check", "--lock", lock, "--cache-dir", tmp_path / "c", timeout=30)
+    assert res.rc == EXIT_INPUT and needle in res.err and "internal error" not in res.err, (res.rc, res.err)
+    if case != "device-series":
+        assert f"patch 0001-x.patch: {patch}" in res.err
+
+
 @pytest.mark.parametrize("path, needle", [
     ("/etc/evil", "absolute path"),
     ("vllm/../../evil", "'..'"),

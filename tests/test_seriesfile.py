@@ -6,11 +6,12 @@ the series file, and the errors (missing, a directory, not UTF-8, nothing listed
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, deadline
 from dsv4patch.errors import PatchFileError
 from dsv4patch.seriesfile import read_series_file, unlisted
 
@@ -45,9 +46,26 @@ def test_a_series_file_it_cannot_use_is_named(tmp_path: Path, case: str) -> None
         read_series_file(series)
     message = str(info.value)
     assert str(series) in message
-    expected = {"missing": "not found", "directory": "cannot be read", "not-utf8": "is not UTF-8 text (byte 13)",
+    expected = {"missing": "not found", "directory": "is a directory, not a regular file", "not-utf8": "is not UTF-8 text (byte 13)",
                 "empty": "lists no patches", "comments-only": "lists no patches"}[case]
     assert expected in message, message
+
+
+@pytest.mark.parametrize("case", ["fifo", "sparse"])
+def test_a_series_file_that_would_hang_or_exhaust_memory_is_refused(tmp_path: Path, case: str) -> None:
+    """A series file is read through safeio: a FIFO never blocks, /dev/zero is not read, and a file past
+    the series bound (1 MiB) is refused, each naming the file (a FIFO hung; the 64 MiB file was read
+    whole).  /dev/zero as a series file: tests/test_inputs.py, in a child process under a memory cap."""
+    series = tmp_path / "series"
+    if case == "fifo":
+        os.mkfifo(series)
+    else:
+        series.write_text("0001-a.patch\n")
+        os.truncate(series, 64 << 20)
+    with deadline(20), pytest.raises(PatchFileError) as info:
+        read_series_file(series)
+    needle = {"fifo": "is a FIFO, not a regular file", "sparse": "is larger than 1048576 bytes"}[case]
+    assert f"series file {series}" in str(info.value) and needle in str(info.value), str(info.value)
 
 
 def test_unlisted_names_are_those_no_series_file_lists(tmp_path: Path) -> None:

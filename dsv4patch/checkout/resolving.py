@@ -48,6 +48,7 @@ from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import find_lock, materialize, open_lock, set_variant, update_derived
 from dsv4patch.series import SeriesResult, Status, run_series, series_for_pin
+from dsv4patch.seriesfile import read_patch_file
 
 if TYPE_CHECKING:
     from dsv4patch.guard import Checkout
@@ -140,7 +141,7 @@ def _seed_preimages(path: Path, pin: Pin, patch: Patch, *, ctx: Context) -> list
     the ids still missing.
     """
     lock, store, progress = ctx.lock, ctx.store, ctx.progress
-    wanted = {m.group(1).decode() for m in _INDEX_LINE.finditer(patch.path.read_bytes())}
+    wanted = {m.group(1).decode() for m in _INDEX_LINE.finditer(read_patch_file(patch.path, patch.name))}
     missing = sorted(a for a in wanted if set(a) != {"0"} and git.resolve_blob(path, a) is None)
     others = sorted((p for p in lock.pins.values() if p.name != pin.name),
                     key=lambda p: p.name != lock.default_pin)

@@ -73,7 +73,7 @@ from dsv4patch.series import (
     run_series,
     series_for_pin,
 )
-from dsv4patch.seriesfile import read_series_file
+from dsv4patch.seriesfile import read_patch_file, read_series_file
 from dsv4patch.urls import redact
 
 if TYPE_CHECKING:
@@ -674,7 +674,7 @@ def open_port_workspace(ws: Path, lock: Lock, src: Pin, pin: Pin, new: PinRepo, 
     HEAD's commit, with HEAD detached."""
     k = next(i for i, p in enumerate(ported) if p.action == "conflict")
     conflict = ported[k]
-    prefix = [(p.patch, p.text or p.patch.path.read_text(encoding="utf-8"))
+    prefix = [(p.patch, p.text or read_patch_file(p.patch.path, p.patch.name).decode("utf-8"))
               for p in ported[:k] if p.action != "drop"]
     marked = sorted({c.file for c in conflict.conflicts if c.file in conflict.merged
                      or c.file in conflict.patch.touched})

@@ -52,7 +52,7 @@ from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize, open_lock, read_lock_text, set_variant, update_derived
 from dsv4patch.series import Status, check_pin, has_offsets, run_series, series_for_pin
-from dsv4patch.seriesfile import read_series_file
+from dsv4patch.seriesfile import read_series_file, read_series_text
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Context, Lock, Pin, PinRepo
@@ -338,7 +338,7 @@ def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
         lock = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     for sname, after, name in plan.new_entries:
         sfile = lock.series[sname].path
-        lines = sfile.read_text(encoding="utf-8").splitlines() if sfile.exists() else []
+        lines = read_series_text(sfile).splitlines() if sfile.exists() else []
         at = _line_after(sfile, lines, after)
         rel = os.path.relpath((variants_dir(lock, pin) if sname == where.own_series
                                else lock.series[sname].path.parent) / name, sfile.parent)

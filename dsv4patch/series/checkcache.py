@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import git, safeio
-from dsv4patch.errors import Dsv4Error
+from dsv4patch.errors import Dsv4Error, PatchFileError
 from dsv4patch.hashing import code_identity
 from dsv4patch.series import results
-from dsv4patch.seriesfile import read_series_file, unlisted
+from dsv4patch.seriesfile import read_patch_file, read_series_file, unlisted
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
@@ -93,8 +93,8 @@ def inputs(lock: Lock, pin: Pin, base_tree: str, base_commit: str, git_ver: str,
     if files is None:
         return None
     try:
-        hashed = tuple((s, n, hashlib.sha256(Path(p).read_bytes()).hexdigest()) for s, n, p in files)
-    except OSError:
+        hashed = tuple((s, n, hashlib.sha256(read_patch_file(Path(p), n)).hexdigest()) for s, n, p in files)
+    except (OSError, PatchFileError):  # the slow path reports it
         return None
     return Inputs(base_tree, base_commit, hashed, git_ver, tool)
 

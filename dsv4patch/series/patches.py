@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
-from dsv4patch.seriesfile import read_series_file, unlisted
+from dsv4patch.seriesfile import read_patch_file, read_series_file, unlisted
 
 if TYPE_CHECKING:
     from unidiff.patch import PatchedFile, PatchSet
@@ -164,18 +164,9 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
 
 
 def _patch_bytes(path: Path, name: str) -> bytes:
-    """The patch file's bytes; a missing, unreadable or empty file says what to do."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise PatchFileError(
-            f"patch {name}: file {path} not found; restore it or remove it from the series"
-        ) from None
-    except OSError as exc:
-        raise PatchFileError(
-            f"patch {name}: {path} cannot be read ({exc.strerror or exc}); a series lists "
-            "patch files"
-        ) from None
+    """The patch file's bytes (:func:`dsv4patch.seriesfile.read_patch_file`: bounded, a regular file);
+    a missing, unreadable or empty file says what to do."""
+    raw = read_patch_file(path, name)
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
     return raw

@@ -59,7 +59,7 @@ def test_series_path_that_is_a_directory(tmp_path, cli, one_patch_lock):
     series.unlink()
     series.mkdir()
     res = cli("check", "--lock", one_patch_lock, "--cache-dir", tmp_path / "c")
-    assert res.rc == EXIT_INPUT and "main.series" in res.err and "cannot be read" in res.err
+    assert res.rc == EXIT_INPUT and "main.series" in res.err and "is a directory, not a regular file" in res.err
 
 
 @pytest.mark.parametrize("value", ["5", "true", '["x.patch"]', "{ a = 1 }"])

@@ -112,6 +112,49 @@ def open_regular(
     return fd
 
 
+def open_beneath(base: Path | str, path: Path | str, *, error: type[Dsv4Error] = UnsafeFileError,
+                 what: str = "", advice: str = "remove it") -> int:
+    """:func:`open_regular` for a file that must lie below the directory ``base``: ``path`` (absolute, or
+    relative to the working directory) is taken relative to ``base`` lexically, and every component
+    below ``base`` is opened without following a link (``O_NOFOLLOW``, directory by directory through
+    ``dir_fd``): a link anywhere below ``base``, as a directory or as the file, is ``error``; so is a
+    ``path`` outside ``base``.  ``base`` itself is opened as it is: the caller names it."""
+    label = what or str(path)
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base))
+    parts = Path(rel).parts
+    if not parts or rel == os.curdir or parts[0] == os.pardir:
+        raise error(f"{label} is not below {base}; refused ({advice})")
+    dfd = _open_dir(base)
+    try:
+        walked = Path(base)
+        for part in parts[:-1]:
+            walked = walked / part
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISLNK(os.lstat(part, dir_fd=dfd).st_mode):
+                            raise error(f"{label}: {walked} is a symbolic link; refusing to follow it "
+                                        f"({advice}, dsv4patch never opens a planted link)") from None
+                raise
+            os.close(dfd)
+            dfd = nfd
+        return open_regular(parts[-1], error=error, what=label, dir_fd=dfd, advice=advice)
+    finally:
+        os.close(dfd)
+
+
+def read_beneath(base: Path | str, path: Path | str, limit: int = STATE_LIMIT, *,
+                 error: type[Dsv4Error] = UnsafeFileError, what: str = "", advice: str = "remove it") -> bytes:
+    """:func:`read_bytes` of a file below ``base`` (:func:`open_beneath`: no link anywhere below ``base``)."""
+    fd = open_beneath(base, path, error=error, what=what, advice=advice)
+    try:
+        return read_fd(fd, limit, label=what or str(path), error=error)
+    finally:
+        os.close(fd)
+
+
 def read_fd(fd: int, limit: int, *, label: str, error: type[Dsv4Error] = UnsafeFileError) -> bytes:
     """At most ``limit`` bytes from ``fd`` (read from its current offset); more is ``error``."""
     return _read_bounded(lambda n: os.read(fd, n), limit, label, error)

@@ -4,7 +4,11 @@ Why this is not in :mod:`.patches`: a warm ``check`` needs the list (the check
 cache's key is the bytes of the files it names) but never a parsed patch, and
 importing the patch records and parser costs a start-up that a cache hit should
 not pay (issue 39).  One patch file per line, relative to the series file;
-``#`` starts a comment; blank lines are skipped.
+``#`` starts a comment; blank lines are skipped.  An entry is a path below the
+series file's directory: an absolute one, or one with a ``..`` component, is
+refused (exit 3, "unsafe path"), and a series' patch files are opened without
+following a link anywhere below that directory (:func:`dsv4patch.safeio.open_beneath`),
+so a series never applies a file from outside the project's reviewed patches.
 
 Series files and patch files are read through :mod:`dsv4patch.safeio` only (docs/trust.md "Bounds"):
 a regular file (a FIFO never blocks, ``/dev/zero`` is not read), never a link as the file itself, at
@@ -13,7 +17,7 @@ most :data:`SERIES_LIMIT` / :data:`PATCH_LIMIT` bytes.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from dsv4patch import safeio
 from dsv4patch.errors import PatchFileError
@@ -22,11 +26,19 @@ SERIES_LIMIT = 1 << 20  # a series file: 1 MiB (the repository's list ten names)
 PATCH_LIMIT = 16 << 20  # a patch file: 16 MiB (the repository's largest is under 40 KiB)
 
 
-def read_series_text(path: Path) -> str:
-    """The series file's text: a regular file of at most :data:`SERIES_LIMIT` bytes, UTF-8."""
+def read_series_text(path: Path, *, below: Path | None = None) -> str:
+    """The series file's text: a regular file of at most :data:`SERIES_LIMIT` bytes, UTF-8.  ``below``:
+    the directory it must lie in, with no link anywhere below it (the lock's project: a series path of
+    ``/etc/passwd`` is refused unread, so no line of it is ever shown)."""
+    what = f"series file {path}"
     try:
-        raw = safeio.read_bytes(path, SERIES_LIMIT, error=PatchFileError, what=f"series file {path}",
-                                advice="the lock's [series.*] path must name a file listing patch files")
+        if below is not None:
+            raw = safeio.read_beneath(below, path, SERIES_LIMIT, error=PatchFileError, what=what,
+                                      advice=f"unsafe path: a lock's series files are regular files in its "
+                                             f"project {below}")
+        else:
+            raw = safeio.read_bytes(path, SERIES_LIMIT, error=PatchFileError, what=what,
+                                    advice="the lock's [series.*] path must name a file listing patch files")
     except FileNotFoundError:
         raise PatchFileError(f"series file {path} not found") from None
     except OSError as exc:
@@ -43,25 +55,38 @@ def read_series_text(path: Path) -> str:
         ) from None
 
 
-def read_series_file(path: Path) -> list[Path]:
-    lines = read_series_text(path).splitlines()
+def read_series_file(path: Path, *, below: Path | None = None) -> list[Path]:
+    """The patch files ``path`` lists, in order: each below the series file's directory.  ``below``: as
+    for :func:`read_series_text` (the lock's project)."""
+    lines = read_series_text(path, below=below).splitlines()
     out = []
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line:
-            out.append(path.parent / line)
+            entry = PurePosixPath(line)
+            if entry.is_absolute() or ".." in entry.parts:
+                raise PatchFileError(
+                    f"series file {path}: {line!r} is an unsafe path (absolute, or with a '..' component); "
+                    f"a series lists its patch files by their path below its own directory {path.parent}"
+                )
+            out.append(path.parent / entry)
     if not out:
         raise PatchFileError(f"series file {path} lists no patches")
     return out
 
 
-def read_patch_file(path: Path, name: str) -> bytes:
+def read_patch_file(path: Path, name: str, *, below: Path | None = None) -> bytes:
     """The bytes of patch file ``path`` (patch ``name``): a regular file of at most :data:`PATCH_LIMIT`
-    bytes, never a link; a missing or unreadable one says what to do.  Every read of a patch file of a
-    series (or a variant) goes through here."""
+    bytes, never a link; a missing or unreadable one says what to do.  ``below``: the directory the file
+    must lie in (its series file's, or the project's for a variant), with no link anywhere below it.
+    Every read of a patch file of a series (or a variant) goes through here."""
+    what = f"patch {name}: {path}"
+    advice = "a series lists patch files, regular files in the project"
     try:
-        return safeio.read_bytes(path, PATCH_LIMIT, error=PatchFileError, what=f"patch {name}: {path}",
-                                 advice="a series lists patch files, regular files in the project")
+        if below is not None:
+            return safeio.read_beneath(below, path, PATCH_LIMIT, error=PatchFileError, what=what,
+                                       advice=f"unsafe path: a series' patch files are regular files below {below}")
+        return safeio.read_bytes(path, PATCH_LIMIT, error=PatchFileError, what=what, advice=advice)
     except FileNotFoundError:
         raise PatchFileError(
             f"patch {name}: file {path} not found; restore it or remove it from the series"
@@ -73,8 +98,8 @@ def read_patch_file(path: Path, name: str) -> bytes:
         ) from None
 
 
-def unlisted(series_files: list[Path], names: set[str]) -> set[str]:
+def unlisted(series_files: list[Path], names: set[str], *, below: Path | None = None) -> set[str]:
     """Of ``names`` (patch file names, such as a pin's variants), those no file of ``series_files``
     lists; an unreadable series file is a :class:`PatchFileError`, as for :func:`read_series_file`."""
-    listed = {p.name for f in series_files for p in read_series_file(f)}
+    listed = {p.name for f in series_files for p in read_series_file(f, below=below)}
     return names - listed

@@ -595,14 +595,16 @@ def upstream(tmp_path: Path) -> Upstream:
 
 
 def write_lock(path: Path, pins: dict[str, str], series: dict[str, list[str]] | None = None,
-               extra_top: str = "") -> Path:
-    """A lock at ``path`` with series files next to it (names of patch files)."""
+               extra_top: str = "", series_dir: str = "") -> Path:
+    """A lock at ``path`` with series files next to it, or in ``series_dir`` (relative to the lock's
+    directory, e.g. ``../patches`` beside ``locks/``), listing names of patch files beside them."""
     series = series or {"main": []}
     parts = ["schema = 1", extra_top]
     for name, files in series.items():
-        sfile = path.parent / f"{name}.series"
+        sfile = path.parent / series_dir / f"{name}.series"
         sfile.write_text("".join(f"{f}\n" for f in files))
-        parts.append(f'[series.{name}]\npath = "{sfile.name}"\n')
+        rel = f"{series_dir}/{sfile.name}" if series_dir else sfile.name
+        parts.append(f'[series.{name}]\npath = "{rel}"\n')
     for body in pins.values():
         parts.append(textwrap.dedent(body).strip() + "\n")
     path.write_text("\n".join(parts))

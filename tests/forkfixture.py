@@ -376,5 +376,5 @@ def make_project(root: Path, upstream: object, fork: Fork) -> Path:
     rel = os.path.relpath(fork.path, proj / "locks")
     return write_lock(proj / "locks/vllm.toml",
                       {"up": git_pin("up", upstream), "acme": local_pin("acme", rel, head)},  # type: ignore[arg-type]
-                      {"main": ["../patches/0001-envs.patch", "../patches/0002-worker.patch",
-                                "../patches/0003-new.patch"]})
+                      {"main": ["0001-envs.patch", "0002-worker.patch",
+                                "0003-new.patch"]}, series_dir="../patches")

@@ -26,7 +26,7 @@ def _fork(tmp_path: Path, upstream: Upstream) -> tuple[Path, Path]:
     upstream.patch(root / "patches/0002-worker.patch", "b",
                    {"vllm/worker.py": WORKER.replace("return 0", "return 2")}, "worker: return 2\n\nFix: 2")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-envs.patch", "../patches/0002-worker.patch"]})
+                      {"main": ["0001-envs.patch", "0002-worker.patch"]}, series_dir="../patches")
     fork = tmp_path / "fork"
     sh(tmp_path, "clone", "-q", str(upstream.path), str(fork))  # remote "origin"
     (fork / "FORK.md").write_text("our fork\n")
@@ -337,16 +337,17 @@ def test_everyday_flow_on_a_lived_in_fork(tmp_path, upstream, cli):
 
     # 4. refresh --as-variant: the maintainer's commit becomes a patch of pin acme's own series, never
     # of the series pin up shares (before: appended to it, and `check --pin up` failed from then on).
-    shared = (lock.parent / "main.series").read_text()
+    patches = lock.parent.parent / "patches"  # the series and variants, laid out as the repository's
+    shared = (patches / "main.series").read_text()
     res = cli("refresh", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--as-variant", *cache,
               "--format", "json")
     assert res.rc == 0, res.out + res.err
     rep = json.loads(res.out)
-    new = lock.parent / "variants/acme/0004-acme-on-top-of-the-series.patch"
+    new = patches / "variants/acme/0004-acme-on-top-of-the-series.patch"
     assert rep["patches"]["0004-acme-on-top-of-the-series.patch"] == {"action": "new", "file": str(new)}
     assert any("own series 'acme'" in n and "up" in n for n in rep["notes"]), rep["notes"]
-    assert (lock.parent / "main.series").read_text() == shared
-    assert (lock.parent / "variants/acme/series").read_text().splitlines()[-1] == new.name
+    assert (patches / "main.series").read_text() == shared
+    assert (patches / "variants/acme/series").read_text().splitlines()[-1] == new.name
     assert 'series = ["main", "acme"]' in lock.read_text() and "default = false" in lock.read_text()
     assert "+ACME = 3" in new.read_text() and "Subject: [PATCH 1/1] acme: on top of the series" in new.read_text()
     assert cli("check", "--lock", lock, "--pin", "up", *cache).rc == 0

@@ -1081,7 +1081,7 @@ def test_port_workspace_resolutions_dir_that_is_a_link_is_refused(tmp_path, cli,
     upstream.patch(root / "patches/0001-merge.patch", "a", {"vllm/envs.py": envs.replace("VAR_20 = 20", "VAR_20 = 200")},
                    "one")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-merge.patch"]})
+                      {"main": ["0001-merge.patch"]}, series_dir="../patches")
     (upstream.path / "vllm/envs.py").write_text(envs.replace("VAR_20 = 20", "VAR_20 = 21"))
     sh(upstream.path, "commit", "-qam", "conflict")
     new_commit = sh(upstream.path, "rev-parse", "HEAD")

@@ -152,12 +152,12 @@ def test_bad_patch_file(tmp_path, upstream, cli, kind):
 @pytest.mark.parametrize("case, needle", [
     ("fifo", "is a FIFO, not a regular file"),
     ("sparse", "is larger than 16777216 bytes"),
-    ("device-series", "series file /dev/zero is a device"),
+    ("fifo-series", "is a FIFO, not a regular file"),
 ])
 def test_a_patch_or_series_file_that_would_hang_or_exhaust_memory_is_refused(tmp_path, upstream, case, needle):
     """Patch and series files are read through safeio (seriesfile.read_patch_file, read_series_file): a FIFO
     patch never blocks, a 2 GiB sparse patch is refused at the patch bound (16 MiB) instead of taking
-    4 GiB of memory, a series path of /dev/zero is not read: exit 3 naming the file."""
+    4 GiB of memory, a FIFO series file never blocks: exit 3 naming the file."""
     d = tmp_path / "l"
     d.mkdir()
     patch = d / "0001-x.patch"
@@ -168,12 +168,58 @@ def test_a_patch_or_series_file_that_would_hang_or_exhaust_memory_is_refused(tmp
     if case == "sparse":
         os.truncate(patch, 2 << 30)
     lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": ["0001-x.patch"]})
-    if case == "device-series":
-        lock.write_text(lock.read_text().replace('path = "main.series"', 'path = "/dev/zero"'))
+    if case == "fifo-series":
+        (d / "main.series").unlink()
+        os.mkfifo(d / "main.series")
     res = cli_bounded("check", "--lock", lock, "--cache-dir", tmp_path / "c", timeout=30)
     assert res.rc == EXIT_INPUT and needle in res.err and "internal error" not in res.err, (res.rc, res.err)
-    if case != "device-series":
-        assert f"patch 0001-x.patch: {patch}" in res.err
+    assert (f"series file {d / 'main.series'}" if case == "fifo-series" else f"patch 0001-x.patch: {patch}") in res.err
+
+
+@pytest.mark.parametrize("case", ["entry-dotdot", "entry-absolute", "patch-link", "directory-link"])
+def test_a_series_never_reads_a_patch_from_outside_its_directory(tmp_path, upstream, cli, case):
+    """A series entry of ../../outside.patch or an absolute path, a patch file in the series' directory that
+    is a link to a file elsewhere, or an entry through a linked directory: each was read and applied
+    (check: ok); now exit 3 'unsafe path' naming the series file or the link, and nothing is applied."""
+    d = tmp_path / "l"
+    d.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    upstream.patch(outside / "0001-x.patch", "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    entry = {"entry-dotdot": "../elsewhere/0001-x.patch", "entry-absolute": str(outside / "0001-x.patch"),
+             "patch-link": "0001-x.patch", "directory-link": "sub/0001-x.patch"}[case]
+    if case == "patch-link":
+        (d / "0001-x.patch").symlink_to(outside / "0001-x.patch")
+    elif case == "directory-link":
+        (d / "sub").symlink_to(outside)
+    lock = write_lock(d / "l.toml", {"p": git_pin("p", upstream)}, {"main": [entry]})
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    assert res.rc == EXIT_INPUT and "unsafe path" in res.err, (res.rc, res.out, res.err)
+    if case.startswith("entry"):
+        assert f"series file {d / 'main.series'}: {entry!r} is an unsafe path" in res.err, res.err
+    else:
+        link = d / ("0001-x.patch" if case == "patch-link" else "sub")
+        assert f"{link} is a symbolic link; refusing to follow it" in res.err, res.err
+
+
+@pytest.mark.parametrize("key", ["series", "variant"])
+def test_a_series_file_or_variant_outside_the_lock_s_project_is_an_unsafe_path(tmp_path, upstream, cli, key):
+    """A lock's [series.*] path of /etc/passwd was read as a series file and its first line echoed in the
+    error ('patch bash: file /etc/root:x:0:0:...'); a variant could name any file.  Both must lie in the
+    lock's project (the directory holding locks/, else the lock's own): exit 3 'unsafe path', and nothing
+    of the file is shown."""
+    d = tmp_path / "proj" / "locks"
+    d.mkdir(parents=True)
+    upstream.patch(d / "0001-x.patch", "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    upstream.patch(tmp_path / "0001-x.patch", "v", {"vllm/envs.py": "A = 2\n"}, "outside variant")
+    extra = 'variants = { "0001-x.patch" = "../../0001-x.patch" }' if key == "variant" else ""
+    lock = write_lock(d / "vllm.toml", {"p": git_pin("p", upstream, extra=extra)}, {"main": ["0001-x.patch"]})
+    if key == "series":
+        lock.write_text(lock.read_text().replace('path = "main.series"', 'path = "/etc/passwd"'))
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    where = "series file /etc/passwd" if key == "series" else f"patch 0001-x.patch: {tmp_path / '0001-x.patch'}"
+    assert res.rc == EXIT_INPUT and f"{where} is not below {tmp_path / 'proj'}" in res.err, (res.rc, res.err)
+    assert "unsafe path" in res.err and "root:" not in res.err, res.err
 
 
 @pytest.mark.parametrize("path, needle", [

@@ -142,8 +142,9 @@ def test_sdist_materializes_deterministically(shared_cache, tmp_path, cli):
 def test_warm_cache_needs_no_network(shared_cache, tmp_path, cli):
     """A lock whose URLs point nowhere still checks from a warm cache (and from the blob alone)."""
     text = re.sub(r'url = "[^"]+"', 'url = "http://127.0.0.1:9/unreachable.tar.gz"', LOCK.read_text())
-    text = text.replace('path = "../patches/', f'path = "{LOCK.parent.parent}/patches/')
-    lock = tmp_path / "offline.toml"
+    shutil.copytree(LOCK.parent.parent / "patches", tmp_path / "patches")  # series files lie in the lock's project
+    (tmp_path / "locks").mkdir()
+    lock = tmp_path / "locks" / "offline.toml"
     lock.write_text(text)
     assert cli("check", "--lock", lock, "--pin", "0.27.1", "--cache-dir", shared_cache).rc == 0
     # Only the verified blob, no materialized tree: extraction happens offline too.

@@ -87,7 +87,7 @@ def test_port_refreshes_merges_and_reports_conflicts_on_git_pins(tmp_path, upstr
     upstream.patch(root / "patches/0002-merge.patch", "b",
                    {"vllm/envs.py": MINI_FILES["vllm/envs.py"].replace("VAR_20 = 20", "VAR_20 = 200")}, "two")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-off.patch", "../patches/0002-merge.patch"]})
+                      {"main": ["0001-off.patch", "0002-merge.patch"]}, series_dir="../patches")
     # The new upstream: worker.py shifted by 4 lines (offset), envs.py changed near VAR_20 (3-way).
     (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n# 3\n# 4\n" + worker)
     envs = MINI_FILES["vllm/envs.py"].replace("VAR_17 = 17", "VAR_17 = 17  # moved on")
@@ -153,7 +153,7 @@ def test_a_source_variant_that_applies_exactly_is_kept_as_the_new_pins_variant(t
     rel = "../patches/variants/old/0001-z.patch"
     lock = write_lock(root / "locks/vllm.toml",
                       {"old": git_pin("old", upstream, extra=f'variants = {{ "0001-z.patch" = "{rel}" }}')},
-                      {"main": ["../patches/0001-z.patch"]})
+                      {"main": ["0001-z.patch"]}, series_dir="../patches")
     assert cli("check", "--lock", lock, "--pin", "old", "--cache-dir", tmp_path / "c").rc == 0
     res = cli("port", "--lock", lock, "--from", "old", "--to", new_commit, "--git", upstream.path,
               "--name", "new", "--cache-dir", tmp_path / "c", "--format", "json")
@@ -178,8 +178,8 @@ def test_port_numbers_each_series_on_its_own(tmp_path, upstream, cli):
     upstream.patch(root / "patches/0003-c.patch", "c", {"vllm/envs.py": envs.replace("VAR_5 = 5", "VAR_5 = 50")}, "three")
     lock = write_lock(root / "locks/vllm.toml",
                       {"old": git_pin("old", upstream, extra='series = ["main", "extra"]')},
-                      {"main": ["../patches/0001-a.patch", "../patches/0002-b.patch"],
-                       "extra": ["../patches/0003-c.patch"]})
+                      {"main": ["0001-a.patch", "0002-b.patch"],
+                       "extra": ["0003-c.patch"]}, series_dir="../patches")
     # Every patch needs a refresh: lines shifted at the top of both files.
     (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n" + worker)
     (upstream.path / "vllm/envs.py").write_text("# 1\n# 2\n" + envs)
@@ -210,7 +210,7 @@ def test_port_workspace_opens_at_a_conflict_and_the_rerun_takes_the_resolution(t
     upstream.patch(root / "patches/0002-merge.patch", "b", {"vllm/envs.py": envs.replace("VAR_20 = 20", "VAR_20 = 200")},
                    "two")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-off.patch", "../patches/0002-merge.patch"]})
+                      {"main": ["0001-off.patch", "0002-merge.patch"]}, series_dir="../patches")
     # the new upstream: worker.py shifted (0001 refreshes), VAR_20 changed differently (0002 conflicts)
     (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n" + worker)
     (upstream.path / "vllm/envs.py").write_text(envs.replace("VAR_20 = 20", "VAR_20 = 21"))

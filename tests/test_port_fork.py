@@ -31,7 +31,7 @@ def _project(tmp_path: Path, upstream: Upstream) -> tuple[Path, Path]:
     upstream.patch(root / "patches/0002-up.patch", "b", {"vllm/worker.py": WORKER + "UP = 1\n"},
                    "up\n\nFix: 2\nUpstream-Marker: vllm/worker.py: UP = 1")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-many.patch", "../patches/0002-up.patch"]})
+                      {"main": ["0001-many.patch", "0002-up.patch"]}, series_dir="../patches")
     fork = tmp_path / "fork"
     sh(tmp_path, "clone", "-q", str(upstream.path), str(fork))
     (fork / LONG).write_text("# fork\n# of\n# vllm\n# here\n" + ENVS)

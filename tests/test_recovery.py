@@ -574,7 +574,7 @@ def test_random_interrupts_of_apply_port_and_wheel(tmp_path, cli, wide_lock, ups
     upstream.patch(proj / "patches/0002-merge.patch", "b",
                    {"vllm/envs.py": MINI_FILES["vllm/envs.py"].replace("VAR_20 = 20", "VAR_20 = 200")}, "two")
     write_lock(proj / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-               {"main": ["../patches/0001-off.patch", "../patches/0002-merge.patch"]})
+               {"main": ["0001-off.patch", "0002-merge.patch"]}, series_dir="../patches")
     (upstream.path / "vllm/worker.py").write_text("# 1\n# 2\n# 3\n# 4\n" + worker)
     (upstream.path / "vllm/envs.py").write_text(MINI_FILES["vllm/envs.py"].replace("VAR_17 = 17", "VAR_17 = 17  # on"))
     sh(upstream.path, "commit", "-qam", "drift")

@@ -45,7 +45,7 @@ def _hostile_port(tmp_path: Path, upstream) -> tuple[Path, str]:
     changed = worker.replace("return 0", f"return 2  # {HOSTILE} params.lengths[row_idx];")
     upstream.patch(root / "patches/0001-x.patch", "a", {"vllm/worker.py": changed}, "one")
     lock = write_lock(root / "locks/vllm.toml", {"old": git_pin("old", upstream)},
-                      {"main": ["../patches/0001-x.patch"]})
+                      {"main": ["0001-x.patch"]}, series_dir="../patches")
     # upstream changed the same line its own way: a conflict quoting both lines
     (upstream.path / "vllm/worker.py").write_text(worker.replace("return 0", "return 1  # [b]up[/b] params.lengths[row] > 0 \x1b[32mG"))
     sh(upstream.path, "commit", "-qam", "upstream's own")

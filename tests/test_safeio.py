@@ -349,3 +349,26 @@ def test_a_large_payload_is_handed_to_the_kernel_in_pieces_of_at_most_write_piec
     getattr(safeio, writer)(tmp_path / "big.bin", payload)
     assert (tmp_path / "big.bin").read_bytes() == payload
     assert max(sizes) <= safeio.WRITE_PIECE and len(sizes) >= 3
+
+
+def test_read_beneath_follows_no_link_below_its_base(tmp_path: Path) -> None:
+    """open_beneath / read_beneath: a file below ``base`` is read; a link as the file or as any directory
+    below ``base``, or a path outside ``base``, is refused naming it (what series entries and variants are
+    read through)."""
+    base = tmp_path / "patches"
+    (base / "sub").mkdir(parents=True)
+    (base / "sub" / "a.patch").write_text("ok\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.patch").write_text("not reviewed\n")
+    assert safeio.read_beneath(base, base / "sub" / "a.patch") == b"ok\n"
+    (base / "link.patch").symlink_to(outside / "a.patch")
+    (base / "linked").symlink_to(outside)
+    for path, needle in ((base / "link.patch", "is a symbolic link"),
+                         (base / "linked" / "a.patch", "linked is a symbolic link"),
+                         (outside / "a.patch", f"is not below {base}"),
+                         (base / ".." / "outside" / "a.patch", "is not below")):
+        with pytest.raises(UnsafeFileError, match=needle):
+            safeio.read_beneath(base, path)
+    with pytest.raises(FileNotFoundError):
+        safeio.read_beneath(base, base / "sub" / "gone.patch")

@@ -68,6 +68,18 @@ def test_a_series_file_that_would_hang_or_exhaust_memory_is_refused(tmp_path: Pa
     assert f"series file {series}" in str(info.value) and needle in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("entry", ["../../outside.patch", "/etc/passwd", "sub/../../outside.patch"])
+def test_an_entry_outside_the_series_files_directory_is_an_unsafe_path(tmp_path: Path, entry: str) -> None:
+    """A series lists patch files below its own directory: an absolute entry or one with a '..' component
+    was read and applied (a patch from outside the project's reviewed files); now exit 3, named."""
+    series = tmp_path / "patches" / "series"
+    series.parent.mkdir()
+    series.write_text(f"0001-a.patch\n{entry}\n")
+    with pytest.raises(PatchFileError) as info:
+        read_series_file(series)
+    assert "unsafe path" in str(info.value) and repr(entry) in str(info.value) and str(series) in str(info.value)
+
+
 def test_unlisted_names_are_those_no_series_file_lists(tmp_path: Path) -> None:
     """What a pin's variants are checked against: the names its series list, whichever series a run uses."""
     (tmp_path / "a").write_text("0001-a.patch\nsub/0002-b.patch\n")

@@ -532,7 +532,8 @@ def _write_staged(lock: Lock, pin: Pin, ported: list[Ported], new: PinRepo, fina
                   stage: Path) -> list[Path]:
     written: list[Path] = []
     variants = {}
-    own = {f.resolve() for sname in pin.series for f in read_series_file(lock.series[sname].path)}
+    own = {f.resolve() for sname in pin.series
+           for f in read_series_file(lock.series[sname].path, below=lock.project)}
     for p in ported:
         if p.text:
             (stage / p.patch.name).write_text(p.text)

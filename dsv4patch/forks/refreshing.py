@@ -338,8 +338,8 @@ def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
         lock = open_lock(lock.path, tuple(chosen_series) if chosen_series else None)
     for sname, after, name in plan.new_entries:
         sfile = lock.series[sname].path
-        lines = read_series_text(sfile).splitlines() if sfile.exists() else []
-        at = _line_after(sfile, lines, after)
+        lines = read_series_text(sfile, below=lock.project).splitlines() if sfile.exists() else []
+        at = _line_after(sfile, lines, after, lock.project)
         rel = os.path.relpath((variants_dir(lock, pin) if sname == where.own_series
                                else lock.series[sname].path.parent) / name, sfile.parent)
         lines.insert(at, rel)
@@ -347,12 +347,12 @@ def _write_series_entries(lock: Lock, pin: Pin, where: _Where, plan: _Plan,
     return lock
 
 
-def _line_after(sfile: Path, lines: list[str], after: str | None) -> int:
+def _line_after(sfile: Path, lines: list[str], after: str | None, project: Path) -> int:
     """The index in the series file's ``lines`` just after the entry of patch ``after`` (the end
     when there is none)."""
     if after is None:
         return len(lines)
-    listed = [p.name for p in read_series_file(sfile)]
+    listed = [p.name for p in read_series_file(sfile, below=project)]
     if after not in listed:
         return len(lines)
     idx = listed.index(after)

@@ -173,6 +173,12 @@ class Lock:
             raise ParameterError(f"{_PIN_PARAMETERS[given_as]} {text}")
         raise LockFileError(f"pin {text}")
 
+    @property
+    def project(self) -> Path:
+        """The project the lock belongs to (:func:`project_root`): its series files and variants must lie in
+        it (read through :func:`dsv4patch.safeio.open_beneath`: no link below it)."""
+        return project_root(self.path)
+
     def select(self, names: list[str] | None) -> list[Pin]:
         if not names:
             return list(self.pins.values())

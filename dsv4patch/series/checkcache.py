@@ -72,15 +72,18 @@ def git_version(cwd: Path) -> str:
     return git.run(cwd, ["--version"], repo=False).stdout.strip()
 
 
-def patch_files(lock: Lock, pin: Pin) -> list[tuple[str, str, Path]] | None:
-    """(series, name, file) in series order, variants substituted, as ``series_for_pin``
-    resolves them; None when that would fail (it then reports why on the slow path)."""
+def patch_files(lock: Lock, pin: Pin) -> list[tuple[str, str, Path, Path]] | None:
+    """(series, name, file, the directory it lies below) in series order, variants substituted, as
+    ``series_for_pin`` resolves them; None when that would fail (it then reports why on the slow path)."""
     out = []
     try:
         for sname in pin.series:
-            for ppath in read_series_file(lock.series[sname].path):
-                out.append((sname, ppath.name, pin.variants.get(ppath.name, ppath)))
-        if unlisted([lock.series[s].path for s in pin.lock_series], set(pin.variants)):
+            spath = lock.series[sname].path
+            for ppath in read_series_file(spath, below=lock.project):
+                variant = pin.variants.get(ppath.name)
+                out.append((sname, ppath.name, *((variant, lock.project) if variant is not None
+                                                 else (ppath, spath.parent))))
+        if unlisted([lock.series[s].path for s in pin.lock_series], set(pin.variants), below=lock.project):
             return None
     except Exception:
         return None
@@ -93,7 +96,8 @@ def inputs(lock: Lock, pin: Pin, base_tree: str, base_commit: str, git_ver: str,
     if files is None:
         return None
     try:
-        hashed = tuple((s, n, hashlib.sha256(read_patch_file(Path(p), n)).hexdigest()) for s, n, p in files)
+        hashed = tuple((s, n, hashlib.sha256(read_patch_file(Path(p), n, below=b)).hexdigest())
+                       for s, n, p, b in files)
     except (OSError, PatchFileError):  # the slow path reports it
         return None
     return Inputs(base_tree, base_commit, hashed, git_ver, tool)

@@ -110,7 +110,8 @@ def series_for_pin(lock: Lock, pin: Pin) -> Series:
     (:meth:`dsv4patch.pins.Lock.with_series`), a variant of a patch outside them is not used."""
     relative = (f"paths in a lock are relative to the lock file's directory ({lock.path.parent}); "
                 "a copied lock needs them adjusted")
-    unused = unlisted([_series_path(lock, s, relative) for s in pin.lock_series], set(pin.variants))
+    unused = unlisted([_series_path(lock, s, relative) for s in pin.lock_series], set(pin.variants),
+                      below=lock.project)
     if unused:
         raise PatchFileError(
             f"{lock.path}: pin {pin.name} has variants for {', '.join(sorted(unused))}, "
@@ -119,15 +120,26 @@ def series_for_pin(lock: Lock, pin: Pin) -> Series:
         )
     patches: list[Patch] = []
     for sname in pin.series:
-        for ppath in read_series_file(_series_path(lock, sname, relative)):
-            path = pin.variants.get(ppath.name, ppath)
+        spath = _series_path(lock, sname, relative)
+        for ppath in read_series_file(spath, below=lock.project):
+            path, below = patch_source(lock, pin, ppath, spath)
             if ppath.name in pin.variants and not path.exists():
                 raise PatchFileError(
                     f"{lock.path}: pin {pin.name}'s variant of {ppath.name} names {path}, which does "
                     f"not exist; {relative}"
                 )
-            patches.append(load_patch(path, sname, name=ppath.name))
+            patches.append(load_patch(path, sname, name=ppath.name, below=below))
     return Series(pin=pin.name, patches=tuple(patches))
+
+
+def patch_source(lock: Lock, pin: Pin, listed: Path, series_file: Path) -> tuple[Path, Path]:
+    """The file patch ``listed`` (an entry of ``series_file``) is read from for ``pin`` (its variant, else
+    the entry) and the directory it must lie below with no link: the series file's, the project's for a
+    variant."""
+    variant = pin.variants.get(listed.name)
+    if variant is not None:
+        return variant, lock.project
+    return listed, series_file.parent
 
 
 def _series_path(lock: Lock, sname: str, relative: str) -> Path:
@@ -140,9 +152,11 @@ def _series_path(lock: Lock, sname: str, relative: str) -> Path:
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s*(.*)$")
 
 
-def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
+def load_patch(path: Path, series: str = "", name: str | None = None, *, below: Path | None = None) -> Patch:
+    """The patch file ``path``; ``below``: the directory it must lie in, with no link anywhere below it
+    (its series file's directory, the project for a variant: :func:`dsv4patch.seriesfile.read_patch_file`)."""
     name = name or path.name
-    raw = _patch_bytes(path, name)
+    raw = _patch_bytes(path, name, below)
     text = raw.decode("utf-8", errors="replace")
     headers = tuple(git_headers(raw))
     check_patch_text(name, headers)
@@ -163,10 +177,10 @@ def load_patch(path: Path, series: str = "", name: str | None = None) -> Patch:
     )
 
 
-def _patch_bytes(path: Path, name: str) -> bytes:
+def _patch_bytes(path: Path, name: str, below: Path | None) -> bytes:
     """The patch file's bytes (:func:`dsv4patch.seriesfile.read_patch_file`: bounded, a regular file);
     a missing, unreadable or empty file says what to do."""
-    raw = read_patch_file(path, name)
+    raw = read_patch_file(path, name, below=below)
     if not raw.strip():
         raise PatchFileError(f"patch {name}: {path} is empty; regenerate it with git format-patch")
     return raw

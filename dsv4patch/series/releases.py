@@ -348,7 +348,7 @@ def classify(lock: Lock, pin: Pin, repo: PinRepo) -> tuple[list[PatchClass], dic
             if own.status not in SETTLED:
                 for whose, vpath in _candidates(lock, pin, patch.name):
                     git.read_tree(repo.repo, before, env)
-                    vpatch = load_patch(vpath, patch.series, patch.name)
+                    vpatch = load_patch(vpath, patch.series, patch.name, below=lock.project)
                     res = engine.check_one(repo.repo, env, vpatch)
                     if _rank(res.status) < _rank(best.status):
                         best, via, path, best_patch = res, whose, vpath, vpatch

@@ -63,6 +63,12 @@ def read_series_file(path: Path, *, below: Path | None = None) -> list[Path]:
     for line in lines:
         line = line.split("#", 1)[0].strip()
         if line:
+            bad = next((c for c in line if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+            if bad is not None:
+                raise PatchFileError(
+                    f"series file {path}: {line!r}: the path contains a NUL/control character ({bad!r}); "
+                    "a series lists patch file names, one per line"
+                )
             entry = PurePosixPath(line)
             if entry.is_absolute() or ".." in entry.parts:
                 raise PatchFileError(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_bounded, git_pin, sdist_pin, sh, write_lock
+from conftest import cli_bounded, git_pin, local_pin, sdist_pin, sh, write_lock
 from dsv4patch.errors import EXIT_BUSY, EXIT_FETCH, EXIT_INPUT
 from dsv4patch.store import file_mutex
 
@@ -220,6 +220,29 @@ def test_a_series_file_or_variant_outside_the_lock_s_project_is_an_unsafe_path(t
     where = "series file /etc/passwd" if key == "series" else f"patch 0001-x.patch: {tmp_path / '0001-x.patch'}"
     assert res.rc == EXIT_INPUT and f"{where} is not below {tmp_path / 'proj'}" in res.err, (res.rc, res.err)
     assert "unsafe path" in res.err and "root:" not in res.err, res.err
+
+
+@pytest.mark.parametrize("field", ["series", "requirements", "variant", "local"])
+def test_a_lock_path_with_a_nul_or_control_character_is_a_lock_error(tmp_path, upstream, cli, field):
+    """A NUL in a lock's [series.*] path, a toolchain's requirements, a pin's variants or a local source's
+    path reached the file system as ValueError: embedded null byte (exit 70); now exit 3 naming the
+    field."""
+    d = tmp_path / "l"
+    d.mkdir()
+    upstream.patch(d / "0001-x.patch", "a", {"vllm/envs.py": "A = 1\n"}, "a")
+    extra = 'variants = { "0001-x.patch" = "v/0\\u0000001-x.patch" }' if field == "variant" else ""
+    top = ('[toolchains."t"]\ntorch = "2.13.0"\ncuda = "13.0"\nrequirements = "torch\\u0000.txt"\n'
+           if field == "requirements" else "")
+    pin = (local_pin("p", "vllm\\u0000src", upstream.commit) if field == "local"
+           else git_pin("p", upstream, extra=extra))
+    lock = write_lock(d / "l.toml", {"p": pin}, {"main": ["0001-x.patch"]}, extra_top=top)
+    if field == "series":
+        lock.write_text(lock.read_text().replace('path = "main.series"', 'path = "ma\\u0000in.series"'))
+    res = cli("check", "--lock", lock, "--cache-dir", tmp_path / "c")
+    where = {"series": "[series.main].path", "requirements": '[toolchains."t"].requirements',
+             "variant": '[pins."p"].variants.0001-x.patch', "local": '[pins."p".source].path'}[field]
+    assert res.rc == EXIT_INPUT and f"{lock}: {where} = " in res.err, (res.rc, res.err)
+    assert "the path contains a NUL/control character ('\\x00')" in res.err and "internal error" not in res.err
 
 
 @pytest.mark.parametrize("path, needle", [

@@ -80,6 +80,18 @@ def test_an_entry_outside_the_series_files_directory_is_an_unsafe_path(tmp_path:
     assert "unsafe path" in str(info.value) and repr(entry) in str(info.value) and str(series) in str(info.value)
 
 
+@pytest.mark.parametrize("entry", ["a\x00b.patch", "0002-\x1b[31mred.patch"])
+def test_an_entry_with_a_nul_or_control_character_is_refused(tmp_path: Path, entry: str) -> None:
+    """A NUL in a series entry reached the file system as ValueError: embedded null byte (exit 70); now a
+    PatchFileError (exit 3) naming the series file and the entry, escaped."""
+    series = tmp_path / "series"
+    series.write_bytes(b"0001-a.patch\n" + entry.encode() + b"\n")
+    with pytest.raises(PatchFileError) as info:
+        read_series_file(series)
+    message = str(info.value)
+    assert f"series file {series}: {entry!r}: the path contains a NUL/control character" in message, message
+
+
 def test_unlisted_names_are_those_no_series_file_lists(tmp_path: Path) -> None:
     """What a pin's variants are checked against: the names its series list, whichever series a run uses."""
     (tmp_path / "a").write_text("0001-a.patch\nsub/0002-b.patch\n")

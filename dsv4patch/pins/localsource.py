@@ -27,7 +27,7 @@ class LocalSource:
     checks_base_tree = True
 
     def parse(self, table: LockTable) -> Source:
-        return Source(kind=self.kind, path=(table.lock_path.resolve().parent / table.get("path", str)).resolve())
+        return Source(kind=self.kind, path=(table.lock_path.resolve().parent / table.path("path")).resolve())
 
     def cache_key(self, pin: Pin) -> str:
         return f"git-{pin.commit}"  # the same commit from a remote or a checkout: the same files

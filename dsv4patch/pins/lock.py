@@ -248,6 +248,16 @@ MAX_BUILD_JOBS = 256  # parallel compiles a lock may ask for (a node's cores, no
 MAX_NVCC_THREADS = 64
 
 
+def checked_path(value: str, where: str) -> str:
+    """``value`` if it has no NUL or other control character (C0, DEL, C1); else a :class:`LockFileError`
+    naming ``where``."""
+    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+    if bad is not None:
+        raise LockFileError(f"{where} = {value!r}: the path contains a NUL/control character ({bad!r}); "
+                            "a path in a lock is plain text")
+    return value
+
+
 class LockTable:
     """Typed access to one TOML table with the error context for messages."""
 
@@ -286,6 +296,12 @@ class LockTable:
         if not 1 <= value <= most:
             raise LockFileError(f"{self.lock_path}: {self.where}.{key} must be between 1 and {most}, got {value}")
         return value
+
+    def path(self, key: str) -> str:
+        """``key``'s value, a path (relative to the lock, or absolute): a string with no NUL or other control
+        character (one would reach the file system as an internal ValueError, or name a file no one can
+        type)."""
+        return checked_path(self.get(key, str), f"{self.lock_path}: {self.where}.{key}")
 
     @overload
     def hexid(self, key: str, pattern: re.Pattern[str], what: str) -> str: ...
@@ -363,7 +379,7 @@ def parse(path: Path, data: dict[str, Any]) -> Lock:
         t = LockTable(path, f"[series.{name}]", raw, {"path", "description", "default"})
         series[name] = SeriesDef(
             name=name,
-            path=(base / t.get("path", str)).resolve(),
+            path=(base / t.path("path")).resolve(),
             description=t.get("description", str, ""),
             default=t.get("default", bool, True),
         )
@@ -410,7 +426,7 @@ def _parse_toolchain(path: Path, name: str, raw: object) -> ToolchainDef:
     for key, value in (("torch", torch), ("cuda", cuda)):
         if not VERSION.match(value):
             raise LockFileError(f"{path}: {where}.{key} = {value!r} is not a version such as \"2.13.0\"")
-    req = (path.resolve().parent / t.get("requirements", str)).resolve()
+    req = (path.resolve().parent / t.path("requirements")).resolve()
     std = t.get("cxx_standard", int, None)
     if std is not None and std not in CXX_STANDARDS:
         raise LockFileError(f"{path}: {where}.cxx_standard = {std!r}; one of "
@@ -529,7 +545,8 @@ def _pin_variants(t: LockTable, path: Path, where: str) -> dict[str, Path]:
                 f"{path}: {where}.variants.{k} must be a path (string) to the variant patch "
                 f"file, relative to the lock, got {v!r}"
             )
-    return {k: (path.resolve().parent / v).resolve() for k, v in raw_variants.items()}
+    return {k: (path.resolve().parent / checked_path(v, f"{path}: {where}.variants.{k}")).resolve()
+            for k, v in raw_variants.items()}
 
 
 def _pin_toolchain(t: LockTable, path: Path, where: str,

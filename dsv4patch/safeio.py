@@ -160,6 +160,21 @@ def read_fd(fd: int, limit: int, *, label: str, error: type[Dsv4Error] = UnsafeF
     return _read_bounded(lambda n: os.read(fd, n), limit, label, error)
 
 
+def chunks(fd: int, limit: int, *, label: str, error: type[Dsv4Error] = UnsafeFileError) -> Iterator[bytes]:
+    """``fd``'s bytes from its offset, 1 MiB at a time, never more than ``limit`` in all: a file longer
+    than ``limit`` (or one that grows past it while it is read) is ``error`` once ``limit`` + 1 bytes
+    were read.  For a file too large to hold (a seeded sdist) that is hashed or copied as it is read."""
+    got = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+        if not chunk:
+            return
+        got += len(chunk)
+        if got > limit:
+            raise error(f"{label} is larger than {limit} bytes, the most dsv4patch reads from it; refused")
+        yield chunk
+
+
 def _read_bounded(read: Callable[[int], bytes], limit: int, label: str, error: type[Dsv4Error]) -> bytes:
     """Calls ``read(n)`` until it returns b"", asking for at most one byte past ``limit`` in all;
     more than ``limit`` bytes is ``error``."""

@@ -334,12 +334,13 @@ class Store:
             tmp.unlink(missing_ok=True)
             os.close(fd)
 
-    def seed_blob(self, path: Path, sha256: str) -> bool:
+    def seed_blob(self, path: Path, sha256: str, *, limit: int) -> bool:
         """Copy ``path`` into the cache as blob ``sha256``; False if it was already there.
 
         The copy is hashed, not the original, so a file that changes while it
         is read never enters the cache under the wrong name; no temporary file
-        or directory is left behind.
+        or directory is left behind.  ``path`` is read through :mod:`dsv4patch.safeio`:
+        a regular file (a link the user named is followed), at most ``limit`` bytes.
         """
         dest = self.blob_path(sha256)
         with self.mutex(f"blob-{sha256}"):
@@ -349,10 +350,14 @@ class Store:
             fd, tmp = safeio.create_owned(self.root / "tmp", "seed")
             try:
                 h = hashlib.sha256()
-                with os.fdopen(fd, "wb", closefd=False) as out, open(path, "rb") as src:
-                    for chunk in iter(lambda: src.read(CHUNK), b""):
-                        out.write(chunk)
-                        h.update(chunk)
+                src = safeio.open_regular(path, error=FetchError, what=str(path), follow=True)
+                try:
+                    with os.fdopen(fd, "wb", closefd=False) as out:
+                        for chunk in safeio.chunks(src, limit, label=str(path), error=IntegrityError):
+                            out.write(chunk)
+                            h.update(chunk)
+                finally:
+                    os.close(src)
                 if h.hexdigest() != sha256:
                     raise IntegrityError(f"{path} changed while it was copied into the cache; "
                                          "nothing was cached, run the command again")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import BuildError
+from dsv4patch.seriesfile import read_patch_file
 
 if TYPE_CHECKING:
     from cyclonedx.model import HashType
@@ -121,7 +122,7 @@ def _patch(p: Patch) -> Any:
     from cyclonedx.model.component import Diff, PatchClassification
     from cyclonedx.model.component import Patch as CdxPatch
 
-    raw = p.path.read_bytes()
+    raw = read_patch_file(p.path, p.name)  # bounded, a regular file (docs/trust.md)
     if hashlib.sha256(raw).hexdigest() != p.sha256:
         raise BuildError(f"patch {p.name}: {p.path} changed while the wheel was being built "
                          "(its sha256 is not the one the series was read with); run the command again")

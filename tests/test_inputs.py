@@ -44,9 +44,13 @@ def lock_text(tmp_path: Path, body: str) -> Path:
          '[pins."a".build]\nmax_jobs = 0\n', "[pins.\"a\"].build.max_jobs must be between 1 and 256, got 0"),
         ('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "git"\nurl = "/x"\n'
          '[pins."a".build]\nnvcc_threads = 100000\n', "build.nvcc_threads must be between 1 and 64, got 100000"),
+        *(('[pins."a"]\nvllm_version = "1"\ncommit = "' + "a" * 40 + '"\n[pins."a".source]\nkind = "pypi-sdist"\n'
+           'name = "vllm"\nversion = "1"\nsha256 = "' + "ab" * 32 + f'"\nsize = {size}\n',
+           f'[pins."a".source].size must be a size in bytes between 1 and {1 << 40}, got {size}')
+          for size in ("-1", "0", "99999999999999999")),
     ],
     ids=["toml", "unknown-key", "missing-key", "short-commit", "bad-kind", "unknown-series", "zero-jobs",
-         "thread-bomb"],
+         "thread-bomb", "size-negative", "size-zero", "size-absurd"],
 )
 def test_bad_lock(tmp_path, cli, body, needle):
     lock = lock_text(tmp_path, body)

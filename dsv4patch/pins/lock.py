@@ -38,6 +38,8 @@ ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
 WHEEL_PLATFORMS = ("x86_64", "aarch64")
 
 
+MAX_FILE_SIZE = 1 << 40  # a pinned file's size in the lock: at most 1 TiB (vLLM's sdist ~40 MB, wheels ~400 MB)
+
 @dataclass(frozen=True)
 class Source:
     kind: str
@@ -295,6 +297,14 @@ class LockTable:
         value = self.get(key, int, default)
         if not 1 <= value <= most:
             raise LockFileError(f"{self.lock_path}: {self.where}.{key} must be between 1 and {most}, got {value}")
+        return value
+
+    def byte_size(self, key: str) -> int | None:
+        """An optional size in bytes, 1 byte to 1 TiB (a download's bound: negative, zero or absurd is refused)."""
+        value = self.get(key, int, None)
+        if value is not None and not 1 <= value <= MAX_FILE_SIZE:
+            raise LockFileError(f"{self.lock_path}: {self.where}.{key} must be a size in bytes between 1 and "
+                                f"{MAX_FILE_SIZE}, got {value}")
         return value
 
     def path(self, key: str) -> str:
@@ -571,7 +581,7 @@ def _parse_wheels(path: Path, where: str, raw: dict[str, Any]) -> dict[str, Whee
         t = LockTable(path, f"{where}.{plat}", entry, {"url", "sha256", "size"})
         wheels[plat] = WheelFile(
             platform=plat, url=download_url(path, f"{where}.{plat}", t.get("url", str)),
-            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.get("size", int, None),
+            sha256=t.hexid("sha256", HEX64, "a 64-hex sha256"), size=t.byte_size("size"),
         )
     return wheels
 

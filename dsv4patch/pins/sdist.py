@@ -38,7 +38,7 @@ class SdistSource:
             name=table.get("name", str),
             version=table.get("version", str),
             sha256=table.hexid("sha256", HEX64, "a 64-hex sha256"),
-            size=table.get("size", int, None),
+            size=table.byte_size("size"),
             url=download_url(table.lock_path, table.where, table.get("url", str, "")),
         )
 

@@ -162,6 +162,14 @@ class GitError(Dsv4Error):
     kind = "git"
 
 
+class MissingObjectError(GitError):
+    """A user's checkout lacks an object git needs (its object store is incomplete or damaged): the
+    checkout's state to mend, not a bug (exit 5).  A GitError, so what catches git's failures still does."""
+
+    exit_code = EXIT_TREE
+    kind = "tree"
+
+
 def disk_trouble(text: str) -> bool:
     """Does an error text (git's stderr, an OSError) say the file system refused a write?"""
     lowered = text.lower()

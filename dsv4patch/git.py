@@ -34,6 +34,7 @@ fork's filter driver.  Bare repositories are dsv4patch's own (the cache).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import childproc, settings
-from dsv4patch.errors import ChildError, GitError, Interrupted
+from dsv4patch.errors import ChildError, GitError, Interrupted, MissingObjectError
 
 # Identity and date used for every commit dsv4patch makes: same inputs, same ids.
 IDENTITY = {
@@ -121,6 +122,9 @@ _CONFIG = [
     "-c", "protocol.https.allow=always",
     "-c", "protocol.ssh.allow=always",
     "-c", "protocol.file.allow=always",
+    # A repository's own ssh command never runs (a partial clone's lazy fetch would run it; the guard
+    # refuses those): plain ``ssh`` from PATH, what git runs anyway with GIT_SSH* not passed on.
+    "-c", "core.sshCommand=ssh",
     "-c", "gc.auto=0",
     "-c", "maintenance.auto=false",
     "-c", "init.defaultBranch=main",
@@ -206,6 +210,7 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = 
         GIT_CONFIG_GLOBAL=os.devnull,
         GIT_ATTR_NOSYSTEM="1",
         GIT_NO_REPLACE_OBJECTS="1",
+        GIT_NO_LAZY_FETCH="1",  # git >= 2.44: never fetch an object a partial clone lacks (the guard refuses those)
         GIT_TERMINAL_PROMPT="0",
         GIT_PAGER="cat",
         LC_ALL="C",
@@ -303,8 +308,39 @@ def run(
     raw = _execute(cwd, args, env, data, repo, tied)
     res = Result(raw.returncode, raw.stdout.decode(errors="surrogateescape"), raw.stderr.decode(errors="replace"))
     if check and not res.ok:
-        raise GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{res.stderr.strip()}")
+        raise _failed(cwd, args, res.stderr)
     return res
+
+
+# What git says when a repository lacks an object it needs or holds a corrupt one (git 2.39 to 2.4x):
+# ``cat-file``'s "bad file", ``read-tree``'s "invalid object", "bad object", "unable to read <id>",
+# "missing blob object" (a partial clone with lazy fetching off), a corrupt or empty loose object.
+_MISSING_OBJECT = re.compile(
+    r"cat-file [0-9a-f]{7,}: bad file|invalid object|bad (tree )?object|unable to read\b.*\b[0-9a-f]{40}"
+    r"|missing (blob|tree|commit|tag) object|object file \S+ is empty|loose object \S+ .*is corrupt"
+    r"|could not read [0-9a-f]{40}", re.I)
+
+
+def _failed(cwd: Path, args: Sequence[str], stderr: str) -> GitError:
+    """The error for a git call that failed: in a user's checkout (a work tree :func:`guarding` holds)
+    whose repository lacks an object, :class:`MissingObjectError` (exit 5, the checkout's to mend)."""
+    text = stderr.strip()
+    if _held_work_tree(cwd):
+        hit = next((line for line in text.splitlines() if _MISSING_OBJECT.search(line)), None)
+        if hit:
+            return missing_object(cwd, hit.strip())
+    return GitError(f"git {' '.join(args[:3])} failed in {cwd}:\n{text}")
+
+
+def _held_work_tree(cwd: Path) -> bool:
+    return os.path.realpath(os.path.abspath(cwd)) in _GUARDED
+
+
+def missing_object(cwd: Path, what: str) -> MissingObjectError:
+    return MissingObjectError(
+        f"the git repository of {cwd} lacks an object git needs, or holds a damaged one (git: {what}). "
+        f"Mend it first (`git -C {cwd} fsck` names what is missing or damaged; fetch it again from where "
+        "it came, or use a full clone), then run the command again")
 
 
 def out(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
@@ -502,7 +538,7 @@ def out_bytes(repo: Path, *args: str) -> bytes:
     """stdout of ``git <args>`` as bytes (file contents); GitError on failure."""
     raw = _execute(repo, args, None, None)
     if raw.returncode != 0:
-        raise GitError(f"git {' '.join(args[:3])} failed in {repo}: {raw.stderr.decode(errors='replace')}")
+        raise _failed(repo, args, raw.stderr.decode(errors="replace"))
     return raw.stdout
 
 
@@ -523,6 +559,8 @@ def cat_blobs(repo: Path, oids: Sequence[str]) -> dict[str, bytes]:
     for oid in wanted:
         end = data.find(b"\n", pos)
         head = data[pos:end].decode(errors="replace").split() if end >= 0 else []
+        if head[1:] == ["missing"] and _held_work_tree(repo):
+            raise missing_object(repo, f"{oid} missing")
         if len(head) != 3 or head[1] != "blob" or not head[2].isdigit():
             raise GitError(f"git cat-file --batch in {repo}: {oid} is not a blob ({' '.join(head) or 'no answer'})")
         size = int(head[2])

@@ -347,14 +347,59 @@ def _config_problems(files: list[Path], repo: Path | None, what: str, problems: 
         _repo_config_problems(repo, problems)
 
 
-def _repo_config_problems(repo: Path, problems: list[str]) -> None:
+def _repo_config_problems(repo: Path, problems: list[str], *, role: str = "--tree",
+                          creatable: bool = False) -> None:
     """What git itself assembles for ``repo`` (includeIf conditions evaluated, config.worktree):
-    the same rule, once every file it reads is known to be a regular one."""
+    the same rule, once every file it reads is known to be a regular one.  A partial clone is
+    refused outright (:func:`_partial_clone`)."""
     if problems:
         return
-    for origin, name, _value in git.config_list(repo, includes=True):
+    entries = git.config_list(repo, includes=True)
+    _partial_clone(repo, entries, role, creatable)
+    for origin, name, _value in entries:
         if _DRIVER.match(name.lower()):
             problems.append(f"the repository: config {name} (in {origin.removeprefix('file:')})")
+
+
+_FALSE = ("false", "no", "off", "0")
+
+
+def _partial_clone(path: Path, entries: list[tuple[str, str, str]], role: str, creatable: bool) -> None:
+    """TreeError (exit 5) when the checkout is a partial clone: ``extensions.partialClone``, or a remote
+    that is a promisor (``remote.<name>.promisor`` true, or a ``remote.<name>.partialCloneFilter``, which
+    makes it one).  git fetches every object such a repository lacks from that remote the moment it
+    reads it, and the fetch runs what the repository's config names (``remote.<name>.uploadpack`` for a
+    ``file://`` remote, ``core.sshCommand`` for ``ssh://``; a request to any https host).  No git call
+    of dsv4patch has read a blob yet when this is asked (only ``rev-parse`` and ``config`` ran)."""
+    found: list[str] = []
+    remotes: list[str] = []
+    for origin, name, value in entries:
+        where = origin.removeprefix("file:")
+        key = name.lower()
+        section, _, rest = key.partition(".")
+        sub, _, leaf = rest.rpartition(".")
+        if key == "extensions.partialclone":
+            found.append(f"extensions.partialClone={value} in {where}")
+            remotes.append(value)
+        elif section == "remote" and sub and leaf == "promisor" and value.lower() not in _FALSE:
+            remote = name[len("remote."):-len(".promisor")]
+            found.append(f"remote.{remote}.promisor={value or 'true'} in {where}")
+            remotes.append(remote)
+        elif section == "remote" and sub and leaf == "partialclonefilter":
+            remote = name[len("remote."):-len(".partialclonefilter")]
+            found.append(f"remote.{remote}.partialCloneFilter={value} in {where}")
+            remotes.append(remote)
+    if not found:
+        return
+    remote = next((r for r in remotes if r), "origin")
+    raise TreeError(
+        f"{role} {path} is a partial clone ({'; '.join(found)}): git would fetch each object it lacks from "
+        "that remote while dsv4patch reads the tree, running the fetch command the repository's config names "
+        "(remote.<name>.uploadpack, core.sshCommand); dsv4patch runs none of it and touched nothing. Make it a "
+        f"full clone first (`git -C {path} config --unset remote.{remote}.partialclonefilter; "
+        f"git -C {path} fetch --refetch {remote}`, then unset the settings named with `git -C {path} config "
+        f"--unset`), or point {role} at a full clone (`git clone` without --filter)"
+        + (", or at a new (absent or empty) directory and dsv4patch creates the tree" if creatable else ""))
 
 
 def rewriting_attribute(line: str) -> str | None:
@@ -426,7 +471,7 @@ def _vet(path: Path, role: str, creatable: bool) -> Checkout:
                 or os.path.realpath(real_common) != os.path.realpath(common) or inside != "true"):
             raise _not_a_checkout(path, role, creatable=creatable,
                                   why=f"git reads {real_gitdir} (common {real_common}) for it, not {gitdir}")
-        _repo_config_problems(path, problems)
+        _repo_config_problems(path, problems, role=role, creatable=creatable)
         attributes = [common / "info" / "attributes"]
         if gitdir != common:
             attributes.append(gitdir / "info" / "attributes")

@@ -63,7 +63,8 @@ exit codes:
        the others marked not-fetched)
   5    the target tree is dirty, at another commit or not a tree of the pin named (status
        too), not a dsv4patch tree, has unsafe git settings (drivers, rewriting
-       attributes: also in included files, submodules, a worktree's common .git) or a
+       attributes: also in included files, submodules, a worktree's common .git; a
+       partial clone), lacks an object git needs, or has a
        link, FIFO or malformed state file in .git where
        dsv4patch reads or writes, has an untracked or ignored file where the series
        writes, holds changes an interrupted apply did not make, or cannot be written

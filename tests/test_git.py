@@ -10,6 +10,7 @@ import pytest
 
 from conftest import sh
 from dsv4patch import git, guard
+from dsv4patch.errors import MissingObjectError
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +74,7 @@ def test_tree_entries_and_blobs_in_one_call_each_take_names_literally(tmp_path: 
         assert blobs[got[p].oid] == git.cat_blob(repo, got[p].oid)
     assert blobs[got["a.txt"].oid] == b"one\ntwo\n" and blobs[got["link"].oid] == b"a.txt"
     assert git.tree_entries(repo, head, []) == {} and git.cat_blobs(repo, []) == {}
-    with pytest.raises(git.GitError, match="is not a blob"):
+    with pytest.raises(MissingObjectError, match=f"lacks an object .*{'0' * 40} missing"):  # a work tree's: exit 5
         git.cat_blobs(repo, [got["a.txt"].oid, "0" * 40])
     with pytest.raises(git.GitError, match="is not a blob"):
         git.cat_blobs(repo, [got["bin"].oid])
@@ -222,3 +223,41 @@ def test_holds_of_one_checkout_may_end_in_any_order(tmp_path):
     second.__exit__(None, None, None)
     with pytest.raises(git.UnguardedCheckout):
         git.out(repo, "rev-parse", "--is-inside-work-tree")
+
+
+def test_a_lazy_fetch_runs_no_command_of_the_repositorys_and_a_missing_object_is_exit_5(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hostile probe D1, behind the guard (which refuses a partial clone): were one ever held unvetted, git's
+    fetch of an object it lacks ran the repository's `core.sshCommand`.  git now runs plain `ssh` from PATH
+    for it (what dsv4patch's own ssh fetches run, which still work), git >= 2.44 fetches nothing
+    (GIT_NO_LAZY_FETCH), and the object that stays missing is the checkout's to mend (exit 5), not 70."""
+    import os
+
+    from dsv4patch.errors import EXIT_TREE
+
+    repo, head = _repo(tmp_path)
+    ran = tmp_path / "RAN"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("ssh", "repo-ssh"):
+        (bin_ / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{ran}'\nexit 1\n")
+        (bin_ / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    oid = sh(repo, "rev-parse", "HEAD:a.txt")
+    (repo / ".git" / "objects" / oid[:2] / oid[2:]).unlink()
+    for key, value in (("core.repositoryformatversion", "1"), ("extensions.partialClone", "acme"),
+                       ("remote.acme.promisor", "true"), ("remote.acme.url", "ssh://example.invalid/acme.git"),
+                       ("core.sshCommand", str(bin_ / "repo-ssh"))):
+        sh(repo, "config", key, value)
+    with pytest.raises(MissingObjectError) as err:
+        git.cat_blob(repo, oid)
+    assert err.value.exit_code == EXIT_TREE and oid in str(err.value) and f"git -C {repo} fsck" in str(err.value)
+    lines = ran.read_text().splitlines() if ran.exists() else []
+    assert not any(line.startswith("repo-ssh") for line in lines), lines
+    # dsv4patch's own fetch over ssh (a `git` pin's URL, into the cache's bare repository) runs PATH's ssh.
+    bare = tmp_path / "cache.git"
+    git.run(tmp_path, ["init", "-q", "--bare", str(bare)], repo=False)
+    ran.unlink(missing_ok=True)
+    assert not git.fetch_commit(bare, "ssh://example.invalid/vllm.git", head).ok
+    lines = ran.read_text().splitlines()
+    assert lines and lines[0].startswith("ssh ") and "example.invalid" in lines[0] and "git-upload-pack" in lines[0]

@@ -275,3 +275,76 @@ def test_only_a_caller_that_creates_trees_offers_a_new_directory(tmp_path: Path)
     assert str(offered.value).endswith("; point --tree at the top directory of a checkout, or at a new (absent or "
                                        "empty) directory and dsv4patch creates the tree")
     assert os.listdir(d) == ["sub"]  # nothing written
+
+
+def _lose_blob(fork: Fork, path: str) -> str:
+    """Delete the loose object of ``path``'s blob at HEAD (the fork's own hard-linked copy): what a
+    partial clone (`git clone --filter=blob:none`) lacks until git fetches it on demand."""
+    oid = fork.git("rev-parse", f"HEAD:{path}")
+    (fork.path / ".git" / "objects" / oid[:2] / oid[2:]).unlink()
+    return oid
+
+
+def _fetch_program(fork: Fork, name: str) -> Path:
+    """A program a fetch runs: it writes a marker and fails at once (no talk with git to wait on)."""
+    script = _program(fork, name)
+    script.write_text(f"#!/bin/sh\necho \"{name} $*\" >> '{fork.markers / 'RAN'}'\nexit 1\n")
+    return script
+
+
+# How a checkout makes git fetch an object it lacks (git 2.39: each one alone is enough), and the
+# setting that names the fetch's command: its uploadpack for a file:// remote, core.sshCommand for ssh.
+PARTIAL = {
+    "extension": [("core.repositoryformatversion", "1"), ("extensions.partialClone", "acme"),
+                  ("remote.acme.url", "file:///nonexistent/acme.git")],
+    "promisor": [("remote.acme.promisor", "true"), ("remote.acme.url", "file:///nonexistent/acme.git")],
+    "filter": [("remote.acme.partialCloneFilter", "blob:none"), ("remote.acme.url", "file:///nonexistent/acme.git")],
+    "ssh": [("core.repositoryformatversion", "1"), ("extensions.partialClone", "acme"),
+            ("remote.acme.promisor", "true"), ("remote.acme.url", "ssh://example.invalid/acme.git")],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PARTIAL))
+def test_a_partial_clone_is_refused_before_git_fetches_what_it_lacks(tmp_path, upstream, cli, kind):
+    """hostile probe D1: a checkout that is a partial clone made `status --tree` and `apply` run its
+    `remote.<name>.uploadpack` (or `core.sshCommand`): git fetched the blob it lacked from the promisor
+    remote, and apply then exited 70.  Refused (exit 5) before any git reads a blob, the setting named."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    for path in ("vllm/worker.py", "vllm/envs.py"):
+        _lose_blob(fork, path)
+    for key, value in PARTIAL[kind]:
+        fork.git("config", key, value)
+    fork.git("config", "remote.acme.uploadpack", str(_fetch_program(fork, "uploadpack")))
+    fork.git("config", "core.sshCommand", str(_fetch_program(fork, "ssh")))
+    before = fork.snapshot()
+    f, cache = str(fork.path), ("--cache-dir", tmp_path / "c")
+    for argv in (("status", "--lock", lock, "--pin", "up", "--tree", f),
+                 ("apply", "--lock", lock, "--pin", "up", "--tree", f, "--branch", "dsv4", "--no-build", *cache)):
+        res = cli(*argv)
+        assert fork.ran() == [], (argv, fork.ran())
+        assert res.rc == EXIT_TREE and "is a partial clone" in res.err, (argv, res.rc, res.err)
+        setting = {"extension": "extensions.partialClone=acme", "promisor": "remote.acme.promisor=true",
+                   "filter": "remote.acme.partialCloneFilter=blob:none", "ssh": "extensions.partialClone=acme"}[kind]
+        assert f"{setting} in {fork.path / '.git' / 'config'}" in res.err, res.err
+        assert f"git -C {fork.path} fetch --refetch acme" in res.err, res.err
+        fork.assert_kept(before)
+
+
+def test_a_checkout_that_lacks_an_object_is_a_tree_error(tmp_path, upstream, cli):
+    """hostile probe D1: a checkout whose object store lacks a blob the series reads made apply exit 70
+    (an internal error: `git cat-file blob ... failed`).  It is the checkout's to mend: exit 5, named."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    oid = _lose_blob(fork, "vllm/worker.py")
+    before = fork.snapshot()
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--branch", "dsv4", "--no-build",
+              "--cache-dir", tmp_path / "c", "--format", "json")
+    assert res.rc == EXIT_TREE, (res.rc, res.out, res.err)
+    import json
+
+    error = json.loads(res.out)["error"]
+    assert error["kind"] == "tree" and error["exit_code"] == EXIT_TREE, error
+    assert f"the git repository of {fork.path} lacks an object" in error["message"] and oid in error["message"]
+    assert f"git -C {fork.path} fsck" in error["message"], error
+    fork.assert_kept(before)

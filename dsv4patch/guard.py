@@ -14,7 +14,8 @@ command touches such a checkout, :func:`guarded` vets it once:
   live in the main repository's ``.git``), both confirmed by git;
 * the config git reads for it (the repository's, ``config.worktree`` and every
   file they include, ``includeIf`` ones too, each a regular file: never a FIFO
-  that would hang git): no filter, diff or merge driver;
+  that would hang git): no filter, diff or merge driver; not a partial clone
+  (whose fetch of a missing object runs the remote's command); SHA-1 objects;
 * the attributes git applies to it (``info/attributes`` in the common directory
   and in its own git directory, every ``.gitattributes`` in the work tree,
   tracked, untracked or ignored): nothing that makes the files on disk differ
@@ -37,13 +38,16 @@ itself (nothing of a user's in it yet).
 :meth:`Checkout.in_the_way` is the second promise: a move never overwrites a
 file the user did not commit.  Paths the move writes that hold an untracked or
 ignored file (git's ``read-tree -m -u`` and ``reset --hard`` overwrite ignored
-ones without a word) are refused with their names.
+ones without a word) are refused with their names, and so is any index entry git is
+told not to compare with the work tree (``assume-unchanged``, ``skip-worktree``:
+:meth:`Checkout.hidden`), whose edit no clean check sees.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -113,8 +117,42 @@ class Checkout:
         hidden = git.ignored(self.path, names)
         return [f"{n} (ignored)" if n in hidden else n for n in names]
 
+    def hidden(self) -> list[tuple[str, str]]:
+        """Index entries git is told not to compare with the work tree, with the flag:
+        ``assume-unchanged`` (``git update-index --assume-unchanged``: ``ls-files -v`` tags it in lower
+        case) or ``skip-worktree`` (tag ``S``; ``s`` when both).  An edit in such a file is invisible
+        to ``git status``, ``read-tree -m -u`` refuses the move ("not uptodate") and ``reset --hard``
+        overwrites or skips it."""
+        found = []
+        for item in git.ls_files(self.path, "-v"):
+            tag, _, name = item.partition(" ")
+            if tag in ("S", "s"):
+                found.append((name, "skip-worktree" + (" and assume-unchanged" if tag == "s" else "")))
+            elif tag.islower():
+                found.append((name, "assume-unchanged"))
+        return found
+
+    def refuse_hidden(self, what: str) -> None:
+        """TreeError (exit 5) naming the files :meth:`hidden` finds and how to clear each flag."""
+        found = self.hidden()
+        if not found:
+            return
+        shown = ", ".join(f"{n} ({flag})" for n, flag in found[:10]) + (
+            f", ... ({len(found)} in all)" if len(found) > 10 else "")
+        flags = sorted({f for _n, flag in found for f in flag.split(" and ")})
+        name = shlex.quote(found[0][0]) if len(found) == 1 else "FILE"
+        how = " and ".join(f"`git -C {shlex.quote(str(self.path))} update-index --no-{f} {name}`" for f in flags)
+        raise TreeError(
+            f"{self.path}: {what} would move files the index tells git not to look at: {shown}. git cannot "
+            "see an edit in them (nor can dsv4patch's check that the tree is clean), and a move would "
+            "refuse, skip or overwrite them. Nothing was changed. Keep what you changed there (commit it, or "
+            f"copy it aside), clear the flag ({how}" + (", for each file named" if len(found) > 1 else "")
+            + "), then run the command again")
+
     def refuse_in_the_way(self, target: str, what: str, extra: Sequence[str] = ()) -> None:
-        """TreeError (exit 5) naming the files :meth:`in_the_way` finds; nothing is touched."""
+        """TreeError (exit 5) naming the files :meth:`in_the_way` finds, or the index entries :meth:`hidden`
+        finds; nothing is touched."""
+        self.refuse_hidden(what)
         found = self.in_the_way(target, extra)
         if found:
             shown = ", ".join(found[:10]) + (f", ... ({len(found)} in all)" if len(found) > 10 else "")
@@ -355,6 +393,7 @@ def _repo_config_problems(repo: Path, problems: list[str], *, role: str = "--tre
     if problems:
         return
     entries = git.config_list(repo, includes=True)
+    _object_format(repo, entries, role)
     _partial_clone(repo, entries, role, creatable)
     for origin, name, _value in entries:
         if _DRIVER.match(name.lower()):
@@ -362,6 +401,20 @@ def _repo_config_problems(repo: Path, problems: list[str], *, role: str = "--tre
 
 
 _FALSE = ("false", "no", "off", "0")
+
+
+def _object_format(path: Path, entries: list[tuple[str, str, str]], role: str) -> None:
+    """TreeError (exit 5) when the repository's objects are not SHA-1 (``extensions.objectFormat``): the
+    lock's commits and tree ids are SHA-1 ones, and git reads a SHA-1 index or object store under another
+    format as garbage or fails."""
+    for origin, name, value in entries:
+        if name.lower() == "extensions.objectformat" and value.lower() != "sha1":
+            where = origin.removeprefix("file:")
+            raise TreeError(
+                f"{role} {path}: extensions.objectFormat={value} (in {where}): dsv4patch reads only SHA-1 "
+                "repositories (the lock's commits and tree ids are SHA-1) and touched nothing. Point "
+                f"{role} at a SHA-1 clone; if this repository is a SHA-1 one and the setting a mistake, "
+                f"remove it (`git -C {path} config --unset extensions.objectFormat`)")
 
 
 def _partial_clone(path: Path, entries: list[tuple[str, str, str]], role: str, creatable: bool) -> None:

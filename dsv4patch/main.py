@@ -64,10 +64,10 @@ exit codes:
   5    the target tree is dirty, at another commit or not a tree of the pin named (status
        too), not a dsv4patch tree, has unsafe git settings (drivers, rewriting
        attributes: also in included files, submodules, a worktree's common .git; a
-       partial clone), lacks an object git needs, or has a
+       partial clone; not SHA-1), lacks an object git needs, or has a
        link, FIFO or malformed state file in .git where
-       dsv4patch reads or writes, has an untracked or ignored file where the series
-       writes, holds changes an interrupted apply did not make, or cannot be written
+       dsv4patch reads or writes, has an untracked or ignored file (or an edit hidden
+       by assume-unchanged or skip-worktree) where the series writes, holds changes an interrupted apply did not make, or cannot be written
        (check: a local pin's checkout not at its commit is marked source-moved, the
        other pins are still checked)
   6    another dsv4patch run holds the cache or tree lock (DSV4PATCH_LOCK_TIMEOUT)

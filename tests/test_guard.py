@@ -348,3 +348,54 @@ def test_a_checkout_that_lacks_an_object_is_a_tree_error(tmp_path, upstream, cli
     assert f"the git repository of {fork.path} lacks an object" in error["message"] and oid in error["message"]
     assert f"git -C {fork.path} fsck" in error["message"], error
     fork.assert_kept(before)
+
+
+@pytest.mark.parametrize("flag", ["assume-unchanged", "skip-worktree"])
+def test_an_edit_the_index_hides_is_refused_before_the_journal(tmp_path, upstream, cli, flag):
+    """hostile probe D10a: a local edit hidden by `git update-index --assume-unchanged` (or --skip-worktree)
+    on a file the series writes made apply fail inside `git read-tree -m` (exit 70) after it had written
+    the move's journal, so every later apply was refused with advice (`git reset --hard`) that destroys
+    the edit.  Refused (exit 5) before the journal or a branch, the file and flag named with how to clear it."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    worker = fork.path / "vllm" / "worker.py"
+    mine = worker.read_text() + "# my local edit\n"
+    worker.write_text(mine)
+    fork.git("update-index", f"--{flag}", "vllm/worker.py")
+    before = fork.snapshot()
+    argv = ("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--no-build", "--cache-dir", tmp_path / "c")
+    for extra in (("--branch", "dsv4"), ("--branch", "dsv4", "--3way")):
+        res = cli(*argv, *extra)
+        assert res.rc == EXIT_TREE, (extra, res.rc, res.err)
+        assert f"vllm/worker.py ({flag})" in res.err and "Nothing was changed" in res.err, res.err
+        assert f"`git -C {fork.path} update-index --no-{flag} vllm/worker.py`" in res.err, res.err
+        assert not (fork.path / ".git" / "dsv4patch-apply.json").exists()
+        assert worker.read_text() == mine
+        fork.assert_kept(before)
+    # Cleared, the edit is what it is: a change git sees, refused as such; the edit kept.
+    fork.git("update-index", f"--no-{flag}", "vllm/worker.py")
+    res = cli(*argv, "--branch", "dsv4")
+    assert res.rc == EXIT_TREE and "vllm/worker.py" in res.err and "not look at" not in res.err, res.err
+    assert worker.read_text() == mine
+
+
+def test_a_repository_of_another_object_format_is_refused_by_the_guard(tmp_path, upstream, cli):
+    """hostile probe D10b: `extensions.objectFormat = sha256` on the checkout made apply exit 70 (git read
+    its SHA-1 index as another format).  The guard refuses it (exit 5, the setting and its file named), as
+    it does `core.repositoryformatversion = 99`."""
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    before = fork.snapshot()
+    config = fork.path / ".git" / "config"
+    mine = config.read_text()
+    config.write_text(mine.replace("repositoryformatversion = 0", "repositoryformatversion = 1")
+                      + "[extensions]\n\tobjectFormat = sha256\n")
+    for argv in (("status", "--lock", lock, "--pin", "up", "--tree", fork.path),
+                 ("apply", "--lock", lock, "--pin", "up", "--tree", fork.path, "--branch", "dsv4", "--no-build",
+                  "--cache-dir", tmp_path / "c")):
+        res = cli(*argv)
+        assert res.rc == EXIT_TREE, (argv, res.rc, res.err)
+        assert f"extensions.objectFormat=sha256 (in {fork.path / '.git' / 'config'})" in res.err, res.err
+        assert "only SHA-1" in res.err and f"git -C {fork.path} config --unset extensions.objectFormat" in res.err
+    config.write_text(mine)  # the test's own git cannot read the repository with it
+    fork.assert_kept(before)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import git, safeio
-from dsv4patch.errors import GitError, TreeError
+from dsv4patch.errors import GitError, ParameterError, TreeError
 
 # Settings that name a program git runs on file contents (it cannot be pinned off by name:
 # the driver's name is the repository's choice), per the config's (lower-cased) key.
@@ -180,6 +180,9 @@ def guarded(path: Path, *, role: str = "--tree", creatable: bool = False) -> Ite
     its settings name programs or rewrite files; nothing has been written then.  ``creatable``: the
     caller creates a tree at an absent or empty ``path`` (apply), which the message then offers."""
     path = Path(os.path.abspath(path))
+    if "\n" in str(path):  # git answers one path a line (rev-parse): refused before any git runs
+        raise ParameterError(f"{role} {str(path)!r}: the path holds a newline, which git's answers cannot "
+                             f"carry (one path a line); use a checkout whose path has none")
     key = os.path.realpath(path)
     held = _HELD.get(key)
     if held is not None:
@@ -518,7 +521,8 @@ def _vet(path: Path, role: str, creatable: bool) -> Checkout:
         if not found.ok:
             why = found.stderr.strip().splitlines()[-1] if found.stderr.strip() else "git does not read it as one"
             raise _not_a_checkout(path, role, creatable=creatable, why=why)
-        real_gitdir, real_common, inside = (found.stdout.splitlines() + ["", "", ""])[:3]
+        # One answer a line; only "\n" ends one (a path may hold "\r", "\v"... that splitlines would split).
+        real_gitdir, real_common, inside = (found.stdout.split("\n") + ["", "", ""])[:3]
         real_common = os.path.normpath(os.path.join(path, real_common))  # relative to the tree, or absolute
         if (os.path.realpath(real_gitdir) != os.path.realpath(gitdir)
                 or os.path.realpath(real_common) != os.path.realpath(common) or inside != "true"):

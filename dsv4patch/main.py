@@ -51,7 +51,7 @@ exit codes:
        status --installed: a file that is not the patched one, a link, FIFO or too large)
   2    bad command line, option value or environment variable (DSV4PATCH_LOCK_TIMEOUT,
        DSV4PATCH_DOWNLOAD_TIMEOUT, DSV4PATCH_DOWNLOAD_MIN_RATE, DSV4PATCH_GIT_TIMEOUT:
-       finite and in range), or a
+       finite and in range; a checkout path holding a newline), or a
        --python that cannot be started or whose answers are not a Python's
   3    bad lock file or patch file (malformed, not UTF-8, unknown keys, refused URL,
        unsafe paths, names or content; a --resolutions entry that is a link)

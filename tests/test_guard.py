@@ -399,3 +399,38 @@ def test_a_repository_of_another_object_format_is_refused_by_the_guard(tmp_path,
         assert "only SHA-1" in res.err and f"git -C {fork.path} config --unset extensions.objectFormat" in res.err
     config.write_text(mine)  # the test's own git cannot read the repository with it
     fork.assert_kept(before)
+
+
+def test_a_checkout_path_with_a_newline_is_a_usage_error_before_anything_is_made(tmp_path, upstream, cli):
+    """hostile probe D11: `apply --tree $'nl\\ntree'` created the tree, then refused it as "not the root of
+    a git checkout" (the guard split git's answer on the newline), leaving an unpatched tree behind.
+    A newline in --tree, --workspace, --local or a local pin's path is refused up front (exit 2, the path
+    named) and nothing is created; a path with a carriage return (which splitlines() also split) works."""
+    from dsv4patch import guard
+    from dsv4patch.errors import ParameterError
+
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    cache = ("--cache-dir", tmp_path / "c")
+    new = tmp_path / "nl\ntree"
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", new, "--no-build", *cache)
+    assert res.rc == EXIT_USAGE and repr(str(new)) in res.err and "newline" in res.err, (res.rc, res.err)
+    assert sorted(p.name for p in tmp_path.iterdir() if "nl" in p.name) == []
+    moved = tmp_path / "acme\nmoved"
+    fork.path.rename(moved)
+    for argv in (("status", "--lock", lock, "--pin", "up", "--tree", moved),
+                 ("apply", "--lock", lock, "--pin", "up", "--tree", moved, "--no-build", *cache),
+                 ("port", "--lock", lock, "--from", "up", "--local", moved, "--dry-run", *cache),
+                 ("port", "--lock", lock, "--from", "up", "--local", tmp_path, "--workspace", moved, *cache),
+                 ("port", "--abort", "--workspace", moved)):
+        res = cli(*argv)
+        assert res.rc == EXIT_USAGE and "holds a newline" in res.err, (argv, res.rc, res.err)
+    with pytest.raises(ParameterError, match="pin acme's local checkout '.*acme\\\\nmoved': the path holds a newline"):
+        with guard.guarded(moved, role="pin acme's local checkout"):
+            pass
+    moved.rename(fork.path)
+    odd = tmp_path / "cr\rtree"
+    res = cli("apply", "--lock", lock, "--pin", "up", "--tree", odd, "--no-build", *cache)
+    assert res.rc == 0, (res.rc, res.err)
+    res = cli("status", "--lock", lock, "--pin", "up", "--tree", odd)
+    assert res.rc == 0, (res.rc, res.err)

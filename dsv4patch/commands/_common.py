@@ -170,6 +170,15 @@ def default_tree(pin: str | None, lock: Path | None) -> Path:
     raise UsageError(f"{len(found)} trees under {base}: choose one ({choices}) or give --pin")
 
 
+def refuse_newline(option: str, path: Path | None) -> None:
+    """UsageError (exit 2) for a checkout's path (``--tree``, ``--workspace``, ``--local``) holding a
+    newline: git answers with one path a line, so such a checkout cannot be read (refused before
+    anything is created there; the guard refuses one any other way too)."""
+    if path is not None and "\n" in str(path):
+        raise UsageError(f"{option} {str(path)!r}: the path holds a newline, which git's answers cannot carry "
+                         f"(one path a line); give {option} a directory whose path has none")
+
+
 def checked_tree(given: Path) -> Path:
     """A ``--tree``: a directory, or a path that does not exist yet (apply creates it).
 
@@ -177,6 +186,7 @@ def checked_tree(given: Path) -> Path:
     directory, so a relative --tree can never be resolved against another cwd
     (or reach the repository that encloses it)."""
     path = Path(os.path.abspath(given))
+    refuse_newline("--tree", path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--tree {path}: not a directory; --tree names a vLLM source tree")
     if not path.exists() and path.is_symlink():

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from dsv4patch.pins import open_lock
     from dsv4patch.proofs import verify
 
+    _common.refuse_newline("--workspace", args.workspace)
+    _common.refuse_newline("--local", args.local)
     if args.abort:
         if args.workspace is None:
             raise UsageError("--abort needs --workspace DIR (the workspace to give up)")

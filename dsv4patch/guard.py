@@ -353,7 +353,7 @@ def _includes(entries: list[tuple[str, str, str]], problems: list[str], what: st
         if not _INCLUDE.match(key.lower()) or not value:
             continue
         base = Path(origin.removeprefix("file:")).parent
-        if value.startswith("~/"):
+        if value.startswith("~"):  # `~/` and `~user/`, as git expands them (HOME is passed on to git)
             target = Path(os.path.expanduser(value))
         elif value.startswith("%(prefix)/"):
             continue  # relative to git's install prefix: git's own files

@@ -177,6 +177,27 @@ def test_a_fifo_in_the_config_includes_is_refused_not_read(tmp_path, upstream):
     assert code == EXIT_TREE and str(fifo) in err and "not a regular file" in err, err
 
 
+@pytest.mark.parametrize("form", ["~user/", "~/"])
+def test_a_fifo_included_through_a_home_directory_is_refused_not_read(tmp_path, upstream, form):
+    """hostile probe D12: the guard expanded only `~/` in include.path; git also expands `~user/`, so an
+    include of a FIFO named that way was never vetted and git blocked until DSV4PATCH_GIT_TIMEOUT (exit 8,
+    an hour by default).  Both forms are vetted like any include: exit 5 at once, the file named."""
+    import pwd
+
+    fork = make_fork(tmp_path / "acme", upstream.path, upstream.commit, hostile=False)
+    lock = make_project(tmp_path, upstream, fork)
+    fifo = tmp_path / "acme.fifo"
+    os.mkfifo(fifo)
+    entry = pwd.getpwuid(os.getuid())
+    home = entry.pw_dir if form == "~user/" else os.path.expanduser("~")
+    value = (f"~{entry.pw_name}/" if form == "~user/" else "~/") + os.path.relpath(fifo, home)
+    with open(fork.path / ".git" / "config", "a") as fh:
+        fh.write(f"[include]\n\tpath = {value}\n")
+    code, err = _apply_within(tmp_path, lock, fork, f"the FIFO the fork's config includes as {value}")
+    assert code == EXIT_TREE and "not a regular file" in err, err
+    assert os.path.realpath(err.split("includes, ")[1].split(" is not")[0]) == str(fifo), err
+
+
 # Files git opens in its own directory or in the work tree without asking what they are: each
 # hung `git status` (or every git call) when it was a FIFO (git 2.39, checked before the guard).
 FIFO_PATHS = (".git/HEAD", ".git/index", ".git/packed-refs", ".git/shallow", ".git/info/grafts",

@@ -11,7 +11,7 @@ README and ``--help`` (``main.EPILOG``); keep the three in sync.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 # Exit codes (keep in sync with README "Exit codes" and main.EPILOG).
@@ -199,3 +199,15 @@ def writing(cls: type[Dsv4Error], where: str, advice: str) -> Iterator[None]:
         if not disk_trouble(str(exc)):
             raise
         raise cls(f"cannot write in {where}: {exc}\n{advice}") from None
+
+
+def did_you_mean(typed: Sequence[str], choices: Sequence[str], *, most: int = 1, quote: bool = False,
+                 sep: str = " or ") -> str:
+    """``"; did you mean X?"``: the ``most`` nearest ``choices`` to each typed word that has any (difflib,
+    cutoff 0.6), once each, shown with ``repr`` when ``quote``, joined by ``sep``; ``""`` when none is near.
+    The one suggestion of a mistyped command, option, pin or release."""
+    import difflib
+
+    near = [m for word in typed for m in difflib.get_close_matches(word, list(choices), n=most, cutoff=0.6)]
+    shown = [repr(n) if quote else n for n in dict.fromkeys(near)]
+    return f"; did you mean {sep.join(shown)}?" if shown else ""

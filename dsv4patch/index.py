@@ -45,7 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from dsv4patch import settings
-from dsv4patch.errors import FetchError, ParameterError
+from dsv4patch.errors import FetchError, ParameterError, did_you_mean
 from dsv4patch.safeio import loads_json
 from dsv4patch.urls import http_url_problem, redact, redact_text
 
@@ -426,11 +426,8 @@ def find_sdist(name: str, version: str) -> SdistInfo:
     if filename not in files:
         prefix = f"{name}-"
         listed = sorted({f[len(prefix):-len(".tar.gz")] for f in files if f.startswith(prefix) and f.endswith(".tar.gz")})
-        import difflib
-
-        near = difflib.get_close_matches(version, listed, n=3, cutoff=0.6)
         raise FetchError(f"{redact(index)}/{normalize(name)}/ has no release {version} (no sdist {filename})"
-                         + (f"; did you mean {' or '.join(near)}?" if near else ""))
+                         + did_you_mean([version], listed, most=3))
     if not files[filename][1]:
         raise FetchError(f"{redact(index)}/{normalize(name)}/ lists {filename} without a sha256: it cannot be verified")
     url, sha, size = files[filename]

@@ -37,6 +37,7 @@ from dsv4patch.errors import (
     EXIT_INTERRUPTED,
     Dsv4Error,
     UsageError,
+    did_you_mean,
 )
 from dsv4patch.report import SCHEMA_VERSION, literal
 from dsv4patch.settings import Settings
@@ -86,16 +87,6 @@ exit codes:
 _INVALID_COMMAND = re.compile(r"argument COMMAND: invalid choice: '(.*)' \(choose from ")
 
 
-def _did_you_mean(typed: Sequence[str], choices: Sequence[str], quote: bool = False) -> str:
-    """``"; did you mean X?"`` naming the nearest choice to each typed word that has one (difflib, cutoff 0.6),
-    else ``""``."""
-    import difflib
-
-    near = [m[0] for word in typed if (m := difflib.get_close_matches(word, choices, n=1, cutoff=0.6))]
-    shown = [repr(n) if quote else n for n in dict.fromkeys(near)]
-    return f"; did you mean {' '.join(shown)}?" if shown else ""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line raises UsageError (so --format json can report it)."""
 
@@ -110,7 +101,7 @@ class _Parser(argparse.ArgumentParser):
                 "\n".join(block)
         typo = _INVALID_COMMAND.match(message)
         if typo:  # a mistyped command: the nearest one, if any is near
-            message += _did_you_mean([typo.group(1)], COMMANDS, quote=True)
+            message += did_you_mean([typo.group(1)], COMMANDS, quote=True, sep=" ")
         raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
 
     def parse_command_line(self, argv: Sequence[str]) -> argparse.Namespace:
@@ -121,7 +112,7 @@ class _Parser(argparse.ArgumentParser):
             command = self.commands.get(getattr(args, "command", "") or "", self)
             message = f"unrecognized arguments: {' '.join(extra)}"
             options = [s for action in command._actions for s in action.option_strings]
-            message += _did_you_mean([a.split("=", 1)[0] for a in extra if a.startswith("-")], options)
+            message += did_you_mean([a.split("=", 1)[0] for a in extra if a.startswith("-")], options, sep=" ")
             raise UsageError(f"{message}\n{command.format_usage().rstrip()}")
         return args
 

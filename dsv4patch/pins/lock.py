@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 from dsv4patch import safeio
-from dsv4patch.errors import LockFileError, ParameterError, param
+from dsv4patch.errors import LockFileError, ParameterError, did_you_mean, param
 from dsv4patch.nextstep import Step, mention
 
 if sys.version_info >= (3, 11):
@@ -166,11 +166,8 @@ class Lock:
         found = self.pins.get(chosen)
         if found is not None:
             return found
-        import difflib
-
-        near = difflib.get_close_matches(chosen, list(self.pins), n=2, cutoff=0.6)
         text = (f"{chosen!r}: no such pin in {self.path}; its pins are: {', '.join(self.pins)}"
-                + (f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""))
+                + did_you_mean([chosen], list(self.pins), most=2, quote=True))
         if name and given_as:
             raise ParameterError(f"{_PIN_PARAMETERS[given_as]} {text}")
         raise LockFileError(f"pin {text}")

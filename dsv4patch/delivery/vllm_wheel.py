@@ -89,23 +89,32 @@ PROVENANCE = "dsv4patch.json"
 LOCAL_PREFIX = "dsv4"
 
 
-def kernels_hash(members: dict[str, bytes]) -> str:
-    """sha256 over the kernel package's members (names and contents): library, build info, runtime."""
+def member_digests(members: dict[str, bytes]) -> dict[str, bytes]:
+    """Each member's sha256 digest: hashed once per run (the 21 MB library is most of a warm
+    ``wheel``'s kernel step), then used for the package hash, RECORD rows and the SBOM."""
+    return {name: hashlib.sha256(data).digest() for name, data in members.items()}
+
+
+def kernels_hash(members: dict[str, bytes], digests: dict[str, bytes] | None = None) -> str:
+    """sha256 over the kernel package's members (names and contents): library, build info, runtime.
+    ``digests``: :func:`member_digests` of ``members``, where the caller has them."""
+    digests = member_digests(members) if digests is None else digests
     h = hashlib.sha256()
     for name in sorted(members):
-        h.update(name.encode() + b"\0" + hashlib.sha256(members[name]).digest())
+        h.update(name.encode() + b"\0" + digests[name])
     return h.hexdigest()
 
 
-def local_version(pin: Pin, series: Series, kernels: dict[str, bytes] | None = None) -> str:
-    """``<vllm>+dsv4.<patch set 12 hex>[.k<kernel package 12 hex>]``.
+def local_version(pin: Pin, series: Series, kernels_sha256: str | None = None) -> str:
+    """``<vllm>+dsv4.<patch set 12 hex>[.k<kernel package 12 hex>]`` (``kernels_sha256``:
+    :func:`kernels_hash` of the kernel package).
 
     The stock wheel is fixed by the pin (lock sha256); what dsv4patch adds is the
     patch set and, when the patches change kernels, the kernel package: both are
     in the label, so two wheels with different contents never share a file name.
     """
     label = f"{pin.vllm_version}+{LOCAL_PREFIX}.{series.hash()[:12]}"
-    return label + (f".k{kernels_hash(kernels)[:12]}" if kernels else "")
+    return label + (f".k{kernels_sha256[:12]}" if kernels_sha256 else "")
 
 
 @dataclass
@@ -117,6 +126,20 @@ class KernelPackage:
     # path -> the member as the kernel wheel stores it (compressed; its content is ``members``'s,
     # CRC-checked): copied into the vLLM wheel as is instead of compressed a second time
     raws: dict[str, zipcopy.Raw] = field(default_factory=dict)
+    digests: dict[str, bytes] = field(default_factory=dict)  # member_digests(members), made once
+
+    def __post_init__(self) -> None:
+        if self.digests.keys() != self.members.keys():
+            self.digests = member_digests(self.members)
+
+    @property
+    def package_sha256(self) -> str:
+        """:func:`kernels_hash` of the package (from the digests, no member hashed again)."""
+        return kernels_hash(self.members, self.digests)
+
+    def record_row(self, path: str) -> tuple[str, str, str]:
+        """The RECORD row of member ``path`` (``zipcopy.record_row``'s, from its digest)."""
+        return path, "sha256=" + record_b64(self.digests[path]), str(len(self.members[path]))
 
 
 _MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")
@@ -517,7 +540,7 @@ def _build(tree: PatchedTree, stock_path: Path, stock: WheelFile, kernels: Kerne
            out_dir: Path, checks: _Checks, verdicts: Path | None, loaded: StockBytes) -> WheelBuild:
     """The repack as named steps: the stock wheel (read and checked), plan, copy the members, add, seal."""
     blob, wheel = loaded.blob, loaded.wheel
-    version = local_version(tree.pin, tree.series, kernels.members if kernels else None)
+    version = local_version(tree.pin, tree.series, kernels.package_sha256 if kernels else None)
     result = WheelBuild(out_dir / f"{wheel.dist}-{version}-{wheel.tags}.whl", version)
     shipped = _shipped(tree, wheel, kernels, result)
     is_locked = loaded.sha256 == stock.sha256
@@ -627,7 +650,7 @@ def _add_kernel_package(rp: _Repack) -> None:
     for path, data in sorted(kernels.members.items()):
         mode = 0o755 if path.endswith(".so") else 0o644
         rp.writer.add(_kernel_member(path, data, mode, kernels.raws.get(path)))
-        rp.record.append(zipcopy.record_row(path, data))
+        rp.record.append(kernels.record_row(path))
         rp.result.added.append(path)
 
 
@@ -685,8 +708,8 @@ def kernel_library(kernels: KernelPackage) -> sbom.KernelLibrary:
     parts = kernels.source.name.split("-")
     return sbom.KernelLibrary(
         package=kernels.dist, version=parts[1] if len(parts) > 2 else "unknown", library=lib,
-        library_sha256=sha256(kernels.members[f"{kernels.dist}/{lib}"]),
-        package_sha256=kernels_hash(kernels.members), info=dict(kernels.info))
+        library_sha256=kernels.digests[f"{kernels.dist}/{lib}"].hex(),
+        package_sha256=kernels.package_sha256, info=dict(kernels.info))
 
 
 def wheel_sbom(tree: PatchedTree, stock: WheelFile, stock_name: str, version: str,

@@ -64,23 +64,23 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
     assert reg["ok"] is False and reg["counts"] == {"passed": 2, "failed": 86, "skipped": 0}
     assert all(f["status"] == "failed" and f["devices"] == ["NVIDIA H200 (cuda)"] for f in reg["files"])
     assert s5["engines"][0]["hang_evidence"]["kernels"] == hang["hang_evidence"]["kernels"]
-    # Session 20 on an H100, the verb and wheel of c17a0b6: everything in one run on a fresh machine (empty JIT
+    # Session 21 on an H100, the verb and wheel of 23fc8ef: everything in one run on a fresh machine (empty JIT
     # caches), the first engine's cold start under the 900 s default, the others under the verb's warm deadline
-    # (1.5 times that start, at most the cold 900 s: 778.2 s here); supersedes session 19's run of 2d040f5.  Stock
+    # (1.5 times that start, at most the cold 900 s: 749.8 s here); supersedes session 20's run of c17a0b6.  Stock
     # (session 12) hangs there as on the H200.
-    h100 = _selftest("selftest-patched-c17a0b6-h100")
+    h100 = _selftest("selftest-patched-23fc8ef-h100")
     assert h100["ok"] is True and h100["counts"]["pass"] == 34 and h100["min_gap"] > 19.99
     assert next(c for c in h100["checks"] if c["name"] == "installed")["ok"] is True
     reg = _regression(h100)
     assert reg["counts"] == {"passed": 88, "failed": 0, "skipped": 0} and len(reg["files"]) == 10
     assert all(f["devices"] == ["NVIDIA H100 80GB HBM3 (cuda)"] for f in reg["files"])
     first = next(e for e in h100["engines"] if e["launched_at"] == 0.0)
-    assert first["engine"]["name"] == "mtp1" and 300 < first["start_seconds"] < 900  # cold: 518.8 s
+    assert first["engine"]["name"] == "mtp1" and 300 < first["start_seconds"] < 900  # cold: 499.8 s
     assert first["start_deadline"] == 900.0 and len(h100["engines"]) == 6
     rest = [e for e in h100["engines"] if e is not first]
     assert all(e["outcome"] == "done" and e["launched_at"] > first["start_seconds"] for e in rest)
     warm = min(900.0, max(300.0, 1.5 * first["start_seconds"]))  # plan.warm_start_deadline's rule
-    assert all(abs(e["start_deadline"] - warm) < 0.1 for e in rest)  # 778.2 s
+    assert all(abs(e["start_deadline"] - warm) < 0.1 for e in rest)  # 749.8 s
     passed = [c for c in h100["cases"] if c["verdict"] == "pass"]
     assert len(passed) == 34 and min(c["min_gap"] for c in passed) > 19.99
     assert all(c["acceptance"] == c["expected_acceptance"] for c in passed if c["engine"].startswith("mtp1"))

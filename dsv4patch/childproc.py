@@ -97,7 +97,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
@@ -105,6 +104,7 @@ from typing import IO, Any
 from dsv4patch.errors import ChildError as ChildError  # re-exported: the error callers catch
 from dsv4patch.errors import Interrupted as Interrupted
 from dsv4patch.errors import ParameterError
+from dsv4patch.records import frozen
 
 # Bounds (docs/trust.md "Bounds"): what one child may cost dsv4patch.
 KEEP = 64 << 10  # bytes of the end of each stream kept in memory (messages quote its last lines)
@@ -325,7 +325,7 @@ def interrupts(*, exiting: bool = False, early: Sequence[int] = ()) -> Iterator[
 # Process trees
 
 
-@dataclass(frozen=True)
+@frozen
 class _Proc:
     ppid: int
     pgrp: int
@@ -658,7 +658,7 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Finished:
     """How a child ended, and what is kept of its output (bounded)."""
 

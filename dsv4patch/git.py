@@ -42,11 +42,11 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import childproc, settings
 from dsv4patch.errors import ChildError, GitError, Interrupted, MissingObjectError
+from dsv4patch.records import frozen
 
 # Identity and date used for every commit dsv4patch makes: same inputs, same ids.
 IDENTITY = {
@@ -132,7 +132,7 @@ _CONFIG = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Result:
     returncode: int
     stdout: str
@@ -225,7 +225,7 @@ def environment(cwd: Path, extra: Mapping[str, str] | None = None, repo: bool = 
     return env
 
 
-@dataclass(frozen=True)
+@frozen
 class _Raw:
     """One git process's exit status and undecoded output."""
 
@@ -440,7 +440,7 @@ def write_tree(repo: Path, env: Mapping[str, str]) -> str:
     return out(repo, "write-tree", env=env)
 
 
-@dataclass(frozen=True)
+@frozen
 class TreeEntry:
     """One entry of a tree object (``git ls-tree``)."""
 
@@ -617,7 +617,7 @@ def tree_of(repo: Path, commit: str) -> str:
     return out(repo, "rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")
 
 
-@dataclass(frozen=True)
+@frozen
 class CommitTrailers:
     """A commit and its trailers (``Key: value`` lines at the end of its message)."""
 
@@ -741,7 +741,7 @@ def root_commit(repo: Path, rev: str = "HEAD") -> str:
     return out(repo, "rev-list", "--max-parents=0", rev).splitlines()[0]
 
 
-@dataclass(frozen=True)
+@frozen
 class Merge:
     """A 3-way file merge: whether it was clean, and the text (diff3 markers where it was not)."""
 
@@ -854,7 +854,7 @@ def is_ancestor(repo: Path, ancestor: str, rev: str) -> bool:
     return run(repo, ["merge-base", "--is-ancestor", ancestor, rev], check=False).ok
 
 
-@dataclass(frozen=True)
+@frozen
 class CommitInfo:
     """What ``refresh`` reads of a commit."""
 

@@ -51,11 +51,11 @@ import shlex
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch import git, safeio
 from dsv4patch.errors import GitError, ParameterError, TreeError
+from dsv4patch.records import frozen
 
 # Settings that name a program git runs on file contents (it cannot be pinned off by name:
 # the driver's name is the repository's choice), per the config's (lower-cased) key.
@@ -67,7 +67,7 @@ _CONFIG_LIMIT = 1 << 20  # a config or attributes file larger than this is not o
 _PROBLEMS_SHOWN = 6
 
 
-@dataclass(frozen=True)
+@frozen
 class Worktree:
     """Another worktree of the checkout's repository and the branch it has checked out."""
 
@@ -75,7 +75,7 @@ class Worktree:
     branch: str | None  # refs/heads/..., None when detached
 
 
-@dataclass(frozen=True)
+@frozen
 class Checkout:
     """A vetted user checkout: where its git directory and common directory are."""
 

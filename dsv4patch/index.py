@@ -39,13 +39,13 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from dsv4patch import settings
 from dsv4patch.errors import FetchError, ParameterError, did_you_mean
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 from dsv4patch.urls import http_url_problem, redact, redact_text
 
@@ -61,7 +61,7 @@ _CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-@dataclass(frozen=True)
+@frozen
 class SdistInfo:
     filename: str
     url: str
@@ -69,7 +69,7 @@ class SdistInfo:
     size: int | None
 
 
-@dataclass(frozen=True)
+@frozen
 class IndexFile:
     """One file on a project's simple page (PEP 691 / PEP 503), as the index lists it."""
 
@@ -79,7 +79,7 @@ class IndexFile:
     yanked: str | None = None  # None: not yanked; else the reason (possibly "") (PEP 592)
 
 
-@dataclass(frozen=True)
+@frozen
 class Candidate:
     """A place to download a pinned file from, and why it is tried."""
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4patch.records import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Blank:
     """A value the user fills in (``DIR``, ``NAME``): shown as it is, never quoted."""
 
@@ -36,7 +37,7 @@ class Blank:
 Value = str | bool | Blank  # a value (shell-quoted when shown), True for a flag, or a blank to fill
 
 
-@dataclass(frozen=True)
+@frozen
 class Step:
     """A command the user can run next: ``action`` (the command's verb) and its parameters by name
     (the core's names, ``tree``, ``three_way``), in the order they are shown."""

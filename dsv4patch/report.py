@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import settings
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:  # rich is loaded only where a terminal table is printed (see console)
     from rich.console import Console, OverflowMethod, RenderableType
@@ -147,7 +148,7 @@ def _longest_line(text: str) -> int:
     return max((cell_len(line) for line in text.split("\n")), default=0)
 
 
-@dataclass(frozen=True)
+@frozen
 class Fitted:
     """A table laid out for a width, so that no column is narrower than its longest word and
     rich wraps a cell between words, never inside one.

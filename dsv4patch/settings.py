@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4patch.limits import parse_number
+from dsv4patch.records import frozen
 
 # The bounds' defaults and ceilings (docs/trust.md "Bounds"): every one finite, so no variable switches one off.
 GIT_TIMEOUT_ENV = "DSV4PATCH_GIT_TIMEOUT"
@@ -41,7 +41,7 @@ DEFAULT_LOCK_WAIT = 600.0  # seconds a run waits for another run's file lock
 MAX_LOCK_WAIT = 7 * 86400.0  # DSV4PATCH_LOCK_TIMEOUT's ceiling: a week, never "forever" (inf)
 
 
-@dataclass(frozen=True)
+@frozen
 class Settings:
     """What the environment sets; None where it sets nothing (the built-in default then applies)."""
 

@@ -37,7 +37,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -52,6 +51,7 @@ from dsv4patch.errors import (
 )
 from dsv4patch.hashing import hash_file
 from dsv4patch.nextstep import Blank, Step, mention
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.progress import Progress
@@ -191,7 +191,7 @@ def sweep_tmp(store: Store) -> list[Path]:
     return removed
 
 
-@dataclass(frozen=True)
+@frozen
 class Store:
     root: Path
 

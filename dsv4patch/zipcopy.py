@@ -38,13 +38,13 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from dsv4patch import safeio
 from dsv4patch.errors import BuildError, IntegrityError
 from dsv4patch.hashing import record_hash
+from dsv4patch.records import frozen
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -60,7 +60,7 @@ _PIECE = 1 << 20
 WRITE_PIECE = safeio.WRITE_PIECE
 
 
-@dataclass(frozen=True)
+@frozen
 class Raw:
     """One member as stored: compressed bytes plus what the headers say about them."""
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -28,6 +27,7 @@ from dsv4patch.checkout.resolving import Invocation
 from dsv4patch.errors import BuildError, TreeError, param, writing
 from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import kind_of, materialize
+from dsv4patch.records import frozen
 from dsv4patch.series import carried, pin_report, run_series, series_for_pin
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 KernelBuild: TypeAlias = "Callable[[Path, Pin], TreeBuild]"  # the kernel build apply runs last, if any
 
 
-@dataclass(frozen=True)
+@frozen
 class ApplyResult:
     """What :func:`apply_pin` did to the tree (``ok`` False: nothing moved, or a workspace opened)."""
 

@@ -13,13 +13,13 @@ vetted by the caller (:mod:`dsv4patch.guard`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import ParameterError, TreeError, param
 from dsv4patch.pins import kind_of
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.guard import Checkout
@@ -82,7 +82,7 @@ def branch_name_problem(name: str) -> str | None:
             "refs/heads/NAME`; shorthands such as @{-1}, @ and HEAD, and a leading '-', are refused)")
 
 
-@dataclass(frozen=True)
+@frozen
 class Committed:
     """A commit dsv4patch made for a patch in a checkout's history, as its trailers say."""
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +46,7 @@ from dsv4patch.checkout.states import ResolveState
 from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.pins import find_lock, materialize, open_lock, set_variant, update_derived
+from dsv4patch.records import frozen
 from dsv4patch.series import SeriesResult, Status, run_series, series_for_pin
 from dsv4patch.seriesfile import read_patch_file
 
@@ -102,7 +102,7 @@ def read_state(gitdir: Path, path: Path) -> ResolveState:
     return state
 
 
-@dataclass(frozen=True)
+@frozen
 class Invocation:
     """How ``apply --3way`` was run, recorded in the workspace for ``resolve --continue``.
 
@@ -115,7 +115,7 @@ class Invocation:
     out: Path | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Workspace:
     """An open conflict workspace: the patch, its conflicted files, the prefix commit, the state file."""
 
@@ -317,7 +317,7 @@ def _state_lock(given: Path | None, state: ResolveState, path: Path) -> Path:
     return found
 
 
-@dataclass(frozen=True)
+@frozen
 class Continued:
     """A resolution written as a variant; what the caller needs to apply the rest."""
 

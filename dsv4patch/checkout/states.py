@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from dsv4patch import safeio
 from dsv4patch.errors import TreeError
+from dsv4patch.records import frozen
 
 COMMIT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a state's commits: nothing git would parse
 STATE_LIMIT = safeio.STATE_LIMIT  # the most dsv4patch reads of a state file
@@ -41,7 +42,7 @@ def inside_tree(name: str) -> bool:
         ".git" not in [p.lower() for p in parts]
 
 
-@dataclass(frozen=True)
+@frozen
 class Kind:
     """What a state field may hold: ``ok(value)`` decides, ``why(key, value)`` says what is wrong."""
 
@@ -127,7 +128,7 @@ class State:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class ApplyJournal(State):
     """The move of a tree ``apply`` is making: HEAD, index and files from ``frm`` to ``to``."""
 
@@ -137,7 +138,7 @@ class ApplyJournal(State):
     pid: int | None = spec(COUNT, required=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class ResolveState(State):
     """The conflict workspace ``apply --3way`` left (``resolve --continue`` / ``--abort`` close it)."""
 
@@ -155,7 +156,7 @@ class ResolveState(State):
     conflicts: list[str] = spec(PATHS, required=False, default=[])
 
 
-@dataclass(frozen=True)
+@frozen
 class PortState(State):
     """The conflict workspace ``port --workspace DIR`` left (the same port run again goes on)."""
 

@@ -17,7 +17,6 @@ the tree's own; a tree compared with no pin says so in a note.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from dsv4patch.checkout import forkcheckout, resolving, transaction
 from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import find_lock, kind_of, load_lock
+from dsv4patch.records import frozen
 from dsv4patch.series import carried, series_for_pin
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from dsv4patch.series import Series
 
 
-@dataclass(frozen=True)
+@frozen
 class Applied:
     """A commit dsv4patch made for a patch, as its trailers say."""
 
@@ -46,7 +46,7 @@ class Applied:
         return {"patch": self.patch, "sha256": self.sha256, "series": self.series, "commit": self.commit}
 
 
-@dataclass(frozen=True)
+@frozen
 class Foreign:
     """A commit after the tree's root that dsv4patch did not make."""
 
@@ -57,7 +57,7 @@ class Foreign:
         return {"commit": self.commit, "subject": self.subject}
 
 
-@dataclass(frozen=True)
+@frozen
 class PatchState:
     """One patch's state in the tree: applied, upstream, changed, stale, missing, not-in-series."""
 
@@ -79,7 +79,7 @@ class PatchState:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class TreeStatus:
     """A tree's status, and whether everything matches the lock."""
 
@@ -166,7 +166,7 @@ def pins_with_base(lock: Lock, root_tree: str) -> list[Pin]:
     return sorted(match, key=lambda p: p.name != lock.default_pin)
 
 
-@dataclass(frozen=True)
+@frozen
 class Picked:
     """The lock and pin a tree is compared with (None: not compared), and a note: why it is not
     compared, or what could not be checked."""

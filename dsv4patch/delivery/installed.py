@@ -32,7 +32,7 @@ import difflib
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,7 @@ from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileErr
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 from dsv4patch.series import patched_tree
 
@@ -462,7 +463,7 @@ def _activity(python: str, kernel: KernelCheck) -> ActiveCheck:
     return ActiveCheck(checked=False, active=None, reason="no GPU on this machine")
 
 
-@dataclass(frozen=True)
+@frozen
 class InstalledReport:
     """Does the vLLM an interpreter sees carry the lock's patched files and kernels?"""
 

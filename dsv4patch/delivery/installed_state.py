@@ -18,11 +18,12 @@ trusted: those fields are :data:`JsonValue`, echoed unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from dsv4patch import safeio
 from dsv4patch.errors import ParameterError
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 
 # A JSON value as read (a foreign document's field, reported and never trusted).
@@ -41,7 +42,7 @@ class Reported(Protocol):
 # --- the probe's answer (the interpreter under test prints it: checked on read) --------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbedVllm:
     """Where the probed interpreter's vLLM is (located, not imported), and what its metadata says."""
 
@@ -53,7 +54,7 @@ class ProbedVllm:
     error: str | None = None  # why its metadata could not be read
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbedKernels:
     """The kernel package the probed interpreter finds."""
 
@@ -96,7 +97,7 @@ def _probe_problem(data: object) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen
 class Probe:
     """What an interpreter has installed (vLLM, torch, the kernel package), as its probe answered."""
 
@@ -124,7 +125,7 @@ class Probe:
 # --- the results ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class FileState:
     """One shipped file a patch changes, against the pin's patched and unpatched content."""
 
@@ -141,7 +142,7 @@ class FileState:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class PatchState:
     """One patch: the worst of its files' states (or ``upstream``, ``not-shipped``), and each file's."""
 
@@ -160,7 +161,7 @@ class PatchState:
         return {name: f for name, f in self.files.items() if f.state != "present"}
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelUnit:
     """One compiled unit of the kernel library, as its build_info.json names it (reported as read)."""
 
@@ -172,7 +173,7 @@ class KernelUnit:
         return {"unit": self.unit, "sass": self.sass, "ptx": self.ptx}
 
 
-@dataclass(frozen=True)
+@frozen
 class ActiveCheck:
     """Whether the kernel package's own check says torch's dispatcher runs its kernels (on a GPU)."""
 
@@ -188,7 +189,7 @@ class ActiveCheck:
         return {"checked": True, "exit_code": self.exit_code, "report": self.report, "active": self.active}
 
 
-@dataclass(frozen=True)
+@frozen
 class TorchFit:
     """The torch the kernel library was built for and the pin requires (its build_info.json's word,
     reported as read), and the torch installed here."""
@@ -201,7 +202,7 @@ class TorchFit:
         return {"built": self.built, "required": self.required, "installed": self.installed}
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelCheck:
     """The installed kernel library against the pin's patched tree (absent: ``installed`` False)."""
 
@@ -239,7 +240,7 @@ class KernelCheck:
         return {"vllm-hook": self.hooked, "entry-point": self.entry_point}
 
 
-@dataclass(frozen=True)
+@frozen
 class SbomCheck:
     """The installed SBOM against what is installed: ``ok``, ``mismatch``, ``unreadable`` or ``absent``."""
 
@@ -262,7 +263,7 @@ class SbomCheck:
 _WHEEL_KEYS = ("pin", "version", "patch_set_sha256", "patched_tree")
 
 
-@dataclass(frozen=True)
+@frozen
 class WheelProvenance:
     """What the installed wheel's ``dsv4patch.json`` says it is (reported as it says it, never trusted)."""
 
@@ -287,7 +288,7 @@ class WheelProvenance:
                         strict=True))
 
 
-@dataclass(frozen=True)
+@frozen
 class InstalledPackage:
     """The installed vLLM: where, which version, and its own account of itself."""
 

@@ -42,6 +42,7 @@ from dsv4patch.delivery import sbom
 from dsv4patch.delivery.installed_state import KERNEL_LIBRARY, FileState, PatchState
 from dsv4patch.errors import Dsv4Error, GitError, PatchFileError
 from dsv4patch.hashing import hash_installed, sha256
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 from dsv4patch.series import load_patch
 
@@ -55,7 +56,7 @@ FILE_LIMIT = 32 << 20  # bytes of one installed file read into the scratch index
 LIBRARY_LIMIT = 1 << 30  # bytes of the installed kernel library hashed
 
 
-@dataclass(frozen=True)
+@frozen
 class SbomPatch:
     """One patch as the installed SBOM carries it: its name (the SBOM's property) and text."""
 
@@ -230,7 +231,7 @@ def _peeled(repo: Path, env: dict[str, str], lp: Patch, absent: list[str], *, ke
                       problem=peel.stderr.strip()[:300] if state == "other" else None)
 
 
-@dataclass(frozen=True)
+@frozen
 class SbomInspection:
     """The installed vLLM checked against its own SBOM (and a lock's pin, when one was given)."""
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch.errors import BuildError
+from dsv4patch.records import frozen
 from dsv4patch.seriesfile import read_patch_file
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ _ORIGIN = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(\d+)\b")
 _SERIAL_NS = uuid.UUID("6b1f3f43-5d0e-4a51-9c1e-1d5f3c2f4a10")  # dsv4patch's namespace for uuid5
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelLibrary:
     """The rebuilt kernel library the wheel adds (from the kernel wheel's ``build_info.json``)."""
 
@@ -66,7 +67,7 @@ class KernelLibrary:
     info: dict[str, Any]  # build_info.json
 
 
-@dataclass(frozen=True)
+@frozen
 class WheelSbom:
     """Everything the SBOM says, as the patched wheel's builder knows it."""
 

@@ -78,6 +78,7 @@ from dsv4patch.kernels import (
     stock_wheel_path,
 )
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json, read_stream
 from dsv4patch.series import patched_tree
 
@@ -353,7 +354,7 @@ VERDICTS = "wheel-records"  # the cache's directory of RECORD verdicts (make_whe
 _VERDICT_DECIDING = ("delivery/vllm_wheel.py", "zipcopy.py", "hashing.py")  # relative to dsv4patch/
 
 
-@dataclass(frozen=True)
+@frozen
 class RecordVerdict:
     """``<cache>/wheel-records/<stock sha256>.json``: every member of the stock wheel whose
     bytes hash to ``stock_sha256`` matched its RECORD, as checked by ``tool`` (this
@@ -457,7 +458,7 @@ def _open_stock(blob: bytes | mmap.mmap, stock: WheelFile, pin: Pin) -> _Stock:
     return _Stock(stock_name, name, tags, old_info, infos, names, top)
 
 
-@dataclass(frozen=True)
+@frozen
 class StockBytes:
     """The stock wheel read once: its bytes, their sha256, its name and members (checked)."""
 
@@ -1022,7 +1023,7 @@ def _build_kernels(pin: Pin, key: str, patched: str, *, ctx: Context, how: _Kern
     return _kernel_wheel(pin, path, how, ctx=ctx, expect_tree=None)
 
 
-@dataclass(frozen=True)
+@frozen
 class _KernelBuild:
     """How the kernels are built (:func:`build_tree`'s options, as ``make_wheel`` got them)."""
 

@@ -64,6 +64,7 @@ from dsv4patch.pins import (
     valid_pin_name,
     version_commit,
 )
+from dsv4patch.records import frozen
 from dsv4patch.series import (
     Status,
     carried,
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class Conflict:
     """One hunk (or a whole file, ``hunk`` 0) that the port could not carry, with both sides."""
 
@@ -111,7 +112,7 @@ class Conflict:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class Ported:
     """What the port did with one patch."""
 
@@ -246,7 +247,7 @@ def _pypi_pin(name: str, to: str, src: Pin, *, ctx: Context) -> Pin:
 _VERSION_ASSIGN = re.compile(r"^(?:__version__|version)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
 
 
-@dataclass(frozen=True)
+@frozen
 class ForkVersion:
     """The vLLM version of a git/local pin's tree, and where it was read."""
 
@@ -628,7 +629,7 @@ def unmatched_resolutions(resolutions: Path, series: Series) -> list[str]:
                   if f.is_file() and f.name != "PORT.md" and f.name not in names)
 
 
-@dataclass(frozen=True)
+@frozen
 class OwnWorkspace:
     """The fork's own checkout as the port's workspace: the commit the port starts on, its branch."""
 
@@ -723,7 +724,7 @@ def _final_tree(repo: Path, new: PinRepo, ported: list[Ported]) -> str:
         return git.write_tree(repo, env)
 
 
-@dataclass(frozen=True)
+@frozen
 class PortResult:
     """What :func:`port` did: per patch, what was written, the workspace a conflict opened."""
 
@@ -950,7 +951,7 @@ def _stopped_at_conflicts(lock: Lock, src: Pin, pin: Pin, new: PinRepo, ported: 
     return PortResult(src, pin, False, ported, notes, workspace=opened)
 
 
-@dataclass(frozen=True)
+@frozen
 class PortAborted:
     """What :func:`abort` did: the port whose workspace was given up, and where the tree is now."""
 

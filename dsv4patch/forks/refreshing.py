@@ -51,6 +51,7 @@ from dsv4patch.checkout import (
 from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize, open_lock, read_lock_text, set_variant, update_derived
+from dsv4patch.records import frozen
 from dsv4patch.series import Status, check_pin, has_offsets, run_series, series_for_pin
 from dsv4patch.seriesfile import read_series_file, read_series_text
 
@@ -106,7 +107,7 @@ def _slug(subject: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "-", subject).strip("-")[:52] or "patch"
 
 
-@dataclass(frozen=True)
+@frozen
 class RefreshResult:
     """What :func:`refresh` wrote: per patch its action and file, the series' tree next to the tree's."""
 
@@ -137,7 +138,7 @@ def refresh(*, ctx: Context, pin: Pin, tree_path: Path, as_variant: bool = False
                         chosen_series=chosen_series)
 
 
-@dataclass(frozen=True)
+@frozen
 class _Tree:
     """The tree's commits on the series' base, as refresh reads them."""
 
@@ -146,7 +147,7 @@ class _Tree:
     commits: list[str]  # base..HEAD, oldest first
 
 
-@dataclass(frozen=True)
+@frozen
 class _Where:
     """Where a new commit's patch goes: the pin's last series, unless other pins share it and the
     commit must stay the pin's (a fork's own commit, or --as-variant): then its own series."""

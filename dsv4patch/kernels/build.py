@@ -50,6 +50,7 @@ from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
 from dsv4patch.kernels.runtime import HOOK_MARK
 from dsv4patch.progress import Progress
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.kernels.sources import KernelPlan
@@ -102,7 +103,7 @@ def cuda_major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-@dataclass(frozen=True)
+@frozen
 class Toolchain:
     nvcc: Path
     nvcc_version: str  # full `nvcc --version` output

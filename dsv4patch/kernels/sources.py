@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from dsv4patch import git
 from dsv4patch.errors import BuildError, param
+from dsv4patch.records import frozen
 
 TARGET = "_C_stable_libtorch"
 SRC_VAR = "VLLM_STABLE_EXT_SRC"
@@ -35,7 +36,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
-@dataclass(frozen=True)
+@frozen
 class TranslationUnit:
     """One ``.cu`` of the target, the local headers it includes, the archs it builds for."""
 
@@ -47,7 +48,7 @@ class TranslationUnit:
     arch_var: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Op:
     """A registered op whose CUDA implementation lives in a changed unit."""
 
@@ -59,7 +60,7 @@ class Op:
     guard: str | None = None  # #ifdef macro around its registration
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelPlan:
     tree: Path
     base: str
@@ -116,7 +117,7 @@ def _calls(text: str, name: str) -> list[tuple[int, str]]:
             for m in re.finditer(rf"\b{name}\s*\(", text)]
 
 
-@dataclass(frozen=True)
+@frozen
 class CMakeTarget:
     sources: tuple[str, ...]  # literal source paths, in list order
     arch_var: dict[str, str]  # source -> arch variable it is restricted to
@@ -346,7 +347,7 @@ RELEASE_PIPELINE = ".buildkite/release-pipeline.yaml"
 DOCKERFILE = "docker/Dockerfile"
 
 
-@dataclass(frozen=True)
+@frozen
 class ReleaseArchs:
     archs: tuple[str, ...]
     origin: str  # "file: VARIABLE", for reports

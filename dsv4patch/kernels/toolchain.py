@@ -40,7 +40,6 @@ import sys
 import time
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +47,7 @@ from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, ChildError, Interrupted, LockFileError, ParameterError, param
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin, ToolchainDef
@@ -76,7 +76,7 @@ def _read_bounded(path: Path, what: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-@dataclass(frozen=True)
+@frozen
 class Requirement:
     """One ``name==version --hash=sha256:...`` entry of a toolchain requirements file."""
 
@@ -139,7 +139,7 @@ def public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-@dataclass(frozen=True)
+@frozen
 class TorchRequirement:
     version: str
     origin: str  # where it was read, for messages
@@ -166,7 +166,7 @@ def required_torch(tree: Path, stock_wheel: Path | None = None) -> TorchRequirem
         f"requirements/cuda.txt); pass {param('python')} with the environment to build against")
 
 
-@dataclass(frozen=True)
+@frozen
 class TorchEnv:
     """A torch whose headers and libraries the kernels build against."""
 
@@ -359,7 +359,7 @@ def ensure_cuda_wheels(store: Store, tdef: ToolchainDef, progress: Progress) -> 
     return nvcc
 
 
-@dataclass(frozen=True)
+@frozen
 class NvccChoice:
     path: Path
     version_text: str
@@ -471,7 +471,7 @@ def cublas_include(store: Store, tdef: ToolchainDef | None, cuda: str, progress:
     return kbuild.fetch_cublas_headers(store, cuda, requirement=req.line(), progress=progress)
 
 
-@dataclass(frozen=True)
+@frozen
 class WouldInstall:
     """A part of the toolchain a build installs into the cache before it compiles, not there yet."""
 
@@ -489,7 +489,7 @@ class WouldInstall:
                 "action": "download" if self.download else "install"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Unprovisioned:
     """The toolchain a build of the tree would use when part of it is not in the cache yet: what is
     there (a torch, an nvcc) and what the build would install first (a dry run installs nothing)."""

@@ -31,13 +31,13 @@ import os
 import platform
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import safeio
 from dsv4patch.errors import Dsv4Error
 from dsv4patch.hashing import code_identity, sha256
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin
@@ -51,7 +51,7 @@ ENTRY_LIMIT = 4096  # bytes an entry may have
 WHEEL_LIMIT = 1 << 30  # bytes a kept kernel wheel may have (its library is tens of MB)
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """``<cache>/kernel-wheels/<key>/entry.json``: the kept wheel's file name, size and sha256."""
 

@@ -19,10 +19,11 @@ refuses a core function that again takes two of lock, store and progress apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING
 
 from dsv4patch import childproc
+from dsv4patch.records import frozen
 from dsv4patch.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from dsv4patch.store import Store
 
 
-@dataclass(frozen=True)
+@frozen
 class Context:
     """One run's shared state; built once by a command, read by every step below it."""
 

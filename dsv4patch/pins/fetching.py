@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import report, safeio
 from dsv4patch.errors import FetchError, IntegrityError
 from dsv4patch.pins import repository
+from dsv4patch.records import frozen
 from dsv4patch.store import UNSIZED_LIMIT
 
 if TYPE_CHECKING:
     from dsv4patch.pins.context import Context
 
 
-@dataclass(frozen=True)
+@frozen
 class Seeded:
     """A file copied (or found already) in the cache."""
 
@@ -42,7 +43,7 @@ class Seeded:
                 f"(sha256 {self.sha256[:12]}...); {where}")
 
 
-@dataclass(frozen=True)
+@frozen
 class Materialized:
     pin: str
     repo: Path

@@ -15,13 +15,14 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 from dsv4patch import safeio
 from dsv4patch.errors import LockFileError, ParameterError, did_you_mean, param
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.records import frozen
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +41,7 @@ WHEEL_PLATFORMS = ("x86_64", "aarch64")
 
 MAX_FILE_SIZE = 1 << 40  # a pinned file's size in the lock: at most 1 TiB (vLLM's sdist ~40 MB, wheels ~400 MB)
 
-@dataclass(frozen=True)
+@frozen
 class Source:
     kind: str
     # pypi-sdist
@@ -54,7 +55,7 @@ class Source:
 
 
 
-@dataclass(frozen=True)
+@frozen
 class WheelFile:
     """The pin's stock vLLM wheel on PyPI for one platform (verified by sha256)."""
 
@@ -64,13 +65,13 @@ class WheelFile:
     size: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class BuildSettings:
     max_jobs: int = 2
     nvcc_threads: int = 1
 
 
-@dataclass(frozen=True)
+@frozen
 class ToolchainDef:
     """A ``[toolchains.NAME]`` table: the kernel build toolchain a pin's torch needs.
 
@@ -91,7 +92,7 @@ class ToolchainDef:
     defines: tuple[str, ...] = ()  # -D macros torch's headers need, as NAME or NAME=VALUE
 
 
-@dataclass(frozen=True)
+@frozen
 class SeriesDef:
     name: str
     path: Path  # the series file
@@ -99,7 +100,7 @@ class SeriesDef:
     default: bool = True  # enabled on a pin unless the pin lists its series explicitly
 
 
-@dataclass(frozen=True)
+@frozen
 class Pin:
     name: str
     vllm_version: str
@@ -130,7 +131,7 @@ class Pin:
         return self.expect_patches.get(patch_name, self.expect)
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchSettings:
     """``[watch]``: which releases on the index the release watcher (``dsv4patch releases``) reports.
 
@@ -149,7 +150,7 @@ _PIN_PARAMETERS: dict[str, str] = {"pin": param("pin"), "from_pin": param("from_
                                    "upstream_from": param("upstream_from")}
 
 
-@dataclass(frozen=True)
+@frozen
 class Lock:
     path: Path
     default_pin: str

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import git
 from dsv4patch.errors import CacheError, FetchError, param, writing
 from dsv4patch.pins.source import kind_of
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.pins.lock import Pin
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 READY = "dsv4patch-ready"
 
 
-@dataclass(frozen=True)
+@frozen
 class PinRepo:
     """A materialized pin: a bare repo and its deterministic base commit."""
 

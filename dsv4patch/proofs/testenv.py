@@ -26,12 +26,12 @@ import re
 import shutil
 import stat
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import childproc, safeio
 from dsv4patch.errors import BuildError, Interrupted, param
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.store import Store
@@ -49,7 +49,7 @@ EXTRA = ("pytest", "tblib")
 PLUGIN_NAME = "dsv4patch_cpu_plugin"
 
 
-@dataclass(frozen=True)
+@frozen
 class TestEnv:
     python: Path
     plugin_dir: Path

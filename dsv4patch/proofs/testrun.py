@@ -22,13 +22,13 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsv4patch import __version__, childproc, safeio
 from dsv4patch.errors import BuildError
 from dsv4patch.proofs import testenv
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.store import Store
@@ -40,7 +40,7 @@ SESSION_DEADLINE = 3 * 3600.0  # seconds one pytest session may take (CPU, Trito
 RESULTS_LIMIT = 256 << 20  # bytes of the plugin's results file read back
 
 
-@dataclass(frozen=True)
+@frozen
 class TestResult:
     nodeid: str
     outcome: str  # "passed", "failed" or "skipped"

@@ -41,6 +41,7 @@ from dsv4patch.errors import BuildError, PatchFileError, TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize
 from dsv4patch.proofs import testenv, testrun
+from dsv4patch.records import frozen
 from dsv4patch.series import run_series, series_for_pin
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ _DEVICE_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class UpstreamTest:
     patch: str
     nodeid: str

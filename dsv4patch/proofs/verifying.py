@@ -43,6 +43,7 @@ from dsv4patch.errors import TreeError
 from dsv4patch.pins import materialize
 from dsv4patch.progress import Progress
 from dsv4patch.proofs import testenv, testrun
+from dsv4patch.records import frozen
 from dsv4patch.series import run_series, series_for_pin
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def verdict(before: Outcome, after: Outcome) -> str:
     return "NOT PROVEN"
 
 
-@dataclass(frozen=True)
+@frozen
 class PatchProof:
     """What verify found for one patch (``patches.<name>`` of the JSON output)."""
 

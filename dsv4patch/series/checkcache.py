@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from dsv4patch import git, safeio
 from dsv4patch.errors import Dsv4Error, PatchFileError
 from dsv4patch.hashing import code_identity
+from dsv4patch.records import frozen
 from dsv4patch.series import results
 from dsv4patch.seriesfile import read_patch_file, read_series_file, unlisted
 
@@ -48,7 +49,7 @@ DECIDING = ("series/engine.py", "series/results.py", "git.py", "series/patches.p
             "series/checkcache.py")  # relative to dsv4patch/
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Inputs:
     """Everything a pin's check result depends on (see the module docstring)."""
 

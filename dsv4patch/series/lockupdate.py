@@ -9,20 +9,20 @@ mismatch with the index is an error.  Fields are written back through
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4patch import index
 from dsv4patch.errors import FetchError
 from dsv4patch.pins import load_lock, update_derived
+from dsv4patch.records import frozen
 from dsv4patch.series import pincheck
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Context
 
 
-@dataclass(frozen=True)
+@frozen
 class PinUpdate:
     """One pin's derived fields as recomputed, and whether the lock changed."""
 
@@ -45,7 +45,7 @@ class PinUpdate:
         return state
 
 
-@dataclass(frozen=True)
+@frozen
 class LockUpdate:
     lock: Path
     pins: list[PinUpdate]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from dsv4patch import git
 from dsv4patch.errors import EXIT_UNEXPECTED, BuildError
 from dsv4patch.nextstep import Step, mention
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Pin, PinRepo
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from dsv4patch.series.results import SeriesResult
 
 
-@dataclass(frozen=True)
+@frozen
 class ChangedFile:
     path: str
     base: bytes | None  # None: the patches add it

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import PatchFileError
+from dsv4patch.records import frozen
 from dsv4patch.seriesfile import read_patch_file, read_series_file, unlisted
 
 if TYPE_CHECKING:
@@ -30,14 +31,14 @@ if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
 
 
-@dataclass(frozen=True)
+@frozen
 class Hunk:
     index: int  # 1-based within its file
     source_start: int
     source_lines: tuple[str, ...]  # context and removed lines, without newline
 
 
-@dataclass(frozen=True)
+@frozen
 class FileDiff:
     path: str  # path in the tree after the patch (or before, for deletions)
     source_path: str | None  # None for added files
@@ -46,7 +47,7 @@ class FileDiff:
     hunks: tuple[Hunk, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class GitHeader:
     """One ``diff --git`` section as git apply reads it (names unquoted, -p1)."""
 
@@ -57,7 +58,7 @@ class GitHeader:
     unseen: str = ""  # why the file's content after the patch is not all in its lines (a rename, copy, binary)
 
 
-@dataclass(frozen=True)
+@frozen
 class Patch:
     name: str  # file name, e.g. 0001-...patch; the key used in the lock
     path: Path
@@ -90,7 +91,7 @@ class Patch:
         return [f.path for f in self.files]
 
 
-@dataclass(frozen=True)
+@frozen
 class Series:
     pin: str
     patches: tuple[Patch, ...] = field(default_factory=tuple)

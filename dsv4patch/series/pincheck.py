@@ -15,7 +15,6 @@ parallel (threads: the work is git processes and the sdist extraction).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from dsv4patch import git
 from dsv4patch.errors import CacheError, NotFetchedError, SourceMovedError, writing
 from dsv4patch.pins import is_materialized, materialize
 from dsv4patch.progress import Progress
+from dsv4patch.records import frozen
 from dsv4patch.series import checkcache, engine, hints
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from dsv4patch.series.patches import Series
 
 
-@dataclass(frozen=True)
+@frozen
 class PinCheck:
     """A pin's series run against its base: the pin's repository, the series, the result."""
 
@@ -51,7 +51,7 @@ def check_pin(*, ctx: Context, pin: Pin) -> PinCheck:
         return PinCheck(repo, series, engine.run_series(repo.repo, repo.base_commit, series))
 
 
-@dataclass(frozen=True)
+@frozen
 class PatchVerdict:
     """One patch's result next to what the lock expects of it."""
 
@@ -77,7 +77,7 @@ class PatchVerdict:
         return cell
 
 
-@dataclass(frozen=True)
+@frozen
 class PinReport:
     """A pin's check compared with the lock: per patch, and the base and patched tree ids."""
 
@@ -136,7 +136,7 @@ def pin_report(pin: Pin, repo: PinRepo, result: engine.SeriesResult,
 # --- many pins, through the check cache --------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class PinOutcome:
     """One pin of :func:`check_pins`: its report, or why it could not be checked (offline)."""
 

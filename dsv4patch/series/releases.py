@@ -32,7 +32,7 @@ import os
 import re
 import tarfile
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ from packaging.version import InvalidVersion, Version
 from dsv4patch import git, index, safeio
 from dsv4patch.errors import FetchError, IntegrityError, LockFileError
 from dsv4patch.pins import Pin, Source, load_lock, materialize, read_lock_text, version_commit
+from dsv4patch.records import frozen
 from dsv4patch.series import engine
 from dsv4patch.series.patches import load_patch, series_for_pin
 from dsv4patch.urls import redact
@@ -61,7 +62,7 @@ SETTLED = (engine.Status.UPSTREAM, engine.Status.ALREADY_APPLIED, engine.Status.
 _WHEEL = re.compile(r"^vllm-(?P<v>[^-]+)-cp\d+-(?:abi3|cp\d+)-manylinux_\d+_\d+_(?P<plat>x86_64|aarch64)\.whl$")
 
 
-@dataclass(frozen=True)
+@frozen
 class Release:
     """One vLLM version on the index: its sdist and stock wheels as the simple page lists them."""
 
@@ -114,7 +115,7 @@ def list_releases(index_url: str, project: str = PROJECT) -> list[Release]:
     return sorted(out, key=lambda r: _version(r.version) or Version("0"))
 
 
-@dataclass(frozen=True)
+@frozen
 class PatchClass:
     """One patch of the series on a release: as the series has it, and with the best variant."""
 
@@ -132,7 +133,7 @@ class PatchClass:
                 "touches_kernels": self.touches_kernels}
 
 
-@dataclass(frozen=True)
+@frozen
 class ReleaseReport:
     """What the watcher found for one release, and the decision it needs."""
 
@@ -166,7 +167,7 @@ class ReleaseReport:
                 "written": self.written}
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchResult:
     lock: Path
     index: str  # credentials redacted

@@ -31,12 +31,11 @@ reach ``persistent_topk`` with <= 32 rows on any GPU: stock hangs there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dsv4patch.errors import ParameterError, param
+from dsv4patch.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Engine:
     """One vLLM engine configuration (one child process)."""
 
@@ -54,7 +53,7 @@ class Engine:
         return {"name": self.name, "method": self.method, "k": self.k, "sm120_topk": self.sm120_topk}
 
 
-@dataclass(frozen=True)
+@frozen
 class PromptSet:
     """One generate() call: prompts (token ids) and max_tokens per request."""
 
@@ -66,7 +65,7 @@ class PromptSet:
         return {"name": self.name, "prompts": [list(p) for p in self.prompts], "max_tokens": list(self.max_tokens)}
 
 
-@dataclass(frozen=True)
+@frozen
 class Case:
     engine: Engine
     prompts: PromptSet

@@ -13,10 +13,10 @@ imports torch and reads ``torch.cuda.mem_get_info`` but never imports vLLM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dsv4patch.errors import EXIT_USAGE, Dsv4Error
+from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 
 
@@ -30,7 +30,7 @@ class ProbeError(Dsv4Error):
     kind = "environment"
 
 
-@dataclass(frozen=True)
+@frozen
 class Device:
     """One CUDA device as the environment's torch sees it."""
 
@@ -45,7 +45,7 @@ class Device:
                 "free_bytes": self.free_bytes, "total_bytes": self.total_bytes}
 
 
-@dataclass(frozen=True)
+@frozen
 class Node:
     """The probe's answer: package versions (None: not installed) and the CUDA devices."""
 

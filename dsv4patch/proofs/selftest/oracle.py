@@ -14,16 +14,16 @@ because how vLLM counts drafts near ``max_tokens`` is its own business.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsv4patch.proofs.selftest.model import DESIGN
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.proofs.selftest.model import Design
 
 
-@dataclass(frozen=True)
+@frozen
 class Difference:
     """The first token that is not the chain's: which request, which generated position, both tokens."""
 
@@ -65,7 +65,7 @@ def min_gap(gaps: list[list[float]]) -> float | None:
     return min(flat) if flat else None
 
 
-@dataclass(frozen=True)
+@frozen
 class Acceptance:
     """Drafted and accepted draft tokens of one case (measured or expected)."""
 

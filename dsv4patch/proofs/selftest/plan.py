@@ -30,11 +30,11 @@ engine that hung first.  So:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsv4patch.errors import EXIT_USAGE, Dsv4Error, ParameterError
 from dsv4patch.proofs.selftest import model as tiny
+from dsv4patch.records import frozen
 
 if TYPE_CHECKING:
     from dsv4patch.proofs.selftest.cases import Engine
@@ -63,7 +63,7 @@ class NotEnoughGpus(Dsv4Error):
     kind = "environment"
 
 
-@dataclass(frozen=True)
+@frozen
 class Topology:
     """How each engine is spread: ``tensor_parallel_size`` x ``pipeline_parallel_size`` GPUs (1 x 1: one GPU)."""
 
@@ -113,7 +113,7 @@ def check_gpus(topology: Topology, node: Node) -> None:
                             f"{topology.gpus} GPUs, make them visible (CUDA_VISIBLE_DEVICES), or ask for fewer")
 
 
-@dataclass(frozen=True)
+@frozen
 class Sizing:
     """How much each engine may take and how many fit at once; ``parallel == 0``: not even one fits.
 

@@ -49,6 +49,7 @@ from dsv4patch.proofs.selftest.oracle import (
     min_gap,
 )
 from dsv4patch.proofs.selftest.regression import run_regression
+from dsv4patch.records import frozen
 from dsv4patch.safeio import create_exclusive
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ REFUSALS = ("flashinfer-ai/flashinfer#4380", "DSpark is not supported", "dspark 
             "Pipeline parallelism is not supported for this model", "with pipeline parallel is not supported")
 
 
-@dataclass(frozen=True)
+@frozen
 class Deadlines:
     """Seconds: the engine start, the first prompt set (JIT compiles new shapes), each later set, all."""
 
@@ -362,7 +363,7 @@ class _Watch:
         self.seen = len(events)
 
 
-@dataclass(frozen=True)
+@frozen
 class _EngineFiles:
     """An engine child's files in the work directory, named after its engine."""
 

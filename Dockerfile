@@ -50,18 +50,27 @@ RUN if ! command -v git >/dev/null; then \
     && git --version
 
 WORKDIR /src
-# The context is allow-listed by .dockerignore: pyproject.toml, dsv4patch/,
-# locks/, patches/, plus the optional sdists/, wheels/, vllm-wheels/ and kernels/.
-COPY . /src/
-
+# dsv4patch itself first (a wildcard may match nothing: LICENSE and wheels/ are optional), so
+# that its install layer is reused when only locks/, patches/ or the pin's files change.
 # wheels/ (optional): dsv4patch's dependencies and setuptools, for an offline build.
+COPY pyproject.toml README.md LICENS[E] /src/
+COPY dsv4patch/ /src/dsv4patch/
+COPY wheel[s]/ /src/wheels/
+
+# dsv4patch and its dependencies as wheels (built once), for this venv and the final stage's
+# self-check.
 RUN python3 -m venv /opt/dsv4patch-venv \
     && if ls wheels/*.whl >/dev/null 2>&1; then \
-        pip install --no-index --find-links wheels . ; \
+        pip wheel --no-index --find-links wheels --wheel-dir /opt/dsv4patch/wheels . ; \
     else \
-        pip install . ; \
+        pip wheel --wheel-dir /opt/dsv4patch/wheels . ; \
     fi \
+    && pip install --no-index --find-links /opt/dsv4patch/wheels /opt/dsv4patch/wheels/dsv4patch-*.whl \
     && dsv4patch --version
+
+# The rest of the context, allow-listed by .dockerignore: locks/, patches/, plus the
+# optional sdists/, vllm-wheels/ and kernels/.
+COPY . /src/
 
 ARG VLLM_PIN=0.27.1
 # Label values: compute them with `dsv4patch lock --build-args`; this stage fails unless
@@ -95,13 +104,6 @@ RUN dsv4patch apply --lock locks/vllm.toml --pin "${VLLM_PIN}" --tree /opt/vllm-
         --no-build --format json > /opt/dsv4patch-apply.json \
     || { cat /opt/dsv4patch-apply.json >&2; exit 1; }
 RUN dsv4patch status --tree /opt/vllm-src --lock locks/vllm.toml --pin "${VLLM_PIN}"
-
-# dsv4patch and its dependencies as wheels, for the final stage's self-check.
-RUN if ls wheels/*.whl >/dev/null 2>&1; then \
-        pip wheel --no-index --find-links wheels --wheel-dir /opt/dsv4patch/wheels . ; \
-    else \
-        pip wheel --wheel-dir /opt/dsv4patch/wheels . ; \
-    fi
 
 LABEL org.opencontainers.image.title="dsv4patch patched vLLM source" \
       org.opencontainers.image.version="${IMAGE_VERSION}" \

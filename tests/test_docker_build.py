@@ -12,16 +12,18 @@ The test
     git (mmdebstrap from the Debian mirror, cached as a tarball in the shared
     test cache, ``docker import``-ed as the PYTHON_IMAGE), and from it the
     stand-in for the vLLM image (a venv on PATH, like vLLM's own image, with
-    the Python packages vLLM's import needs besides torch, and the driver's
+    the Python packages vLLM's import needs besides torch (``pip download``,
+    cached in the shared test cache), and the driver's
     ``libcuda.so.1`` from Debian's non-free ``libcuda1`` at the CUDA images'
     compat path; docs/docker.md says what it leaves out);
   * prepares an offline build context: the repository's files, the pin's vLLM
     sdist in ``sdists/`` and its stock x86_64 wheel in ``vllm-wheels/`` (from
     the dsv4patch cache), dsv4patch's dependency wheels in ``wheels/`` (``pip
-    download``), and the kernel wheel ``dsv4patch build`` makes (nvcc, with the
-    lock's toolchain as the card's ``apply``: its cached objects) in ``kernels/``
-    (``KERNELS_STAGE=kernels-context``:
-    the CUDA ``kernels`` stage needs the CUDA image);
+    download``, cached in the shared test cache per what pyproject.toml declares:
+    its dependencies and build system), and the kernel wheel ``dsv4patch build``
+    makes (nvcc, with the lock's toolchain as the card's ``apply``: its cached
+    objects) in ``kernels/`` (``KERNELS_STAGE=kernels-context``: the CUDA
+    ``kernels`` stage needs the CUDA image);
   * runs ``docker build --network none --target final`` with the label build
     args from ``dsv4patch lock --build-args``: the final stage pip-installs the
     patched wheel (``--no-deps``) and its self-check ``dsv4patch status
@@ -32,9 +34,10 @@ The test
   * checks that a wrong label build arg fails the build;
   * runs ``python -m dsv4patch_kernels_<pin> check --no-device`` in the built
     final image, with the pin's torch 2.13.0 (CUDA 13.0) and the CUDA
-    libraries it loads installed by pip for the image's python into a
-    temporary directory mounted read-only (~3.7 GB, removed afterwards; on tmpfs
-    where memory allows; fetched in a thread while the images build): the
+    libraries it loads installed by pip for the image's python into the shared
+    test cache (~3.7 GB, kept there like the base rootfs; on a cold cache made in
+    a thread while the images build; its torch wheel checked against the lock's
+    hashes every run) and mounted read-only: the
     dispatcher runs the dsv4patch kernels, and the stock ones with
     ``DSV4PATCH_KERNELS=0``;
   * runs ``dsv4patch selftest --help`` and ``--list`` in it (the node check
@@ -45,9 +48,12 @@ Only the CUDA ``kernels`` stage and the real vLLM base image are not used here
 (registries and GPUs' worth of downloads); they are linted
 (tests/test_ci_files.py) and built by the ``image`` workflow.
 
-Timing on 2 cores, warm caches: ~2.5 min with tmpfs (the torch runtime's ~1 min runs beside
-the builds), ~4-6 min on disk (cold: + ~20 s mmdebstrap, + the sdist and wheel downloads).  Without nvcc only the ``patch`` stage is built
-(the final-image test skips and says so).
+Timing on 2 cores, warm caches (the base rootfs, the wheels and the torch runtime in the test
+cache; the dockerd data root on tmpfs): ~2-2.5 min and ~62 CPU s besides the containers' own
+(2026-12-06: 146 s at load 6-8; 100 CPU s when the torch runtime was made per run).  Cold: +
+~20 s mmdebstrap, + the sdist and wheel downloads; the torch runtime (75-110 s on the disk) is
+made beside the image builds.  Without nvcc only the ``patch`` stage is built (the final-image
+test skips and says so).
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ from conftest import TMPFS, tmpfs_has_room
 from dsv4patch.delivery import buildargs
 from dsv4patch.kernels import stock, toolchain
 from dsv4patch.kernels.build import dist_name
-from dsv4patch.pins.lock import load
+from dsv4patch.pins.lock import load, tomllib
 from dsv4patch.series.patches import series_for_pin
 from dsv4patch.store import Store
 
@@ -96,10 +102,11 @@ VLLM_IMPORT_SET = ("numpy", "packaging", "regex", "msgspec", "huggingface_hub", 
 TORCH_LEFT_OUT = frozenset({"triton", "nvidia-cusolver", "nvidia-nvtx", "cuda-bindings",
                             "cuda-pathfinder", "cuda-toolkit", "setuptools"})
 TORCH_MOUNT = "/opt/dsv4patch-test/torch"  # where the check's torch runtime is mounted, read-only
-MIN_FREE_FOR_TORCH = 8 << 30  # the runtime is ~3.7 GB installed, its largest wheel 0.55 GB
-# On tmpfs (_tmpfs): the runtime, pip's copy of the largest wheel and its unpacked package; the
-# private dockerd's data root (images and build cache); memory left to the rest of the suite.
-TORCH_TMPFS_NEED = 6 << 30
+# Free space the cache's filesystem needs to make the runtime (_TorchJob): ~3.7 GB installed,
+# pip's copy of its largest wheel (0.55 GB) and that wheel unpacked.
+MIN_FREE_FOR_TORCH = 8 << 30
+# On tmpfs (_tmpfs): the private dockerd's data root (images and build cache); memory left to
+# the rest of the suite.
 DOCKER_ROOT_TMPFS_NEED = 6 << 30
 TMPFS_SPARE = 6 << 30
 ROOTFS_TMPFS_NEED = 1 << 30  # mmdebstrap's work directory (~0.5 GB: the rootfs and its .deb files)
@@ -282,6 +289,57 @@ def _libcuda(cache: Path) -> Path:
     return dest
 
 
+def _cache_key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_CACHE_TMP = ".tmp-"  # + the pytest process's pid: what a killed run left in the test cache is swept
+
+
+def _sweep_cache_tmp(cache: Path) -> None:
+    """Remove what a killed run of this module left under ``cache/docker`` (_cached_dir's work
+    directories whose pytest process is gone)."""
+    for d in (cache / "docker").glob(f"{_CACHE_TMP}*-*"):
+        pid = d.name[len(_CACHE_TMP):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _cached_dir(cache: Path, name: str, make) -> Path:
+    """``cache/docker/<name>``, made on first use by ``make(work)`` in a work directory beside it
+    that is then renamed into place (a concurrent run's entry wins; never half-made)."""
+    entry = cache / "docker" / name
+    if entry.is_dir():
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{_CACHE_TMP}{os.getpid()}-{name[:40]}-", dir=entry.parent))
+    try:
+        work.chmod(0o755)  # as the cache's other directories (mkdtemp's is 0700)
+        make(work)
+        try:
+            work.rename(entry)
+        except OSError:  # made meanwhile by a concurrent run
+            if not entry.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return entry
+
+
+def _wheels(cache: Path, name: str, key: list[object], pip_args: list[str], dest: Path) -> None:
+    """``pip download`` of ``pip_args`` into ``dest``: cached in the shared test cache per ``key``
+    (what the arguments ask for), like the base rootfs; copied from there (its files are small)."""
+    def download(work: Path) -> None:
+        res = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
+             "--dest", str(work), *pip_args], capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            pytest.skip(f"pip download of {name} failed (no PyPI?): {res.stderr[-1500:]}")
+
+    shutil.copytree(_cached_dir(cache, f"wheels-{name}-{_cache_key(*key)}", download), dest)
+
+
 def _pip_platform_args(python_version: str) -> list[str]:
     return ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
             *[a for tag in PLATFORMS for a in ("--platform", tag)]]
@@ -294,13 +352,8 @@ def _vllm_base_context(tmp: Path, cache: Path, python_version: str) -> Path:
     ctx = tmp / "vllm-base"
     ctx.mkdir()
     shutil.copyfile(_libcuda(cache), ctx / "libcuda.so.1")
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
-         "--dest", str(ctx / "wheels"), *_pip_platform_args(python_version), *VLLM_IMPORT_SET],
-        capture_output=True, text=True,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"pip download of vLLM's import set failed (no PyPI?): {res.stderr[-1500:]}")
+    pip_args = [*_pip_platform_args(python_version), *VLLM_IMPORT_SET]
+    _wheels(cache, f"vllm-import-set-cp{python_version.replace('.', '')}", pip_args, pip_args, ctx / "wheels")
     (ctx / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\n"
         "COPY libcuda.so.1 /usr/local/cuda/compat/libcuda.so.1\n"
@@ -311,6 +364,16 @@ def _vllm_base_context(tmp: Path, cache: Path, python_version: str) -> Path:
     return ctx
 
 
+def _torch_want() -> toolchain.Requirement:
+    """The pin's torch as the lock's toolchain file pins it (version and wheel hashes)."""
+    tdef = load(LOCK).pin(PIN).toolchain
+    assert tdef is not None
+    return toolchain.read_requirements(tdef.requirements)["torch"]
+
+
+TORCH_MANIFEST = "requirements.txt"  # beside the runtime's site/: what pip installed, with hashes
+
+
 def _torch_runtime(dest: Path, python_version: str) -> Path:
     """The pin's torch (2.13.0, CUDA 13.0) for the image's python, with the CUDA libraries
     ``import torch`` loads, installed by pip into ``dest`` (``--target``): what vLLM's image has and
@@ -318,11 +381,9 @@ def _torch_runtime(dest: Path, python_version: str) -> Path:
     installed hash-checked with ``--no-deps`` except TORCH_LEFT_OUT; torch's wheel must be one the
     lock's toolchain file pins.  One package at a time, so at most one wheel waits on disk, each
     into a directory of its own that is then moved into ``dest`` file by file (``--target``
-    replaces whole top-level directories, and the nvidia-* wheels share ``nvidia/``)."""
-    lock = load(LOCK)
-    tdef = lock.pin(PIN).toolchain
-    assert tdef is not None
-    want = toolchain.read_requirements(tdef.requirements)["torch"]
+    replaces whole top-level directories, and the nvidia-* wheels share ``nvidia/``).  What was
+    installed, hash-pinned, goes to TORCH_MANIFEST beside ``dest``."""
+    want = _torch_want()
     report = dest.parent / "torch-resolve.json"
     plat = _pip_platform_args(python_version)
     res = subprocess.run(
@@ -366,6 +427,7 @@ def _torch_runtime(dest: Path, python_version: str) -> Path:
         shutil.rmtree(one)
     req.unlink()
     shutil.rmtree(ptmp, ignore_errors=True)
+    (dest.parent / TORCH_MANIFEST).write_text("".join(line + "\n" for line in reqs))
     return dest
 
 
@@ -419,14 +481,12 @@ def _context(tmp: Path, cache: Path, sdist_sha: str, python_version: str) -> Pat
                     ctx / "vllm-wheels" / wheel.url.rsplit("/", 1)[1])
     if _has_nvcc():  # else only the patch stage is built (the wheel needs the kernel library)
         _kernel_wheel(cache, ctx / "kernels")
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-         "--dest", str(ctx / "wheels"), "--python-version", python_version,
-         "--only-binary=:all:", str(ctx), "setuptools>=68", "wheel"],
-        capture_output=True, text=True,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"pip download of dsv4patch's wheels failed (no PyPI?): {res.stderr[-1500:]}")
+    # dsv4patch's dependencies and its build backend: the cache key is what pyproject.toml declares.
+    pyproject = tomllib.loads((ctx / "pyproject.toml").read_text())
+    pip_args = ["--python-version", python_version, "--only-binary=:all:", str(ctx), "setuptools>=68", "wheel"]
+    key: list[object] = [pyproject["build-system"], pyproject["project"].get("dependencies", []),
+                         pyproject["project"].get("requires-python"), pip_args[:3], pip_args[4:]]
+    _wheels(cache, f"dsv4patch-deps-cp{python_version.replace('.', '')}", key, pip_args, ctx / "wheels")
     return ctx
 
 
@@ -465,55 +525,54 @@ def _tmpfs(need: int) -> Path | None:
     return TMPFS
 
 
-def _torch_runtime_parent(tmp: Path) -> tuple[Path | None, str]:
-    """Where the torch runtime goes: tmpfs when _tmpfs allows, else the module's temp dir on disk
-    if it has room (None and why not, else)."""
-    shm = _tmpfs(TORCH_TMPFS_NEED)
-    if shm is not None:
-        return shm, "tmpfs"
-    free = shutil.disk_usage(tmp).free
-    if free < MIN_FREE_FOR_TORCH:
-        return None, (f"{free >> 30} GiB free: the dispatcher check needs the pin's torch and its CUDA "
-                      f"libraries (~3.7 GB installed); free {MIN_FREE_FOR_TORCH >> 30} GiB to run it")
-    return tmp, "disk"
-
-
 class _TorchJob:
-    """_torch_runtime in a thread, started as soon as the image's python version is known, so
-    that its downloads and unpacking (~1 min) overlap the image builds instead of following them."""
+    """The torch runtime (_torch_runtime) from the shared test cache, like the base rootfs: one
+    entry per torch version and wheel hashes the lock pins, image python, platform tags and
+    TORCH_LEFT_OUT.  On a cold cache it is made in a thread, started as soon as the image's
+    python version is known, so that its downloads and unpacking (~1 min) overlap the image
+    builds instead of following them; on the cache's filesystem (the disk), where it stays."""
 
-    def __init__(self, tmp: Path, pyver: str) -> None:
-        parent, self.where = _torch_runtime_parent(tmp)
-        self.root: Path | None = None
+    def __init__(self, cache: Path, pyver: str) -> None:
+        want = _torch_want()
+        self.entry = cache / "docker" / (
+            f"torch-{want.version}-cp{pyver.replace('.', '')}-"
+            + _cache_key(want.version, sorted(want.hashes), pyver, PLATFORMS, sorted(TORCH_LEFT_OUT)))
         self.pool: ThreadPoolExecutor | None = None
-        if parent is None:
-            self.skip = self.where
-            return
         self.skip = ""
-        self.root = Path(tempfile.mkdtemp(prefix=f"{_SHM_PREFIX}{os.getpid()}-torch-" if self.where == "tmpfs"
-                                          else "dsv4-torch-rt-", dir=parent))
+        self.cached = self.entry.is_dir()
+        if self.cached:
+            return
+        self.entry.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.entry.parent).free
+        if free < MIN_FREE_FOR_TORCH:
+            self.skip = (f"{free >> 30} GiB free: the dispatcher check needs the pin's torch and its CUDA "
+                         f"libraries (~3.7 GB installed, kept in the test cache); free "
+                         f"{MIN_FREE_FOR_TORCH >> 30} GiB to run it")
+            return
         self.pool = ThreadPoolExecutor(1)
-        self.future = self.pool.submit(self._run, self.root, pyver)
+        self.future = self.pool.submit(self._run, cache, self.entry, pyver)
 
     @staticmethod
-    def _run(root: Path, pyver: str) -> tuple[Path, float]:
+    def _run(cache: Path, entry: Path, pyver: str) -> float:
         t0 = time.monotonic()
-        site = _torch_runtime(root / "site", pyver)
-        return site, time.monotonic() - t0
+        _cached_dir(cache, entry.name, lambda work: _torch_runtime(work / "site", pyver))
+        return time.monotonic() - t0
 
-    def result(self) -> tuple[Path, float]:
+    def result(self) -> tuple[Path, float | None]:
+        """The runtime's site directory and the seconds its making took (None: it was cached)."""
         if self.skip:
             pytest.skip(self.skip)
-        return self.future.result()
+        took = None if self.pool is None else self.future.result()
+        # Whether made now or cached: torch's wheel is one the lock pins (the manifest holds its hash).
+        want = _torch_want()
+        pinned = [line for line in (self.entry / TORCH_MANIFEST).read_text().splitlines() if line.startswith("torch==")]
+        assert len(pinned) == 1, pinned
+        assert pinned[0].rsplit("--hash=sha256:", 1)[1] in want.hashes, f"{pinned[0]}: not a wheel the lock pins"
+        return self.entry / "site", took
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True)  # pip runs to its end (or its timeout) first
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
-            if self.where == "tmpfs":
-                _TMPFS_GRANTED[0] -= TORCH_TMPFS_NEED
 
 
 def _module_wants(request: pytest.FixtureRequest, fixture: str) -> bool:
@@ -526,13 +585,14 @@ def _module_wants(request: pytest.FixtureRequest, fixture: str) -> bool:
 def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathFactory,
           request: pytest.FixtureRequest):
     t0 = time.monotonic()
+    _sweep_cache_tmp(shared_cache)
     tar = _base_rootfs_tar(shared_cache)
     with open(tar, "rb") as fh:
         docker("import", "-", BASE_IMAGE, stdin=fh)
     pyver = docker("run", "--rm", "--network", "none", BASE_IMAGE, "python3", "-c",
                    "import sys; print('%d.%d' % sys.version_info[:2])").stdout.strip()
     tmp = tmp_path_factory.mktemp("docker")
-    torch_job = _TorchJob(tmp, pyver) if _has_nvcc() and _module_wants(request, "torch_runtime") else None
+    torch_job = _TorchJob(shared_cache, pyver) if _has_nvcc() and _module_wants(request, "torch_runtime") else None
     try:
         yield from _build(docker, shared_cache, tmp, pyver, t0, torch_job)
     finally:
@@ -544,23 +604,23 @@ def built(docker: Docker, shared_cache: Path, tmp_path_factory: pytest.TempPathF
 
 def _build(docker: Docker, shared_cache: Path, tmp: Path, pyver: str, t0: float,
            torch_job: _TorchJob | None) -> Iterator[dict]:
-    base_ctx = _vllm_base_context(tmp, shared_cache, pyver)
     sdist_sha = load(LOCK).pin(PIN).source.sha256
 
     def base_build() -> float:
         t = time.monotonic()
+        base_ctx = _vllm_base_context(tmp, shared_cache, pyver)
         docker("build", "--network", "none", "-t", VLLM_BASE_IMAGE, str(base_ctx))
+        shutil.rmtree(base_ctx)
         return time.monotonic() - t
 
-    # The stand-in image builds (in dockerd) while the main context is made (the kernel wheel's
-    # apply and build here): neither needs the other.
+    # The stand-in image (its context, then its build in dockerd) is made while the main context
+    # is (the kernel wheel's apply and build here): neither needs the other.
     with ThreadPoolExecutor(1) as pool:
         base_job = pool.submit(base_build)
         t_ctx = time.monotonic()
         ctx = _context(tmp, shared_cache, sdist_sha, pyver)
         t_ctx = time.monotonic() - t_ctx
         t_base = base_job.result()
-    shutil.rmtree(base_ctx)
     # Everything below compares with the context's copy of the lock (a snapshot).
     lock_path = ctx / "locks" / "vllm.toml"
     lock = load(lock_path)
@@ -586,8 +646,8 @@ def _build(docker: Docker, shared_cache: Path, tmp: Path, pyver: str, t0: float,
     sizes = {img: int(docker("image", "inspect", "--format", "{{.Size}}", img).stdout.strip() or 0)
              for img in (VLLM_BASE_IMAGE, "dsv4patch-test/final:ok")[:2 if final else 1]}
     # docs/docker.md quotes these lines ("Build time").
-    print(f"\ndocker build timings: prep {t_prep:.0f}s (base image, contexts; the stand-in image build {t_base:.0f}s "
-          f"beside the main context's {t_ctx:.0f}s), "
+    print(f"\ndocker build timings: prep {t_prep:.0f}s (base image, contexts; the stand-in image, its context and "
+          f"build, {t_base:.0f}s beside the main context's {t_ctx:.0f}s), "
           f"--target final {t_final:.0f}s (patch -> wheel -> final), --target patch {t_patch:.0f}s "
           f"(cached stages); image sizes: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in sizes.items()))
     print("docker build --target final, its slowest steps: " + "; ".join(_step_times(log)[:8]))
@@ -599,8 +659,8 @@ def _build(docker: Docker, shared_cache: Path, tmp: Path, pyver: str, t0: float,
 @pytest.fixture(scope="module")
 def torch_runtime(built) -> Path:
     """The pin's torch with its CUDA libraries for the image's python (_torch_runtime): ~3.7 GB,
-    downloaded per run (not cached), started by ``built`` alongside the image builds (_TorchJob)
-    and removed after the module."""
+    from the shared test cache (made there on first use by ``built``, alongside the image builds:
+    _TorchJob); mounted read-only, so the container cannot change it."""
     job = built["torch_job"]
     if job is None:
         _needs_final(built)
@@ -608,8 +668,9 @@ def torch_runtime(built) -> Path:
     t0 = time.monotonic()
     site, took = job.result()
     size = sum(f.stat().st_size for f in site.rglob("*") if f.is_file() and not f.is_symlink())
-    print(f"\ntorch runtime for the dispatcher check: {size / 1e9:.2f} GB in {took:.0f}s on {job.where} "
-          f"(alongside the image builds; {time.monotonic() - t0:.0f}s waited for here)")
+    made = "cached" if took is None else f"made in {took:.0f}s alongside the image builds"
+    print(f"\ntorch runtime for the dispatcher check: {size / 1e9:.2f} GB in the test cache ({made}; "
+          f"{time.monotonic() - t0:.0f}s waited for here)")
     return site
 
 

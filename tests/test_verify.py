@@ -97,8 +97,7 @@ def _junit(path: Path) -> dict[str, tuple[str, str, dict[str, str]]]:
     return out
 
 
-def _pytest(env: testenv.TestEnv, tree: Path, files: list[str], xml: Path, interpreter: bool,
-            *extra: str) -> dict[str, tuple[str, str, dict[str, str]]]:
+def _env(env: testenv.TestEnv, interpreter: bool) -> dict[str, str]:
     run_env = env.env()
     if not interpreter:
         del run_env["TRITON_INTERPRET"]
@@ -106,10 +105,35 @@ def _pytest(env: testenv.TestEnv, tree: Path, files: list[str], xml: Path, inter
     # sessions (each would otherwise compile vLLM's ~600 imported modules again: ~0.45 s CPU a
     # session, 8% of them; timestamp-checked, so what runs is the tree's source either way).
     del run_env["PYTHONDONTWRITEBYTECODE"]
+    return run_env
+
+
+def _pytest(env: testenv.TestEnv, tree: Path, files: list[str], xml: Path, interpreter: bool,
+            *extra: str) -> dict[str, tuple[str, str, dict[str, str]]]:
     cmd = [*env.pytest_args(), "-q", "-p", "no:warnings", f"--junitxml={xml}", *extra, *files]
-    res = subprocess.run(cmd, cwd=tree, env=run_env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(cmd, cwd=tree, env=_env(env, interpreter), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, (files, res.stdout[-3000:], res.stderr[-3000:])
     return _junit(xml)
+
+
+def _each_alone(env: testenv.TestEnv, tree: Path, files: list[str], work: Path,
+                *extra: str) -> list[dict[str, tuple[str, str, dict[str, str]]]]:
+    """Each file in a pytest session of its own, in a process of its own (under the interpreter):
+    the processes are forked from one that imported pytest, the CPU plugin and torch, as every
+    session does before it collects a file (tests/one_file_sessions.py), so torch's start-up
+    (~1.5 CPU s a process) is paid once, not once per file (issue 39)."""
+    args = [*env.pytest_args()[3:], "-q", "-p", "no:warnings", *extra]
+    jobs = [{"args": [*args, f"--junitxml={work / f'{i}.xml'}", f], "log": str(work / f"{i}.log")}
+            for i, f in enumerate(files)]
+    spec = work / "jobs.json"
+    spec.write_text(json.dumps({"cwd": str(tree), "parallel": 2, "jobs": jobs}))
+    res = subprocess.run([str(env.python), str(Path(__file__).with_name("one_file_sessions.py")), str(spec)],
+                         env=_env(env, True), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    codes = json.loads(res.stdout.splitlines()[-1])["exit codes"]
+    for i, f in enumerate(files):
+        assert codes[i] == 0, (f, codes[i], (work / f"{i}.log").read_text()[-3000:])
+    return [_junit(work / f"{i}.xml") for i in range(len(files))]
 
 
 def test_the_series_tests_run_alone_and_record_where(shared_cache, cpu_testenv, tmp_path, cli):
@@ -126,12 +150,11 @@ def test_the_series_tests_run_alone_and_record_where(shared_cache, cpu_testenv, 
     files = sorted(f for f in sh(tree, "diff", "--name-only", base, "HEAD", "--", "tests/").splitlines()
                    if Path(f).name.startswith("test_"))
     assert len(files) == 10, files  # fixes 1-7, extras 1-3
-    with ThreadPoolExecutor(2) as pool:
-        # Without the interpreter, all files in one session in reverse order: the session that
-        # imports every file, started first beside the others, so no core waits for it at the end.
+    with ThreadPoolExecutor(1) as pool:
+        # Without the interpreter, all files in one session (a process started as usual) in reverse
+        # order: the session that imports every file, started first beside the one-file sessions.
         together = pool.submit(_pytest, cpu_testenv, tree, files[::-1], tmp_path / "all.xml", False)
-        alone = list(pool.map(lambda i: _pytest(cpu_testenv, tree, [files[i]], tmp_path / f"{i}.xml", True,
-                                                "--noconftest"), range(len(files))))
+        alone = _each_alone(cpu_testenv, tree, files, tmp_path, "--noconftest")
         combined = together.result()
     passed = 0
     for f, results in zip(files, alone, strict=True):

@@ -97,7 +97,9 @@ def serve(root: Path | None = None) -> Iterator[LocalIndex]:
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    # serve_forever checks for shutdown() once per poll interval: 0.5 s by default, which every test's
+    # teardown (shutdown() waits for it) paid in full, twice with two servers
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     idx.url = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
         yield idx

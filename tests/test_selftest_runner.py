@@ -24,13 +24,20 @@ from dsv4patch.errors import ChildError
 from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress
-from dsv4patch.proofs.selftest import cases, plan, runner
+from dsv4patch.proofs.selftest import cases, plan, probe, runner
 from dsv4patch.proofs.selftest.model import DESIGN
 from dsv4patch.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [sys.executable, str(ROOT / "tests" / "selftest_standin_engine.py")]
 FAST = runner.Deadlines(start=20, first_case=20, case=20, total=120)
+
+
+@pytest.fixture(autouse=True)
+def short_hang_sample(monkeypatch):
+    """A hang's evidence is sampled for 0.5 s here, not 2 s (probe.SAMPLE_SECONDS): only the CPU-time verdict
+    (working_on_cpu, which needs 1 s) depends on its length, and the one test of it sets 1 s."""
+    monkeypatch.setattr(probe, "SAMPLE_SECONDS", 0.5)
 
 
 def _run(tmp_path, names, mode="pass", deadlines=FAST, parallel=2, force=False):
@@ -94,6 +101,7 @@ def test_an_engine_start_busy_on_the_cpu_on_an_idle_gpu_is_a_slow_start_not_a_ha
     smi.write_text('#!/bin/sh\necho "0 %, 11269 MiB, 143771 MiB"\n')
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(probe, "SAMPLE_SECONDS", 1.0)  # the CPU time over at least 1 s decides
     quick = runner.Deadlines(start=1.5, first_case=20, case=20, total=60)
     got, runs = _run(tmp_path, ["dspark5/short_b5", "dspark5/short_b1"], mode="busy_start", deadlines=quick)
     ev = runs[0].evidence
@@ -111,15 +119,15 @@ def test_an_engine_start_busy_on_the_cpu_on_an_idle_gpu_is_a_slow_start_not_a_ha
 def test_engines_start_in_plan_order_and_a_hang_of_the_first_costs_only_its_deadline(tmp_path):
     # mtp1 warms the caches alone; when it hangs at start the others start once its deadline passed,
     # with the cold start deadline (the first engine never measured a start)
-    quick = runner.Deadlines(start=2, first_case=20, case=20, total=60)
+    quick = runner.Deadlines(start=1, first_case=20, case=20, total=60)
     t0 = time.monotonic()
     got, runs = _run(tmp_path, ["plain/short_b1", "mtp1/short_b1", "dspark5/short_b1"], mode="hang_start",
                      deadlines=quick, parallel=1)
     assert time.monotonic() - t0 < 30
     started = sorted(runs, key=lambda r: r.launched_at)
     assert [r.engine.name for r in started] == ["mtp1", "dspark5", "plain"]
-    assert started[1].launched_at >= 2 and [r.outcome for r in runs] == ["hang", "hang", "hang"]
-    assert all(r.start_deadline == 2 for r in runs)
+    assert started[1].launched_at >= 1 and [r.outcome for r in runs] == ["hang", "hang", "hang"]
+    assert all(r.start_deadline == 1 for r in runs)
 
 
 @pytest.mark.parametrize("how", ["child_cannot_start", "files_already_there"])

@@ -44,6 +44,9 @@ from dsv4patch import childproc
 from dsv4patch.errors import ChildError
 
 STACKS_LIMIT = 4 << 20  # bytes of a stacks file read back for the summary
+# Seconds the hung process is watched at least (its CPU time read before and after, the SIGUSR1 dump awaited):
+# HangEvidence.working_on_cpu needs a sample of 1 s or more.
+SAMPLE_SECONDS = 2.0
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # cuda-gdb's "info cuda kernels" row: ... Status SMs-mask (grid) (block) Invocation
 _KERNEL_ROW = re.compile(r"\(\d+,\d+,\d+\)\s+\(\d+,\d+,\d+\)\s+(?P<invocation>\S.*)$")
@@ -270,8 +273,8 @@ def collect(child: childproc.Child, *, stacks: Path, out: Path, tool_deadline: f
     sent = child.send_signal(signal.SIGUSR1)
     ev.tools["faulthandler"] = "ok" if sent else "the engine had already exited"
     while sent and time.monotonic() - t0 < 10.0:
-        time.sleep(0.5)
-        if stacks.exists() and stacks.stat().st_size > before and time.monotonic() - t0 >= 2.0:
+        time.sleep(0.1)
+        if stacks.exists() and stacks.stat().st_size > before and time.monotonic() - t0 >= SAMPLE_SECONDS:
             break
     if sent and not (stacks.exists() and stacks.stat().st_size > before):
         ev.tools["faulthandler"] = "no dump within 10 s (a thread in uninterruptible sleep takes no signal)"

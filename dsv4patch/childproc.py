@@ -38,11 +38,11 @@ running after dsv4patch has exited.  Here every child gets:
 API
 ---
 ``run(argv, *, deadline, what, cwd=None, env=None, stdin=None, output=None, merge=False,
-keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_line=None) -> Finished``
+keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_chunk=None) -> Finished``
     Run to the end.  Returns a :class:`Finished` (exit status or the signal that
     ended it, bounded tails of stdout and stderr, byte counts, the output file);
-    ``merge`` puts stderr into stdout, ``on_line`` is called with each stdout
-    line as it comes (an output too large to keep, parsed as it streams);
+    ``merge`` puts stderr into stdout, ``on_chunk`` is called with each piece of
+    stdout as it is read (an output too large to keep, parsed as it streams);
     a non-zero exit is a result for the caller to judge.  Raises
     :class:`~dsv4patch.errors.ChildError` when the program cannot be started,
     or (``check_bounds``) ran past its deadline or its ``flood`` limit;
@@ -113,7 +113,6 @@ LOG_CAP = 256 << 20  # the same for a watched child's log (a self-test engine's 
 PROBE_DEADLINE = 120.0  # seconds a probe of a program the user named may take (``--python``, ``nvcc --version``)
 PROBE_OUTPUT = 1 << 20  # bytes such a probe may print before it is ended as a flood
 _READ = 1 << 16
-_LINE = 1 << 20  # the longest line handed to an on_line callback in one piece
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _LINUX = sys.platform.startswith("linux")
 _PR_SET_PDEATHSIG = 1
@@ -581,33 +580,18 @@ class _Pump(threading.Thread):
     """Reads one pipe to its end: the last ``keep`` bytes kept, everything passed to the sink."""
 
     def __init__(self, fd: int, keep: int, sink: _Sink | None, on_bytes: Any,
-                 on_line: Callable[[str], None] | None = None) -> None:
+                 on_chunk: Callable[[bytes], None] | None = None) -> None:
         super().__init__(daemon=True)
         self.fd = fd
         self.keep = keep
         self.sink = sink
         self.on_bytes = on_bytes
-        self.on_line = on_line
-        self.partial = bytearray()  # the line being assembled for on_line (at most _LINE bytes)
-        self.error: BaseException | None = None  # what on_line raised (the child is then killed)
+        self.on_chunk = on_chunk
+        self.error: BaseException | None = None  # what on_chunk raised (the child is then killed)
         self.tail = bytearray()
         self.seen = 0
         self.stop = threading.Event()
         self.start()
-
-    def _lines(self, chunk: bytes, final: bool = False) -> None:
-        assert self.on_line is not None
-        self.partial += chunk
-        *whole, rest = bytes(self.partial).split(b"\n")
-        self.partial = bytearray(rest)
-        if final and rest:
-            whole.append(rest)
-            self.partial = bytearray()
-        elif len(self.partial) > _LINE:  # one endless line: handed over in pieces
-            whole.append(bytes(self.partial))
-            self.partial = bytearray()
-        for line in whole:
-            self.on_line(line.decode("utf-8", errors="replace") + "\n")
 
     def run(self) -> None:
         try:
@@ -617,11 +601,9 @@ class _Pump(threading.Thread):
                     continue
                 chunk = os.read(self.fd, _READ)
                 if not chunk:
-                    if self.on_line is not None:
-                        self._lines(b"", final=True)
                     return
-                if self.on_line is not None:
-                    self._lines(chunk)
+                if self.on_chunk is not None:
+                    self.on_chunk(chunk)
                 self.seen += len(chunk)
                 self.tail += chunk
                 if len(self.tail) > 2 * self.keep:
@@ -631,7 +613,7 @@ class _Pump(threading.Thread):
                 self.on_bytes(len(chunk))
         except (OSError, ValueError):
             return
-        except BaseException as exc:  # on_line failed: the child's output is of no further use
+        except BaseException as exc:  # on_chunk failed: the child's output is of no further use
             self.error = exc
             self.on_bytes(-1)
 
@@ -721,7 +703,7 @@ def _bounds_error(fin: Finished, flood: int | None) -> ChildError:
 
 class _FloodCount:
     """The pumps' byte counter for one child: kills its group once it has printed more than
-    ``flood`` bytes (or when a pump's ``on_line`` failed, ``n`` < 0)."""
+    ``flood`` bytes (or when a pump's ``on_chunk`` failed, ``n`` < 0)."""
 
     def __init__(self, pid: int, flood: int | None, flooded: threading.Event) -> None:
         self.pid = pid
@@ -731,7 +713,7 @@ class _FloodCount:
         self.total = 0
 
     def __call__(self, n: int) -> None:
-        if n < 0:  # on_line failed: stop the child
+        if n < 0:  # on_chunk failed: stop the child
             self._kill()
             return
         with self.lock:
@@ -748,14 +730,14 @@ class _FloodCount:
 
 
 def _start_pumps(proc: subprocess.Popen[bytes], pumps: list[_Pump], keep: int, sink: _Sink | None,
-                 count: _FloodCount, on_line: Callable[[str], None] | None) -> None:
+                 count: _FloodCount, on_chunk: Callable[[bytes], None] | None) -> None:
     """One reader thread per pipe of ``proc``, appended to ``pumps`` as each starts (so the caller
-    can finish those that did); ``on_line`` goes to the stdout pump only."""
+    can finish those that did); ``on_chunk`` goes to the stdout pump only."""
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             fd = os.dup(stream.fileno())
             stream.close()
-            pumps.append(_Pump(fd, keep, sink, count, on_line if not pumps else None))
+            pumps.append(_Pump(fd, keep, sink, count, on_chunk if not pumps else None))
 
 
 def _wait(proc: subprocess.Popen[bytes], end: float, flooded: threading.Event) -> bool:
@@ -812,7 +794,7 @@ def run(
     output_cap: int = OUTPUT_CAP,
     flood: int | None = None,
     check_bounds: bool = True,
-    on_line: Callable[[str], None] | None = None,
+    on_chunk: Callable[[bytes], None] | None = None,
 ) -> Finished:
     """Run ``argv`` to its end within ``deadline`` seconds (see the module docstring).
 
@@ -820,9 +802,9 @@ def run(
     ``output``: stream stdout and stderr there as they come (a new file, capped at
     ``output_cap``).  ``merge``: stderr goes into stdout (one tail, in order).
     ``flood``: kill the child once it has printed more than this many bytes.
-    ``on_line``: called in a reader thread with each line of stdout as it comes
-    (decoded, errors="replace"): a parser of an output too large to keep; what
-    it raises ends the child and is raised here.
+    ``on_chunk``: called in a reader thread with each piece of stdout as it is
+    read (bytes; a line may be split between pieces): a parser of an output too
+    large to keep; what it raises ends the child and is raised here.
     """
     deadline = _check_deadline(deadline, what)
     t0 = time.monotonic()
@@ -834,7 +816,7 @@ def run(
         tracked = _spawn(argv, what=what, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT if merge else subprocess.PIPE)
         try:
-            _start_pumps(tracked.proc, pumps, keep, sink, _FloodCount(tracked.proc.pid, flood, flooded), on_line)
+            _start_pumps(tracked.proc, pumps, keep, sink, _FloodCount(tracked.proc.pid, flood, flooded), on_chunk)
             timed_out = _wait(tracked.proc, t0 + deadline, flooded)
             tracked.killed_by_us = tracked.killed_by_us or timed_out or flooded.is_set()
         finally:

@@ -86,6 +86,7 @@ def file_mutex(
         os.set_inheritable(fd, True)
     try:
         deadline = time.monotonic() + timeout
+        pause = 0.01  # doubled up to 0.2 s: a lock held for a moment (a git still exiting) costs a moment
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -98,7 +99,8 @@ def file_mutex(
                         f"{path}); wait for it to finish, or raise DSV4PATCH_LOCK_TIMEOUT "
                         f"(now {timeout:g} s)"
                     ) from None
-                time.sleep(0.2)
+                time.sleep(pause)
+                pause = min(2 * pause, 0.2)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

@@ -151,7 +151,7 @@ def test_exclusive_checkout_is_in_the_tree_and_held_until_git_children_exit(tmp_
     first = spawn(apply_args(lock5, tree, tmp_path / "c1"), **env)
     try:
         wait_for(flags / "started", first)
-        monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.5")
+        monkeypatch.setenv("DSV4PATCH_LOCK_TIMEOUT", "0.2")
         other = cli(*apply_args(lock5, tree, tmp_path / "c2"))  # another cache
         assert other.rc == EXIT_BUSY, other.err
         assert f"tree {tree}" in other.err

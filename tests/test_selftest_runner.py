@@ -268,7 +268,10 @@ def test_drafts_all_accepted_are_inconclusive(tmp_path):
         got["mtp2/short_b1"].error
 
 
-def test_the_total_deadline_cuts_a_running_engine_to_not_run(tmp_path):
+def test_an_engine_with_too_little_of_the_total_deadline_left_is_not_run(tmp_path):
+    """With 2 s of the run's deadline left (an engine needs 10 s to start), the engine is not started and
+    its cases are not-run, naming the run's deadline.  A running engine cut by the deadline:
+    test_selftest.py's test_the_run_ends_by_its_deadline_counted_from_its_start_not_from_the_engines."""
     cut = runner.Deadlines(start=60, first_case=60, case=60, total=2.0)
     got, runs = _run(tmp_path, ["plain/trio_b3", "plain/mid_b24"], mode="hang_case", deadlines=cut)
     assert got["plain/mid_b24"].verdict == "not-run" and "the run's deadline" in got["plain/mid_b24"].error

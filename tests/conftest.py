@@ -459,16 +459,93 @@ class Vllm026:
     def env(self, path: Path | None = None) -> dict[str, str]:
         # Bytecode is written (site and tree are this session's own): the first process compiles vLLM's
         # ~700 modules it imports, the rest of the session's children read them (issue 39; ~0.7 of ~8.5
-        # CPU s a process where PYTHONDONTWRITEBYTECODE is set, as in this machine's environment).
+        # CPU s a process where PYTHONDONTWRITEBYTECODE is set, as in this machine's environment), and
+        # the next session finds them in the bytecode store (:func:`seed_bytecode`).
         e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
-        e.update(PYTHONPATH=str(path or self.site), CUDA_VISIBLE_DEVICES="")
+        e.update(PYTHONPATH=str(path or self.site), CUDA_VISIBLE_DEVICES="",
+                 VLLM_CACHE_ROOT=str(vllm_cache_root(path or self.site)))
         return e
 
 
+def vllm_cache_root(path: Path) -> Path:
+    """vLLM's cache root for the vLLM at PATH: one per content of its ``vllm/models`` (issue 39).
+
+    vLLM keeps what it learns of a model class (``modelinfos/<class>.json``, the hash of the class's
+    package with it) in one file per class under its cache root; a miss inspects the class in a
+    subprocess that imports vLLM again (~7 CPU s).  The stock wheel's and the patched tree's DeepSeek-V4
+    packages differ, so with one cache root every switch between them (test_selftest_child's stock and
+    patched children, test_selftest_model's probes, another session's) rewrote the files and the next
+    child inspected again: 2-4 such subprocesses a module.  One root per content: each is inspected
+    once, vLLM still checks its hash on every read."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for src in sorted((path / "vllm" / "models").rglob("*.py")):
+        digest.update(f"{src.relative_to(path)}\0".encode() + src.read_bytes() + b"\0")
+    base = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm").expanduser()
+    return base / "dsv4patch-tests" / digest.hexdigest()[:16]
+
+
+# The bytecode store (issue 39): compiling the ~700 modules of vLLM a child imports takes ~14 CPU s, once
+# for the stock wheel's files and once for the patched tree, in every session (both are made anew in the
+# basetemp).  The store keeps checked-hash .pyc files by the sha256 of their source: Python checks such a
+# file against its source's hash on every import (a changed source is compiled again), and sets the code's
+# file names from where the source is, so one .pyc serves every path with the same source (the tree's
+# files that the series does not change take the wheel's).  Beside the shared cache, never in it.
+def bytecode_store(shared_cache: Path) -> Path:
+    return shared_cache.parent / "dsv4patch-test-pyc" / sys.implementation.cache_tag
+
+
+def seed_bytecode(root: Path, store: Path) -> int:
+    """The stored .pyc of every source under ROOT that the store has, in place (how many)."""
+    import hashlib
+
+    tag = sys.implementation.cache_tag
+    seeded = 0
+    for src in root.rglob("*.py"):
+        pyc = store / f"{hashlib.sha256(src.read_bytes()).hexdigest()}.pyc"
+        if pyc.is_file():
+            (src.parent / "__pycache__").mkdir(exist_ok=True)
+            shutil.copyfile(pyc, src.parent / "__pycache__" / f"{src.stem}.{tag}.pyc")
+            seeded += 1
+    return seeded
+
+
+def keep_bytecode(root: Path, store: Path) -> int:
+    """What the children compiled under ROOT, into the store as checked-hash .pyc (how many new): only a
+    .pyc of this Python's magic number that is valid for its source now (its mtime and size, or hash)."""
+    import hashlib
+    import importlib.util
+
+    tag = sys.implementation.cache_tag
+    store.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    for pyc in root.rglob(f"__pycache__/*.{tag}.pyc"):
+        src = pyc.parent.parent / f"{pyc.name[: -len(f'.{tag}.pyc')]}.py"
+        if not src.is_file():
+            continue
+        data, code = src.read_bytes(), pyc.read_bytes()
+        dest = store / f"{hashlib.sha256(data).hexdigest()}.pyc"
+        if dest.exists() or len(code) < 16 or code[:4] != importlib.util.MAGIC_NUMBER:
+            continue
+        flags, st = int.from_bytes(code[4:8], "little"), src.stat()
+        valid = (code[8:12] == (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+                 and code[12:16] == (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")) if flags == 0 else \
+            (flags & 1 and code[8:16] == importlib.util.source_hash(data))
+        if not valid:
+            continue
+        part = dest.with_name(f".{dest.name}.{os.getpid()}")
+        part.write_bytes(importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little")
+                         + importlib.util.source_hash(data) + code[16:])
+        os.replace(part, dest)  # whole or not at all: sessions beside this one read the store
+        kept += 1
+    return kept
+
+
 @pytest.fixture(scope="session")
-def vllm026(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Vllm026:
+def vllm026(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm026]:
     """Made once per session (the pin's tree and venv come from the shared cache; the stock wheel,
-    303 MB, is read from the store)."""
+    303 MB, is read from the store); vLLM's bytecode comes from and goes to :func:`bytecode_store`."""
     import zipfile
 
     from dsv4patch.kernels import stock
@@ -488,7 +565,12 @@ def vllm026(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Vll
         for name in zf.namelist():
             if name.endswith(".py") or ".dist-info/" in name or name.endswith((".json", ".jinja")):
                 zf.extract(name, site)
-    return Vllm026(Path(env.python), site, tree)
+    pycs = bytecode_store(shared_cache)
+    for root in (site / "vllm", tree / "vllm"):
+        seed_bytecode(root, pycs)
+    yield Vllm026(Path(env.python), site, tree)
+    for root in (site / "vllm", tree / "vllm"):
+        keep_bytecode(root, pycs)
 
 
 @dataclass

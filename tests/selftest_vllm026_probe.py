@@ -7,12 +7,13 @@ platform as sm_90 (``vllm026_cpu_platform.fake_cuda_platform``), CUDA streams an
 look up.  Prints one JSON line: per model, its class, what apply_oracle_weights set and what it missed,
 and the dtype/shape of the MTP layer's e_proj.
 
-With RANKS (a JSON list of ``[tp, pp, tp_rank, pp_rank]``) it builds, for each, the modules one worker of that
+With RANKS (a JSON list of ``[tp, pp, tp_rank, pp_rank]``) it then builds, in the same process (one import
+of torch and vLLM for both, issue 39), for each, the modules one worker of that
 topology builds: the engine config from the self-test child's own ``LLM(...)`` arguments
 (``child.llm_arguments``, so vLLM 0.26.0 accepts them for that topology), then vLLM's TP and PP groups told
 that size and rank (the constructors only read them; no collective runs), and reports per rank what the oracle
 set, what it missed for that pipeline stage, and every nonzero entry of the vocab-parallel matrices in whole-
-matrix coordinates (the test puts the shards together and compares them with the design).
+matrix coordinates (the test puts the shards together and compares them with the design): a second line.
 
 Usage: python selftest_vllm026_probe.py MODEL_PY MODEL_DIR [RANKS]
 """
@@ -143,6 +144,26 @@ def shards(model):
     return out
 
 
+def tp1_report():
+    """Per model at TP 1: its class, what the oracle set and missed, the MTP layer's e_proj."""
+    out = {}
+    for which, spec_cfg in SPECS:
+        cfg = engine_config(spec_cfg)
+        model, done = build(which, cfg)
+        entry = {"class": type(model).__name__, "set": done, "missing": m.missing_parts(type(model).__name__, done)}
+        for name, p in model.named_parameters():
+            if name.endswith("e_proj.weight") or name.endswith("e_proj.weight_scale_inv"):
+                entry[name.rsplit(".", 1)[-1]] = [str(p.dtype), list(p.shape)]
+                if name.endswith("e_proj.weight"):
+                    w = p.data.float()
+                    entry["e_proj_columns_one_hot"] = bool(
+                        ((w[:, : m.VOCAB_SIZE] != 0).sum(0) == 1).all() and (w.abs().max() == 1.0))
+        out[which] = entry
+    return out
+
+
+print(json.dumps(tp1_report()), flush=True)
+
 if len(sys.argv) > 3:
     from vllm.distributed import parallel_state as ps
 
@@ -166,19 +187,4 @@ if len(sys.argv) > 3:
                         "missing_as_tp1": m.missing_parts(cls, done), "shards": shards(model)})
             del model
     print(json.dumps(out))
-    sys.exit(0)
 
-out = {}
-for which, spec_cfg in SPECS:
-    cfg = engine_config(spec_cfg)
-    model, done = build(which, cfg)
-    entry = {"class": type(model).__name__, "set": done, "missing": m.missing_parts(type(model).__name__, done)}
-    for name, p in model.named_parameters():
-        if name.endswith("e_proj.weight") or name.endswith("e_proj.weight_scale_inv"):
-            entry[name.rsplit(".", 1)[-1]] = [str(p.dtype), list(p.shape)]
-            if name.endswith("e_proj.weight"):
-                w = p.data.float()
-                entry["e_proj_columns_one_hot"] = bool(
-                    ((w[:, : m.VOCAB_SIZE] != 0).sum(0) == 1).all() and (w.abs().max() == 1.0))
-    out[which] = entry
-print(json.dumps(out))

@@ -372,8 +372,10 @@ def _rescale_inner(model: Any, skip: set[int]) -> int:
         gen = torch.Generator(device=t.device).manual_seed(zlib.crc32(name.encode()))
         leaf = name.rsplit(".", 1)[-1]
         owner = name.rsplit(".", 2)[-2] if "." in name else ""
+        # copy_ casts to the parameter's dtype as .to() would (.to() is a copy_ into a new tensor): the same
+        # bits, without a second FP8 tensor of the parameter's size and a pass over it
         if t.dtype == torch.float8_e4m3fn:
-            t.copy_(torch.randn(t.shape, generator=gen, device=t.device).clamp_(-4, 4).to(t.dtype))
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device).clamp_(-4, 4))
         elif leaf in ("weight_scale_inv", "weight_scale") or leaf.endswith("_weight_scale_inv"):
             if t.dtype != torch.float32 or t.dim() < 1:
                 continue
@@ -381,7 +383,7 @@ def _rescale_inner(model: Any, skip: set[int]) -> int:
         elif leaf == "weight" and "norm" in owner and t.is_floating_point():
             t.fill_(1.0)
         elif leaf == "weight" and t.dim() == 2 and t.is_floating_point():
-            t.copy_(torch.randn(t.shape, generator=gen, device=t.device) / math.sqrt(t.shape[-1]))
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device).div_(math.sqrt(t.shape[-1])))
         else:
             continue
         count += 1

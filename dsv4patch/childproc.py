@@ -71,7 +71,8 @@ keep=KEEP, output_cap=OUTPUT_CAP, flood=None, check_bounds=True, on_chunk=None) 
     writes the wake-up pipe) whether an interrupt arrived; ``raise_if_interrupted()``.
     ``finishing()``: the block that puts the run's result in place; an interrupt
     after it no longer ends the run, which reports its result.  ``uninterrupted()``:
-    a block an interrupt never cuts (raised once it is over).
+    a block an interrupt never cuts (raised once it is over); ``starting()``: the same, for the block
+    that starts a child program this module does not track (``git.py``'s).
 
 ``end_tree(pid)``, ``end_all()``
     Kill one tree / every tree this process started (also done on exit).
@@ -229,6 +230,18 @@ def _critical() -> Iterator[None]:
             if fire:
                 _signal_children()
                 raise Interrupted(_STATE.signal)
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """In the main thread: the block that starts a child program the caller then owns (``git.py``'s
+    Popen, which this module does not track); an interrupt that arrives inside is raised once the
+    block is over.  Keep the child in a name bound inside the block and kill and reap it in the
+    ``except`` around it: an interrupt raised between the fork and that ``try`` would otherwise leave
+    the child running on behind the cleanup (a ``git clone`` re-creating the directory its caller
+    had just removed)."""
+    with _critical():
+        yield
 
 
 @contextlib.contextmanager

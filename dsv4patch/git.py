@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from dsv4patch import childproc, settings
@@ -241,24 +241,45 @@ def _execute(cwd: Path, args: Sequence[str], env: Mapping[str, str] | None,
         raise GitError(f"internal: git would run in {cwd}, which is not a directory")
     close_fds, preexec_fn = _child_options() if tied else (True, None)
     deadline = settings.active().git_timeout
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = subprocess.run(
-            ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo), input=input,
-            capture_output=True, stdin=None if input is not None else subprocess.DEVNULL,
-            close_fds=close_fds, preexec_fn=preexec_fn, timeout=deadline,
-        )
-    except OSError as exc:
-        raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
-    except subprocess.TimeoutExpired:  # git was killed (run() kills and reaps it)
-        verb = next((a for a in args if not a.startswith("-")), "")
-        raise ChildError(f"git {verb} in {cwd} did not finish within {deadline:g} s "
-                         "(a file git opens there may block, e.g. a FIFO, or the disk hangs); look at that "
-                         f"directory, or raise {settings.GIT_TIMEOUT_ENV}") from None
+        # An interrupt while git starts is raised once ``proc`` is bound, here where git is killed and
+        # reaped: raised between the fork and this ``try`` it left git running on behind the caller's
+        # cleanup (an interrupted apply's ``git clone`` re-made the half-made tree apply had removed).
+        with childproc.starting():
+            proc = subprocess.Popen(
+                ["git", *_CONFIG, *args], cwd=cwd, env=environment(cwd, env, repo),
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=close_fds, preexec_fn=preexec_fn,
+            )
+        stdout, stderr = proc.communicate(input, timeout=deadline)
+    except BaseException as exc:
+        if proc is not None:  # never left running: ended and reaped before the error goes on
+            _end(proc)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            verb = next((a for a in args if not a.startswith("-")), "")
+            raise ChildError(f"git {verb} in {cwd} did not finish within {deadline:g} s "
+                             "(a file git opens there may block, e.g. a FIFO, or the disk hangs); look at that "
+                             f"directory, or raise {settings.GIT_TIMEOUT_ENV}") from None
+        if isinstance(exc, OSError):
+            raise GitError(f"cannot run git ({exc.strerror}); install git and put it on PATH") from None
+        raise
     # A git that failed or died while an interrupt arrived (a SIGINT to the group reaches it too) was
     # stopped by it: never read as a conflict or a failure (childproc.interrupted sees it in any thread).
     if proc.returncode != 0 and childproc.interrupted(0.2 if proc.returncode < 0 else 0.0):
         raise Interrupted(childproc.interrupt_signal())
-    return _Raw(proc.returncode, proc.stdout, proc.stderr)
+    return _Raw(proc.returncode, stdout, stderr)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a git that did not finish (interrupted, past its deadline) and reap it, its pipes closed."""
+    with suppress(OSError):
+        proc.kill()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with suppress(OSError):
+                stream.close()
+    proc.wait()
 
 
 def _child_options() -> tuple[bool, Callable[[], None] | None]:

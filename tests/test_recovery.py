@@ -640,3 +640,69 @@ def test_random_interrupts_of_apply_port_and_wheel(tmp_path, cli, wide_lock, ups
     print(seen, file=sys.__stderr__)
     assert shots == 24
     assert seen["interrupted"] >= 12 and seen["finished"] >= 1
+
+
+# dsv4patch's entry point with one SIGTERM to itself at a chosen point of a run: at the first fork
+# (of a git) made while the function ARM is on the stack, the profiler is armed; it sends the signal
+# at the next call after the fork (FIRE empty: in the parent between git's fork and what follows) or
+# at the next call of the function FIRE.  The signal's handler runs inside the profiler, so the
+# interrupt is raised in that frame, as a real signal landing there is.  Once the run is over, a child
+# it left (alive or unreaped) is named on stderr and waited for.
+_SIGNAL_AT = r"""
+import os, signal, sys
+arm, fire = sys.argv[1], sys.argv[2]
+armed = []
+
+def shoot(frame, event, arg):
+    if frame.f_code is arming.__code__ or (fire and (event != "call" or frame.f_code.co_name != fire)):
+        return
+    sys.setprofile(None)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+def arming():
+    f = sys._getframe(1)
+    while f is not None and not armed:
+        if f.f_code.co_name == arm:
+            armed.append(arm)
+            sys.setprofile(shoot)
+        f = f.f_back
+
+os.register_at_fork(after_in_parent=arming)
+from dsv4patch.__main__ import entry
+sys.argv[1:] = sys.argv[3:]
+code = entry()
+left = []  # children the run left running (or unreaped): waited for, so what they do is seen
+for stat in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{stat}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        continue
+    if int(fields[1]) == os.getpid():
+        left.append(int(stat))
+        os.waitpid(int(stat), 0)
+if left:
+    print(f"children left: {left}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(("arm", "fire"), [("clone_local", ""), ("new_branch_checkout", "file_mutex")],
+                         ids=["as-git-clone-starts", "as-the-new-tree-is-locked"])
+def test_an_interrupt_while_apply_makes_a_new_tree_leaves_no_half_made_tree(tmp_path, cli, lock5, arm, fire):
+    """A SIGTERM (SIGINT ignored, as in the random volleys) at two fixed points of making a new tree:
+    between the fork of its ``git clone`` and the code that ends that git (the git ran on after apply
+    had removed ``.TREE.dsv4patch-tmp`` and cloned into it again: seen by the random interrupts, 0.90 s
+    into apply), and as the finished clone's tree lock is taken, before its rename (outside the block
+    that removed it).  Either way: exit 130, no half-made tree, nothing running; the next run makes it."""
+    tree, cache, mark = tmp_path / "t", tmp_path / "c", uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_AT, arm, fire, *apply_args(lock5, tree, cache)],
+                          env={**ENV, "DSV4PATCH_TEST_MARK": mark}, capture_output=True, text=True, timeout=120,
+                          start_new_session=True, preexec_fn=_ignore_sigint)
+    assert proc.returncode == 130 and "error: interrupted; " in proc.stderr, proc.stderr[-2000:]
+    assert "children left" not in proc.stderr and _no_process_left(mark) == [], proc.stderr[-2000:]
+    assert not (tmp_path / ".t.dsv4patch-tmp").exists(), sorted(p.name for p in tmp_path.iterdir())
+    assert not tree.exists() or not any(tree.iterdir())
+    res = cli(*apply_args(lock5, tree, cache))
+    assert res.rc == 0, res.err
+    assert leftovers(tree) == [] and not (tmp_path / ".t.dsv4patch-tmp").exists()

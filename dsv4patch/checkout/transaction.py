@@ -100,8 +100,11 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
             return
         tmp = path.with_name(f".{path.name}.dsv4patch-tmp")
         advice = f"free space or fix permissions under {path.parent}, then run apply again"
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed creator
+        published = False
+        # Until the rename, anything that ends the run (an error, an interrupt: also one that lands
+        # while the lock below is taken) removes the half-made tree; only a kill leaves it, for the next run.
         try:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a killed creator
             with writing(TreeError, str(path.parent), advice):
                 tmp.parent.mkdir(parents=True, exist_ok=True)
                 with (progress or Progress(False)).step(f"create {path}: vLLM {pinrepo.pin.vllm_version} "
@@ -109,18 +112,19 @@ def open_tree(path: Path, pinrepo: PinRepo, role: str = "--tree",
                     git.clone_local(pinrepo.repo, tmp)
                     with guard.owned(tmp):  # dsv4patch's own clone: nothing of a user's in it yet
                         git.new_branch_checkout(tmp, f"vllm-{pinrepo.pin.name}", pinrepo.base_commit)
+            with file_mutex(tmp / ".git" / TREE_LOCK, f"tree {path}", timeout=0, inherit=True):
+                try:
+                    os.rename(tmp, path)  # atomic; replaces an empty directory
+                except OSError as exc:
+                    raise TreeError(f"cannot create {path}: {exc.strerror or exc}") from None
+                published = True
+                create_lock.unlink(missing_ok=True)
+                with guard.guarded(path, role=role) as co:
+                    yield co, _created(path, pinrepo)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
+            if not published:  # once renamed, no tree is left at tmp (and what ends the caller is not ours)
+                shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-made tree
             raise
-        with file_mutex(tmp / ".git" / TREE_LOCK, f"tree {path}", timeout=0, inherit=True):
-            try:
-                os.rename(tmp, path)  # atomic; replaces an empty directory
-            except OSError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise TreeError(f"cannot create {path}: {exc.strerror or exc}") from None
-            create_lock.unlink(missing_ok=True)
-            with guard.guarded(path, role=role) as co:
-                yield co, _created(path, pinrepo)
 
 
 def _created(path: Path, pinrepo: PinRepo) -> str:

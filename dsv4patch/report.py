@@ -49,8 +49,9 @@ def use_words(render: Callable[[str], str]) -> None:
 def words(text: str) -> str:
     """``text`` as the user reads it: parameters and next steps in the command line's words, and the user
     part of every URL hidden (``https://***@host``: a token as a git URL's user name, in a progress line, a
-    note or a JSON field, is never printed; :func:`dsv4patch.urls.redact_text`)."""
-    if "@" in text and "://" in text:
+    note or a JSON field, is never printed, nor the password of an scp-like ``user:pw@host:path``;
+    :func:`dsv4patch.urls.redact_text`)."""
+    if "@" in text and ":" in text:
         from dsv4patch.urls import redact_text
 
         text = redact_text(text)

@@ -43,7 +43,14 @@ def http_url_problem(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and JSON)."""
+    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and JSON).
+
+    An scp-like git URL (no ``//`` after its first ``:``) whose ``@`` comes after that ``:``
+    (``user:pw@host:path``, a password) is shown from its last ``@`` on: ``***@host:path``.
+    """
+    head, colon, rest = url.partition(":")
+    if colon and not rest.startswith("//") and "@" in rest and not {"/", "@"} & set(head):
+        return "***@" + url.rpartition("@")[2]
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # an unbalanced '[' (in a password, say): redacted as text
@@ -70,9 +77,12 @@ def redact_text(text: str) -> str:
     ``https://***@host``). A credential holding a ``/`` (``https://u:to/ken@host``)
     ends the authority early, at what is then no host name (``u:to``): when the
     authority has no ``@`` and is no ``host[:port]``, everything up to the last
-    ``@`` of the URL (up to the next whitespace) is hidden. An ``@`` outside a
-    URL (``dave@example.com``) or in the path of a URL to a host
-    (``https://host/a@b``) is left as it is.
+    ``@`` of the URL (up to the next whitespace) is hidden. An scp-like git URL
+    with a password (``user:pw@host:path``, which ``git_url_problem`` refuses) is
+    shown as ``***@host:path`` (everything up to its last ``@`` before a host
+    name); ``git@host:path`` (an ssh login, no password) is left as it is.
+    An ``@`` outside a URL (``dave@example.com``) or in the path of a URL to a
+    host (``https://host/a@b``) is left as it is.
     """
     out: list[str] = []
     pos = 0
@@ -92,4 +102,9 @@ def redact_text(text: str) -> str:
         out += [text[pos:m.start(2)], "***"]
         pos = at
     out.append(text[pos:])
-    return "".join(out)
+    return _SCP_CREDENTIAL.sub(r"***@", "".join(out))
+
+
+# an scp-like git URL with a password, 'user:password@host:path' (no '//' after the first ':'), up to its
+# last '@' before a host name; never inside a URL (after '/', ':', '@', '+') or a word
+_SCP_CREDENTIAL = re.compile(r"(?<![\w.~%+/:@*-])[A-Za-z0-9._~%-]+:(?!//)\S*@(?=[A-Za-z0-9\[])")

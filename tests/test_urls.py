@@ -148,3 +148,45 @@ def test_releases_with_an_index_credential_never_prints_it(tmp_path, cli, monkey
     assert SECRET not in res.out + res.err
     shown = json.loads(res.out)["error"]["message"] if fmt == "json" else res.err
     assert "DSV4PATCH_INDEX_URL = 'https://***@nonexistent.invalid" in shown and "is refused" in shown
+
+
+# --- scp-like git URLs with a password: 'user:pw@host:path' (git reads the host as 'user') -----------
+
+SCP_WITH_PASSWORD = [f"user:{SECRET}@nonexistent.invalid:org/vllm.git",      # the plain form
+                     f"user:p@ss:{SECRET}@nonexistent.invalid:org/vllm.git",  # a password holding '@' and ':'
+                     f"user:{SECRET}/x@nonexistent.invalid:org/vllm.git",     # ... and '/'
+                     f"user:{SECRET}@nonexistent.invalid"]                    # no path
+
+
+@pytest.mark.parametrize("url", SCP_WITH_PASSWORD)
+def test_an_scp_like_git_url_with_a_password_is_refused_and_shown_without_it(url: str) -> None:
+    problem = git_url_problem(url)
+    assert problem is not None and "password" in problem and SECRET not in problem
+    assert urls.redact(url).startswith("***@nonexistent.invalid") and SECRET not in urls.redact(url)
+    assert SECRET not in urls.redact_text(f"pin p: cannot fetch from {url}: ssh: Could not resolve hostname user")
+    # ordinary scp-like URLs: a login name is no password, an '@' in the path after one is the path's
+    for ok in ("git@github.com:vllm-project/vllm.git", "github.com:vllm-project/vllm.git",
+               "git@host.example:org/a@b.git"):
+        assert git_url_problem(ok) is None and urls.redact(ok) == ok and urls.redact_text(ok) == ok
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("url", SCP_WITH_PASSWORD)
+def test_check_of_a_git_pin_with_an_scp_like_password_never_prints_it(tmp_path, cli, url: str, fmt: str) -> None:
+    """Before: the URL passed (git's host being 'user'), ssh was run, and the password was printed in the
+    progress line, the table's note and the JSON (exit 4); now it is refused (exit 3) before any git runs."""
+    lock = write_lock(tmp_path / "vllm.toml", {"p": pin_table("p", "0" * 40, {"kind": "git", "url": url})})
+    res = cli("check", "--pin", "p", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
+    assert res.rc == EXIT_INPUT, res.out + res.err
+    assert SECRET not in res.out + res.err
+    shown = json.loads(res.out)["error"]["message"] if fmt == "json" else res.err
+    assert "pins.\"p\"" in shown and "'***@nonexistent.invalid" in shown and "is refused" in shown
+    assert "ssh key" in shown and "credential helper" in shown
+
+
+def test_port_from_an_scp_like_git_url_with_a_password_never_prints_it(tmp_path, cli) -> None:
+    res = cli("port", "--lock", LOCK, "--cache-dir", tmp_path / "cache", "--from", "0.27.1", "--to", "0" * 40,
+              "--git", SCP_WITH_PASSWORD[1], "--format", "json")
+    assert res.rc == EXIT_INPUT, res.err
+    assert SECRET not in res.out + res.err
+    assert "'***@nonexistent.invalid:org/vllm.git' is refused" in json.loads(res.out)["error"]["message"]

@@ -607,7 +607,8 @@ def _parse_source(path: Path, where: str, raw: object) -> Source:
 
 
 _URL_SCHEMES = ("https", "ssh", "git+ssh", "ssh+git", "file")
-_SCP_HOST = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*$")
+_SCP_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+_SCP_USER = re.compile(r"^[A-Za-z0-9._~-]+$")
 _URL_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
 _URL_USER = re.compile(r"^[A-Za-z0-9._~%-]+$")
 
@@ -635,11 +636,21 @@ def git_url_problem(url: str) -> str | None:
         return None if scheme.lower() == "file" else _authority_problem(rest)
     if url.startswith("/") or url.startswith("."):
         return None
-    head, colon, _ = url.partition(":")
+    head, colon, rest = url.partition(":")
     if colon and "/" not in head:
         # scp-like [user@]host:path (git reads it so when no '/' comes before ':')
-        if not _SCP_HOST.match(head):
-            return f"host {head!r} is not a host name"
+        if "@" not in head and "@" in rest:
+            # 'user:password@host:path': git takes 'user' for the host and hands the password on as part
+            # of the path, into ssh's and git's messages. Neither is ever quoted (redact() shows ***@host)
+            return ("its user part holds a password (a ':' before the '@'), which a lock (shared, and printed) "
+                    "must not hold, and git would not send either: it reads an scp-like URL up to its first ':' "
+                    "as the host; use user@host:path with an ssh key, or an https:// URL with a git credential "
+                    "helper (an '@' that belongs to the path: write ssh://host/~/path)")
+        user, at, host = head.rpartition("@")
+        if not _SCP_HOST.match(host):
+            return f"host {host!r} is not a host name"
+        if at and not _SCP_USER.match(user):  # never quoted, as in _authority_problem
+            return "its user name holds characters other than letters, digits and . _ ~ -"
     return None
 
 

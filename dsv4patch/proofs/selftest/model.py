@@ -48,10 +48,9 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from dsv4patch.records import frozen
 
 VOCAB_SIZE = 1024
 HIDDEN_SIZE = 4096
@@ -92,7 +91,7 @@ def _lcg(seed: int) -> Iterator[int]:
         yield x
 
 
-@frozen
+@dataclass(frozen=True)  # not records.frozen: this module imports nothing of dsv4patch (above)
 class Design:
     """The successor map and the draft agreement set (token ids), fixed by a seed."""
 

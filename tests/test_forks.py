@@ -452,3 +452,27 @@ def test_refresh_puts_the_pins_own_series_after_its_kin_not_under_the_next_table
     assert text.index("[series.extra]") < new < comment < text.index('[toolchains."torch2.13.0-cu13"]'), text[:3000]
     assert text[:new].rstrip() == before[:before.index("# The kernel")].rstrip()  # nothing above it moved
     assert "acme" in load(lock_path).series
+
+
+def test_status_does_not_list_a_commit_refresh_made_a_patch_as_foreign(tmp_path, upstream, cli):
+    """After `refresh --as-variant` folded the maintainer's commit into the pin's own series, status
+    reports that commit as the series' patch (found by content) and no longer also as a foreign
+    commit (before: listed both ways); a commit of yours that is no patch stays foreign."""
+    fork, lock = _lived_in(tmp_path, upstream, hostile=False)
+    cache = ("--cache-dir", tmp_path / "cold")
+    (fork.path / "vllm" / "acme.py").write_text("ACME = 2\n")
+    fork.git("commit", "-qam", "acme: bump")  # below the series: the fork's own, foreign
+    assert cli("apply", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--branch", "dsv4", "--no-build",
+               *cache).rc == 0
+    (fork.path / "vllm" / "acme.py").write_text("ACME = 3\n")
+    fork.git("commit", "-qam", "acme: on top of the series")
+    mine = fork.git("rev-parse", "HEAD")
+    res = cli("refresh", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--as-variant", *cache)
+    assert res.rc == 0, res.out + res.err
+    res = cli("status", "--lock", lock, "--pin", "acme", "--tree", fork.path, "--format", "json")
+    assert res.rc == 0, res.out + res.err
+    st = validate_json("status", res.out)
+    assert [f["subject"] for f in st["foreign_commits"]] == ["acme: bump"]
+    assert st["patches"]["0004-acme-on-top-of-the-series.patch"]["state"] == "applied"
+    assert mine[:12] in st["patches"]["0004-acme-on-top-of-the-series.patch"]["note"]
+    assert not any(mine[:12] in n for n in st["notes"] if "not made by dsv4patch" in n), st["notes"]

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         reset_tree,
     )
     from dsv4patch.checkout.transaction import recover as recover_tree
-    from dsv4patch.checkout.treestatus import tree_pin, tree_status
+    from dsv4patch.checkout.treestatus import makes_commit, patch_of_commit, tree_pin, tree_status
 
 # The public face: name -> "module:attribute" (what other packages may use; see dsv4patch/face.py).
 FACE = {
@@ -66,9 +66,11 @@ FACE = {
     "interrupted": "transaction:interrupted",
     "is_empty": "transaction:is_empty",
     "is_fork_checkout": "forkcheckout:is_fork_checkout",
+    "makes_commit": "treestatus:makes_commit",
     "marked_files": "conflicts:marked",
     "move_tree": "transaction:move_tree",
     "open_tree": "transaction:open_tree",
+    "patch_of_commit": "treestatus:patch_of_commit",
     "plan_commits": "transaction:plan_commits",
     "read_state_file": "states:read",
     "recover_tree": "transaction:recover",
@@ -99,9 +101,11 @@ __all__ = [
     "interrupted",
     "is_empty",
     "is_fork_checkout",
+    "makes_commit",
     "marked_files",
     "move_tree",
     "open_tree",
+    "patch_of_commit",
     "plan_commits",
     "read_state_file",
     "recover_tree",

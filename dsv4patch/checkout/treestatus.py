@@ -6,8 +6,9 @@ series is looked for in the tree itself: the series is peeled off HEAD's tree
 in reverse order (a patch is present when its reverse applies to what the
 later patches left), and a patch whose reverse does not apply but whose
 upstream markers are all there is reported by marker.  Commits dsv4patch did
-not make are listed as foreign, and the tree id is shown next to the one the
-lock expects.  Without ``--lock``, the default lock is used when one of its
+not make are listed as foreign, but for a commit of the user's that is a patch
+of the series (its subject and change, as ``refresh`` wrote the patch from it),
+and the tree id is shown next to the one the lock expects.  Without ``--lock``, the default lock is used when one of its
 pins has this tree's base.  A tree is compared only with a pin it is a tree of
 (its root is the pin's base tree, or a fork's checkout descends from the pin's
 commit): another pin named is refused (TreeError, as apply refuses it) naming
@@ -16,7 +17,9 @@ the tree's own; a tree compared with no pin says so in a note.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +29,11 @@ from dsv4patch.errors import FetchError, ParameterError, TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import find_lock, kind_of, load_lock
 from dsv4patch.records import frozen
-from dsv4patch.series import carried, series_for_pin
+from dsv4patch.series import carried, has_offsets, series_for_pin
 
 if TYPE_CHECKING:
     from dsv4patch.pins import Lock, Pin
-    from dsv4patch.series import Series
+    from dsv4patch.series import Patch, Series
 
 
 @frozen
@@ -315,7 +318,9 @@ def _tree_status(co: guard.Checkout, lock: Path | None, pin: str | None, env_loc
     plock, ppin = picked.lock, picked.pin
     if ppin is not None and plock is not None:
         applied, foreign = _since_fork_pin(path, ppin, applied, foreign)
-        patches = _against_series(path, series_for_pin(plock, ppin), ppin, applied)
+        series = series_for_pin(plock, ppin)
+        patches = _against_series(path, series, ppin, applied)
+        foreign = _series_commits_of_yours(path, series, foreign, patches)
         ok = not dirty and _as_expected(ppin, patches, tree_id)
         source = _source_state(ppin, path)
         if source is not None and source != "unchanged":
@@ -338,6 +343,46 @@ def _since_fork_pin(path: Path, pin: Pin, applied: list[Applied],
         _root, applied = tree_patches(path, since=pin.commit)
         foreign = foreign_commits(path, pin.commit)
     return applied, foreign
+
+
+def makes_commit(path: Path, commit: str, tree_id: str, patch: Patch) -> bool:
+    """Whether ``patch`` applied exactly (no offset) to ``commit``'s parent gives ``tree_id`` (the
+    commit's tree): the commit makes the patch's change."""
+    with git.scratch_index(path, f"{commit}^") as env:
+        res = git.apply(path, patch.path, env=env)
+        if not res.ok or has_offsets(res.stdout + res.stderr):
+            return False
+        return git.write_tree(path, env) == tree_id
+
+
+def patch_of_commit(path: Path, commit: str, subject: str, tree_id: str, patches: Sequence[Patch],
+                    taken: Collection[str] = ()) -> Patch | None:
+    """The patch of ``patches`` (not one ``taken``) a commit of the user's own (no trailer of ours)
+    is: the same subject and the same change (:func:`makes_commit`), as ``refresh`` wrote it from
+    that commit before."""
+    return next((p for p in patches if p.name not in taken and p.subject == subject
+                 and makes_commit(path, commit, tree_id, p)), None)
+
+
+def _series_commits_of_yours(path: Path, series: Series, foreign: list[Foreign],
+                             patches: dict[str, PatchState]) -> list[Foreign]:
+    """``foreign`` less the commits of the user's own that are a patch of the series (the same subject and
+    change: ``refresh`` wrote the patch from that commit), each noted on its patch; a patch dsv4patch's
+    trailers name a commit for is not looked for again."""
+    taken = [n for n, v in patches.items() if v.applied is not None]
+    kept = []
+    for f in foreign:
+        tree_id = git.out(path, "rev-parse", f"{f.commit}^{{tree}}")
+        patch = patch_of_commit(path, f.commit, f.subject, tree_id, series.patches, taken)
+        if patch is None:
+            kept.append(f)
+            continue
+        taken.append(patch.name)
+        state = patches[patch.name]
+        if state.note is None:
+            patches[patch.name] = dataclasses.replace(
+                state, note=f"commit {f.commit[:12]} of yours is this patch (its subject and change)")
+    return kept
 
 
 def _against_series(path: Path, series: Series, pin: Pin, applied: list[Applied]) -> dict[str, PatchState]:

@@ -45,6 +45,8 @@ from dsv4patch.checkout import (
     exclusive_checkout,
     has_workspace,
     is_fork_checkout,
+    makes_commit,
+    patch_of_commit,
     plan_commits,
     variants_dir,
 )
@@ -52,7 +54,7 @@ from dsv4patch.errors import TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize, open_lock, read_lock_text, set_variant, update_derived
 from dsv4patch.records import frozen
-from dsv4patch.series import Status, check_pin, has_offsets, run_series, series_for_pin
+from dsv4patch.series import Status, check_pin, run_series, series_for_pin
 from dsv4patch.seriesfile import read_series_file, read_series_text
 
 if TYPE_CHECKING:
@@ -84,16 +86,7 @@ def _same_change(path: Path, commit: str, tree_id: str, message: str, patch: Pat
     to the commit's parent gives the commit's tree, and the message is the one apply writes."""
     if message != commit_message(patch):
         return False
-    return _same_tree(path, commit, tree_id, patch)
-
-
-def _same_tree(path: Path, commit: str, tree_id: str, patch: Patch) -> bool:
-    """Whether ``patch`` applied exactly (no offset) to ``commit``'s parent gives ``tree_id``."""
-    with git.scratch_index(path, f"{commit}^") as env:
-        res = git.apply(path, patch.path, env=env)
-        if not res.ok or has_offsets(res.stdout + res.stderr):
-            return False
-        return git.write_tree(path, env) == tree_id
+    return makes_commit(path, commit, tree_id, patch)
 
 
 def _with_template(message: str) -> str:
@@ -297,8 +290,7 @@ def _unchanged_patch(path: Path, commit: str, tree_id: str, full_message: str, n
             return by_name[name]
         return None
     subject = _strip_ours(full_message)[0].split("\n", 1)[0]
-    return next((p for p in series.patches if p.name not in seen and p.subject == subject
-                 and _same_tree(path, commit, tree_id, p)), None)
+    return patch_of_commit(path, commit, subject, tree_id, series.patches, seen)
 
 
 def _plan_new_patch(lock: Lock, pin: Pin, name: str, where: _Where, fork: bool, by_name: dict[str, Patch],

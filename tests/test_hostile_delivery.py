@@ -203,6 +203,26 @@ def test_tampered_state_cannot_choose_the_cache(tmp_path, cli, monkeypatch, fork
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_tampered_state_cannot_choose_the_interpreter_or_wheel_directory(tmp_path, cli, monkeypatch, fork_lock):
+    """The state records the apply's --python and --out to compare only: a planted interpreter is never
+    run, the planted directory never written; resolve refuses (exit 2) until the command names them."""
+    tree, state_file, state = _workspace(tmp_path, cli, fork_lock)
+    ran = tmp_path / "ran"
+    evil = tmp_path / "evil-python"
+    evil.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    evil.chmod(0o755)
+    state.update(build=True, python=str(evil), out=str(tmp_path / "planted"))
+    state_file.write_text(json.dumps(state))
+    monkeypatch.setenv("DSV4PATCH_LOCK", str(fork_lock))
+    monkeypatch.setenv("DSV4PATCH_CACHE", str(tmp_path / "cache"))
+    lock_text = fork_lock.read_text()
+    res = cli("resolve", "--continue", "--tree", tree)
+    assert res.rc == EXIT_USAGE, (res.rc, res.err)
+    assert str(evil) in res.err and "Nothing was changed" in " ".join(res.err.split())
+    assert not ran.exists() and not (tmp_path / "planted").exists() and fork_lock.read_text() == lock_text
+    assert (tree / "vllm/worker.py").read_text() == RESOLVED_WORKER and state_file.is_file()
+
+
 @pytest.mark.parametrize("key,value,verb", [
     ("orig_head", "HEAD~1", "--abort"),
     ("orig_head", "--merge", "--abort"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MINI_FILES, Upstream, git_pin, local_pin, sh, write_lock
-from dsv4patch.errors import EXIT_TREE, EXIT_UNEXPECTED
+from dsv4patch.errors import EXIT_TREE, EXIT_UNEXPECTED, EXIT_USAGE
 
 WORKER = MINI_FILES["vllm/worker.py"]
 # The fork changed the very line patch 0002 changes: a real conflict.
@@ -120,6 +120,41 @@ def test_abort_returns_the_tree_to_where_it_was(tmp_path, cli, fork_lock):
     assert fork_lock.read_text() == before_lock
     nothing = cli("resolve", "--abort", "--tree", tree)
     assert nothing.rc == EXIT_TREE and "apply --pin P" in nothing.err
+
+
+def test_continue_keeps_the_kernel_build_options_the_apply_was_given(tmp_path, cli, fork_lock):
+    """`apply --3way --out D --python P` stopped on a conflict: `resolve --continue` without them no
+    longer builds with the defaults (./dist, another interpreter) but refuses (exit 2, nothing written)
+    naming the command that gives them again, which the apply's next step already is; an option given
+    otherwise is resolve's choice (noted). The state file records them (never used: the tree's)."""
+    (fork_lock.parent / "main.series").write_text("0001-envs.patch\n0002-worker.patch\n")  # no kernel to build
+    tree, cache, dist = tmp_path / "fork-tree", tmp_path / "cache", tmp_path / "D"
+    python = str(tmp_path / "venv" / "bin" / "python")
+    res = cli("apply", "--lock", fork_lock, "--pin", "fork", "--cache-dir", cache, "--tree", tree, "--3way",
+              "--out", dist, "--python", python, "--allow-torch", "2.9.0", "--format", "json")
+    assert res.rc == EXIT_UNEXPECTED, res.err
+    nxt = next(n for n in json.loads(res.out)["notes"] if "resolve --continue" in n)
+    assert f"--out {dist}" in nxt and f"--python {python}" in nxt and "--allow-torch 2.9.0" in nxt, nxt
+    state = json.loads((tree / ".git" / "dsv4patch-resolve.json").read_text())
+    assert (state["out"], state["python"], state["allow_torch"], state["nvcc"]) == (str(dist), python, "2.9.0", None)
+    (tree / "vllm/worker.py").write_text(RESOLVED_WORKER)
+    before, lock_before = _status(tree), fork_lock.read_text()
+    plain = ("resolve", "--continue", "--tree", tree, "--lock", fork_lock, "--cache-dir", cache)
+    bare = cli(*plain, "--python", python)
+    assert bare.rc == EXIT_USAGE, bare.err + bare.out
+    err = " ".join(bare.err.split())
+    assert f"--out {dist}" in err and "--allow-torch 2.9.0" in err and "Nothing was changed" in err, err
+    assert f"resolve --continue --tree {tree} --lock {fork_lock} --cache-dir {cache} --out {dist} " \
+        f"--python {python} --allow-torch 2.9.0" in err, err
+    assert _status(tree) == before and fork_lock.read_text() == lock_before
+    assert not (fork_lock.parent / "variants").exists()
+    other = tmp_path / "D2"
+    done = cli(*plain, "--out", other, "--python", python, "--allow-torch", "2.9.0", "--format", "json")
+    assert done.rc == 0, done.err + done.out
+    notes = json.loads(done.out)["notes"]
+    assert any(f"uses --out {other} (the workspace was opened with {dist})" in n for n in notes), notes
+    assert not any("--python" in n for n in notes), notes  # the same interpreter: nothing to say
+    assert (fork_lock.parent / "variants" / "fork" / "0002-worker.patch").is_file()
 
 
 def test_3way_refuses_a_tree_whose_config_names_a_merge_driver(tmp_path, cli, fork_lock):

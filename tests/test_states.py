@@ -16,7 +16,8 @@ from dsv4patch.errors import TreeError
 A, B = "a" * 40, "b" * 40
 RESOLVE = {"lock": "/l/vllm.toml", "pin": "p", "patch": "0001-x.patch", "orig_head": A, "at": B,
            "series": ["dsv4"], "patch_index": 2, "base_commit": A, "cache_dir": None, "build": True,
-           "out": "/dist", "conflicts": ["vllm/x.py"]}
+           "out": "/dist", "conflicts": ["vllm/x.py"], "python": "/venv/bin/python", "nvcc": None,
+           "allow_torch": "2.9.0"}
 
 
 def test_round_trip_each_state() -> None:
@@ -37,6 +38,13 @@ def test_optional_fields_default() -> None:
     assert j.ref is None and j.pid is None
 
 
+def test_a_resolve_state_an_older_dsv4patch_wrote_reads_without_the_toolchain_fields() -> None:
+    """A workspace opened before the state recorded --python/--nvcc/--allow-torch: read, as not given."""
+    old = {k: v for k, v in RESOLVE.items() if k not in ("python", "nvcc", "allow_torch")}
+    st = ResolveState.from_json(old)
+    assert (st.out, st.python, st.nvcc, st.allow_torch) == ("/dist", None, None, None)
+
+
 @pytest.mark.parametrize(("cls", "bad", "why"), [
     (ResolveState, {"orig_head": "HEAD~1"}, "orig_head = 'HEAD~1' is not a full commit id"),
     (ResolveState, {"at": "--output=/tmp/x"}, "is not a full commit id"),
@@ -45,6 +53,7 @@ def test_optional_fields_default() -> None:
     (ResolveState, {"conflicts": [".GIT/config"]}, "not a path inside the tree"),
     (ResolveState, {"conflicts": "vllm/x.py"}, "conflicts is not a list"),
     (ResolveState, {"series": "dsv4"}, "series is not a list of names"),
+    (ResolveState, {"python": ["/bin/sh"]}, "python is not a string"),
     (ResolveState, {"build": "yes"}, "build is not true or false"),
     (ResolveState, {"patch": 3}, "missing patch"),
     (ResolveState, {"lock": None}, "missing lock"),

@@ -20,8 +20,11 @@ dsv4patch trusts" in docs/trust.md): its commits must be commit ids, its paths
 paths inside the tree, and it cannot choose where ``resolve`` writes.  The
 lock is the one the command finds (``--lock``, ``$DSV4PATCH_LOCK``, the
 checkout's ``locks/vllm.toml``) and must be the one the state names; the
-cache and the kernel wheel's directory are the command's (the state's values
-are only compared, never used).
+cache, the kernel wheel's directory and the toolchain are the command's (the
+state's values are only compared, never used): an option the apply's kernel
+build was given (its wheel directory, interpreter, nvcc, accepted torch) that
+``resolve --continue`` is not given is refused before anything is written,
+with the command that gives it again (:func:`_finish_options`).
 
 :func:`continue_workspace` turns the resolved tree into the refreshed patch (a
 ``format-patch`` of the resolution on top of the committed prefix), writes
@@ -35,6 +38,7 @@ next conflict opens the next workspace, or the series completes).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -106,13 +110,24 @@ def read_state(gitdir: Path, path: Path) -> ResolveState:
 class Invocation:
     """How ``apply --3way`` was run, recorded in the workspace for ``resolve --continue``.
 
-    ``series``/``build`` are used again; ``cache_dir``/``out`` are only shown
-    (the command line to go on) and compared, never used."""
+    ``series``/``build`` are used again; ``cache_dir`` and the kernel build's options (``out``,
+    ``python``, ``nvcc``, ``allow_torch``) are only shown (the command line to go on) and compared
+    with ``resolve --continue``'s own, never used (:func:`_finish_options`)."""
 
     series: tuple[str, ...] | None = None
     cache_dir: Path | None = None
     build: bool = False
     out: Path | None = None
+    python: str | None = None
+    nvcc: str | None = None
+    allow_torch: str | None = None
+
+
+def _as_recorded(value: Path | str | None) -> str | None:
+    """An option's value as a state records it: a directory absolute (the next command may run elsewhere)."""
+    if isinstance(value, Path):
+        return os.path.abspath(value)
+    return value
 
 
 @frozen
@@ -264,16 +279,23 @@ def _write_resolve_state(gitdir: Path, lock: Lock, pin: Pin, pinrepo: PinRepo, i
         lock=os.path.abspath(lock.path), pin=pin.name,
         series=list(inv.series) if inv.series else None,
         patch=patch, patch_index=patch_index, orig_head=orig_head, at=at, base_commit=pinrepo.base_commit,
-        cache_dir=str(inv.cache_dir) if inv.cache_dir else None, build=inv.build,
-        out=str(inv.out) if inv.out else None, conflicts=conflicts,
+        cache_dir=_as_recorded(inv.cache_dir), build=inv.build, out=_as_recorded(inv.out), conflicts=conflicts,
+        python=inv.python, nvcc=inv.nvcc, allow_torch=inv.allow_torch,
     ))
 
 
 def _workspace_steps(path: Path, lock: Lock, inv: Invocation) -> tuple[Step, Step]:
-    """What to run once the workspace is edited (``resolve --continue`` with the apply's lock, cache and
-    wheel directory), and what gives it up (``resolve --abort``)."""
-    return (Step.of("resolve", cont=True, tree=path, lock=lock.path, cache_dir=inv.cache_dir, out=inv.out),
+    """What to run once the workspace is edited (``resolve --continue`` with the apply's lock, cache,
+    and the kernel build's wheel directory and toolchain), and what gives it up (``resolve --abort``)."""
+    return (_continue_step(path, lock.path, inv.cache_dir, inv if inv.build else Invocation()),
             Step.of("resolve", abort=True, tree=path))
+
+
+def _continue_step(path: Path, lock_path: Path, cache_dir: Path | str | None, build: Invocation | ResolveState) -> Step:
+    """``resolve --continue`` on ``path`` with the lock, the cache and ``build``'s kernel build options."""
+    return Step.of("resolve", cont=True, tree=path, lock=lock_path, cache_dir=_as_recorded(cache_dir),
+                   out=_as_recorded(build.out), python=build.python, nvcc=build.nvcc,
+                   allow_torch=build.allow_torch)
 
 
 def _workspace_notes(path: Path, lock: Lock, pin: Pin, steps: tuple[Step, Step], *, patch: str, why: str,
@@ -327,18 +349,44 @@ class Continued:
     notes: list[str]
 
 
+def _finish_options(path: Path, lock_path: Path, state: ResolveState, given: Invocation) -> list[str]:
+    """The kernel build options the workspace's apply was given (``out``, ``python``, ``nvcc``,
+    ``allow_torch``), against the command's own ``given``: one the command lacks is refused
+    (ParameterError, exit 2, nothing changed) with the command that gives them all again; one it
+    gives otherwise is its choice (a note).  Nothing when the apply did not build."""
+    if not state.build:
+        return []
+    # (the parameter as a message names it, the apply's value, the command's)
+    options = ((param("out"), state.out, _as_recorded(given.out)), (param("python"), state.python, given.python),
+               (param("nvcc"), state.nvcc, given.nvcc), (param("allow_torch"), state.allow_torch, given.allow_torch))
+    missing = [f"{name} {was}" for name, was, now in options if was is not None and now is None]
+    if missing:
+        both = dataclasses.replace(given, out=Path(state.out) if given.out is None and state.out else given.out,
+                                   python=given.python or state.python, nvcc=given.nvcc or state.nvcc,
+                                   allow_torch=given.allow_torch or state.allow_torch)
+        again = _continue_step(path, lock_path, given.cache_dir or state.cache_dir, both)
+        raise ParameterError(
+            f"the conflict workspace in {path} was opened by {APPLY_3WAY} with {', '.join(missing)}, which this "
+            f"command was not given: resolve builds the kernels with its own options, never with the tree's "
+            f"state file's; run `{mention(again)}` (or give other values to choose them). Nothing was changed")
+    return [f"the kernel build uses {name} {now} (the workspace was opened with {was})"
+            for name, was, now in options if was is not None and now != was]
+
+
 def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, progress: Progress,
-                       out: Path | None = None) -> Continued:
+                       given: Invocation | None = None) -> Continued:
     """Write the resolution in ``path`` as the pin's variant and put the tree back at the prefix.
 
     ``lock_path``: the lock file the command was given (else found), which must be the
-    one the state names; ``out``: the command's kernel wheel directory, only
-    compared with the one the workspace was opened with.
+    one the state names; ``given``: the command's own cache and kernel build options, compared
+    with the ones the workspace was opened with (:func:`_finish_options`: one missing is refused
+    before anything is written).
     """
     with transaction.exclusive_checkout(path) as co:
         gitdir = co.gitdir
         state = read_state(gitdir, path)
         lock_path = _state_lock(lock_path, state, path)
+        chosen = _finish_options(path, lock_path, state, given or Invocation())
         opened = open_lock(lock_path, state.series)
         pin = opened.pin(state.pin, given_as=None)
         series = series_for_pin(opened, pin)
@@ -368,7 +416,7 @@ def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, prog
         target.parent.mkdir(parents=True, exist_ok=True)
         safeio.atomic_write(target, text)
         set_variant(opened.path, pin.name, patch.name, target)
-        notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}"]
+        notes = [f"wrote {target}: pin {pin.name}'s variant of {patch.name}, recorded in {opened.path}", *chosen]
         transaction.reset_tree(co, state.at, mention(Step.of("resolve", cont=True), bare=True))
         state_path(gitdir).unlink()
         opened = open_lock(lock_path, state.series)
@@ -382,9 +430,6 @@ def continue_workspace(*, path: Path, lock_path: Path | None, store: Store, prog
                 notes.append(f"pin {pin.name}: patched_tree {res.final_tree} in {opened.path}")
             opened = open_lock(lock_path, state.series)
             pin = opened.pin(pin.name, given_as=None)
-    if state.build and state.out and str(out) != state.out:
-        notes.append(f"the workspace was opened with {param('out')} {state.out}; the kernel wheel goes to "
-                     f"{out or './dist'} (pass {param('out')} to resolve to choose)")
     return Continued(opened, pin, state, notes)
 
 

@@ -150,10 +150,16 @@ class ResolveState(State):
     series: list[str] | None = spec(NAMES, required=False)  # --series of the apply, if any
     patch_index: int | None = spec(COUNT, required=False)
     base_commit: str | None = spec(COMMIT, required=False)
-    cache_dir: str | None = spec(STRING, required=False)  # compared / shown only, never used
+    # The apply's own options that decide how it finishes (the kernel build: which cache and toolchain,
+    # where the wheel goes): compared with resolve's and shown as the command to run, never used, so
+    # a tree cannot choose them. Absent in a state an older dsv4patch wrote: None (not given).
+    cache_dir: str | None = spec(STRING, required=False)
     build: bool = spec(FLAG, required=False, default=False)
-    out: str | None = spec(STRING, required=False)  # compared / shown only, never used
+    out: str | None = spec(STRING, required=False)
     conflicts: list[str] = spec(PATHS, required=False, default=[])
+    python: str | None = spec(STRING, required=False)
+    nvcc: str | None = spec(STRING, required=False)
+    allow_torch: str | None = spec(STRING, required=False)
 
 
 @frozen

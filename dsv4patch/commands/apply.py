@@ -102,5 +102,6 @@ def _apply(args: argparse.Namespace, ctx: Context, pin: Pin, path: Path,
         notes=notes,
         branch=args.branch,
         invocation=Invocation(series=tuple(args.series) if args.series else None,
-                              cache_dir=args.cache_dir, build=args.build, out=args.out),
+                              cache_dir=args.cache_dir, build=args.build, out=args.out, python=args.python,
+                              nvcc=args.nvcc, allow_torch=args.allow_torch),
     )

@@ -10,6 +10,7 @@ the tree back at the commit it had before ``apply --3way``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from dsv4patch import report
@@ -29,7 +30,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     what.add_argument("--abort", action="store_true",
                       help="put the tree back at the commit it had before `apply --3way`")
     p.add_argument("--out", type=Path, default=None,
-                   help="--continue: where the kernel wheel goes when apply builds (default: ./dist)")
+                   help=f"--continue: where the kernel wheel goes when apply builds (default: "
+                        f"{_common.DEFAULT_OUT_DIR}/ in the lock's project, as apply's). The build takes this "
+                        "command's --out, --python, --nvcc and --allow-torch, never values read from the tree: "
+                        "one the `apply --3way` was given must be given again (its next step does) or another "
+                        "value chosen, else exit 2 naming the command, nothing written")
+    _common.add_toolchain_options(p, prefix="--continue: kernel build: ")
     _common.add_output(p)
     _common.add_cache(p)
 
@@ -42,17 +48,22 @@ def run(args: argparse.Namespace) -> int:
     if args.cont:
         store = _common.open_store(args)
         prog = _common.progress(args)
+        given = Invocation(cache_dir=args.cache_dir, out=args.out, python=args.python, nvcc=args.nvcc,
+                           allow_torch=args.allow_torch)
         done = continue_workspace(path=path, lock_path=args.lock or _common.settings().lock, store=store,
-                                  progress=prog, out=args.out)
+                                  progress=prog, given=given)
         state = done.state
         # The lock is the one the workspace's state names (read under the tree lock): the run's context now.
         ctx = Context(lock=done.lock, store=store, progress=prog, settings=_common.settings())
+        wheel_dir, out_note = _common.default_out(args.out, done.lock.path)  # apply's default
+        notes = done.notes + ([out_note] if out_note is not None and state.build else [])
         result = apply_pin(
             ctx=ctx, pin=done.pin, tree_path=path, three_way=True,
-            build=_common.kernel_build(ctx=ctx, out=args.out) if state.build else None,
-            notes=done.notes, orig_head=state.orig_head,
-            invocation=Invocation(series=tuple(state.series) if state.series else None,
-                                  cache_dir=args.cache_dir, build=state.build, out=args.out),
+            build=_common.kernel_build(ctx=ctx, out=wheel_dir, python=args.python, nvcc=args.nvcc,
+                                       allow_torch=args.allow_torch) if state.build else None,
+            notes=notes, orig_head=state.orig_head,
+            invocation=dataclasses.replace(given, series=tuple(state.series) if state.series else None,
+                                           build=state.build),
         )
         return _common.render_apply(args.format, result)
     state = abort_workspace(path)

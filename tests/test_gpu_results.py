@@ -114,6 +114,15 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
                and c["null_block"]["unmeasured"] == {} for c in passed.values() if c["engine"] == "dspark5")
     # the H100's run (session 17) accepted the same drafts as the H200's, case for case
     assert {c["case"]: c["acceptance"] for c in h100["cases"]} == {c["case"]: c["acceptance"] for c in h200["cases"]}
+    # Session 21's check of the code it ended with (911acac: every frozen record made by records.frozen, the
+    # wheel hashing its kernel members once, git started under childproc.starting): the wheel `dsv4patch wheel`
+    # made there, the installed check and mtp1 from empty JIT caches on two sets, the drafts accepted as above
+    last = _selftest("selftest-patched-911acac-h100-mtp1")
+    assert last["ok"] is True and last["counts"]["pass"] == 2 and last["min_gap"] > 19.99
+    assert next(c for c in last["checks"] if c["name"] == "installed")["ok"] is True
+    assert [e["engine"]["name"] for e in last["engines"]] == ["mtp1"] and last["engines"][0]["outcome"] == "done"
+    assert {c["case"]: c["acceptance"] for c in last["cases"]} == {
+        c["case"]: c["acceptance"] for c in h200["cases"] if c["case"] in ("mtp1/trio_b3", "mtp1/short_b1")}
     # session 9's mtp1 alone on warm caches (8ce1ebb): the same drafts accepted, case for case
     mtp1 = _selftest("selftest-patched-8ce1ebb-mtp1-warm")
     assert mtp1["ok"] is True

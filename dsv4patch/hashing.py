@@ -71,6 +71,6 @@ def record_b64(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def record_hash(data: bytes) -> str:
-    """The hash column of a wheel RECORD row for ``data``."""
-    return "sha256=" + record_b64(hashlib.sha256(data).digest())
+def record_hash(data: bytes, digest: bytes | None = None) -> str:
+    """The hash column of a wheel RECORD row for ``data`` (``digest``: its sha256, where the caller has it)."""
+    return "sha256=" + record_b64(hashlib.sha256(data).digest() if digest is None else digest)

@@ -140,7 +140,8 @@ class KernelPackage:
 
     def record_row(self, path: str) -> tuple[str, str, str]:
         """The RECORD row of member ``path`` (``zipcopy.record_row``'s, from its digest)."""
-        return path, "sha256=" + record_b64(self.digests[path]), str(len(self.members[path]))
+        data = self.members[path]
+        return path, record_hash(data, self.digests[path]), str(len(data))
 
 
 _MACHINE = re.compile(r"linux_(x86_64|aarch64)\.whl$")

@@ -38,7 +38,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -426,6 +425,8 @@ def git_dir(repo: Path) -> Path:
 @contextmanager
 def scratch_index(repo: Path, treeish: str) -> Iterator[dict[str, str]]:
     """A temporary index loaded with ``treeish``; yields the env to use it."""
+    import tempfile  # here, not at start-up: tempfile brings shutil and random (issue 39)
+
     gitdir = git_dir(repo)
     fd, name = tempfile.mkstemp(prefix="dsv4patch-index-", dir=gitdir)
     os.close(fd)
@@ -812,6 +813,8 @@ def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
     ``format.subjectPrefix``, ``diff.noprefix``, ``core.abbrev``, ``user.email``, colour...):
     it runs in a private repository that borrows ``repo``'s objects and has no config but
     git's defaults and dsv4patch's pins, with dsv4patch's own identity."""
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="dsv4patch-format-") as d:
         isolated = Path(d) / "format.git"
         init_with_alternates(isolated, [common_dir(repo)])
@@ -826,6 +829,8 @@ def valid_branch_name(name: str) -> bool:
     a shorthand git expands (``@{-1}``, ``@``, ``HEAD``) or an option (a leading ``-``)."""
     if not name or name.startswith("-") or name in ("HEAD", "@") or "@{" in name or "\0" in name:
         return False
+    import tempfile
+
     return run(Path(tempfile.gettempdir()), ["check-ref-format", f"refs/heads/{name}"], check=False,
                repo=False).ok
 
@@ -900,6 +905,8 @@ def config_list(repo: Path | None, *, file: Path | None = None, includes: bool =
     args = ["config", "--list", "-z", "--show-origin", "--includes" if includes else "--no-includes"]
     if file is not None:
         args += ["--file", str(file)]
+    import tempfile
+
     where = repo if repo is not None else Path(tempfile.gettempdir())
     res = run(where, args, check=False, repo=repo is not None)
     if not res.ok:

@@ -32,7 +32,6 @@ import errno
 import json
 import mmap
 import os
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +49,13 @@ class UnsafeFileError(Dsv4Error):
 
     exit_code = EXIT_INPUT
     kind = "unsafe-file"
+
+
+def _token() -> str:
+    """12 random hex digits for a temporary name: ``secrets.token_hex(6)`` is ``os.urandom(6).hex()``;
+    taken from ``os`` directly, a run that writes a file does not import ``secrets`` (and ``random``,
+    ``hmac``, ``base64`` with it) at start-up (issue 39)."""
+    return os.urandom(6).hex()
 
 
 def _kind(mode: int) -> str:
@@ -357,7 +363,7 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int = 0o644, *, dura
     payload = data.encode("utf-8") if isinstance(data, str) else data
     dfd = _open_dir(p.parent)
     try:
-        tmp = f".{p.name}.{secrets.token_hex(6)}.dsv4patch-tmp"
+        tmp = f".{p.name}.{_token()}.dsv4patch-tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=dfd)
         try:
@@ -437,7 +443,7 @@ def create_owned(directory: Path | str, stem: str, suffix: str = PARTIAL, mode: 
     writer is alive: the lock ends only with the writer (even killed with SIGKILL).
     """
     d = Path(directory)
-    token = secrets.token_hex(6)
+    token = _token()
     new = d / f".{stem}.{token}{_NEW}"
     path = d / f".{stem}.{token}{suffix}"
     fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)

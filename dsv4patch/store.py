@@ -31,9 +31,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -115,6 +113,23 @@ _OWNER = ".owner"
 _NEW_DIR = ".new-"
 
 
+def _rmtree(path: Path | str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)``: it never follows a link inside.  ``shutil`` (with
+    ``bz2`` and ``lzma``) is imported by the runs that remove a directory, not at every start-up."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _probe_writable(tmp: Path) -> None:
+    """Create and remove a file in ``tmp``: an OSError if the cache cannot be written.  A probe an
+    interrupt leaves behind has no owner, so :func:`sweep_tmp` removes it once it is old."""
+    probe = tmp / f".probe-{os.urandom(6).hex()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _real_dirs(root: Path, parts: Sequence[str]) -> Path:
     """``root/parts...``, each component a real directory (a link there is removed, never followed)."""
     path = root
@@ -175,7 +190,7 @@ def remove_owned() -> list[Path]:
     removed = []
     for name in list(_OWNERS):
         fd = _OWNERS.pop(name, None)
-        shutil.rmtree(name, ignore_errors=True)  # never follows a link inside
+        _rmtree(name)
         if fd is not None:
             os.close(fd)
         removed.append(Path(name))
@@ -187,7 +202,7 @@ def sweep_tmp(store: Store) -> list[Path]:
     removed = stale_tmp(store)
     for p in removed:
         if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)  # never follows a link inside
+            _rmtree(p)
         else:
             safeio.remove_file(p)
     return removed
@@ -205,8 +220,7 @@ class Store:
             root.mkdir(parents=True, exist_ok=True)
             for sub in ("blobs/sha256", "trees", "locks", "tmp"):
                 _real_dirs(root, sub.split("/"))
-            probe = tempfile.NamedTemporaryFile(dir=root / "tmp", delete=True)
-            probe.close()
+            _probe_writable(root / "tmp")
         except OSError as exc:
             raise CacheError(
                 f"cache directory {root} is not writable ({exc.strerror}); "
@@ -239,6 +253,8 @@ class Store:
         Remove it with :meth:`remove_tmp` (or ``shutil.rmtree``: the lock then
         ends with the process).
         """
+        import tempfile  # only a run that makes a work directory needs it (and shutil, random with it)
+
         tmp = self.root / "tmp"
         new = Path(tempfile.mkdtemp(prefix=_NEW_DIR + prefix, dir=tmp))
         final = tmp / (prefix + new.name[len(_NEW_DIR + prefix):])
@@ -250,14 +266,14 @@ class Store:
         except BaseException:
             _OWNERS.pop(str(final), None)
             os.close(fd)
-            shutil.rmtree(new, ignore_errors=True)
-            shutil.rmtree(final, ignore_errors=True)
+            _rmtree(new)
+            _rmtree(final)
             raise
         return final
 
     def remove_tmp(self, path: Path) -> None:
         """Remove a work directory :meth:`tmpdir` made, and give up its lock."""
-        shutil.rmtree(path, ignore_errors=True)
+        _rmtree(path)
         fd = _OWNERS.pop(str(path), None)
         if fd is not None:
             os.close(fd)

@@ -195,6 +195,9 @@ def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upst
             "dsv4patch.commands._common", "dsv4patch.commands._words", "dsv4patch.commands.check"], run
         if run == "warm":  # the result from the check cache: no patch parsed, no checkout guarded (issue 39)
             assert not {"dsv4patch.series.patches", "dsv4patch.guard"} & names, run
+            # nor the standard library only a run that writes a temporary name or a work directory needs
+            # (secrets, with hmac; tempfile): a warm check makes neither (rich's style imports random)
+            assert not {"secrets", "tempfile", "hmac"} & names, (run, {"secrets", "tempfile", "hmac"} & names)
 
 
 # Runs the CLI as the console script does and writes, when the interpreter exits, the collections that ran

@@ -4,7 +4,6 @@ that cannot run a command: :func:`dsv4patch.pins.lock.git_url_problem`).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +69,8 @@ def export_commit(pin: Pin, url: str, dest: Path) -> None:
     if not git.has_object(fetch_repo, f"{pin.commit}^{{commit}}"):
         raise FetchError(f"pin {pin.name}: commit {pin.commit} is not in {url}")
     git.run(fetch_repo, ["--work-tree", str(dest), "checkout", "-f", pin.commit, "--", "."])
+    import shutil  # a fetch, never a warm run's start-up (issue 39)
+
     shutil.rmtree(fetch_repo)
 
 

@@ -21,7 +21,6 @@ This is the only place a pin is materialized.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +72,8 @@ def materialize(pin: Pin, store: Store, progress: Progress, checkout: Path | Non
     with store.mutex(f"tree-{key}"):
         if not (dest / READY).exists():
             if dest.exists():
+                import shutil  # a cold path: not imported by a warm run (issue 39)
+
                 shutil.rmtree(dest)  # left by a killed run: build it again
             advice = ("nothing was cached; free space in the cache (or point DSV4PATCH_CACHE / "
                       f"{param('cache_dir')} at a larger disk) and run the command again")
@@ -105,6 +106,6 @@ def _build(pin: Pin, store: Store, dest: Path, progress: Progress, own_tree: Pat
         (work / "repo.git" / READY).write_text(base + "\n")
         os.replace(work / "repo.git", dest)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        store.remove_tmp(work)
 
 

@@ -13,7 +13,9 @@ medians, every ratio against its baseline measured in the same phase:
   modules ``check`` cannot start without, alone (FLOOR);
 * warm ``check --pin 0.27.1`` (the CLI as a subprocess, start-up included), as JSON and as typed,
   against a bare ``git apply --cached --check`` loop over the same patches on the same tree
-  (benchmarks/check_speed.py's baseline): goal <= 0.7 quiet, <= 1.0 loaded;
+  (benchmarks/check_speed.py's baseline): goal <= 0.7 quiet, <= 1.0 loaded; beside them, in the
+  same rounds, the floor of each against the same loop: a bare interpreter importing FLOOR, and
+  FLOOR_TEXT (the same printing ``check``'s table with rich);
 * warm ``check`` of the whole lock against the bare loop over every pin: goal <= 0.5;
 * warm ``wheel --pin 0.27.1`` against copying the stock wheel (313 MB) it starts from:
   goal <= 12 (every stock member still checked against RECORD);
@@ -66,6 +68,25 @@ BEGIN, END = "<!-- benchmarks/run_all.py: begin -->", "<!-- benchmarks/run_all.p
 # (dataclasses, as the project's rules ask), the lock (tomllib), git (subprocess), hashes and JSON.
 # Imported alone in a bare interpreter, they are the floor of any `check` in Python 3.
 FLOOR = "import argparse, dataclasses, hashlib, json, subprocess, tomllib"
+# The same with the table `check` as typed prints (rich, as the project's rules ask; the title, 13
+# columns, one row, the 11 lines under it), to a pipe: the least a `check` as typed can take in Python.
+FLOOR_TEXT = FLOOR + """
+from rich import box
+from rich.console import Console
+from rich.table import Table
+console = Console(color_system=None, no_color=True, highlight=False)
+table = Table(title="dsv4patch check: locks/vllm.toml", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              padding=(0, 0))
+names = ["pin", *[f"{i:04d}" for i in range(1, 11)], "patched tree", "result"]
+cells = ["0.27.1", *["ok"] * 10, "ec2fff2214be", "ok"]
+for name, cell in zip(names, cells):
+    table.add_column(name, overflow="fold", width=max(len(name), len(cell)))
+table.add_row(*cells)
+console.print(table)
+for i in range(1, 11):
+    console.print(f"{i:04d} = {i:04d}-DSV4-fix-{i}-Carry-the-dense-SWA-index-width-for-DSpar.patch")
+console.print("ok = applies cleanly")
+"""
 GOALS = {"startup_ms": 80.0, "check_one_quiet": 0.7, "check_one_loaded": 1.0, "check_lock": 0.5,
          "wheel_over_copy": 12.0, "suite_s": 12 * 60.0}
 
@@ -136,6 +157,14 @@ def run_text(args: list[str]) -> None:
                          f"\n{res.stderr[-3000:]}")
 
 
+def run_floor(code: str) -> None:
+    """A bare interpreter (this one, the same as ``python -m dsv4patch``'s) running ``code``, its output
+    to a pipe: what any ``check`` in Python, with the project's rules, cannot go below."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=ENV)
+    if res.returncode != 0:
+        raise SystemExit(f"the floor failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+
+
 def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[str, Any]:
     lock_path, store = ctx["lock"], ctx["store"]
     cache = str(store.root)
@@ -161,8 +190,9 @@ def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[
                           "floor_over_interpreter_ms": min(floor) - min(interp),
                           "loadavg": load_avg()}
         # check vs the bare loop (one pin, the whole lock).
-        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "text_s", "bare_s_cpu", "check_s_cpu",
-                                               "text_s_cpu")}
+        one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "text_s", "floor_s", "floor_text_s",
+                                               "bare_s_cpu", "check_s_cpu", "text_s_cpu", "floor_s_cpu",
+                                               "floor_text_s_cpu")}
         lock: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "bare_s_cpu", "check_s_cpu")}
         check_one = ["check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache]
         check_lock = ["check", "--lock", str(lock_path), "--cache-dir", cache]
@@ -170,13 +200,17 @@ def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[
             one["bare_s"].append(timed(lambda: baseline(ctx["one"]), one["bare_s_cpu"]))
             one["check_s"].append(timed(lambda: run_cli(check_one, env=ENV), one["check_s_cpu"]))
             one["text_s"].append(timed(lambda: run_text(check_one), one["text_s_cpu"]))
+            one["floor_s"].append(timed(lambda: run_floor(FLOOR), one["floor_s_cpu"]))
+            one["floor_text_s"].append(timed(lambda: run_floor(FLOOR_TEXT), one["floor_text_s_cpu"]))
             lock["bare_s"].append(timed(lambda: baseline(ctx["pins"]), lock["bare_s_cpu"]))
             lock["check_s"].append(timed(lambda: run_cli(check_lock, env=ENV), lock["check_s_cpu"]))
         for entry in (one, lock):
             ratio(entry, "check_s", "bare_s")
             entry["loadavg"] = load_avg()
-        one["text"] = {}
+        one["text"], one["floor"], one["floor_text"] = {}, {}, {}
         ratio(one["text"], "text_s", "bare_s", one)
+        ratio(one["floor"], "floor_s", "bare_s", one)
+        ratio(one["floor_text"], "floor_text_s", "bare_s", one)
         out["check_one"], out["check_lock"] = one, lock
         # wheel vs copying the stock wheel.
         wheel: dict[str, Any] = {k: [] for k in ("copy_s", "wheel_s", "copy_s_cpu", "wheel_s_cpu")}
@@ -260,6 +294,15 @@ def table(res: dict[str, Any]) -> str:
         rows.append(f"| warm `check --pin {ONE}` as typed (its table, rich, to a pipe) / the same bare loop | "
                     f"{cell(q['check_one'], 'text_s', 'bare_s', GOALS['check_one_quiet'], entry=q['check_one']['text'])} | "
                     f"{cell(ld['check_one'], 'text_s', 'bare_s', GOALS['check_one_loaded'], entry=ld['check_one']['text'])} |")
+    if "floor" in q["check_one"]:
+        def floor(d: dict[str, Any]) -> str:
+            m = statistics.median
+            return (f"{m(d['floor_s']):.3f} s = {d['floor']['ratio']:.2f} / {m(d['floor_text_s']):.3f} s = "
+                    f"{d['floor_text']['ratio']:.2f}")
+        rows.append("| the floor, in the same rounds, against the same bare loop: a bare interpreter importing the "
+                    "standard library `check` needs (`FLOOR` above) / the same printing `check`'s table with rich "
+                    "(`FLOOR_TEXT` in benchmarks/run_all.py) | "
+                    f"{floor(q['check_one'])} | {floor(ld['check_one'])} |")
     rows.append(f"| warm `check`, whole lock ({res['pins']} pins, {res['patch_checks']} patch checks) / bare loop | "
                 f"{cell(q['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} | "
                 f"{cell(ld['check_lock'], 'check_s', 'bare_s', GOALS['check_lock'])} |")

@@ -703,6 +703,9 @@ def test_an_interrupt_while_apply_makes_a_new_tree_leaves_no_half_made_tree(tmp_
     assert "children left" not in proc.stderr and _no_process_left(mark) == [], proc.stderr[-2000:]
     assert not (tmp_path / ".t.dsv4patch-tmp").exists(), sorted(p.name for p in tmp_path.iterdir())
     assert not tree.exists() or not any(tree.iterdir())
+    # beside the tree only the flock file that keeps two creators apart (docs/how-it-works.md)
+    assert {p.name for p in tmp_path.iterdir() if p.name.startswith(".t")} <= {".t.dsv4patch-create.lock"}
     res = cli(*apply_args(lock5, tree, cache))
     assert res.rc == 0, res.err
     assert leftovers(tree) == [] and not (tmp_path / ".t.dsv4patch-tmp").exists()
+    assert not (tmp_path / ".t.dsv4patch-create.lock").exists()  # the run that made the tree removed it

@@ -51,7 +51,7 @@ class UnsafeFileError(Dsv4Error):
     kind = "unsafe-file"
 
 
-def _token() -> str:
+def token() -> str:
     """12 random hex digits for a temporary name: ``secrets.token_hex(6)`` is ``os.urandom(6).hex()``;
     taken from ``os`` directly, a run that writes a file does not import ``secrets`` (and ``random``,
     ``hmac``, ``base64`` with it) at start-up (issue 39)."""
@@ -363,7 +363,7 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int = 0o644, *, dura
     payload = data.encode("utf-8") if isinstance(data, str) else data
     dfd = _open_dir(p.parent)
     try:
-        tmp = f".{p.name}.{_token()}.dsv4patch-tmp"
+        tmp = f".{p.name}.{token()}.dsv4patch-tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=dfd)
         try:
@@ -443,9 +443,9 @@ def create_owned(directory: Path | str, stem: str, suffix: str = PARTIAL, mode: 
     writer is alive: the lock ends only with the writer (even killed with SIGKILL).
     """
     d = Path(directory)
-    token = _token()
-    new = d / f".{stem}.{token}{_NEW}"
-    path = d / f".{stem}.{token}{suffix}"
+    mark = token()
+    new = d / f".{stem}.{mark}{_NEW}"
+    path = d / f".{stem}.{mark}{suffix}"
     fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         st = os.fstat(fd)

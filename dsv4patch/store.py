@@ -124,7 +124,7 @@ def _rmtree(path: Path | str) -> None:
 def _probe_writable(tmp: Path) -> None:
     """Create and remove a file in ``tmp``: an OSError if the cache cannot be written.  A probe an
     interrupt leaves behind has no owner, so :func:`sweep_tmp` removes it once it is old."""
-    probe = tmp / f".probe-{os.urandom(6).hex()}"
+    probe = tmp / f".probe-{safeio.token()}"
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.close(fd)
     os.unlink(probe)

@@ -824,14 +824,20 @@ def format_patch(repo: Path, commit: str, number: int, total: int) -> str:
     return text.replace("Subject: [PATCH] ", f"Subject: [PATCH {number}/{total}] ", 1)
 
 
+def _scratch_dir() -> Path:
+    """Where a git call that reads no repository runs: the system's temporary directory (``tempfile`` is
+    imported here, not at every start-up: it brings ``shutil`` and ``random``, issue 39)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir())
+
+
 def valid_branch_name(name: str) -> bool:
     """Whether ``name`` may name a new branch: ``refs/heads/NAME`` is a valid ref, and it is not
     a shorthand git expands (``@{-1}``, ``@``, ``HEAD``) or an option (a leading ``-``)."""
     if not name or name.startswith("-") or name in ("HEAD", "@") or "@{" in name or "\0" in name:
         return False
-    import tempfile
-
-    return run(Path(tempfile.gettempdir()), ["check-ref-format", f"refs/heads/{name}"], check=False,
+    return run(_scratch_dir(), ["check-ref-format", f"refs/heads/{name}"], check=False,
                repo=False).ok
 
 
@@ -905,9 +911,7 @@ def config_list(repo: Path | None, *, file: Path | None = None, includes: bool =
     args = ["config", "--list", "-z", "--show-origin", "--includes" if includes else "--no-includes"]
     if file is not None:
         args += ["--file", str(file)]
-    import tempfile
-
-    where = repo if repo is not None else Path(tempfile.gettempdir())
+    where = repo if repo is not None else _scratch_dir()
     res = run(where, args, check=False, repo=repo is not None)
     if not res.ok:
         raise GitError(f"git config cannot read the configuration of {file or repo}: {res.stderr.strip()}")

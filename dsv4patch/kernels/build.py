@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import shutil
 import sys
 import time
@@ -560,7 +559,7 @@ def planned_units(plan: KernelPlan, archs: Sequence[str],
 
 def _tmp_name(path: Path) -> Path:
     """A fresh, unpredictable name beside ``path`` for a program's output (never a planted name)."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    return path.with_name(f".{path.name}.{safeio.token()}.tmp")
 
 
 def _compile(u: UnitBuild, cwd: Path, store: Store) -> None:

@@ -92,6 +92,8 @@ _CONFIG = [
     "-c", "core.autocrlf=false",
     "-c", "core.eol=lf",
     "-c", "core.safecrlf=false",
+    # Conflict markers as port's merge-file writes them (base included), whatever the tree's config says.
+    "-c", "merge.conflictStyle=diff3",
     "-c", "core.filemode=true",
     "-c", "core.symlinks=true",
     "-c", "core.ignorecase=false",

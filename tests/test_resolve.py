@@ -64,6 +64,8 @@ def test_conflict_workspace_continue_gives_a_variant_check_reports_clean(tmp_pat
     assert (tree / "vllm/envs.py").read_text().endswith("A = 1\n")
     text = (tree / "vllm/worker.py").read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text and "z = y * 2 + 1" in text
+    # diff3 markers, as port --workspace writes them: the base's line between ||||||| and =======
+    assert "\n|||||||" in text and text.split("|||||||", 1)[1].split("=======", 1)[0].count("    z = y * 2\n") == 1
     assert (tree / ".git" / "dsv4patch-resolve.json").is_file()
     st = cli("status", "--tree", tree, "--format", "json")
     assert st.rc == EXIT_UNEXPECTED and json.loads(st.out)["conflict_workspace"] is True
@@ -169,6 +171,18 @@ def test_3way_refuses_a_tree_whose_config_names_a_merge_driver(tmp_path, cli, fo
     res = cli("apply", *base, "--tree", tree, "--3way", "--no-build")
     assert res.rc == EXIT_TREE and "merge.evil.driver" in res.err
     assert not flag.exists() and _status(tree) == ""
+
+
+def test_3way_markers_are_diff3_whatever_the_trees_config_says(tmp_path, cli, fork_lock):
+    """The tree's own merge.conflictStyle (here git's two-way default) does not choose the markers."""
+    tree = tmp_path / "fork-tree"
+    base = ("--lock", fork_lock, "--pin", "fork", "--cache-dir", tmp_path / "cache")
+    assert cli("apply", *base, "--tree", tree, "--3way", "--no-build").rc == EXIT_UNEXPECTED
+    assert cli("resolve", "--abort", "--tree", tree).rc == 0
+    sh(tree, "config", "merge.conflictStyle", "merge")
+    assert cli("apply", *base, "--tree", tree, "--3way", "--no-build").rc == EXIT_UNEXPECTED
+    text = (tree / "vllm/worker.py").read_text()
+    assert "\n<<<<<<< " in text and "\n||||||| " in text and "\n>>>>>>> " in text
 
 
 def test_refresh_writes_commits_back_as_the_series(tmp_path, cli, fork_lock):

@@ -8,6 +8,8 @@ the patched pin and fail on the unpatched one, or say why not.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,16 @@ def test_one_session_runs_the_listed_tests_beside_a_module_that_does_not_collect
     assert out[ids[3]].status == "not run" and "ran no test" in out[ids[3]].detail, out
     log = (tmp_path / "r.xml.log").read_text()
     assert "1 deselected" in log  # test_other: not listed, not run
+
+
+def test_the_default_release_is_the_locks_first_with_the_fixes_and_verify_help_names_it():
+    """Without --from: the lock's 0.28.0 (the first release with #51538, whose patches are all upstream
+    there), the default verify's help prints."""
+    from dsv4patch.pins import load_lock
+    from dsv4patch.proofs import UPSTREAM_DEFAULT_FROM, upstream_source_pin
+
+    pin = upstream_source_pin(load_lock(LOCK), None)
+    assert pin.name == UPSTREAM_DEFAULT_FROM == "0.28.0"
+    res = subprocess.run([sys.executable, "-m", "dsv4patch", "verify", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert res.returncode == 0 and "(default: 0.28.0)" in " ".join(res.stdout.split()), res.stderr

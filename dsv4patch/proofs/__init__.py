@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from dsv4patch.proofs.selftest.model import MAX_PIPELINE_PARALLEL_SIZE, TENSOR_PARALLEL_SIZES
     from dsv4patch.proofs.selftest.plan import Topology
     from dsv4patch.proofs.selftest.runner import CHECK_NAMES, FAILING, Deadlines, python_of, run_selftest
-    from dsv4patch.proofs.upstream_tests import DEFAULT_FROM as UPSTREAM_DEFAULT_FROM
+    from dsv4patch.proofs.upstream_release import DEFAULT_FROM as UPSTREAM_DEFAULT_FROM
     from dsv4patch.proofs.upstream_tests import run as run_upstream_tests
     from dsv4patch.proofs.upstream_tests import source_pin as upstream_source_pin
     from dsv4patch.proofs.verifying import verify
@@ -27,7 +27,7 @@ FACE = {
     "MAX_PIPELINE_PARALLEL_SIZE": "selftest.model:MAX_PIPELINE_PARALLEL_SIZE",
     "TENSOR_PARALLEL_SIZES": "selftest.model:TENSOR_PARALLEL_SIZES",
     "Topology": "selftest.plan:Topology",
-    "UPSTREAM_DEFAULT_FROM": "upstream_tests:DEFAULT_FROM",
+    "UPSTREAM_DEFAULT_FROM": "upstream_release:DEFAULT_FROM",
     "all_cases": "selftest.cases:all_cases",
     "python_of": "selftest.runner:python_of",
     "run_selftest": "selftest.runner:run_selftest",

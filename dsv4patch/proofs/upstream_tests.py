@@ -41,6 +41,7 @@ from dsv4patch.errors import BuildError, PatchFileError, TreeError, param
 from dsv4patch.nextstep import Step, mention
 from dsv4patch.pins import materialize
 from dsv4patch.proofs import testenv, testrun
+from dsv4patch.proofs.upstream_release import DEFAULT_FROM
 from dsv4patch.records import frozen
 from dsv4patch.series import run_series, series_for_pin
 
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from dsv4patch.series import Patch
 
 TRAILER = "Upstream-Test"
-DEFAULT_FROM = "0.28.0"
 MODES = ("cpu", "cpu-device", "gpu")
 SAME = "same-on-unpatched"
 

@@ -363,10 +363,11 @@ def test_allow_torch_builds_and_status_reports_it(tree: Path, shared_cache: Path
     assert res.returncode == 0, res.stderr[-3000:]
     # --no-compile: status reads the installed files, not their bytecode (a plain pip install,
     # which compiles, is test_vllm_wheel's); byte-compiling vLLM's 2,000-odd modules cost ~7 s.
+    # The venv gets no pip of its own (ensurepip: ~3.5 CPU s): this interpreter's pip installs into it.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--no-compile", json.loads(res.stdout)["wheel"]], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", "--no-compile", json.loads(res.stdout)["wheel"]], check=True)
     st = _run("status", "--installed", "--lock", LOCK, "--python", venv / "bin" / "python",
               env={"DSV4PATCH_CACHE": str(shared_cache)})
     assert st.returncode == 1, st.stdout + st.stderr
@@ -510,6 +511,31 @@ def test_a_link_planted_at_the_toolchain_entry_is_never_used(tmp_path: Path, mon
         toolchain.ensure_torch(store, PIN.toolchain, Progress(False))
     assert not root.is_symlink() and (evil / ".ready").is_file()  # the link removed, its target untouched
     assert childproc.KEEP > 0
+
+
+def test_a_toolchain_venv_is_filled_by_this_pythons_pip_else_by_its_own(tmp_path: Path, monkeypatch) -> None:
+    """_provision's venv is made without pip where this interpreter's pip can install into it (``--python``,
+    pip 22.3+: test_provisioned_torch_is_cached_and_hash_checked installs and refuses through it);
+    otherwise the venv gets its own pip, as ``python -m venv`` makes it, and that pip installs."""
+    from importlib import metadata
+
+    env = tmp_path / "env"
+    own = ([], [str(env / "bin" / "python"), "-m", "pip"])
+    assert toolchain._pip_for(env) == (["--without-pip"],
+                                       [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python")])
+    for version in ("22.2.2", "9.0.1", "dev"):
+        monkeypatch.setattr(metadata, "version", lambda name, v=version: v)
+        assert toolchain._pip_for(env) == own, version
+    monkeypatch.setattr(metadata, "version", lambda name: "22.3")
+    assert toolchain._pip_for(env)[0] == ["--without-pip"]
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert toolchain._pip_for(env) == own
+
+
 def test_cxx_standard_is_chosen_from_the_toolchain_and_the_tree(tmp_path: Path) -> None:
     """The C++ standard comes from what each torch's headers need (the lock's toolchain, else
     dsv4patch's table) and the tree's CMAKE_CUDA_STANDARD, the higher of the two: never per pin."""

@@ -191,26 +191,38 @@ def _seed_torch(shared_cache: Path, cache: Path, pin: str = "0.27.1") -> None:
 COLD_DOWNLOADS = ("toolchains/cuda-*", "kernels/cublas-headers/*")
 
 
+# The torch of each pin the module needs after the first tests, in the order they need it: 0.33.0's
+# (test_nonexistent_nvcc_fails_and_wrong_torch_is_refused, the fourth test) before 0.26.0's (its
+# byte-identity test and the allow-torch test, minutes later).
+AHEAD = ("0.33.0", "0.26.0")
+_AHEAD_CODE = """
+import sys
+from pathlib import Path
+from dsv4patch.kernels import toolchain
+from dsv4patch.pins.lock import load
+from dsv4patch.progress import Progress
+from dsv4patch.store import Store
+
+lock, store = load(Path(sys.argv[1])), Store.open(Path(sys.argv[2]))
+for pin in sys.argv[3:]:
+    toolchain.ensure_torch(store, lock.pin(pin).toolchain, Progress(False))
+"""
+
+
 @pytest.fixture(scope="module", autouse=True)
 def torch_ahead(shared_cache: Path) -> Iterator[None]:
-    """The torch of 0.26.0 and 0.33.0 (~1 GB of wheels each) installed into the shared cache in a thread
-    from the module's start, while 0.27.1's builds compile (issue 39: a fresh clone's run waited 16 and 24 s
-    on those downloads in the middle of their byte-identity tests).  The same install those tests make
-    (_pin_torch): the store's lock makes the first one that asks do it and the other wait for it; an
-    install that fails here fails again, with its message, where a test needs it."""
-    import threading
-
-    def fetch() -> None:
-        for pin in ("0.26.0", "0.33.0"):
-            try:
-                _pin_torch(shared_cache, pin)
-            except Exception:  # noqa: BLE001  # the test that needs it reports it
-                return
-
-    thread = threading.Thread(target=fetch, name="torch-ahead", daemon=True)
-    thread.start()
+    """The torch of 0.33.0 and 0.26.0 (~1 GB of wheels each) installed into the shared cache from the
+    module's start, while its first tests and 0.27.1's builds run (issue 39: a fresh clone's run waited 16
+    and 24 s on those installs in the middle of its tests).  The same install those tests make
+    (_pin_torch: toolchain.ensure_torch), in a process of its own: the store's lock makes the first one
+    that asks do it and the other wait for it; an install that fails here fails again, with its message,
+    where a test needs it.  Not a thread of this process: every in-process CLI run (the `tree` fixture's
+    apply, the `cli` tests) ends by killing the child trees this process started (childproc.end_all), so a
+    thread's pip was killed at the first one (ci92: both torches were installed later, by the tests)."""
+    proc = subprocess.Popen([sys.executable, "-c", _AHEAD_CODE, str(LOCK), str(shared_cache), *AHEAD],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield
-    thread.join()
+    proc.wait()
 
 
 @pytest.fixture(scope="module")

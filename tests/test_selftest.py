@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import validate_json
+from dsv4patch.proofs.selftest import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "selftest_standin_engine.py"
@@ -64,18 +65,22 @@ def test_the_run_ends_by_its_deadline_counted_from_its_start_not_from_the_engine
     """--deadline bounds the whole verb: a slow environment probe (torch and vLLM importing on a busy node)
     comes out of the engines' time.  On the H200 (2026-12-04) a run with --deadline 145 was still going at
     190 s: the engines' deadline was counted from their launch, after the probe."""
-    # The engine is launched after the probe's 4 s with 11 s left (one needs 10); a deadline counted from the
-    # engines' launch would end the run at 4 + 15 s at the earliest.
+    # The engine is launched after the probe's 4 s with 4 s left: an engine needs runner.MIN_ENGINE_SECONDS
+    # left to be started, 1 s here in place of 10 (which would make the run 15 s; the real 10:
+    # test_selftest_runner's test_an_engine_with_too_little_of_the_total_deadline_left_is_not_run), so a
+    # probe slowed 2 s by a loaded machine still leaves the engine started.  A deadline counted from the
+    # engines' launch would end the run at 4 + 8 s at the earliest.
+    monkeypatch.setattr(runner, "MIN_ENGINE_SECONDS", 1.0)
     monkeypatch.setenv("STANDIN_PROBE_DELAY", "4")
     monkeypatch.setenv("STANDIN_MODE", "hang_start")
     t0 = time.monotonic()
-    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--deadline", "15",
+    res = cli("selftest", "--python", _interpreter(tmp_path), "--cases", "plain/short_b1", "--deadline", "8",
               "--start-deadline", "60", "--work", tmp_path / "w", "--format", "json")
     took = time.monotonic() - t0
     data = validate_json("selftest", res.out)
     assert data["cases"][0]["verdict"] == "not-run", data["cases"][0]
     assert data["cases"][0]["error"].startswith("cut by the run's deadline during engine start"), data["cases"][0]
-    assert data["seconds"] < 15 + 3 and took < 15 + 4.5, (data["seconds"], took)
+    assert data["seconds"] < 8 + 3 and took < 8 + 4.5, (data["seconds"], took)
 
 
 def test_a_differing_case_exits_1_and_the_table_names_it(cli, tmp_path, monkeypatch):

@@ -313,6 +313,8 @@ class EngineDeadlines:
 
 
 START_STAGE = "engine start"  # the stage an engine is in until it is ready (its own start deadline)
+# Seconds of the run's deadline an engine needs left to be started; with less it is not run ("no time left").
+MIN_ENGINE_SECONDS = 10.0
 
 
 @dataclass
@@ -586,7 +588,7 @@ class _Launch:
         why = None
         if self.first_failed is not None:
             why = f"not started: the first engine's launch failed ({self.first_failed})"
-        elif time.monotonic() > self.stop_at - 10:
+        elif time.monotonic() > self.stop_at - MIN_ENGINE_SECONDS:
             why = "no time left (the run's deadline)"
         if why is not None:
             self.runs[engine.name] = EngineRun(engine, "not-run", why, None, None, [], [

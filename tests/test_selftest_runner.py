@@ -88,7 +88,7 @@ def test_a_hung_prompt_set_is_a_hang_and_the_rest_of_its_engine_is_not_run(tmp_p
 
 
 def test_a_hung_engine_start_is_a_hang_of_its_first_case(tmp_path):
-    quick = runner.Deadlines(start=1.5, first_case=20, case=20, total=60)
+    quick = runner.Deadlines(start=1, first_case=20, case=20, total=60)
     got, _ = _run(tmp_path, ["mtp2/short_b5", "mtp2/short_b1"], mode="hang_start", deadlines=quick)
     assert got["mtp2/short_b5"].verdict == "hang" and got["mtp2/short_b5"].error.startswith("engine start: ")
     assert got["mtp2/short_b1"].verdict == "not-run"

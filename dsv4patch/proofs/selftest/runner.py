@@ -411,10 +411,7 @@ def run_engine(
 def _watch_child(proc: childproc.Child, reader: EventReader, watch: _Watch, psets: list[PromptSet],
                  files: _EngineFiles, *, stop_at: float, on_ready: Callable[[float | None], None] | None,
                  poll: float) -> None:
-    """Follow the child's events until it ends, its events go wrong, or a deadline passes.
-
-    Between two looks it waits on the child itself (``poll`` seconds at most): its exit ends the watch at
-    once, not at the next look."""
+    """Follow the child's events until it ends, its events go wrong, or a deadline passes."""
     while proc.poll() is None:
         watch.follow(reader.read(), psets, on_ready)
         if reader.error:
@@ -423,7 +420,7 @@ def _watch_child(proc: childproc.Child, reader: EventReader, watch: _Watch, pset
         if now > stop_at or now - watch.stage_start > watch.deadline:
             _stop_watch(proc, watch, files, cut=now > stop_at)
             break
-        proc.wait(poll)
+        time.sleep(poll)
 
 
 def _stop_watch(proc: childproc.Child, watch: _Watch, files: _EngineFiles, *, cut: bool) -> None:

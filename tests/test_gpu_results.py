@@ -124,6 +124,14 @@ def test_the_selftest_verdict_holds_stock_against_patched() -> None:
                and c["null_block"]["unmeasured"] == {} for c in passed.values() if c["engine"] == "dspark5")
     # the H100's run (session 23) accepted the same drafts as the H200's, case for case
     assert {c["case"]: c["acceptance"] for c in h100["cases"]} == {c["case"]: c["acceptance"] for c in h200["cases"]}
+    # Session 23's check of the code it ended with (9eba377: apply --3way's diff3 markers through a pinned git
+    # setting, toolchain venvs without ensurepip, verify's default from its own module): the wheel `dsv4patch
+    # wheel` made there and the installed check on the H100
+    last = _selftest("selftest-patched-9eba377-h100-installed")
+    assert last["ok"] is True and last["not_proven"] == [] and last["engines"] == [] and last["cases"] == []
+    assert [(c["name"], c["ok"]) for c in last["checks"]] == [("installed", True)]
+    assert [d["name"] for d in last["node"]["devices"]] == ["NVIDIA H100 80GB HBM3"]
+    assert last["node"]["vllm"] == "0.26.0+dsv4.90f8dcbbbb01.kde7f13d6e27d"
     # session 9's mtp1 alone on warm caches (8ce1ebb): the same drafts accepted, case for case
     mtp1 = _selftest("selftest-patched-8ce1ebb-mtp1-warm")
     assert mtp1["ok"] is True

@@ -118,13 +118,18 @@ def _need(reqs: dict[str, Requirement], name: str, path: Path) -> Requirement:
 TORCH_CXX_STANDARDS = (((2, 14), 20), ((0,), 17))
 
 
+def _major_minor(version: str) -> tuple[int, ...]:
+    """The first two numbers of a version string (fewer where it has fewer: ``"dev"`` is ``()``)."""
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
 def torch_cxx_standard(version: str, tdef: ToolchainDef | None) -> tuple[int, str]:
     """(the C++ standard ``torch==version``'s headers need, where that was decided).
 
     The lock's ``[toolchains.NAME].cxx_standard`` when it names one (it may not be
     lower than what dsv4patch knows that torch needs), else :data:`TORCH_CXX_STANDARDS`.
     """
-    parts = tuple(int(x) for x in re.findall(r"\d+", public(version))[:2])
+    parts = _major_minor(public(version))
     known = next(std for since, std in TORCH_CXX_STANDARDS if parts >= since)
     if tdef is not None and tdef.cxx_standard is not None and public(version) == tdef.torch:
         if tdef.cxx_standard < known:
@@ -306,8 +311,8 @@ def _pip_for(env: Path) -> tuple[list[str], list[str]]:
     from importlib import metadata
 
     try:
-        found = tuple(int(x) for x in re.findall(r"\d+", metadata.version("pip"))[:2])
-    except (metadata.PackageNotFoundError, ValueError):
+        found = _major_minor(metadata.version("pip"))
+    except metadata.PackageNotFoundError:
         found = ()
     python = str(env / "bin" / "python")
     if len(found) == 2 and found >= PIP_PYTHON_OPTION:

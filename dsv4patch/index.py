@@ -172,7 +172,7 @@ def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterat
     """
     got = 0
     read = getattr(resp, "read1", None) or resp.read
-    total = max(deadline - time.monotonic(), 0.0)
+    allowed = transfer_timeout()  # every caller's deadline: its request's start + this; the message names it
     rate = min_rate()
     marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (when, bytes by then) over the window
     while True:
@@ -185,14 +185,14 @@ def body_chunks(resp: Any, *, limit: int, deadline: float, label: str) -> Iterat
                           f"{rate:g} bytes/s (DSV4PATCH_DOWNLOAD_MIN_RATE); cut off after {got} bytes")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
+            raise TooSlow(f"{label} took longer than {allowed:g} s in all (DSV4PATCH_DOWNLOAD_TIMEOUT, "
                           f"default {settings.DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes")
         _set_read_timeout(resp, min(READ_TIMEOUT, left))
         try:
             chunk = read(min(_CHUNK, limit + 1 - got))
         except TimeoutError:
             if deadline - time.monotonic() <= 0.05:
-                raise TooSlow(f"{label} took longer than {total:.0f} s (DSV4PATCH_DOWNLOAD_TIMEOUT, "
+                raise TooSlow(f"{label} took longer than {allowed:g} s in all (DSV4PATCH_DOWNLOAD_TIMEOUT, "
                               f"default {settings.DEFAULT_TRANSFER_TIMEOUT:g}); cut off after {got} bytes") from None
             raise
         if not chunk:

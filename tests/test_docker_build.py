@@ -78,7 +78,7 @@ import pytest
 from conftest import TMPFS, tmpfs_has_room
 from dsv4patch.delivery import buildargs
 from dsv4patch.kernels import stock, toolchain
-from dsv4patch.kernels.build import dist_name
+from dsv4patch.kernels.identity import dist_name
 from dsv4patch.pins.lock import load, tomllib
 from dsv4patch.series.patches import series_for_pin
 from dsv4patch.store import Store

@@ -989,7 +989,7 @@ def test_status_installed_file_that_is_not_a_regular_file_is_reported_not_read(
 
 def test_status_installed_kernel_package_of_the_wrong_shape(tmp_path, cli, monkeypatch, no_index_config):
     """build_info.json a list, vllm/__init__.py not UTF-8: reported (exit 1), never exit 70."""
-    from dsv4patch.kernels.build import dist_name
+    from dsv4patch.kernels.identity import dist_name
 
     lock, cache = _wheel_lock(tmp_path, _crafted_wheel({}))
     site = _fake_site(tmp_path, init=b"A = 1\n# \xff\xfe\n")

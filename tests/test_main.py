@@ -199,6 +199,19 @@ def test_check_imports_no_build_wheel_or_selftest_machinery(tmp_path: Path, upst
             assert not {"secrets", "tempfile", "hmac"} & names, (run, {"secrets", "tempfile", "hmac"} & names)
 
 
+def test_status_installed_imports_no_kernel_build_or_checkout_machinery(tmp_path: Path, upstream) -> None:
+    """``status --installed`` reads an install: neither the kernel build (it needs the kernel wheel's name,
+    member limit and hook line, ``kernels/identity.py``) nor a tree's status and conflict machinery."""
+    lock = _check_args(tmp_path, upstream, "json")[2]
+    for extra in ((), ("--lock", lock)):  # no lock here (the SBOM's check), and the lock's full check
+        names, res = imported("status", "--installed", "--format", "json", *extra, cwd=tmp_path)
+        assert res.returncode in (0, 1), res.stderr
+        assert "dsv4patch.delivery.installed" in names, extra
+        assert not {n for n in names if n.startswith(("dsv4patch.checkout", "dsv4patch.kernels.build",
+                                                      "dsv4patch.kernels.sources", "dsv4patch.kernels.building",
+                                                      "dsv4patch.kernels.toolchain"))}, (extra, sorted(names))
+
+
 # Runs the CLI as the console script does and writes, when the interpreter exits, the collections that ran
 # while the program started (from the import of dsv4patch.main, which the entry point starts, to the freeze of
 # what the start-up made) and after, whether the collector is on, and how many objects the start-up left frozen.

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from dsv4patch.delivery import installed, provenance
-from dsv4patch.kernels.build import dist_name
+from dsv4patch.kernels.identity import dist_name
 from dsv4patch.pins import Context
 from dsv4patch.progress import Progress
 from dsv4patch.proofs.selftest import runner

@@ -29,7 +29,7 @@ from dsv4patch import hashing, zipcopy
 from dsv4patch.delivery import vllm_wheel
 from dsv4patch.errors import EXIT_FETCH, BuildError, IntegrityError
 from dsv4patch.kernels import stock, wheelcache
-from dsv4patch.kernels.build import hook_line
+from dsv4patch.kernels.identity import hook_line
 from dsv4patch.pins import Context
 from dsv4patch.pins.lock import load
 from dsv4patch.progress import Progress

@@ -85,8 +85,6 @@ def _found_lock(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dsv4patch.checkout import tree_status
-
     if args.installed:
         if args.tree is not None:
             raise UsageError("--installed checks an installed vLLM, --tree a source tree: give one")
@@ -110,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--python goes with --installed")
     if args.format == "cyclonedx":
         raise UsageError("--format cyclonedx goes with --installed (a tree has no SBOM)")
+    from dsv4patch.checkout import tree_status  # a tree's: the checkout machinery, not --installed's
+
     path: Path = _common.tree_path(args) if args.tree is not None else _common.default_tree(args.pin, _found_lock(args))
     res = tree_status(path=path, lock=Path(args.lock) if args.lock is not None else None, pin=args.pin,
                       env_lock=_common.settings().lock)

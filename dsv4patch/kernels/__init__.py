@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from dsv4patch import face
 
 if TYPE_CHECKING:
-    from dsv4patch.kernels.build import KERNEL_MEMBER_LIMIT, hook_line
-    from dsv4patch.kernels.build import dist_name as kernel_dist_name
     from dsv4patch.kernels.building import DEFAULT_OUT as DEFAULT_BUILD_OUT
     from dsv4patch.kernels.building import NotThatTree, TreeBuild, build_tree, full_build
+    from dsv4patch.kernels.identity import KERNEL_MEMBER_LIMIT, hook_line
+    from dsv4patch.kernels.identity import dist_name as kernel_dist_name
     from dsv4patch.kernels.runtime import HOOK_MARK
     from dsv4patch.kernels.sources import is_kernel_source
     from dsv4patch.kernels.sources import plan as plan_kernels
@@ -30,16 +30,16 @@ if TYPE_CHECKING:
 FACE = {
     "DEFAULT_BUILD_OUT": "building:DEFAULT_OUT",
     "HOOK_MARK": "runtime:HOOK_MARK",
-    "KERNEL_MEMBER_LIMIT": "build:KERNEL_MEMBER_LIMIT",
+    "KERNEL_MEMBER_LIMIT": "identity:KERNEL_MEMBER_LIMIT",
     "NotThatTree": "building:NotThatTree",
     "TreeBuild": "building:TreeBuild",
     "build_tree": "building:build_tree",
     "full_build": "building:full_build",
-    "hook_line": "build:hook_line",
+    "hook_line": "identity:hook_line",
     "is_kernel_source": "sources:is_kernel_source",
     "keep_kernel_wheel": "wheelcache:keep",
     "kept_kernel_wheel": "wheelcache:kept",
-    "kernel_dist_name": "build:dist_name",
+    "kernel_dist_name": "identity:dist_name",
     "kernel_wheel_key": "wheelcache:key",
     "plan_kernels": "sources:plan",
     "stock_wheel_for": "stock:wheel_for",

@@ -47,7 +47,7 @@ from dsv4patch import childproc, safeio, zipcopy
 from dsv4patch.errors import BuildError, param
 from dsv4patch.hashing import sha256
 from dsv4patch.kernels import sources
-from dsv4patch.kernels.runtime import HOOK_MARK
+from dsv4patch.kernels.identity import dist_name
 from dsv4patch.progress import Progress
 from dsv4patch.records import frozen
 
@@ -471,10 +471,6 @@ def _key(parts: dict[str, object]) -> str:
     return sha256(json.dumps(parts, sort_keys=True).encode())
 
 
-def dist_name(pin_name: str) -> str:
-    return "dsv4patch_kernels_" + re.sub(r"[^A-Za-z0-9]+", "_", pin_name)
-
-
 def plan_build(
     plan: KernelPlan, archs: Sequence[str], tc: Toolchain, store: Store, nvcc_threads: int = 1
 ) -> tuple[list[UnitBuild], list[sources.Op], list[str]]:
@@ -851,9 +847,3 @@ def full_build_command(tree: Path, arch_list: Sequence[str], max_jobs: int, nvcc
     return [python, "-m", "pip", "install", "-v", "."], env
 
 
-KERNEL_MEMBER_LIMIT = 1 << 30  # the most one member of a --kernels wheel may declare (docs/trust.md)
-
-
-def hook_line(dist: str) -> str:
-    """The line ``python -m <dist> install-hook`` appends (kernels/runtime.py's ``hook_line``)."""
-    return f"__import__({dist!r}).activate('vllm-hook')  {HOOK_MARK}\n"

@@ -9,8 +9,9 @@ medians, every ratio against its baseline measured in the same phase:
 * start-up: ``python -X importtime -m dsv4patch --version`` and warm ``check --pin 0.27.1``,
   as JSON (``--format json``) and as typed (its terminal table, to a pipe), the sum of the
   top-level imports minus ``python -X importtime -c pass``'s (the interpreter's own), the least
-  disturbed of the rounds of each: goal <= 80 ms; beside them the floor, the standard library
-  modules ``check`` cannot start without, alone (FLOOR);
+  disturbed of the rounds of each: goal <= 80 ms; beside them the floors: the standard library
+  modules ``check`` cannot start without, alone (FLOOR), and the same printing its table with rich
+  (FLOOR_TEXT, as typed's floor);
 * warm ``check --pin 0.27.1`` (the CLI as a subprocess, start-up included), as JSON and as typed,
   against a bare ``git apply --cached --check`` loop over the same patches on the same tree
   (benchmarks/check_speed.py's baseline): goal <= 0.7 quiet, <= 1.0 loaded; beside them, in the
@@ -174,20 +175,22 @@ def phase(name: str, load_procs: int, ctx: dict[str, Any], rounds: int) -> dict[
         version_args = ["-m", "dsv4patch", "--version"]
         check_args = ["-m", "dsv4patch", "check", "--lock", str(lock_path), "--pin", ONE, "--cache-dir", cache,
                       "--format", "json"]
-        interp, ver, chk, txt, floor = [], [], [], [], []
+        interp, ver, chk, txt, floor, floor_text = [], [], [], [], [], []
         for _ in range(rounds):
             interp.append(import_ms(["-c", "pass"]))
             ver.append(import_ms(version_args))
             chk.append(import_ms(check_args))
             txt.append(import_ms(check_args[:-2]))  # as typed: no --format, the table (rich) to a pipe
             floor.append(import_ms(["-c", FLOOR]))
+            floor_text.append(import_ms(["-c", FLOOR_TEXT]))  # as typed's floor: the same with rich's table
         # The least disturbed run of each (the minimum): on a shared machine the others' load only adds.
         out["startup"] = {"interpreter_ms": interp, "version_ms": ver, "check_ms": chk, "check_text_ms": txt,
-                          "floor_ms": floor,
+                          "floor_ms": floor, "floor_text_ms": floor_text,
                           "version_over_interpreter_ms": min(ver) - min(interp),
                           "check_over_interpreter_ms": min(chk) - min(interp),
                           "check_text_over_interpreter_ms": min(txt) - min(interp),
                           "floor_over_interpreter_ms": min(floor) - min(interp),
+                          "floor_text_over_interpreter_ms": min(floor_text) - min(interp),
                           "loadavg": load_avg()}
         # check vs the bare loop (one pin, the whole lock).
         one: dict[str, Any] = {k: [] for k in ("bare_s", "check_s", "text_s", "floor_s", "floor_text_s",
@@ -286,6 +289,11 @@ def table(res: dict[str, Any]) -> str:
         rows.append("| the floor: the standard library `check` needs, alone (`python -X importtime -c "
                     f"\"{FLOOR}\"`), ms beyond the interpreter's own | "
                     f"{q['startup']['floor_over_interpreter_ms']:.2f} | {ld['startup']['floor_over_interpreter_ms']:.2f} |")
+    if "floor_text_over_interpreter_ms" in q["startup"]:
+        rows.append("| the floor of `check` as typed: the same standard library and rich printing its table "
+                    "(`FLOOR_TEXT` below), alone, ms beyond the interpreter's own | "
+                    f"{q['startup']['floor_text_over_interpreter_ms']:.2f} | "
+                    f"{ld['startup']['floor_text_over_interpreter_ms']:.2f} |")
     rows.append(f"| warm `check --pin {ONE} --format json` / bare `git apply --cached --check` loop "
                 f"({res['one_patches']} patches) | "
                 f"{cell(q['check_one'], 'check_s', 'bare_s', GOALS['check_one_quiet'])} | "

@@ -33,11 +33,12 @@ def test_a_face_entry_that_points_nowhere_fails_loudly() -> None:
 
 def test_importing_a_real_face_loads_no_module_behind_it_until_a_name_is_used() -> None:
     code = ("import sys\nimport dsv4patch.kernels as k\n"
-            "before = 'dsv4patch.kernels.build' in sys.modules\n"
+            "before = 'dsv4patch.kernels.identity' in sys.modules\n"
             "k.kernel_dist_name\n"
-            "print(before, 'dsv4patch.kernels.build' in sys.modules, 'dsv4patch.kernels.toolchain' in sys.modules)")
+            "print(before, 'dsv4patch.kernels.identity' in sys.modules, 'dsv4patch.kernels.build' in sys.modules, "
+            "'dsv4patch.kernels.toolchain' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True", "False"]
+    assert out == ["False", "True", "False", "False"]  # the name's module alone, not the build beside it
 
 
 def test_every_face_resolves_every_name_it_lists() -> None:

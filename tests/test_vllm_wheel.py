@@ -282,6 +282,8 @@ def test_status_installed_without_vllm_or_with_tree(cli, tmp_path: Path, shared_
     text = _status(cli, shared_cache, "--python", venv / "bin" / "python").out
     # Said once, no empty table, no unknown tree shown as "?".
     assert text.count("not installed") == 1 and "vLLM is not installed in" in text, text
+    # and the step that names the vLLM environment's interpreter, as a command to copy
+    assert "dsv4patch status --installed --python PYTHON" in text and "DSV4PATCH_VLLM_PYTHON" in text, text
     assert "patched tree ?" not in text and "files not present" not in text, text
     assert _status(cli, shared_cache, "--tree", tmp_path).rc == 2
     # status without --tree takes the lock's project's vllm-src/<pin> (issue 40: relative defaults from the

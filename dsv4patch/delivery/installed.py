@@ -54,7 +54,7 @@ from dsv4patch.delivery.installed_state import (
 from dsv4patch.errors import EXIT_UNEXPECTED, ChildError, Dsv4Error, LockFileError, ParameterError, param
 from dsv4patch.hashing import hash_installed, sha256
 from dsv4patch.kernels import KERNEL_MEMBER_LIMIT, hook_line, kernel_dist_name
-from dsv4patch.nextstep import Step, mention
+from dsv4patch.nextstep import Blank, Step, mention
 from dsv4patch.records import frozen
 from dsv4patch.safeio import loads_json
 from dsv4patch.series import patched_tree
@@ -195,6 +195,14 @@ _STATE_WHY = {
 }
 
 
+def _no_vllm(python: str) -> str:
+    """The note for an interpreter without vLLM, with the step that names the vLLM environment's own (dsv4patch
+    installed apart from vLLM, as pipx or its own venv does, checks its own interpreter by default)."""
+    step = Step.of("status", installed=True, python=Blank("PYTHON"))
+    return (f"vLLM is not installed in {python}; if it is in another environment, name that environment's "
+            f"interpreter: {mention(step)} (or set DSV4PATCH_VLLM_PYTHON)")
+
+
 def inspect(pin_name: str | None, python: str, *, ctx: Context) -> InstalledReport:
     """The report (``ok`` and per-patch states) for the vLLM ``python`` sees.
 
@@ -207,7 +215,7 @@ def inspect(pin_name: str | None, python: str, *, ctx: Context) -> InstalledRepo
     vllm = found.vllm
     if vllm is None:
         return InstalledReport(found.python, pin.name, pin.vllm_version, None, {}, None, False,
-                               notes=[f"vLLM is not installed in {found.python}"])
+                               notes=[_no_vllm(found.python)])
     notes = []
     version_ok = (vllm.version or "").split("+", 1)[0] == pin.vllm_version
     if not version_ok:
@@ -516,7 +524,7 @@ def check_from_sbom(*, python: str | None = None, lock: Lock | None = None,
     vllm = first.vllm
     if vllm is None:
         return InstalledReport(first.python, "?", "?", None, {}, None, False,
-                               notes=[f"vLLM is not installed in {first.python}"])
+                               notes=[_no_vllm(first.python)])
     prov = provenance.read(list(vllm.sboms))
     lock_pin = None
     if lock is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import json
 import os
 import re
@@ -30,7 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from dsv4patch import __version__, childproc, report, settings
+from dsv4patch import __version__, childproc, face, report, settings
 from dsv4patch.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -132,7 +131,7 @@ def build_parser(only: str | None = None) -> _Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parser.commands = sub.choices
     for name in (only,) if only in COMMANDS else () if only == "" else COMMANDS:
-        module = importlib.import_module(f"dsv4patch.commands.{name}")
+        module = face.load(f"dsv4patch.commands.{name}")
         module.add_parser(sub)
     for p in sub.choices.values():
         p.epilog = EPILOG
@@ -254,7 +253,7 @@ def _main(argv: list[str], state: dict[str, Any], started: Callable[[], object] 
         command = state["command"] = args.command
         debug = debug or bool(args.debug)  # the top parser defaults it, a subcommand may set it
         _use_words()
-        module = importlib.import_module(f"dsv4patch.commands.{args.command}")
+        module = face.load(f"dsv4patch.commands.{args.command}")
         if started is not None:
             started()
         # The environment's settings, read and validated once for the run (a bad bound: exit 2 here).

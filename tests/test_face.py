@@ -49,3 +49,14 @@ def test_every_face_resolves_every_name_it_lists() -> None:
         assert isinstance(mod, types.ModuleType)
         for name in mod.FACE:
             assert getattr(mod, name) is not None, f"dsv4patch.{package}.{name}"
+
+
+def test_a_module_loaded_on_first_use_is_in_importtimes_report() -> None:
+    """``python -X importtime`` (what the start-up benchmark reads, issue 39) reports a module a face loads on
+    first use, and a command module ``main`` loads: importlib.import_module's path is invisible to it, which
+    left ``pins/lock.py`` and ``commands/check.py`` out of ``check``'s start-up."""
+    code = "import dsv4patch.pins as p\np.DEFAULT_LOCK\nimport dsv4patch.main as m\nm.build_parser('check')"
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                         check=True).stderr
+    reported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert {"dsv4patch.pins.lock", "dsv4patch.commands.check"} <= reported, sorted(reported)

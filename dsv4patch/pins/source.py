@@ -12,10 +12,10 @@ them on first use.  Another kind is a class with these members passed to
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dsv4patch import face
 from dsv4patch.errors import LockFileError
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def unregister(kind: str) -> None:
 
 def kinds() -> tuple[str, ...]:
     for module in BUILTIN:
-        importlib.import_module(module)  # each registers itself once
+        face.load(module)  # each registers itself once
     return tuple(_KINDS)
 
 

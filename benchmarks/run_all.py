@@ -291,7 +291,7 @@ def table(res: dict[str, Any]) -> str:
                     f"{q['startup']['floor_over_interpreter_ms']:.2f} | {ld['startup']['floor_over_interpreter_ms']:.2f} |")
     if "floor_text_over_interpreter_ms" in q["startup"]:
         rows.append("| the floor of `check` as typed: the same standard library and rich printing its table "
-                    "(`FLOOR_TEXT` below), alone, ms beyond the interpreter's own | "
+                    "(`FLOOR_TEXT` in benchmarks/run_all.py), alone, ms beyond the interpreter's own | "
                     f"{q['startup']['floor_text_over_interpreter_ms']:.2f} | "
                     f"{ld['startup']['floor_text_over_interpreter_ms']:.2f} |")
     rows.append(f"| warm `check --pin {ONE} --format json` / bare `git apply --cached --check` loop "

@@ -3,7 +3,7 @@ declare, and the line its ``install-hook`` appends to ``vllm/__init__.py``.
 
 Why a module of its own: delivery reads these (``status --installed`` compares an installed kernel
 wheel, ``wheel`` grafts one) and must not import the kernel build for three names (the build pulls in
-the source scan, the compile pool and the wheel writer: ~15 ms a run of ``status --installed``).
+the source scan, the compile pool and the wheel writer).
 """
 
 from __future__ import annotations

@@ -82,11 +82,7 @@ def sh(cwd: Path, *args: str) -> str:
 # compiler) and the Docker build (no compiler: the kernel wheel is built from cached objects), and
 # test_kernels comes after test_toolchain is done; test_selftest_model (~1 min of torch) comes before
 # the quick ones (a CI run ended on it, one worker idle for 76 s).
-# The Docker build comes before test_verify, and the CPU test venv test_verify starts with is built from the
-# session's start in a process of its own (pytest_collection_finish, _CPU_VENV_AHEAD): its pip fetches ~150
-# packages one request after another (~25 s of a 74 s install idle in ci103), which the Docker build's
-# work now fills; test_verify then finds the venv built, or waits on the store's lock for the build.
-SLOW_FIRST = ("test_toolchain.py", "test_docker_build.py", "test_verify.py", "test_selftest_child.py",
+SLOW_FIRST = ("test_toolchain.py", "test_verify.py", "test_docker_build.py", "test_selftest_child.py",
               "test_selftest_runner.py", "test_selftest.py", "test_hostile_delivery.py",
               "test_upstream_tests.py", "test_kernels.py",
               "test_selftest_model.py", "test_docs.py", "test_vllm_wheel.py", "test_kernels_runtime.py",
@@ -379,48 +375,6 @@ def _remove_behind(path: Path) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for proc in _REMOVALS:
         proc.wait()
-    for proc in _AHEAD:
-        proc.wait()
-
-
-# The CPU test venv of 0.27.1's requirements (what `verify --pin 0.27.1`, the first test of test_verify, and
-# the cpu_testenv fixture use: testenv.ensure, the same key), made in the shared cache by a process of its own.
-_CPU_VENV_AHEAD = """
-import sys, tempfile
-from pathlib import Path
-from dsv4patch import git
-from dsv4patch.pins import repository
-from dsv4patch.pins.lock import load
-from dsv4patch.progress import Progress
-from dsv4patch.proofs import testenv
-from dsv4patch.store import Store
-
-store = Store.open(Path(sys.argv[2]))
-pr = repository.materialize(load(Path(sys.argv[1])).pin("0.27.1"), store, Progress(False))
-with tempfile.TemporaryDirectory() as d:
-    for name in ("common.txt", "cuda.txt"):
-        f = Path(d) / "requirements" / name
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(git.out(pr.repo, "show", f"{pr.base_commit}:requirements/{name}") + "\\n")
-    testenv.ensure(Path(d), store)
-"""
-_AHEAD: list[subprocess.Popen[bytes]] = []
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the CPU test venv's build (above) when test_verify runs in this session: once, from the first
-    worker (or the only process).  Not a thread: an in-process CLI run ends the child trees its process
-    started (childproc.end_all).  A build that fails here fails again, with its message, where a test needs
-    it (the store's lock makes the first one that asks build it and the others wait)."""
-    worker = getattr(session.config, "workerinput", {}).get("workerid", "gw0")
-    if worker != "gw0" or not any(item.path.name == "test_verify.py" for item in session.items):
-        return
-    from dsv4patch.settings import Settings
-
-    cache = Path(os.environ.get("DSV4PATCH_TEST_CACHE") or Settings.from_environ(os.environ).cache_root())
-    cache.mkdir(parents=True, exist_ok=True)
-    _AHEAD.append(subprocess.Popen([sys.executable, "-c", _CPU_VENV_AHEAD, str(LOCK), str(cache)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from conftest import LOCK, PTX_ARCH, validate_json
 from dsv4patch.errors import BuildError, LockFileError
 from dsv4patch.kernels import build as kbuild
 from dsv4patch.kernels import fatbin, sources, stock
+from dsv4patch.kernels.identity import dist_name
 from dsv4patch.pins.lock import load
 from dsv4patch.proofs import testenv
 from dsv4patch.store import Store
@@ -303,7 +304,7 @@ def test_patched_units_compile_for_default_archs_and_rebuild_is_noop(built) -> N
     assert second.compiled == []
     assert second.library == first.library
     zf = zipfile.ZipFile(first.wheel)
-    name = kbuild.dist_name("0.27.1")
+    name = dist_name("0.27.1")
     info = json.loads(zf.read(f"{name}/build_info.json"))
     assert info["units"] == [
         {"unit": TOPK, "ops": ["persistent_topk"], "sass": list(first.units[0].archs), "ptx": []},
@@ -392,7 +393,7 @@ def test_ptx_request_embeds_ptx_and_build_info_says_so(
                                    archs=[PTX_ARCH], dry_run=True).result
     assert [(u.name, u.key) for u in cli_plan.units] == [(u.name, u.key) for u in res.units]
     assert all(u.cached for u in cli_plan.units)
-    info = json.loads(zipfile.ZipFile(res.wheel).read(f"{kbuild.dist_name('0.27.1')}/build_info.json"))
+    info = json.loads(zipfile.ZipFile(res.wheel).read(f"{dist_name('0.27.1')}/build_info.json"))
     assert info["units"] == [
         {"unit": TOPK, "ops": ["persistent_topk"], "sass": ["12.0"], "ptx": ["12.0"]},
         {"unit": COOP, "ops": ["cooperative_topk"], "sass": ["12.0f"], "ptx": ["12.0f"]},

@@ -32,12 +32,12 @@ def http_url_problem(url: str) -> str | None:
     if parts.scheme.lower() not in _HTTP_SCHEMES:
         return f"scheme {parts.scheme or '(none)'!r} is not http or https"
     userinfo, at, host = parts.netloc.rpartition("@")
-    if not _HOST.match(host):
+    if not _HOST.match(host) or (not at and slashed_credential(url.partition("://")[2])):
         if not at and "@" in parts.path + parts.query + parts.fragment:
-            # 'https://user:tok/en@host/': the authority ends at the token's '/', so what urllib
-            # calls the host is (part of) the credential: never quoted
+            # 'https://user:tok/en@host/', 'https://tok/en@host/': the authority ends at the token's '/',
+            # so what urllib calls the host is (part of) the credential: never quoted
             return ("its host is not a host name, or its user name or password holds a '/', '?' or '#' "
-                    "(percent-encode them: %2F, %3F, %23)")
+                    "(percent-encode them: %2F, %3F, %23; an '@' in the path after a one-label host: %40)")
         return f"host {host!r} is not a host name"
     return None
 
@@ -92,17 +92,57 @@ def redact_text(text: str) -> str:
         authority = m.group(2)
         if "@" in authority:
             at = m.start(2) + authority.rindex("@")
-        elif not _HOST.match(authority):
+        else:
             space = _WHITESPACE.search(text, m.end())
-            at = text.rfind("@", m.end(), space.start() if space else len(text))
+            end = space.start() if space else len(text)
+            if not _HOST.match(authority):
+                at = text.rfind("@", m.end(), end)
+            else:
+                at = _credential_end(text, m.end(), end, authority)
             if at < 0:
                 continue
-        else:
-            continue
         out += [text[pos:m.start(2)], "***"]
         pos = at
     out.append(text[pos:])
     return _SCP_CREDENTIAL.sub(r"***@", "".join(out))
+
+
+# A name after an '@' that can only be a host (a dotted name whose last label starts with a letter, localhost,
+# an IPv4 or bracketed IPv6 address), then a port, a path or the end: not a version ('pkg@1.0', 'r@v1.0').
+_HOST_AFTER_AT = re.compile(r"@(?:(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*|\d{1,3}(?:\.\d{1,3}){3}|localhost"
+                            r"|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?(?=[/?#\s]|$)", re.I)
+_ONE_LABEL = re.compile(r"[A-Za-z0-9-]+")
+
+
+def _credential_end(text: str, start: int, end: int, authority: str) -> int:
+    """The ``@`` that ends a credential holding a ``/`` whose first part looks like a host, or -1.
+
+    ``https://tok/en@mirror.example/simple``: the authority ends at the token's ``/``, so urllib reads
+    the host ``tok`` and the path ``/en@mirror.example/simple``.  Such a URL is read as a credential
+    when what it calls the host is one label (no dot, no port, not ``localhost``: an index host is a
+    dotted name, ``localhost`` or an IP address) and an ``@`` in ``text[start:end]`` (the rest of the
+    URL) is followed by a host name and then a port, a path or the URL's end; the last such ``@``.
+    ``https://host.example/a@b`` and pip's ``git+https://github.com/o/r@v1.0`` are left as they are;
+    ``https://mirror/users/dave@example.com`` (a one-label host and an e-mail address in its path) is
+    hidden too: a name too many is hidden rather than a token shown."""
+    if not _ONE_LABEL.fullmatch(authority) or authority.lower() == "localhost":
+        return -1
+    at = text.rfind("@", start, end)
+    while at >= 0 and not _HOST_AFTER_AT.match(text, at, end):
+        at = text.rfind("@", start, at)
+    return at
+
+
+def slashed_credential(rest: str) -> bool:
+    """Whether a URL whose part after ``scheme://`` is ``rest`` holds a credential with a ``/`` in it that
+    ends its authority early and leaves a name that looks like a host (``tok/en@host.example/x``:
+    :func:`_credential_end`).  Such a URL is refused wherever one is read (index, lock, git remote)."""
+    cut = _AUTHORITY_END.search(rest)
+    authority = rest[:cut.start()] if cut else rest
+    return "@" not in authority and _credential_end(rest, len(authority), len(rest), authority) >= 0
+
+
+_AUTHORITY_END = re.compile(r"[/?#\s]")
 
 
 # an scp-like git URL with a password, 'user:password@host:path' (no '//' after the first ':'), up to its

@@ -88,8 +88,31 @@ def test_redact_text_hides_a_password_that_holds_at_signs_and_a_token_that_holds
         assert urls.redact_text(text) == text
 
 
+def test_a_token_holding_a_slash_before_a_one_label_name_is_read_as_a_credential() -> None:
+    """``https://TOKEN/x@host.example/``: the token's '/' ends the authority, so urllib reads the host
+    ``TOKEN``; a one-label "host" followed by an '@' and a host name is read as a credential (hidden,
+    refused), a dotted host, ``localhost`` or an '@' not followed by a host name is not."""
+    for text, shown in [(f"got https://{SECRET}/x@host.example/simple.", "got https://***@host.example/simple."),
+                        (f"--index-url https://{SECRET}/a/b@mirror.example:8443/simple vllm",
+                         "--index-url https://***@mirror.example:8443/simple vllm"),
+                        (f"https://{SECRET}/x@localhost:3141/root", "https://***@localhost:3141/root"),
+                        (f"https://{SECRET}/x@[::1]/simple a@b", "https://***@[::1]/simple a@b"),
+                        (f"https://{SECRET}/x@10.0.0.7:8080/simple", "https://***@10.0.0.7:8080/simple"),
+                        (f"https://{SECRET}/x@host.example/a@b", "https://***@host.example/a@b")]:
+        assert urls.redact_text(text) == shown, text
+    # not credentials: a dotted host or localhost with an '@' in its path (pip's git URL with a ref),
+    # a one-label host whose path's '@' is followed by no host name
+    for text in ("https://host.example/a@b.example/c", "git+https://github.com/o/r@v1.0",
+                 "http://localhost/x@y.example", "https://mirror/pkg@1.0", "https://mirror/r@v1.0",
+                 "https://mirror/simple"):
+        assert urls.redact_text(text) == text and urls.redact(text) == text, text
+        assert not urls.slashed_credential(text.partition("://")[2]), text
+    assert urls.http_url_problem("https://mirror/pkg@1.0") is None
+
+
 @pytest.mark.parametrize("url", [f"https://user:p@ss@{SECRET}@host.example/x",
                                  f"https://user:{SECRET}/x@host.example/simple",
+                                 f"https://{SECRET}/x@host.example/simple",
                                  f"https://user:p[{SECRET}@host.example/simple"])
 def test_a_url_with_a_credential_is_judged_and_shown_without_it(url: str) -> None:
     assert SECRET not in urls.redact(url) and urls.redact(url).startswith("https://***@host.example/")
@@ -102,7 +125,8 @@ def test_a_url_with_a_credential_is_judged_and_shown_without_it(url: str) -> Non
 @pytest.mark.parametrize("url", [f"https://user:{SECRET}@host.example/vllm.git",
                                  f"ssh://user:{SECRET}@host.example/vllm.git",
                                  f"https://user:p@ss@{SECRET}@host.example/vllm.git",
-                                 f"https://user:{SECRET}/x@host.example/vllm.git"])
+                                 f"https://user:{SECRET}/x@host.example/vllm.git",
+                                 f"https://{SECRET}/x@host.example/vllm.git"])
 def test_a_git_url_with_a_password_is_refused_without_printing_it(url: str) -> None:
     problem = git_url_problem(url)
     assert problem is not None and SECRET not in problem and "host.example" not in problem
@@ -114,7 +138,8 @@ def test_a_git_url_with_a_password_is_refused_without_printing_it(url: str) -> N
 @pytest.mark.parametrize("url", [f"https://user:{SECRET}@nonexistent.invalid/vllm.git",
                                  f"ssh://user:{SECRET}@nonexistent.invalid/vllm.git",
                                  f"https://user:p@ss@{SECRET}@nonexistent.invalid/vllm.git",
-                                 f"https://user:{SECRET}/x@nonexistent.invalid/vllm.git"])
+                                 f"https://user:{SECRET}/x@nonexistent.invalid/vllm.git",
+                                 f"https://{SECRET}/x@nonexistent.invalid/vllm.git"])
 def test_check_of_a_git_pin_with_a_password_never_prints_it(tmp_path, cli, url: str, fmt: str) -> None:
     lock = write_lock(tmp_path / "vllm.toml", {"p": pin_table("p", "0" * 40, {"kind": "git", "url": url})})
     res = cli("check", "--pin", "p", "--lock", lock, "--cache-dir", tmp_path / "cache", "--format", fmt)
@@ -135,6 +160,7 @@ def test_port_from_a_git_url_with_a_password_never_prints_it(tmp_path, cli, fmt:
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("url", [f"https://user:{SECRET}/x@nonexistent.invalid/simple",
+                                 f"https://{SECRET}/x@nonexistent.invalid/simple",
                                  f"https://user:p[{SECRET}@nonexistent.invalid/simple",
                                  f"https://user:p@ss@{SECRET}@nonexistent.invalid:99999999/simple"])
 def test_releases_with_an_index_credential_never_prints_it(tmp_path, cli, monkeypatch, url: str,

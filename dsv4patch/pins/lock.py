@@ -660,10 +660,12 @@ def _authority_problem(rest: str) -> str | None:
     The host is what follows the authority's LAST ``@`` (a password may hold ``@``);
     the user part is never quoted: it may be a password, and messages are printed.
     """
+    from dsv4patch.urls import slashed_credential
+
     authority = rest.split("/", 1)[0]
     user, at, host = authority.rpartition("@")
-    if not _URL_HOST.match(host):
-        if not at and "@" in rest:  # 'https://user:to/ken@host/': '/' ended the authority early
+    if not _URL_HOST.match(host) or (not at and slashed_credential(rest)):
+        if not at and "@" in rest:  # 'https://user:to/ken@host/', 'https://to/ken@host/': '/' ended the authority early
             return "its host is not a host name, or its user part holds a '/' (a password, which a lock must not hold)"
         return f"host {host!r} is not a host name"
     if at and ":" in user:

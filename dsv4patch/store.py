@@ -208,6 +208,17 @@ def sweep_tmp(store: Store) -> list[Path]:
     return removed
 
 
+def _unusable(root: Path, exc: OSError) -> str:
+    """Why the cache cannot be made at ``root``, from the error making it raised: a file in the way
+    (``--cache-dir`` naming a file, or a directory below one) is named as such, not as unwritable."""
+    blocking = next((p for p in (root, *root.parents) if os.path.lexists(p) and not p.is_dir()), None)
+    if blocking is not None:
+        what = "is a file, not a directory" if blocking.is_file() else "is not a directory"
+        return what if blocking == root else f"cannot be made: {blocking} {what}"
+    where = f": {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
+    return f"is not writable ({exc.strerror}{where})"
+
+
 @frozen
 class Store:
     root: Path
@@ -223,7 +234,7 @@ class Store:
             _probe_writable(root / "tmp")
         except OSError as exc:
             raise CacheError(
-                f"cache directory {root} is not writable ({exc.strerror}); "
+                f"cache directory {root} {_unusable(root, exc)}; "
                 f"point DSV4PATCH_CACHE (or {param('cache_dir')}) at a writable directory"
             ) from None
         store = cls(root)

@@ -144,3 +144,25 @@ def test_remove_owned_removes_only_this_runs_directories(tmp_path: Path) -> None
     assert sorted(store.remove_owned()) == sorted(mine)
     assert not any(p.exists() for p in mine) and other.is_dir() and store._OWNERS == {}
     assert store.remove_owned() == []
+
+
+def test_a_file_in_the_way_of_the_cache_is_named_not_called_unwritable(tmp_path: Path) -> None:
+    """``--cache-dir`` naming a file, or a directory below one: the message says which file is in the way
+    (it read "is not writable (File exists)" and "(Not a directory)"); the CLI exits with the cache's code."""
+    from dsv4patch.errors import EXIT_FETCH, CacheError
+    from dsv4patch.main import main
+
+    plain = tmp_path / "notes.txt"
+    plain.write_text("x")
+    for root, said in [(plain, f"cache directory {plain} is a file, not a directory"),
+                       (plain / "cache", f"cache directory {plain / 'cache'} cannot be made: {plain} is a file, "
+                                         "not a directory")]:
+        try:
+            Store.open(root)
+        except CacheError as exc:
+            assert str(exc).startswith(said + "; point DSV4PATCH_CACHE"), str(exc)
+        else:
+            raise AssertionError(f"{root}: opened")
+        assert plain.read_text() == "x"
+    lock = Path(__file__).resolve().parent.parent / "locks" / "vllm.toml"
+    assert main(["check", "--lock", str(lock), "--pin", "0.27.1", "--cache-dir", str(plain)]) == EXIT_FETCH

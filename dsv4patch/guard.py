@@ -214,6 +214,19 @@ def is_checkout_root(path: Path) -> bool:
     return os.path.lexists(Path(path) / ".git")
 
 
+def enclosing_checkout(path: Path) -> Path | None:
+    """The nearest directory above ``path`` that looks like a checkout's root, if any: named in a
+    message when a command is pointed inside a tree (``vllm-src/0.27.1/vllm``) instead of at its root.
+    Only names are looked up: no git runs, nothing is opened or followed."""
+    return next((p for p in Path(os.path.abspath(path)).parents if is_checkout_root(p)), None)
+
+
+def inside_note(path: Path) -> str:
+    """``"; it is inside the checkout ROOT"`` when :func:`enclosing_checkout` finds one, else ``""``."""
+    above = enclosing_checkout(path)
+    return f"; it is inside the checkout {above}" if above is not None else ""
+
+
 def _not_a_checkout(path: Path, role: str, why: str, creatable: bool) -> TreeError:
     return TreeError(f"{role} {path} is not the root of a git checkout ({why}); point {role} at the "
                      "top directory of a checkout" + (", or at a new (absent or empty) directory and dsv4patch "
@@ -330,7 +343,7 @@ def _git_dirs(path: Path, role: str, creatable: bool) -> tuple[Path, Path]:
                                   why="its .git file does not name a git directory")
         gitdir = Path(os.path.normpath(path / m.group(1)))
     else:
-        raise _not_a_checkout(path, role, creatable=creatable, why="no .git")
+        raise _not_a_checkout(path, role, creatable=creatable, why="no .git" + inside_note(path))
     if not gitdir.is_dir():
         raise _not_a_checkout(path, role, creatable=creatable,
                               why=f"its git directory {gitdir} does not exist")

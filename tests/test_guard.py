@@ -298,6 +298,22 @@ def test_only_a_caller_that_creates_trees_offers_a_new_directory(tmp_path: Path)
     assert os.listdir(d) == ["sub"]  # nothing written
 
 
+def test_a_directory_inside_a_checkout_names_the_checkout_it_is_in(tmp_path: Path) -> None:
+    """Pointed at ``vllm-src/0.27.1/vllm`` instead of the tree's root, the message names the checkout the
+    directory is in (found by names alone: no git runs)."""
+    from dsv4patch import guard
+    from dsv4patch.errors import TreeError
+
+    tree = tmp_path / "tree"
+    (tree / "vllm" / "deep").mkdir(parents=True)
+    run_git(tree, "init", "-q")
+    assert guard.enclosing_checkout(tree / "vllm" / "deep") == tree
+    with pytest.raises(TreeError) as inside, guard.guarded(tree / "vllm"):
+        pass
+    assert str(inside.value) == (f"--tree {tree / 'vllm'} is not the root of a git checkout (no .git; it is inside "
+                                 f"the checkout {tree}); point --tree at the top directory of a checkout")
+
+
 def _lose_blob(fork: Fork, path: str) -> str:
     """Delete the loose object of ``path``'s blob at HEAD (the fork's own hard-linked copy): what a
     partial clone (`git clone --filter=blob:none`) lacks until git fetches it on demand."""

@@ -153,6 +153,10 @@ def test_a_tree_that_is_absent_or_not_a_checkout_is_named_as_such(applied, cli, 
     assert res.rc == EXIT_TREE and "is not a git repository made by dsv4patch apply" in res.err
     res = cli("refresh", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p")
     assert res.rc == EXIT_TREE and "creates the tree" not in res.err, res.err  # refresh creates none
+    # inside the tree instead of at its root: the tree is named (status, refresh, build alike)
+    for verb in ("status", "refresh", "build"):
+        res = cli(verb, "--tree", _tree / "vllm", "--lock", lock, "--pin", "p")
+        assert res.rc != 0 and f"(no .git; it is inside the checkout {_tree})" in res.err, (verb, res.err)
     (tmp_path / "plain" / "f").write_text("x")
     res = cli("apply", "--tree", tmp_path / "plain", "--lock", lock, "--pin", "p", "--cache-dir", tmp_path / "c")
     assert res.rc == EXIT_TREE and "or at a new (absent or empty) directory and dsv4patch creates the tree" in res.err

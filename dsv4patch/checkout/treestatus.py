@@ -291,7 +291,7 @@ def _refuse_no_checkout(path: Path) -> None:
     """TreeError (exit 5) unless ``path`` is the root of a git checkout."""
     if not guard.is_checkout_root(path):
         raise TreeError(f"{path} does not exist" if not os.path.lexists(path) else
-                        f"{path} is not a git repository made by dsv4patch apply")
+                        f"{path} is not a git repository made by dsv4patch apply (no .git{guard.inside_note(path)})")
 
 
 def tree_status(*, path: Path, lock: Path | None = None, pin: str | None = None,

@@ -488,7 +488,10 @@ def plan(tree: Path, base: str | None = None) -> KernelPlan:
     """What the patches between ``base`` (default: the root commit) and HEAD change."""
     tree = Path(tree)
     if not git.is_repo_root(tree):
-        raise BuildError(f"{tree} is not a git repository made by `dsv4patch apply`")
+        from dsv4patch.guard import inside_note  # only for the message
+
+        where = "" if (tree / ".git").exists() else f" (no .git{inside_note(tree)})"
+        raise BuildError(f"{tree} is not a git repository made by `dsv4patch apply`{where}")
     head = git.head(tree)
     if head is None:
         raise BuildError(f"{tree} has no commits")

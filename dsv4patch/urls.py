@@ -108,9 +108,10 @@ def redact_text(text: str) -> str:
 
 
 # A name after an '@' that can only be a host (a dotted name whose last label starts with a letter, localhost,
-# an IPv4 or bracketed IPv6 address), then a port, a path or the end: not a version ('pkg@1.0', 'r@v1.0').
+# an IPv4 or bracketed IPv6 address) and its port, ending where a host name ends (a path, a quote, the
+# sentence's '.', the end): not a version ('pkg@1.0', 'r@v1.0').
 _HOST_AFTER_AT = re.compile(r"@(?:(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*|\d{1,3}(?:\.\d{1,3}){3}|localhost"
-                            r"|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?(?=[/?#\s]|$)", re.I)
+                            r"|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?(?![A-Za-z0-9-])", re.I)
 _ONE_LABEL = re.compile(r"[A-Za-z0-9-]+")
 
 

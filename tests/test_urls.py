@@ -98,6 +98,8 @@ def test_a_token_holding_a_slash_before_a_one_label_name_is_read_as_a_credential
                         (f"https://{SECRET}/x@localhost:3141/root", "https://***@localhost:3141/root"),
                         (f"https://{SECRET}/x@[::1]/simple a@b", "https://***@[::1]/simple a@b"),
                         (f"https://{SECRET}/x@10.0.0.7:8080/simple", "https://***@10.0.0.7:8080/simple"),
+                        (f"'https://{SECRET}/x@host.example' is refused", "'https://***@host.example' is refused"),
+                        (f"cannot reach https://{SECRET}/x@host.example.", "cannot reach https://***@host.example."),
                         (f"https://{SECRET}/x@host.example/a@b", "https://***@host.example/a@b")]:
         assert urls.redact_text(text) == shown, text
     # not credentials: a dotted host or localhost with an '@' in its path (pip's git URL with a ref),

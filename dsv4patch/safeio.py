@@ -400,6 +400,17 @@ def create_exclusive(path: Path | str, data: bytes | str, mode: int = 0o644) -> 
         os.close(fd)
 
 
+def in_the_way(directory: Path | str) -> tuple[Path, str] | None:
+    """What stops ``directory`` from being made or used as one: the first of it and its parents that
+    exists and is not a directory, and what it is (``a file``, ``not a directory`` for a link to none
+    or anything else); None when nothing does.  Names only: nothing is opened or created."""
+    path = Path(os.path.abspath(directory))
+    for p in (path, *path.parents):
+        if os.path.lexists(p) and not p.is_dir():
+            return p, "a file" if p.is_file() else "not a directory"
+    return None
+
+
 def is_regular(path: Path | str) -> bool:
     """Is ``path`` itself (not what a link points at) a regular file?"""
     try:

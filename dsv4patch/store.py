@@ -211,10 +211,11 @@ def sweep_tmp(store: Store) -> list[Path]:
 def _unusable(root: Path, exc: OSError) -> str:
     """Why the cache cannot be made at ``root``, from the error making it raised: a file in the way
     (``--cache-dir`` naming a file, or a directory below one) is named as such, not as unwritable."""
-    blocking = next((p for p in (root, *root.parents) if os.path.lexists(p) and not p.is_dir()), None)
-    if blocking is not None:
-        what = "is a file, not a directory" if blocking.is_file() else "is not a directory"
-        return what if blocking == root else f"cannot be made: {blocking} {what}"
+    found = safeio.in_the_way(root)
+    if found is not None:
+        blocking, kind = found
+        what = "is a file, not a directory" if kind == "a file" else "is not a directory"
+        return what if blocking == Path(os.path.abspath(root)) else f"cannot be made: {blocking} {what}"
     where = f": {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
     return f"is not writable ({exc.strerror}{where})"
 

@@ -406,3 +406,30 @@ def test_second_run_waits_then_fails_clearly(tmp_path, upstream, cli, monkeypatc
     assert res.rc == EXIT_BUSY
     assert "locked by another dsv4patch run" in res.err and f"pid {os.getpid()}" in res.err
     assert cli("fetch", "--lock", lock, "--cache-dir", cache).rc == 0
+
+
+@pytest.mark.parametrize("verb", ["wheel", "apply", "resolve"])
+def test_a_file_where_out_goes_is_refused_before_anything_runs(tmp_path, cli, shared_cache, verb):
+    """``--out`` naming a file, or a directory below one, ended `wheel` in an internal error (FileExistsError)
+    after its work; now every command that writes wheels there refuses it first (exit 2), naming the file,
+    and makes nothing: apply creates no tree.  `apply --no-build` writes no wheel: its --out is not judged."""
+    from dsv4patch.errors import EXIT_USAGE
+
+    lock = Path(__file__).resolve().parent.parent / "locks" / "vllm.toml"
+    plain = tmp_path / "notes.txt"
+    plain.write_text("x")
+    tree = tmp_path / "tree"
+    args = {"wheel": ["wheel", "--lock", lock, "--pin", "0.27.1"],
+            "apply": ["apply", "--lock", lock, "--pin", "0.27.1", "--tree", tree],
+            "resolve": ["resolve", "--continue", "--tree", tree, "--lock", lock]}[verb]
+    for out, said in [(plain, f"--out {plain} is a file, not a directory"),
+                      (plain / "dist", f"--out {plain / 'dist'} cannot be made there: {plain} is a file, not a "
+                                       "directory")]:
+        res = cli(*args, "--out", out, "--cache-dir", tmp_path / "cache")
+        assert res.rc == EXIT_USAGE, (verb, res.rc, res.err)
+        assert f"dsv4patch {verb}: error: {said}; name a directory for the wheels (made if absent)" in res.err
+        assert "internal error" not in res.err and not tree.exists() and plain.read_text() == "x"
+    if verb == "apply":  # no wheel written: the --out it would not use is not judged (the run goes on)
+        res = cli(*args, "--no-build", "--out", plain, "--cache-dir", shared_cache, "--format", "json")
+        assert res.rc == 0 and json.loads(res.out)["ok"], res.err
+        assert (tree / ".git").exists() and plain.read_text() == "x"

@@ -17,6 +17,7 @@ from dsv4patch.limits import parse_number
 from dsv4patch.pins import DEFAULT_LOCK, project_root
 from dsv4patch.pins import open_lock as open_lock_file
 from dsv4patch.progress import Progress
+from dsv4patch.safeio import in_the_way
 from dsv4patch.settings import active as active_settings
 from dsv4patch.store import Store
 
@@ -143,11 +144,20 @@ def project_dir(lock: Path | None) -> Path:
     return project_root(lock) if lock is not None else Path(os.path.abspath("."))
 
 
-def default_out(out: Path | None, lock: Path | None) -> tuple[Path, str | None]:
-    """``--out``, else ``dist/`` in the lock's project, with the line that says so."""
+def default_out(out: Path | None, lock: Path | None, *, used: bool = True) -> tuple[Path, str | None]:
+    """``--out``, else ``dist/`` in the lock's project, with the line that says so.  Where the run writes
+    there (``used``), refused at once (exit 2, before any build) when a file stands where the directory
+    is, or above it."""
+    path = out if out is not None else project_dir(lock) / DEFAULT_OUT_DIR
+    found = in_the_way(path) if used else None
+    if found is not None:
+        blocking, kind = found
+        named = "--out" if out is not None else f"--out (default {DEFAULT_OUT_DIR}/ in the project of {lock})"
+        what = "a file, not a directory" if kind == "a file" else "not a directory"
+        where = "is" if blocking == Path(os.path.abspath(path)) else f"cannot be made there: {blocking} is"
+        raise UsageError(f"{named} {path} {where} {what}; name a directory for the wheels (made if absent)")
     if out is not None:
         return out, None
-    path = project_dir(lock) / DEFAULT_OUT_DIR
     return path, f"out: {path} (the default: {DEFAULT_OUT_DIR}/ in the project of {lock}; --out to choose)"
 
 

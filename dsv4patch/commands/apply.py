@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if default_tree:
         notes.append(f"tree: {path} (the default for pin {pin.name}: {DEFAULT_TREE_DIR}/{pin.name} in the "
                      f"project {root}, found from the lock; --tree to choose)")
-    out, out_note = _common.default_out(args.out, lock.path)
+    out, out_note = _common.default_out(args.out, lock.path, used=args.build)
     if out_note is not None and args.build:
         notes.append(out_note)
     ctx = _common.context(args, lock)

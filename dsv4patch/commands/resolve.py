@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     path = _common.tree_path(args)
     if args.cont:
+        if args.out is not None:
+            _common.default_out(args.out, None)  # a file where --out's directory goes: refused before anything runs
         store = _common.open_store(args)
         prog = _common.progress(args)
         given = Invocation(cache_dir=args.cache_dir, out=args.out, python=args.python, nvcc=args.nvcc,

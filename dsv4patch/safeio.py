@@ -35,7 +35,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from dsv4patch.errors import EXIT_INPUT, Dsv4Error
 
@@ -400,14 +400,23 @@ def create_exclusive(path: Path | str, data: bytes | str, mode: int = 0o644) -> 
         os.close(fd)
 
 
-def in_the_way(directory: Path | str) -> tuple[Path, str] | None:
+class InTheWay(NamedTuple):
+    """What stands where a directory is to be: ``path`` is ``what`` (``a file, not a directory``, or
+    ``not a directory``: a link to none, a FIFO...); ``itself``: it is the directory's own path, not a
+    parent of it."""
+
+    path: Path
+    what: str
+    itself: bool
+
+
+def in_the_way(directory: Path | str) -> InTheWay | None:
     """What stops ``directory`` from being made or used as one: the first of it and its parents that
-    exists and is not a directory, and what it is (``a file``, ``not a directory`` for a link to none
-    or anything else); None when nothing does.  Names only: nothing is opened or created."""
+    exists and is not a directory; None when nothing does.  Names only: nothing is opened or created."""
     path = Path(os.path.abspath(directory))
     for p in (path, *path.parents):
         if os.path.lexists(p) and not p.is_dir():
-            return p, "a file" if p.is_file() else "not a directory"
+            return InTheWay(p, "a file, not a directory" if p.is_file() else "not a directory", p == path)
     return None
 
 

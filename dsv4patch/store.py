@@ -213,9 +213,7 @@ def _unusable(root: Path, exc: OSError) -> str:
     (``--cache-dir`` naming a file, or a directory below one) is named as such, not as unwritable."""
     found = safeio.in_the_way(root)
     if found is not None:
-        blocking, kind = found
-        what = "is a file, not a directory" if kind == "a file" else "is not a directory"
-        return what if blocking == Path(os.path.abspath(root)) else f"cannot be made: {blocking} {what}"
+        return f"is {found.what}" if found.itself else f"cannot be made: {found.path} is {found.what}"
     where = f": {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
     return f"is not writable ({exc.strerror}{where})"
 

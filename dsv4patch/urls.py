@@ -113,6 +113,7 @@ def redact_text(text: str) -> str:
 _HOST_AFTER_AT = re.compile(r"@(?:(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*|\d{1,3}(?:\.\d{1,3}){3}|localhost"
                             r"|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?(?![A-Za-z0-9-])", re.I)
 _ONE_LABEL = re.compile(r"[A-Za-z0-9-]+")
+_AUTHORITY_END = re.compile(r"[/?#\s]")
 
 
 def _credential_end(text: str, start: int, end: int, authority: str) -> int:
@@ -141,9 +142,6 @@ def slashed_credential(rest: str) -> bool:
     cut = _AUTHORITY_END.search(rest)
     authority = rest[:cut.start()] if cut else rest
     return "@" not in authority and _credential_end(rest, len(authority), len(rest), authority) >= 0
-
-
-_AUTHORITY_END = re.compile(r"[/?#\s]")
 
 
 # an scp-like git URL with a password, 'user:password@host:path' (no '//' after the first ':'), up to its

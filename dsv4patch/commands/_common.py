@@ -151,11 +151,9 @@ def default_out(out: Path | None, lock: Path | None, *, used: bool = True) -> tu
     path = out if out is not None else project_dir(lock) / DEFAULT_OUT_DIR
     found = in_the_way(path) if used else None
     if found is not None:
-        blocking, kind = found
         named = "--out" if out is not None else f"--out (default {DEFAULT_OUT_DIR}/ in the project of {lock})"
-        what = "a file, not a directory" if kind == "a file" else "not a directory"
-        where = "is" if blocking == Path(os.path.abspath(path)) else f"cannot be made there: {blocking} is"
-        raise UsageError(f"{named} {path} {where} {what}; name a directory for the wheels (made if absent)")
+        where = "is" if found.itself else f"cannot be made there: {found.path} is"
+        raise UsageError(f"{named} {path} {where} {found.what}; name a directory for the wheels (made if absent)")
     if out is not None:
         return out, None
     return path, f"out: {path} (the default: {DEFAULT_OUT_DIR}/ in the project of {lock}; --out to choose)"
